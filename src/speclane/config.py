@@ -1,0 +1,171 @@
+"""One tree of frozen configuration dataclasses.
+
+Every engine option of CONTRACT.md is a field here, validated in ``__post_init__``
+with a ``ValueError`` that names the field and the allowed values. Command-line
+flags and ``SPECLANE_*`` environment variables are generated from these fields
+(``add_arguments`` / ``from_namespace``), never written twice. Nothing here reads
+the environment at import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, get_type_hints
+
+DTYPES = ("bfloat16", "float32")
+QUANTIZATIONS = ("auto", "int8", "int4", "none")
+SPEC_MODES = ("slice", "burst", "off")
+FAIRNESS_MODES = ("tenant", "request")
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def _at_least(name: str, value: float, low: float) -> None:
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}; got {value}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str = field(default="smollm2-135m-instruct", metadata={"help": "model name, .gguf file, HF folder or HF repo id"})
+    dtype: str = field(default="bfloat16", metadata={"help": "activation and dequantized weight dtype"})
+    quantization: str = field(default="auto", metadata={"help": "auto: keep a GGUF's 4-bit blocks as int4; int8; int4; none"})
+    max_model_len: int = field(default=2048, metadata={"help": "prompt + completion tokens"})
+    num_threads: int = field(default=0, metadata={"help": "torch CPU threads; 0 = torch's default"})
+
+    def __post_init__(self) -> None:
+        _choice("dtype", self.dtype, DTYPES)
+        _choice("quantization", self.quantization, QUANTIZATIONS)
+        _at_least("max_model_len", self.max_model_len, 16)
+        _at_least("num_threads", self.num_threads, 0)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = field(default=16, metadata={"help": "requests decoding at once"})
+    max_queue: int = field(default=256, metadata={"help": "requests waiting for admission before 'queue full'"})
+    max_num_batched_tokens: int = field(default=256, metadata={"help": "tokens per tick (prefill chunks + decode + verify)"})
+    enable_chunked_prefill: bool = field(default=True, metadata={"help": "split long prompts across ticks"})
+
+    def __post_init__(self) -> None:
+        _at_least("max_num_seqs", self.max_num_seqs, 1)
+        _at_least("max_queue", self.max_queue, 0)
+        _at_least("max_num_batched_tokens", self.max_num_batched_tokens, 8)
+
+
+@dataclass(frozen=True)
+class LaneConfig:
+    drafter: str = field(default="ngram", metadata={"help": "none, ngram, mtp"})
+    num_draft_tokens: int = field(default=4, metadata={"help": "K, draft tokens per round"})
+    spec_mode: str = field(default="slice", metadata={"help": "slice: one round per tick; burst: legacy run-to-completion; off"})
+    spec_slots: int = field(default=1, metadata={"help": "requests that may hold the lane at once"})
+    spec_grant_rounds: int = field(default=8, metadata={"help": "rounds per grant; 0 = hold for the whole generation"})
+    spec_grant_ms: float = field(default=0.0, metadata={"help": "wall-clock budget of a grant in ms; 0 = none"})
+    spec_skip_cap: int = field(default=2, metadata={"help": "a waiter passed over this many times is granted next"})
+    spec_preempt: bool = field(default=True, metadata={"help": "a more urgent waiter preempts a holder at a round boundary"})
+    fairness: str = field(default="tenant", metadata={"help": "tenant: fair between tenants; request: round-robin between requests"})
+    mtp_head: str = field(default="", metadata={"help": "path of an MTP head (default: the one shipped for the model)"})
+
+    def __post_init__(self) -> None:
+        from speclane.drafters import DRAFTER_NAMES  # late import: drafters import config
+
+        _choice("drafter", self.drafter, DRAFTER_NAMES)
+        _choice("spec_mode", self.spec_mode, SPEC_MODES)
+        _choice("fairness", self.fairness, FAIRNESS_MODES)
+        _at_least("num_draft_tokens", self.num_draft_tokens, 1)
+        if self.num_draft_tokens > 16:
+            raise ValueError(f"num_draft_tokens must be <= 16; got {self.num_draft_tokens}")
+        _at_least("spec_slots", self.spec_slots, 1)
+        _at_least("spec_grant_rounds", self.spec_grant_rounds, 0)
+        _at_least("spec_grant_ms", self.spec_grant_ms, 0)
+        _at_least("spec_skip_cap", self.spec_skip_cap, 1)
+
+    @property
+    def speculation_enabled(self) -> bool:
+        return self.spec_mode != "off" and self.drafter != "none"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    lane: LaneConfig = field(default_factory=LaneConfig)
+
+    def replace(self, **changes: Any) -> EngineConfig:
+        """Copy with flat field changes, e.g. ``cfg.replace(spec_mode="off", dtype="float32")``."""
+        parts = {f.name: getattr(self, f.name) for f in fields(self)}
+        for key, value in changes.items():
+            for part_name, part in parts.items():
+                if key in {f.name for f in fields(part)}:
+                    parts[part_name] = dataclasses.replace(part, **{key: value})
+                    break
+            else:
+                raise ValueError(f"unknown engine option {key!r}")
+        return EngineConfig(**parts)
+
+    @classmethod
+    def from_flat(cls, **options: Any) -> EngineConfig:
+        return cls().replace(**options)
+
+
+SECTIONS: tuple[type, ...] = (ModelConfig, SchedulerConfig, LaneConfig)
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected a boolean (true/false), got {text!r}")
+
+
+def add_arguments(parser: argparse.ArgumentParser, sections: tuple[type, ...] = SECTIONS) -> None:
+    """Add one ``--flag`` per config field; defaults come from the dataclass."""
+    for section in sections:
+        hints = get_type_hints(section)
+        group = parser.add_argument_group(section.__name__)
+        for f in fields(section):
+            flag = "--" + f.name.replace("_", "-")
+            kind = hints[f.name]
+            help_text = f"{f.metadata.get('help', '')} (default: {f.default}; env SPECLANE_{f.name.upper()})"
+            if kind is bool:
+                group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+            else:
+                group.add_argument(flag, dest=f.name, type=kind, default=None, help=help_text)
+
+
+def _from_env(section: type, env: Mapping[str, str]) -> dict[str, Any]:
+    hints = get_type_hints(section)
+    values: dict[str, Any] = {}
+    for f in fields(section):
+        raw = env.get(f"SPECLANE_{f.name.upper()}")
+        if raw is None:
+            continue
+        kind = hints[f.name]
+        try:
+            values[f.name] = _parse_bool(raw) if kind is bool else kind(raw)
+        except ValueError as exc:
+            raise ValueError(f"SPECLANE_{f.name.upper()}: {exc}") from None
+    return values
+
+
+def from_namespace(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> EngineConfig:
+    """Build the config: dataclass defaults < SPECLANE_* environment < command-line flags."""
+    env = os.environ if env is None else env
+    parts = {}
+    for name, section in (("model", ModelConfig), ("scheduler", SchedulerConfig), ("lane", LaneConfig)):
+        values = _from_env(section, env)
+        for f in fields(section):
+            flag_value = getattr(args, f.name, None)
+            if flag_value is not None:
+                values[f.name] = flag_value
+        parts[name] = section(**values)
+    return EngineConfig(**parts)

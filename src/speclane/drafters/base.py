@@ -1,0 +1,62 @@
+"""The drafter contract.
+
+A drafter proposes up to ``k`` tokens that are likely to follow a request's tokens.
+The runner verifies them against the target model in the same forward as everyone
+else's decode step, so a drafter must be cheap and must never change the output:
+whatever it proposes, verification keeps only what the target itself would have
+produced (see ``engine/sampling.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from speclane.request import Request
+
+
+@dataclass
+class Draft:
+    token_ids: list[int]  # at most k proposed tokens; may be empty (nothing to propose)
+    # [len(token_ids), vocab] the drafter's distribution q for each token, or None when
+    # the drafter is deterministic (q one-hot), as n-gram lookup is.
+    probs: torch.Tensor | None = None
+
+
+class Drafter(Protocol):
+    """Contract:
+
+    - ``propose(request, k)`` returns a ``Draft`` of at most ``k`` tokens continuing
+      ``request.token_ids()``. It must not mutate the request.
+    - ``observe(request_id, hidden)`` receives the target's final hidden states for the
+      positions verified in the last round (drafters that need them, e.g. MTP; others
+      ignore it).
+    - ``release(request_id)`` forgets any per-request state (the request finished,
+      was aborted, or lost the lane and will be re-seeded on its next grant).
+    """
+
+    name: str
+    needs_hidden_states: bool
+
+    def propose(self, request: Request, k: int) -> Draft: ...
+
+    def release(self, request_id: str) -> None: ...
+
+
+def create_drafter(name: str, **options: object) -> Drafter | None:
+    """The registry: a drafter by ``--drafter`` name (``none`` gives None)."""
+    from speclane.drafters import DRAFTER_NAMES
+
+    if name == "none":
+        return None
+    if name == "ngram":
+        from speclane.drafters.ngram import NgramDrafter
+
+        return NgramDrafter()
+    if name == "mtp":
+        from speclane.drafters.mtp import load_mtp_drafter  # type: ignore[import-not-found]
+
+        return load_mtp_drafter(**options)
+    raise ValueError(f"unknown drafter {name!r}; valid names: {', '.join(DRAFTER_NAMES)}")

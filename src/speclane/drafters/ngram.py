@@ -1,0 +1,58 @@
+"""Prompt-lookup drafting: propose what followed the last time the recent tokens appeared.
+
+Searches, longest n-gram first, for the request's last ``n`` tokens earlier in its
+own tokens (prompt + output) and in its ``prediction`` (OpenAI Predicted Outputs),
+and proposes up to ``k`` tokens that followed the most recent match. Deterministic:
+its draft distribution is one-hot, so verification needs no draft probabilities.
+"""
+
+from __future__ import annotations
+
+from speclane.drafters.base import Draft
+from speclane.request import Request
+
+
+class NgramDrafter:
+    name = "ngram"
+    needs_hidden_states = False
+
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 1, search_window: int = 4096):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram; got {min_ngram}, {max_ngram}")
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.search_window = search_window  # bound the per-round cost on long contexts
+
+    def propose(self, request: Request, k: int) -> Draft:
+        if k <= 0:
+            return Draft([])
+        tokens = request.token_ids()[-self.search_window :]
+        prediction = request.prediction_token_ids
+        for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
+            pattern = tokens[-n:]
+            # The prediction is the text the user expects; prefer it, then our own history.
+            found = _follow(prediction, pattern, k, len(prediction))
+            if not found:
+                found = _follow(tokens, pattern, k, len(tokens) - 1)
+            if found:
+                return Draft(found)
+        return Draft([])
+
+    def release(self, request_id: str) -> None:  # stateless
+        return None
+
+
+def _follow(haystack: tuple[int, ...], pattern: tuple[int, ...], k: int, limit: int) -> list[int]:
+    """Tokens after the last occurrence of ``pattern`` ending before ``limit``."""
+    n = len(pattern)
+    last = pattern[-1]
+    end = min(limit, len(haystack))
+    # Scan backwards for the pattern's last token, then check the rest.
+    i = end - 1
+    while i >= n - 1:
+        if haystack[i] == last and tuple(haystack[i - n + 1 : i + 1]) == pattern:
+            follow = haystack[i + 1 : i + 1 + k]
+            if follow:
+                return list(follow)
+        i -= 1
+    return []

@@ -1,0 +1,120 @@
+"""The asyncio front: one engine thread ticks; coroutines add requests and read streams.
+
+``generate`` may be called from any event loop (a web server's): it queues the
+request (errors such as "queue full" are raised right away) and returns an async
+iterator of ``RequestOutput``. Leaving the iterator early (a client that went away)
+aborts the request: its KV is freed and, if it held the lane, the lane passes on at
+the next tick boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from speclane.engine.engine import LLMEngine, RequestOutput
+from speclane.request import SamplingParams
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
+        self._streams_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="speclane-engine", daemon=True)
+        self.error: BaseException | None = None
+        self._thread.start()
+
+    # -- public ---------------------------------------------------------------------------
+    async def generate(
+        self,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        request_id: str | None = None,
+        **options: Any,
+    ) -> AsyncIterator[RequestOutput]:
+        """Queue a request and return its stream (an async generator)."""
+        if self.error is not None:
+            raise RuntimeError(f"the engine stopped after an internal error: {self.error}")
+        rid = request_id or uuid.uuid4().hex
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        with self._streams_lock:
+            self._streams[rid] = (loop, queue)
+        try:
+            self.engine.add_request(rid, prompt_token_ids, sampling, **options)
+        except BaseException:
+            with self._streams_lock:
+                self._streams.pop(rid, None)
+            raise
+        self._wake.set()
+        return self._stream(rid, queue)
+
+    async def _stream(self, rid: str, queue: asyncio.Queue[RequestOutput | BaseException]) -> AsyncIterator[RequestOutput]:
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            with self._streams_lock:
+                self._streams.pop(rid, None)
+            if not finished:  # the consumer left early: cancel the work
+                self.abort(rid)
+
+    def abort(self, request_id: str) -> None:
+        self.engine.abort_request(request_id)
+        self._wake.set()
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout)
+
+    @property
+    def num_streams(self) -> int:
+        with self._streams_lock:
+            return len(self._streams)
+
+    # -- the engine thread ----------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if not self.engine.has_unfinished():
+                self._wake.wait(0.5)
+                self._wake.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+            except BaseException as exc:  # never leave clients hanging on a dead engine
+                self.error = exc
+                self._fail_all(exc)
+                return
+            for out in outputs:
+                self._deliver(out.request_id, out)
+
+    def _deliver(self, rid: str, item: RequestOutput | BaseException) -> None:
+        with self._streams_lock:
+            target = self._streams.get(rid)
+        if target is None:
+            return
+        loop, queue = target
+        with contextlib.suppress(RuntimeError):  # the client's loop is closed
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._streams_lock:
+            rids = list(self._streams)
+        for rid in rids:
+            self._deliver(rid, RuntimeError(f"engine error: {exc}"))

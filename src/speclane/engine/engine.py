@@ -1,0 +1,225 @@
+"""The engine: one tick is plan, execute, update, emit.
+
+``LLMEngine`` is synchronous and single-threaded in its ticking; ``add_request`` and
+``abort_request`` may be called from other threads (the async front,
+``engine/async_engine.py``) and take effect at the next tick boundary.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from speclane.config import EngineConfig
+from speclane.drafters.base import create_drafter
+from speclane.engine.detokenizer import IncrementalDetokenizer
+from speclane.engine.kv_cache import KVCache
+from speclane.engine.runner import ModelRunner
+from speclane.engine.stats import EngineCounters, EngineObserver
+from speclane.models.build import build_model
+from speclane.models.loader import read_weights
+from speclane.models.tokenizer import Tokenizer
+from speclane.request import Request, RequestStatus, SamplingParams, finish_reason
+from speclane.scheduler.scheduler import Scheduler
+
+
+@dataclass
+class RequestOutput:
+    """What one tick produced for one request: new text and tokens, and whether it ended."""
+
+    request_id: str
+    text: str  # new text since the previous output
+    token_ids: list[int]  # new token ids since the previous output
+    finished: bool
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    speculative: dict[str, float | int] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def usage(self) -> dict[str, object]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "completion_tokens_details": {
+                "accepted_prediction_tokens": int(self.speculative.get("accepted_tokens", 0)),
+                "rejected_prediction_tokens": int(self.speculative.get("draft_tokens", 0))
+                - int(self.speculative.get("accepted_tokens", 0)),
+            },
+            "speculative": dict(self.speculative),
+        }
+
+
+def load_tokenizer(source: object) -> Tokenizer:
+    if isinstance(source, dict):
+        return Tokenizer.from_gguf_metadata(source)
+    return Tokenizer.from_hf_folder(source)  # type: ignore[arg-type]
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig | None = None, *, clock: Callable[[], float] = time.monotonic,
+                 observer: EngineObserver | None = None):
+        self.config = config = config or EngineConfig()
+        self.clock = clock
+        if config.model.num_threads:
+            torch.set_num_threads(config.model.num_threads)
+        weights = read_weights(config.model.model)
+        self.tokenizer = load_tokenizer(weights.tokenizer_source)
+        self.model = build_model(weights, config.model)
+        mc = self.model.config
+        self.max_model_len = min(config.model.max_model_len, mc.max_position_embeddings)
+        kv_dtype = torch.float32 if config.model.dtype == "float32" else torch.bfloat16
+        # Room for K draft positions past the last token of the longest sequence.
+        cache_len = self.max_model_len + config.lane.num_draft_tokens + 1
+        self.cache = KVCache(mc.num_layers, config.scheduler.max_num_seqs, cache_len, mc.num_kv_heads, mc.head_dim, kv_dtype)
+        self.drafter = create_drafter(config.lane.drafter, model=self.model, model_config=config.model,
+                                      mtp_head=config.lane.mtp_head) if config.lane.speculation_enabled else None
+        lane = config.lane if self.drafter is not None else _lane_off(config)
+        self.scheduler = Scheduler(config.scheduler, lane, self.max_model_len)
+        self.runner = ModelRunner(self.model, self.cache, self.drafter)
+        self.counters = EngineCounters()
+        self.observer = observer
+        self._lock = threading.Lock()
+        self._pending_aborts: list[str] = []
+        self._detoks: dict[str, IncrementalDetokenizer] = {}
+        self._last_token_s: dict[str, float] = {}
+
+    # -- requests -------------------------------------------------------------------------
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self.tokenizer.eos_token_ids
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingParams | None = None,
+        *,
+        priority: int = 0,
+        tenant: str = "anonymous",
+        tenant_weight: float = 1.0,
+        speculative: bool = True,
+        prediction_token_ids: Sequence[int] = (),
+    ) -> Request:
+        """Queue a request. Raises ``ValueError`` (bad input) or ``QueueFullError``."""
+        sampling = sampling or SamplingParams()
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=prompt_token_ids,
+            sampling=sampling,
+            arrival_s=self.clock(),
+            priority=priority,
+            tenant=tenant,
+            tenant_weight=tenant_weight,
+            speculative=speculative,
+            prediction_token_ids=prediction_token_ids,
+            eos_token_ids=self.eos_token_ids,
+        )
+        with self._lock:
+            self.scheduler.add_request(request, request.arrival_s)
+            self._detoks[request_id] = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, sampling.stop)
+        return request
+
+    def abort_request(self, request_id: str) -> None:
+        """Cancel; takes effect (KV freed, lane passed on) at the next tick boundary."""
+        with self._lock:
+            self._pending_aborts.append(request_id)
+
+    def has_unfinished(self) -> bool:
+        with self._lock:
+            return self.scheduler.has_unfinished() or bool(self._pending_aborts)
+
+    # -- one tick -------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        outputs: list[RequestOutput] = []
+        with self._lock:
+            now = self.clock()
+            for rid in self._pending_aborts:
+                request = self.scheduler.abort_request(rid, now)
+                if request is not None:
+                    outputs.append(self._final_output(request, ""))
+            self._pending_aborts.clear()
+            plan = self.scheduler.schedule(now)
+        if plan.is_empty:
+            return outputs
+        started = time.perf_counter()
+        result = self.runner.execute(plan)
+        with self._lock:
+            now = self.clock()
+            events = self.scheduler.update(result, now)
+            outputs.extend(self._emit(events, now))
+            self.counters.record_tick(plan, result, self.scheduler, time.perf_counter() - started)
+        if self.observer is not None:
+            self.observer.on_tick(time.perf_counter() - started, self)
+        return outputs
+
+    def _emit(self, events, now: float) -> list[RequestOutput]:
+        outputs = []
+        for event in events:
+            request = event.request
+            rid = request.request_id
+            detok = self._detoks[rid]
+            kept_before = request.num_output_tokens - len(event.new_token_ids)
+            step = detok.extend(event.new_token_ids)
+            text = step.text
+            new_ids = event.new_token_ids[: step.num_tokens]
+            if step.stopped and not event.finished:
+                self.scheduler.finish_request(rid, RequestStatus.FINISHED_STOPPED, now, kept_before + step.num_tokens)
+            elif step.stopped:
+                request.status = RequestStatus.FINISHED_STOPPED
+                del request.output_token_ids[kept_before + step.num_tokens :]
+            finished = request.is_finished
+            if finished and not step.stopped:
+                text += detok.flush().text
+            self.counters.record_tokens(request.tenant, len(new_ids))
+            if self.observer is not None and new_ids:
+                last = self._last_token_s.get(rid)
+                if last is None:
+                    self.observer.on_first_token(now - request.arrival_s)
+                else:
+                    self.observer.on_token_gap((now - last) / len(new_ids), len(new_ids))
+            self._last_token_s[rid] = now
+            if finished:
+                outputs.append(self._final_output(request, text, new_ids))
+            else:
+                outputs.append(self._output(request, text, new_ids, False))
+        return outputs
+
+    def _output(self, request: Request, text: str, new_ids: list[int], finished: bool) -> RequestOutput:
+        return RequestOutput(
+            request_id=request.request_id,
+            text=text,
+            token_ids=new_ids,
+            finished=finished,
+            finish_reason=finish_reason(request.status) if finished else None,
+            prompt_tokens=request.num_prompt_tokens,
+            completion_tokens=request.num_output_tokens,
+            speculative=request.spec.as_dict(),
+        )
+
+    def _final_output(self, request: Request, text: str, new_ids: list[int] | None = None) -> RequestOutput:
+        self._detoks.pop(request.request_id, None)
+        self._last_token_s.pop(request.request_id, None)
+        self.runner.seeds.pop(request.request_id, None)
+        if self.observer is not None:
+            self.observer.on_finish(request)
+        return self._output(request, text, new_ids or [], True)
+
+    # -- whole generations (offline use and tests) ---------------------------------------
+    def run_until_done(self) -> list[RequestOutput]:
+        outputs = []
+        while self.has_unfinished():
+            outputs.extend(self.step())
+        return outputs
+
+
+def _lane_off(config: EngineConfig):
+    import dataclasses
+
+    return dataclasses.replace(config.lane, spec_mode="off")

@@ -1,0 +1,46 @@
+"""The KV cache: one fixed-size tensor pair per layer, one row ("slot") per sequence.
+
+Memory is fixed at start-up: ``num_slots x max_len`` tokens per layer. The
+scheduler hands out slot numbers (``scheduler/kv_slots.py``, no torch); this file
+holds the tensors and each slot's length. ``truncate`` drops a sequence's last
+positions (rejected draft tokens): attention only ever reads ``[0, length)``, so a
+dropped position is as if it had never been written.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(self, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype):
+        self.num_slots = num_slots
+        self.max_len = max_len
+        # [slots, kv_heads, max_len, head_dim] so that one slot's first L positions are a
+        # strided view SDPA can read without a copy.
+        shape = (num_slots, num_kv_heads, max_len, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        self.lengths = [0] * num_slots
+
+    @property
+    def bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+    def reset(self, slot: int) -> None:
+        """A new sequence takes this slot."""
+        self.lengths[slot] = 0
+
+    def truncate(self, slot: int, length: int) -> None:
+        """Keep only the first ``length`` positions of ``slot``."""
+        if not 0 <= length <= self.lengths[slot]:
+            raise ValueError(f"cannot truncate slot {slot} of length {self.lengths[slot]} to {length}")
+        self.lengths[slot] = length
+
+    def advance(self, slot: int, start: int, num_new: int) -> None:
+        """Record that positions ``[start, start + num_new)`` were written this forward."""
+        if start > self.lengths[slot]:
+            raise AssertionError(f"slot {slot}: writing at {start} leaves a hole after {self.lengths[slot]}")
+        if start + num_new > self.max_len:
+            raise ValueError(f"slot {slot}: {start + num_new} tokens exceed the cache length {self.max_len}")
+        self.lengths[slot] = start + num_new

@@ -1,0 +1,143 @@
+"""The runner: executes a ``SchedulerPlan`` as one ragged forward, samples, verifies drafts.
+
+Every tensor lives here. Lane holders draft ``K`` tokens and their ``K + 1`` verify
+positions ride in the same batched forward as everyone else's decode rows and
+prefill chunks, so the weights are read once for the whole tick. After
+verification, rejected positions are truncated from the KV cache; the target's own
+token at the first mismatch (or the bonus token after ``K`` accepted) is kept as the
+next input, exactly as in classic decoding.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from speclane.drafters.base import Draft, Drafter
+from speclane.engine.kv_cache import KVCache
+from speclane.engine.sampling import choose_tokens
+from speclane.models.llama import LlamaModel, RaggedBatch
+from speclane.request import Request
+from speclane.scheduler.plan import RunnerResult, ScheduledSeq, SchedulerPlan, SeqResult
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, cache: KVCache, drafter: Drafter | None):
+        self.model = model
+        self.cache = cache
+        self.drafter = drafter
+        self.seeds: dict[str, int] = {}
+
+    def execute(self, plan: SchedulerPlan) -> RunnerResult:
+        started = time.perf_counter()
+        if self.drafter is not None:
+            for rid in plan.released_request_ids:
+                self.drafter.release(rid)
+        if plan.burst is not None:
+            seqs = [self._burst(plan.burst)]
+        else:
+            seqs = self._step(list(plan.seqs)) if plan.seqs else []
+        return RunnerResult(seqs=seqs, elapsed_ms=(time.perf_counter() - started) * 1000)
+
+    # -- one ragged forward -------------------------------------------------------------
+    def _step(self, seqs: list[ScheduledSeq]) -> list[SeqResult]:
+        drafts: list[Draft] = []
+        for seq in seqs:
+            if seq.start == 0:
+                self.cache.reset(seq.slot)
+            if seq.num_draft_tokens > 0 and self.drafter is not None:
+                drafts.append(self.drafter.propose(seq.request, seq.num_draft_tokens))
+            else:
+                drafts.append(Draft([]))
+        fed = [list(seq.token_ids) + d.token_ids[: seq.num_draft_tokens] for seq, d in zip(seqs, drafts, strict=True)]
+        input_ids: list[int] = []
+        positions: list[int] = []
+        for seq, tokens in zip(seqs, fed, strict=True):
+            input_ids.extend(tokens)
+            positions.extend(range(seq.start, seq.start + len(tokens)))
+        batch = RaggedBatch(
+            input_ids=torch.tensor(input_ids, dtype=torch.long),
+            positions=torch.tensor(positions, dtype=torch.long),
+            slots=[s.slot for s in seqs],
+            starts=[s.start for s in seqs],
+            num_new=[len(t) for t in fed],
+        )
+        hidden = self.model(batch, self.cache)  # [T, hidden]
+
+        # Rows that need logits: every position of a verify row, the last of a sampling row.
+        rows: list[int] = []
+        offset = 0
+        for seq, tokens, draft in zip(seqs, fed, drafts, strict=True):
+            if seq.sample:
+                num_sampled = len(draft.token_ids[: seq.num_draft_tokens]) + 1
+                rows.extend(range(offset + len(tokens) - num_sampled, offset + len(tokens)))
+            offset += len(tokens)
+        logits = self.model.logits(hidden[rows]) if rows else None  # [R, vocab] float32
+
+        results: list[SeqResult] = []
+        cursor = 0
+        for seq, tokens, draft in zip(seqs, fed, drafts, strict=True):
+            computed = seq.start + len(tokens)
+            res = SeqResult(seq.request_id, num_computed_tokens=computed, spec_round=seq.num_draft_tokens > 0, num_rounds=int(seq.num_draft_tokens > 0))
+            if seq.sample:
+                proposed = draft.token_ids[: seq.num_draft_tokens]
+                n = len(proposed) + 1
+                probs = draft.probs[: len(proposed)] if draft.probs is not None else None
+                verdict = self._choose(seq.request, logits[cursor : cursor + n], proposed, probs, seq.start + len(seq.token_ids))
+                cursor += n
+                res.token_ids = verdict.token_ids
+                res.num_draft_tokens = len(proposed)
+                res.num_accepted_tokens = verdict.num_accepted
+                # Keep the fed tokens and the accepted drafts; drop the rejected ones.
+                res.num_computed_tokens = seq.start + len(seq.token_ids) + verdict.num_accepted
+                if res.num_computed_tokens < computed:
+                    self.cache.truncate(seq.slot, res.num_computed_tokens)
+            results.append(res)
+        return results
+
+    def _choose(self, request: Request, logits: torch.Tensor, draft: list[int], draft_probs: torch.Tensor | None, first_position: int):
+        seed = request.sampling.seed if request.sampling.seed is not None else self._seed_of(request.request_id)
+        return choose_tokens(logits, request.sampling, seed, first_position, draft, draft_probs)
+
+    def _seed_of(self, request_id: str) -> int:
+        # Unseeded requests still get a stream of their own, independent of the batch.
+        if request_id not in self.seeds:
+            self.seeds[request_id] = int(torch.randint(0, 2**62, (1,)).item())
+        return self.seeds[request_id]
+
+    # -- the legacy burst ---------------------------------------------------------------
+    def _burst(self, seq: ScheduledSeq) -> SeqResult:
+        """Run one request's whole generation inside this tick (``--spec-mode burst``)."""
+        request = seq.request
+        sp = request.sampling
+        total = SeqResult(seq.request_id, num_computed_tokens=seq.start, spec_round=True)
+        tokens = list(request.output_token_ids)
+        start, fed = seq.start, list(seq.token_ids)
+        max_len = min(self.cache.max_len, request.num_prompt_tokens + sp.max_tokens)
+        while True:
+            produced = len(tokens) - request.num_output_tokens
+            left = min(sp.max_tokens - len(tokens), max_len - (request.num_prompt_tokens + len(tokens)))
+            k = max(0, min(seq.num_draft_tokens, left - 1)) if seq.num_draft_tokens else 0
+            view = _BurstView(request, tokens)
+            step = ScheduledSeq(request=view, slot=seq.slot, start=start, token_ids=tuple(fed), sample=True, num_draft_tokens=k)
+            res = self._step([step])[0]
+            total.num_rounds += 1
+            total.num_draft_tokens += res.num_draft_tokens
+            total.num_accepted_tokens += res.num_accepted_tokens
+            total.token_ids.extend(res.token_ids)
+            tokens.extend(res.token_ids)
+            total.num_computed_tokens = res.num_computed_tokens
+            produced = len(tokens) - request.num_output_tokens
+            stop = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(request.eos_token_ids))
+            if (stop & set(res.token_ids)) or len(tokens) >= sp.max_tokens or request.num_prompt_tokens + len(tokens) >= max_len or produced <= 0:
+                return total
+            start, fed = res.num_computed_tokens, [tokens[-1]]
+
+
+class _BurstView(Request):
+    """The request as it stands mid-burst (its output grows inside one tick)."""
+
+    def __init__(self, request: Request, output: list[int]):  # noqa: D107 - a cheap view, no validation
+        self.__dict__.update(request.__dict__)
+        self.output_token_ids = output

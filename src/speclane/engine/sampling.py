@@ -1,0 +1,117 @@
+"""Sampling and lossless verification of draft tokens.
+
+Randomness is a function of (request seed, token position) only: the noise used to
+sample the token at position ``i`` of a request is drawn from a generator seeded
+with ``mix(seed, i)``. So a request's output never depends on which other requests
+share its batch, nor on whether it decoded classically or inside a speculative round.
+
+Sampling uses the exponential race (``argmax p / E`` with ``E ~ Exp(1)``), the same
+distribution as multinomial sampling from ``p`` but a pure function of the noise.
+
+Verification (DESIGN.md, "Losslessness"):
+- a deterministic drafter (n-gram: draft probability q is one-hot) — accept a draft
+  token while it equals the token the target samples (or its argmax when greedy) at
+  that position, then emit the target's own token there. Equivalent in distribution
+  to the rejection rule with one-hot q (accept x with probability p(x), else sample
+  from p without x), and token-for-token identical to classic decoding.
+- a drafter with probabilities q (MTP): accept x with probability min(1, p(x)/q(x));
+  on rejection sample from max(p - q, 0) renormalised; if all K are accepted, sample
+  a bonus token from p.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from speclane.request import SamplingParams
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix(seed: int, position: int, stream: int = 0) -> int:
+    """splitmix64 of (seed, position, stream) -> a 63-bit generator seed."""
+    z = (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + stream * 0x94D049BB133111EB) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) & ((1 << 63) - 1)
+
+
+def _uniform(seed: int, position: int, size: int, stream: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(_mix(seed, position, stream))
+    return torch.rand(size, generator=gen, dtype=torch.float32)
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """[N, V] float32 logits -> [N, V] the distribution we sample from (temperature, top-k, top-p)."""
+    scaled = logits / params.temperature
+    if params.top_k and params.top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, params.top_k, dim=-1).values[:, -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly before each token
+        sorted_probs = sorted_probs.masked_fill(before >= params.top_p, 0.0)  # keep the smallest nucleus
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample_at(probs: torch.Tensor, seed: int, position: int) -> int:
+    """One token from ``probs`` [V] with the noise of ``position``."""
+    exp_noise = -torch.log1p(-_uniform(seed, position, probs.shape[-1]))  # Exp(1), never 0
+    return int(torch.argmax(probs / exp_noise))
+
+
+@dataclass
+class Verdict:
+    token_ids: list[int]  # accepted drafts + the target's own next token
+    num_accepted: int
+
+
+def choose_tokens(
+    logits: torch.Tensor,  # [n, V] float32: target logits at the n positions fed for sampling
+    params: SamplingParams,
+    seed: int,
+    first_position: int,  # sequence index of the token sampled from logits[0]
+    draft: list[int],  # n - 1 draft tokens (empty for a classic step)
+    draft_probs: torch.Tensor | None = None,  # [n - 1, V] the drafter's q, or None (one-hot)
+) -> Verdict:
+    """Verify ``draft`` against the target and return the tokens to append."""
+    if params.greedy:
+        targets = torch.argmax(logits, dim=-1).tolist()
+        return _accept_matching(targets, draft)
+    probs = probabilities(logits, params)
+    if draft_probs is None or not draft:
+        targets: list[int] = []
+        for i in range(len(draft) + 1):
+            targets.append(sample_at(probs[i], seed, first_position + i))
+            if i < len(draft) and targets[i] != draft[i]:
+                break  # positions after a mismatch are never used
+        return _accept_matching(targets, draft)
+    return _rejection_rule(probs, draft, draft_probs, seed, first_position)
+
+
+def _accept_matching(targets: list[int], draft: list[int]) -> Verdict:
+    accepted = 0
+    while accepted < len(draft) and draft[accepted] == targets[accepted]:
+        accepted += 1
+    return Verdict(draft[:accepted] + [targets[accepted]], accepted)
+
+
+def _rejection_rule(probs: torch.Tensor, draft: list[int], draft_probs: torch.Tensor, seed: int, first_position: int) -> Verdict:
+    # p: target, q: draft. q(x) >= p(x) is accepted with probability p/q; otherwise always.
+    for i, token in enumerate(draft):
+        p_x = float(probs[i, token])
+        q_x = float(draft_probs[i, token])
+        u = float(_uniform(seed, first_position + i, 1, stream=1))
+        if q_x > 0 and u < min(1.0, p_x / q_x):
+            continue
+        residual = (probs[i] - draft_probs[i]).clamp(min=0)
+        total = float(residual.sum())
+        residual = residual / total if total > 0 else probs[i]
+        return Verdict(draft[:i] + [sample_at(residual, seed, first_position + i)], i)
+    bonus = sample_at(probs[len(draft)], seed, first_position + len(draft))
+    return Verdict(list(draft) + [bonus], len(draft))

@@ -1,0 +1,85 @@
+"""The offline Python API: ``speclane.LLM().generate(prompts, SamplingParams(...))``."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from speclane.config import EngineConfig
+from speclane.engine.engine import LLMEngine
+from speclane.request import SamplingParams
+
+
+@dataclass
+class Completion:
+    prompt: str | list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    usage: dict[str, Any] = field(default_factory=dict)
+
+
+class LLM:
+    """Load a model once, then generate for many prompts (batched, continuously).
+
+    Options are the engine options of CONTRACT.md by field name, e.g.
+    ``LLM(dtype="float32", spec_mode="off")``.
+    """
+
+    def __init__(self, model: str | None = None, config: EngineConfig | None = None, **options: Any):
+        config = config or EngineConfig()
+        if model is not None:
+            options["model"] = model
+        self.engine = LLMEngine(config.replace(**options) if options else config)
+        self.tokenizer = self.engine.tokenizer
+        self._ids = itertools.count()
+
+    def encode_prompt(self, prompt: str | list[int] | list[dict[str, str]], chat: bool = False) -> list[int]:
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+            return self.tokenizer.encode(self.tokenizer.apply_chat_template(prompt), add_special_tokens=False)  # type: ignore[arg-type]
+        if isinstance(prompt, list):
+            return list(prompt)  # type: ignore[arg-type]
+        if chat:
+            return self.encode_prompt([{"role": "user", "content": prompt}])
+        return self.tokenizer.encode(prompt)
+
+    def generate(
+        self,
+        prompts: str | Sequence[str | list[int] | list[dict[str, str]]],
+        sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        chat: bool = False,
+        **request_options: Any,
+    ) -> list[Completion]:
+        """Generate for every prompt, all in one continuous batch; results in prompt order.
+
+        ``chat=True`` applies the model's chat template to plain-string prompts.
+        ``request_options`` (priority, tenant, speculative, prediction_token_ids) apply to all.
+        """
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        params = list(sampling) if isinstance(sampling, Sequence) else [sampling or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
+        ids = []
+        for prompt, sp in zip(prompts, params, strict=True):
+            rid = f"llm-{next(self._ids)}"
+            self.engine.add_request(rid, self.encode_prompt(prompt, chat), sp, **request_options)
+            ids.append(rid)
+        texts: dict[str, list[str]] = {rid: [] for rid in ids}
+        tokens: dict[str, list[int]] = {rid: [] for rid in ids}
+        finals: dict[str, Any] = {}
+        while len(finals) < len(ids):
+            for out in self.engine.step():
+                if out.request_id not in texts:
+                    continue
+                texts[out.request_id].append(out.text)
+                tokens[out.request_id].extend(out.token_ids)
+                if out.finished:
+                    finals[out.request_id] = out
+        return [
+            Completion(prompt, "".join(texts[rid]), tokens[rid], finals[rid].finish_reason, finals[rid].usage)
+            for prompt, rid in zip(prompts, ids, strict=True)
+        ]

@@ -1,0 +1,85 @@
+"""Turn a ``WeightSet`` into a runnable ``LlamaModel`` with the requested dtype and kernels.
+
+Quantization (``--quantization``):
+- ``auto``: a GGUF's Q4_1 weights run as int4 on the file's own 4-bit values (bfloat16
+  only); everything else dense. The tied output head runs as int8.
+- ``int4`` / ``int8``: every layer linear quantized (int4 reuses Q4_1 blocks when present).
+- ``none``: dense weights in ``--dtype`` (the float32 reference path of the tests).
+Quantized layers keep a dense float32 copy for wide batches (see ``models/linear.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from speclane.config import ModelConfig
+from speclane.models.linear import INT4_GROUP, Int4Weight, Int8Weight, Linear, quantize_int4_groups
+from speclane.models.llama import Layer, LlamaModel
+from speclane.models.loader import ModelLoadError, WeightSet
+
+# Batches of at least this many tokens use the dense copy of a quantized layer.
+DENSE_FROM_TOKENS = 8
+
+
+def effective_quantization(config: ModelConfig, weights: WeightSet) -> str:
+    if config.dtype == "float32":
+        if config.quantization in ("int4", "int8"):
+            raise ModelLoadError(f"--quantization {config.quantization} runs bfloat16 kernels; use --dtype bfloat16 or --quantization none")
+        return "none"
+    if config.quantization == "auto":
+        return "int4" if weights.q4_blocks else "none"
+    return config.quantization
+
+
+def build_model(weights: WeightSet, config: ModelConfig) -> LlamaModel:
+    dtype = torch.float32 if config.dtype == "float32" else torch.bfloat16
+    mode = effective_quantization(config, weights)
+    cfg = weights.config
+    w = weights.dense
+
+    def take(name: str) -> torch.Tensor:
+        try:
+            return w[name]
+        except KeyError:
+            raise ModelLoadError(f"{weights.source}: missing tensor {name}") from None
+
+    def linear(names: list[str], bias_names: list[str] | None = None) -> Linear:
+        dense = torch.cat([take(n) for n in names], dim=0)  # [out, in]
+        bias = torch.cat([take(n) for n in bias_names]).to(dtype) if bias_names else None
+        quantized: Int4Weight | Int8Weight | None = None
+        if mode == "int4" and dense.shape[1] % INT4_GROUP == 0:
+            if all(n in weights.q4_blocks for n in names):
+                parts = [weights.q4_blocks[n] for n in names]
+                q, d, m = (torch.cat([p[i] for p in parts], dim=0) for i in range(3))
+            else:
+                q, d, m = quantize_int4_groups(dense)
+            quantized = Int4Weight(q, d, m)
+        elif mode == "int8":
+            quantized = Int8Weight(dense)
+        dense_dtype = torch.float32 if quantized is not None else dtype  # see models/linear.py
+        return Linear(dense.to(dense_dtype).contiguous(), quantized, bias, dense_from_tokens=DENSE_FROM_TOKENS)
+
+    layers = []
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        attn = [p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"]
+        bias = [n.replace(".weight", ".bias") for n in attn] if cfg.attention_bias else None
+        layers.append(
+            Layer(
+                cfg,
+                qkv=linear(attn, bias),
+                o=linear([p + "self_attn.o_proj.weight"]),
+                gate_up=linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
+                down=linear([p + "mlp.down_proj.weight"]),
+                attn_norm=take(p + "input_layernorm.weight"),  # float32: norms act on the float32 residual
+                mlp_norm=take(p + "post_attention_layernorm.weight"),
+            )
+        )
+    embed = take("model.embed_tokens.weight")
+    head = embed if cfg.tie_word_embeddings or "lm_head.weight" not in w else w["lm_head.weight"]
+    head_quant = Int8Weight(head) if mode != "none" else None
+    head_dtype = torch.float32 if head_quant is not None else dtype
+    lm_head = Linear(head.to(head_dtype).contiguous(), head_quant, dense_from_tokens=DENSE_FROM_TOKENS)
+    model = LlamaModel(cfg, embed.to(dtype).contiguous(), layers, take("model.norm.weight"), lm_head, dtype)
+    model.quantization = mode
+    return model

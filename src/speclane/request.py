@@ -1,0 +1,173 @@
+"""Requests as the scheduler sees them: ids, token counts, status, lane accounting.
+
+No torch here. A request is "computed up to ``num_computed_tokens``, wants up to
+``num_tokens``": a prefill chunk, a decode step and a verified draft are all just
+token counts (see DESIGN.md, "One tick").
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+class RequestStatus(enum.IntEnum):
+    """Ordered: every finished state compares greater than every live one."""
+
+    WAITING = 0  # queued, not admitted (no KV yet)
+    RUNNING = 1  # admitted: prefilling or decoding
+    FINISHED_STOPPED = 10  # EOS or a stop string
+    FINISHED_LENGTH = 11  # max_tokens or max_model_len
+    FINISHED_ABORTED = 12  # cancelled by the client or the server
+    FINISHED_ERROR = 13  # rejected or failed inside the engine
+
+    @property
+    def is_finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+
+# The one map from a status to OpenAI's finish_reason.
+FINISH_REASONS: dict[RequestStatus, str] = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
+}
+
+
+def finish_reason(status: RequestStatus) -> str | None:
+    return FINISH_REASONS.get(status)
+
+
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens. ``temperature == 0`` means greedy."""
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = no top-k cut
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1; got {self.max_tokens!r}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0; got {self.temperature}")
+        if not math.isfinite(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it); got {self.top_k}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be in [0, 2**63); got {self.seed}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop accepts at most {MAX_STOP_STRINGS} strings; got {len(self.stop)}")
+        for s in self.stop:
+            if not s or len(s) > MAX_STOP_STRING_CHARS:
+                raise ValueError(f"each stop string must have 1 to {MAX_STOP_STRING_CHARS} characters")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class SpecStats:
+    """Per-request speculative accounting, reported as ``usage.speculative``."""
+
+    rounds: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    grants: int = 0
+    yields: int = 0
+    preemptions: int = 0
+    wait_ms: float = 0.0
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "rounds": self.rounds,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "grants": self.grants,
+            "yields": self.yields,
+            "preemptions": self.preemptions,
+            "wait_ms": round(self.wait_ms, 3),
+        }
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: Sequence[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    arrival_s: float = 0.0
+    priority: int = 0  # lower is more urgent (vLLM's convention)
+    tenant: str = "anonymous"
+    tenant_weight: float = 1.0
+    speculative: bool = True
+    prediction_token_ids: Sequence[int] = ()
+    eos_token_ids: frozenset[int] = frozenset()
+
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    spec: SpecStats = field(default_factory=SpecStats)
+    first_token_s: float | None = None
+
+    def __post_init__(self) -> None:
+        self.prompt_token_ids = tuple(self.prompt_token_ids)
+        self.prediction_token_ids = tuple(self.prediction_token_ids)
+        if not self.prompt_token_ids:
+            raise ValueError("the prompt is empty: send at least one token")
+
+    # -- token counts -------------------------------------------------------------
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def prefill_done(self) -> bool:
+        """True once the whole prompt is in the cache; the request then decodes."""
+        return self.num_computed_tokens >= self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def token_ids(self) -> tuple[int, ...]:
+        """All tokens so far (prompt + output), read-only."""
+        return self.prompt_token_ids + tuple(self.output_token_ids)
+
+    def token_at(self, index: int) -> int:
+        n = self.num_prompt_tokens
+        return self.prompt_token_ids[index] if index < n else self.output_token_ids[index - n]
+
+    def tokens_between(self, start: int, end: int) -> list[int]:
+        n = self.num_prompt_tokens
+        if end <= n:
+            return list(self.prompt_token_ids[start:end])
+        if start >= n:
+            return self.output_token_ids[start - n : end - n]
+        return list(self.prompt_token_ids[start:]) + self.output_token_ids[: end - n]

@@ -1,0 +1,133 @@
+"""Virtual lane-service counters per tenant, as in VTC ("Fairness in Serving Large
+Language Models", OSDI'24), counted in speculative rounds.
+
+A tenant's counter grows by ``1 / weight`` for every lane round one of its requests runs.
+The lane grants within a priority to the tenant with the smallest ``key``: its counter
+plus the rounds it has been granted but not yet run (``reserve``), also per weight. A
+grant thus counts in full the moment it is given, so grants made at one round boundary
+or on several slots spread over tenants, and backlogged tenants' service stays within
+one grant of each other whatever the number of slots (see tests/unit/test_lane_properties.py).
+
+A tenant that becomes active (gets an eligible request after having none) is lifted
+to the smallest counter among active tenants, or, when none is active, to the counter
+of the last tenant that went idle: idling never banks credit. Because that lift target
+never decreases, an idle tenant whose counter is at or below it can be forgotten; the
+record of an idle tenant still in debt (counter above the target) is kept until the
+target passes it.
+
+Pure bookkeeping: no time, no I/O. Every operation is O(log t) amortized in the number
+of tenants t, using min-heaps with lazy deletion.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+
+@dataclass
+class _Tenant:
+    base: float  # the counter at its last lift
+    weight: float = 1.0
+    rounds: int = 0  # rounds run since the last lift
+    reserved: int = 0  # rounds granted, not yet run
+    num_eligible: int = 0  # requests in the lane (holding or waiting)
+
+    # Kept as base + integers / weight so that running a reserved round leaves ``key``
+    # bit-identical and equal-weight tenants compare exactly.
+    @property
+    def counter(self) -> float:
+        return self.base + self.rounds / self.weight
+
+    @property
+    def key(self) -> float:
+        return self.base + (self.rounds + self.reserved) / self.weight
+
+
+class VirtualCounters:
+    def __init__(self) -> None:
+        self._tenants: dict[str, _Tenant] = {}
+        self._num_active = 0
+        self._floor = 0.0  # lift target when no tenant is active
+        self._active: list[tuple[float, str]] = []  # lazy min-heap of active counters
+        self._idle: list[tuple[float, str]] = []  # lazy min-heap of idle tenants kept for debt
+
+    # -- reading --------------------------------------------------------------------
+    def key(self, tenant: str) -> float:
+        """Grant order within a priority: lower first."""
+        return self._tenants[tenant].key
+
+    def service(self, tenant: str) -> float:
+        """The tenant's virtual counter (0.0 for a tenant never seen or forgotten)."""
+        t = self._tenants.get(tenant)
+        return t.counter if t is not None else 0.0
+
+    def lift_target(self) -> float:
+        """The smallest counter among active tenants (the floor when none is active)."""
+        if self._num_active == 0:
+            return self._floor
+        heap = self._active
+        while True:
+            counter, name = heap[0]
+            t = self._tenants.get(name)
+            if t is None or t.num_eligible == 0:
+                heapq.heappop(heap)
+            elif t.counter != counter:  # counters only grow: re-file at its current value
+                heapq.heapreplace(heap, (t.counter, name))
+            else:
+                return counter
+
+    # -- changes --------------------------------------------------------------------
+    def join(self, tenant: str, weight: float) -> None:
+        """One more eligible request of ``tenant`` (``weight`` applies when it activates)."""
+        t = self._tenants.get(tenant)
+        if t is None or t.num_eligible == 0:
+            target = self.lift_target()
+            if t is None:
+                t = self._tenants[tenant] = _Tenant(base=target)
+            t.base, t.rounds, t.weight = max(t.counter, target), 0, weight
+            self._num_active += 1
+            heapq.heappush(self._active, (t.counter, tenant))
+            self._forget_idle_below(target)
+            if len(self._active) > 2 * self._num_active + 32:
+                live = {name for _, name in self._active if self._is_active(name)}
+                self._active = [(self._tenants[name].counter, name) for name in live]
+                heapq.heapify(self._active)
+        t.num_eligible += 1
+
+    def leave(self, tenant: str) -> None:
+        """One eligible request of ``tenant`` left the lane (finished or aborted)."""
+        t = self._tenants[tenant]
+        t.num_eligible -= 1
+        if t.num_eligible:
+            return
+        self._num_active -= 1
+        if self._num_active == 0:
+            self._floor = max(self._floor, t.counter)
+        if t.counter <= self.lift_target():
+            del self._tenants[tenant]  # a return would be lifted to at least this anyway
+        else:
+            heapq.heappush(self._idle, (t.counter, tenant))
+
+    def reserve(self, tenant: str, rounds: int) -> None:
+        """Rounds granted (> 0) or handed back unused (< 0)."""
+        self._tenants[tenant].reserved += rounds
+
+    def charge(self, tenant: str, *, reserved: bool) -> None:
+        """One round run; ``reserved`` if it was one of the tenant's reserved rounds."""
+        t = self._tenants[tenant]
+        t.rounds += 1
+        if reserved:
+            t.reserved -= 1
+
+    # -- helpers --------------------------------------------------------------------
+    def _is_active(self, name: str) -> bool:
+        t = self._tenants.get(name)
+        return t is not None and t.num_eligible > 0
+
+    def _forget_idle_below(self, target: float) -> None:
+        while self._idle and self._idle[0][0] <= target:
+            counter, name = heapq.heappop(self._idle)
+            t = self._tenants.get(name)
+            if t is not None and t.num_eligible == 0 and t.counter == counter:
+                del self._tenants[name]

@@ -1,0 +1,235 @@
+"""The scheduler: who is admitted, who prefills how much, who decodes, who speculates.
+
+Pure policy: no torch, no I/O; time comes in as ``now`` (seconds). One rule covers
+every kind of work: a request is "computed up to ``num_computed_tokens``, wants up to
+``num_tokens``" and each tick lets the first catch up — a prefill chunk, a decode
+step and a verified draft are all token counts in the plan.
+
+Per tick (``schedule``):
+1. the lane (``lane.py``) picks this tick's holders at the round boundary;
+2. every running request that has finished its prompt decodes one step (holders
+   draft and verify ``K + 1`` positions instead);
+3. prompts being prefilled get chunks from what is left of the token budget;
+4. waiting requests are admitted (most urgent priority, then arrival) while a KV
+   slot is free, and get their first chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from speclane.config import LaneConfig, SchedulerConfig
+from speclane.request import Request, RequestStatus
+from speclane.scheduler.kv_slots import SlotAllocator
+from speclane.scheduler.lane import SpecLane
+from speclane.scheduler.plan import RunnerResult, ScheduledSeq, SchedulerPlan, SeqResult
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue holds ``--max-queue`` requests; the client should retry later."""
+
+
+@dataclass
+class TokenEvent:
+    """New tokens of one request after a tick, and whether it finished."""
+
+    request: Request
+    new_token_ids: list[int]
+    finished: bool
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, lane_config: LaneConfig, max_model_len: int, *, record_lane_events: bool = True):
+        self.config = config
+        self.lane_config = lane_config
+        self.max_model_len = max_model_len
+        self.slots = SlotAllocator(config.max_num_seqs)
+        self.lane = SpecLane(lane_config, record_events=record_lane_events)
+        self.waiting: dict[str, Request] = {}
+        self.running: dict[str, Request] = {}  # admission order
+        self.slot_of: dict[str, int] = {}
+        self._released: list[str] = []
+        self._in_lane: set[str] = set()
+
+    # -- requests in and out ------------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def get(self, request_id: str) -> Request | None:
+        return self.running.get(request_id) or self.waiting.get(request_id)
+
+    def add_request(self, request: Request, now: float) -> None:
+        if request.request_id in self.waiting or request.request_id in self.running:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        if request.num_prompt_tokens >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {request.num_prompt_tokens} tokens but --max-model-len is {self.max_model_len}: "
+                "shorten the prompt (at least one token must be left for the completion)"
+            )
+        if len(self.waiting) >= self.config.max_queue:
+            raise QueueFullError(f"the queue is full ({self.config.max_queue} requests waiting); retry later")
+        request.status = RequestStatus.WAITING
+        self.waiting[request.request_id] = request
+
+    def abort_request(self, request_id: str, now: float, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> Request | None:
+        """Stop a request wherever it is; its KV slot is free for the next tick."""
+        request = self.waiting.pop(request_id, None)
+        if request is not None:
+            request.status = status
+            return request
+        if request_id in self.running:
+            return self._finish(self.running[request_id], status, now)
+        return None
+
+    def finish_request(self, request_id: str, status: RequestStatus, now: float, num_output_tokens: int | None = None) -> None:
+        """Finish from outside the scheduler (a stop string found by the detokenizer)."""
+        request = self.running.get(request_id)
+        if request is None:
+            return
+        if num_output_tokens is not None:
+            del request.output_token_ids[num_output_tokens:]
+            request.spec.accepted_tokens = min(request.spec.accepted_tokens, request.num_output_tokens)
+        self._finish(request, status, now)
+
+    def _finish(self, request: Request, status: RequestStatus, now: float) -> Request:
+        request.status = status
+        rid = request.request_id
+        del self.running[rid]
+        self.slots.free(self.slot_of.pop(rid))
+        if rid in self._in_lane:
+            self._in_lane.discard(rid)
+            self.lane.remove(rid, now)
+        self._released.append(rid)
+        return request
+
+    # -- one tick -----------------------------------------------------------------------
+    def _lane_active(self) -> bool:
+        return self.lane_config.speculation_enabled
+
+    def _draft_budget(self, request: Request) -> int:
+        """Draft tokens worth proposing: never past max_tokens or the context."""
+        left = min(
+            request.sampling.max_tokens - request.num_output_tokens,
+            self.max_model_len - request.num_tokens,
+        )
+        return max(0, min(self.lane_config.num_draft_tokens, left - 1))
+
+    def schedule(self, now: float) -> SchedulerPlan:
+        released, self._released = tuple(self._released), []
+        holders = set(self.lane.schedule(now)) if self._lane_active() else set()
+
+        if self.lane_config.spec_mode == "burst" and holders:
+            # Legacy burst: the holder runs its whole generation inside this tick, alone.
+            rid = min(holders, key=lambda r: list(self.running).index(r))
+            return SchedulerPlan(burst=self._decode_seq(self.running[rid], self._draft_budget(self.running[rid])),
+                                 released_request_ids=released)
+
+        budget = self.config.max_num_batched_tokens
+        seqs: list[ScheduledSeq] = []
+        for request in self.running.values():
+            if request.prefill_done:
+                k = self._draft_budget(request) if request.request_id in holders and self.lane_config.spec_mode == "slice" else 0
+                seqs.append(self._decode_seq(request, k))
+                budget -= 1 + k
+        for request in self.running.values():
+            if not request.prefill_done and (budget > 0 or not seqs):
+                seq = self._prefill_seq(request, budget)
+                seqs.append(seq)
+                budget -= len(seq.token_ids)
+        while self.waiting and self.slots.can_allocate() and (budget > 0 or not seqs):
+            request = min(self.waiting.values(), key=lambda r: (r.priority, r.arrival_s))
+            if not self.config.enable_chunked_prefill and seqs and request.num_prompt_tokens > budget:
+                break  # the whole prompt must fit in one tick; wait for a lighter one
+            del self.waiting[request.request_id]
+            request.status = RequestStatus.RUNNING
+            self.slot_of[request.request_id] = self.slots.allocate(request.request_id)
+            self.running[request.request_id] = request
+            seq = self._prefill_seq(request, budget)
+            seqs.append(seq)
+            budget -= len(seq.token_ids)
+        return SchedulerPlan(seqs=tuple(seqs), released_request_ids=released)
+
+    def _decode_seq(self, request: Request, num_draft_tokens: int) -> ScheduledSeq:
+        start = request.num_computed_tokens
+        return ScheduledSeq(
+            request=request,
+            slot=self.slot_of[request.request_id],
+            start=start,
+            token_ids=tuple(request.tokens_between(start, request.num_tokens)),
+            sample=True,
+            num_draft_tokens=num_draft_tokens,
+        )
+
+    def _prefill_seq(self, request: Request, budget: int) -> ScheduledSeq:
+        start = request.num_computed_tokens
+        remaining = request.num_prompt_tokens - start
+        chunk = min(remaining, max(budget, 1)) if self.config.enable_chunked_prefill else remaining
+        return ScheduledSeq(
+            request=request,
+            slot=self.slot_of[request.request_id],
+            start=start,
+            token_ids=tuple(request.prompt_token_ids[start : start + chunk]),
+            sample=start + chunk == request.num_prompt_tokens,
+        )
+
+    def update(self, result: RunnerResult, now: float) -> list[TokenEvent]:
+        """Advance requests by the runner's result; account the lane; finish what ended."""
+        events: list[TokenEvent] = []
+        for res in result.seqs:
+            request = self.running.get(res.request_id)
+            if request is None:  # aborted while the tick ran
+                continue
+            request.num_computed_tokens = res.num_computed_tokens
+            appended, status = self._append(request, res.token_ids)
+            if res.token_ids and request.first_token_s is None:
+                request.first_token_s = now
+            self._account_round(request, res, appended)
+            if res.spec_round and request.request_id in self._in_lane:
+                self.lane.round_done(request.request_id, elapsed_ms=result.elapsed_ms, now=now)
+            if status is not None:
+                self._finish(request, status, now)
+            elif (request.prefill_done and request.speculative and self._lane_active()
+                  and request.request_id not in self._in_lane):
+                self._in_lane.add(request.request_id)
+                self.lane.add(request.request_id, tenant=request.tenant, priority=request.priority, now=now,
+                              stats=request.spec, weight=request.tenant_weight)
+            if appended or status is not None:
+                events.append(TokenEvent(request, appended, status is not None))
+        return events
+
+    def _append(self, request: Request, token_ids: list[int]) -> tuple[list[int], RequestStatus | None]:
+        """Append tokens one by one, stopping exactly at EOS, a stop token, max_tokens or the context."""
+        sp = request.sampling
+        appended: list[int] = []
+        for token in token_ids:
+            request.output_token_ids.append(token)
+            appended.append(token)
+            if (token in request.eos_token_ids and not sp.ignore_eos) or token in sp.stop_token_ids:
+                return appended, RequestStatus.FINISHED_STOPPED
+            if request.num_output_tokens >= sp.max_tokens or request.num_tokens >= self.max_model_len:
+                return appended, RequestStatus.FINISHED_LENGTH
+        return appended, None
+
+    @staticmethod
+    def _account_round(request: Request, res: SeqResult, appended: list[int]) -> None:
+        if not res.spec_round:
+            return
+        stats = request.spec
+        stats.rounds += res.num_rounds
+        if len(appended) < len(res.token_ids):
+            # Finished inside the round: nothing past the stop point is counted.
+            accepted = min(res.num_accepted_tokens, len(appended))
+            drafted = accepted + (1 if len(appended) > res.num_accepted_tokens else 0) * (res.num_draft_tokens - res.num_accepted_tokens)
+        else:
+            accepted, drafted = res.num_accepted_tokens, res.num_draft_tokens
+        stats.accepted_tokens += accepted
+        stats.draft_tokens += drafted
+        res.num_accepted_tokens, res.num_draft_tokens = accepted, drafted
