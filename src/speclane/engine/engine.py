@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 import torch
 
 from speclane.config import EngineConfig
-from speclane.drafters.base import create_drafter
+from speclane.drafters.base import Drafter, create_drafter
 from speclane.engine.detokenizer import IncrementalDetokenizer
 from speclane.engine.kv_cache import KVCache
 from speclane.engine.runner import ModelRunner
 from speclane.engine.stats import EngineCounters, EngineObserver
 from speclane.models.build import build_model
+from speclane.models.llama import LlamaModel
 from speclane.models.loader import read_weights
 from speclane.models.tokenizer import Tokenizer
 from speclane.request import Request, RequestStatus, SamplingParams, finish_reason
@@ -65,21 +66,38 @@ def load_tokenizer(source: object) -> Tokenizer:
 class LLMEngine:
     def __init__(self, config: EngineConfig | None = None, *, clock: Callable[[], float] = time.monotonic,
                  observer: EngineObserver | None = None):
-        self.config = config = config or EngineConfig()
-        self.clock = clock
+        config = config or EngineConfig()
         if config.model.num_threads:
             torch.set_num_threads(config.model.num_threads)
         weights = read_weights(config.model.model)
-        self.tokenizer = load_tokenizer(weights.tokenizer_source)
-        self.model = build_model(weights, config.model)
+        model = build_model(weights, config.model)
+        self._setup(config, model, load_tokenizer(weights.tokenizer_source), clock, observer, drafter=None)
+
+    @classmethod
+    def from_parts(cls, config: EngineConfig, model: LlamaModel, tokenizer: Tokenizer, *,
+                   drafter: Drafter | None = None, clock: Callable[[], float] = time.monotonic,
+                   observer: EngineObserver | None = None) -> LLMEngine:
+        """An engine over an already built model (tests with toy models, benchmarks)."""
+        engine = cls.__new__(cls)
+        engine._setup(config, model, tokenizer, clock, observer, drafter=drafter)
+        return engine
+
+    def _setup(self, config: EngineConfig, model: LlamaModel, tokenizer: Tokenizer, clock: Callable[[], float],
+               observer: EngineObserver | None, drafter: Drafter | None) -> None:
+        self.config = config
+        self.clock = clock
+        self.tokenizer = tokenizer
+        self.model = model
         mc = self.model.config
         self.max_model_len = min(config.model.max_model_len, mc.max_position_embeddings)
         kv_dtype = torch.float32 if config.model.dtype == "float32" else torch.bfloat16
         # Room for K draft positions past the last token of the longest sequence.
         cache_len = self.max_model_len + config.lane.num_draft_tokens + 1
         self.cache = KVCache(mc.num_layers, config.scheduler.max_num_seqs, cache_len, mc.num_kv_heads, mc.head_dim, kv_dtype)
-        self.drafter = create_drafter(config.lane.drafter, model=self.model, model_config=config.model,
-                                      mtp_head=config.lane.mtp_head) if config.lane.speculation_enabled else None
+        if drafter is None and config.lane.speculation_enabled:
+            drafter = create_drafter(config.lane.drafter, model=self.model, model_config=config.model,
+                                     mtp_head=config.lane.mtp_head)
+        self.drafter = drafter if config.lane.speculation_enabled else None
         lane = config.lane if self.drafter is not None else _lane_off(config)
         self.scheduler = Scheduler(config.scheduler, lane, self.max_model_len)
         self.runner = ModelRunner(self.model, self.cache, self.drafter)

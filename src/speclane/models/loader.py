@@ -160,6 +160,19 @@ def _q4_1_blocks(raw: np.ndarray, rows: int, cols: int) -> tuple[torch.Tensor, t
 
 
 def read_gguf(path: Path) -> WeightSet:
+    from speclane.models import weight_cache
+    from speclane.models.tokenizer import read_gguf_metadata
+
+    cached = weight_cache.load_cached(path)
+    if cached is not None:
+        config, dense, q4 = cached
+        return WeightSet(config, dense, q4, tokenizer_source=read_gguf_metadata(path), source=str(path))  # type: ignore[arg-type]
+    weights = _read_gguf_file(path)
+    weight_cache.store(path, weights)
+    return weights
+
+
+def _read_gguf_file(path: Path) -> WeightSet:
     try:
         import gguf
     except ImportError as exc:  # pragma: no cover - a dependency
@@ -185,8 +198,11 @@ def read_gguf(path: Path) -> WeightSet:
         return value
 
     tensor_names = {t.name for t in reader.tensors}
+    vocab_size = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ())
+    if not vocab_size:
+        raise ModelLoadError(f"{path}: GGUF metadata lacks both {arch}.vocab_size and tokenizer.ggml.tokens")
     config = LlamaConfig(
-        vocab_size=int(meta.get(f"{arch}.vocab_size") or len(meta["tokenizer.ggml.tokens"])),
+        vocab_size=int(vocab_size),
         hidden_size=int(key("embedding_length")),
         intermediate_size=int(key("feed_forward_length")),
         num_layers=int(key("block_count")),

@@ -1,0 +1,1 @@
+"""Benchmarks: reproducible workloads, tables, reports (``speclane bench SCENARIO``)."""

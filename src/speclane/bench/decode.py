@@ -1,0 +1,131 @@
+"""Decode speed (issue 2): single-stream tok/s against transformers' generate(), one
+decode step at batch 1/4/8/16, and the memory-bandwidth ceiling."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from speclane.bench.common import Table, alternate, median
+from speclane.config import EngineConfig
+from speclane.llm import LLM
+from speclane.models.llama import RaggedBatch
+from speclane.request import SamplingParams
+
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+
+
+def load_transformers(dtype: torch.dtype = torch.bfloat16):
+    from transformers import AutoModelForCausalLM
+
+    from speclane.models.loader import resolve_model
+
+    path = resolve_model("smollm2-135m-instruct")
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+    model.eval()
+    return model
+
+
+def transformers_generate(model, prompt_ids: list[int], new_tokens: int, **kwargs: Any) -> tuple[float, list[int]]:
+    ids = torch.tensor([prompt_ids])
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                             do_sample=False, pad_token_id=2, **kwargs)
+    return time.perf_counter() - start, out[0, len(prompt_ids):].tolist()
+
+
+def ours_generate(llm: LLM, prompt_ids: list[int], new_tokens: int, **options: Any) -> tuple[float, list[int]]:
+    sp = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+    start = time.perf_counter()
+    out = llm.generate([prompt_ids], sp, **options)[0]
+    return time.perf_counter() - start, out.token_ids
+
+
+def measure_bandwidth_gbs(size_mb: int = 512, repeats: int = 5) -> float:
+    src = torch.empty(size_mb * 2**20, dtype=torch.uint8).fill_(1)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * src.numel() / best / 1e9  # read + write
+
+
+def weight_bytes_per_token(llm: LLM) -> int:
+    """Bytes of weights one single-token decode step reads (the kernels it actually uses)."""
+    model = llm.engine.model
+    total = 0
+    linears = [layer.qkv for layer in model.layers] + [layer.o for layer in model.layers]
+    linears += [layer.gate_up for layer in model.layers] + [layer.down for layer in model.layers] + [model.lm_head]
+    for lin in linears:
+        q = lin.quantized
+        if q is None:
+            total += lin.dense.numel() * lin.dense.element_size()
+        elif hasattr(q, "packed"):
+            total += q.packed.numel() * q.packed.element_size() + q.scales_and_zeros.numel() * 2
+        else:
+            total += q.q.numel() + q.scale.numel() * 2
+    return total
+
+
+def step_time_ms(llm: LLM, batch: int, kv_len: int = 200, repeats: int = 10) -> float:
+    engine = llm.engine
+    model, cache = engine.model, engine.cache
+    for slot in range(batch):
+        cache.lengths[slot] = kv_len
+    times = []
+    for _ in range(repeats + 2):
+        rb = RaggedBatch(
+            input_ids=torch.randint(0, 1000, (batch,)),
+            positions=torch.full((batch,), kv_len),
+            slots=list(range(batch)),
+            starts=[kv_len] * batch,
+            num_new=[1] * batch,
+        )
+        start = time.perf_counter()
+        hidden = model(rb, cache)
+        model.logits(hidden)
+        times.append(time.perf_counter() - start)
+        for slot in range(batch):
+            cache.lengths[slot] = kv_len
+    return median(times[2:]) * 1000
+
+
+def run(config: EngineConfig, repeats: int = 3, new_tokens: int = 128) -> list[Table]:
+    torch.set_num_threads(2)
+    llm = LLM(config=config.replace(spec_mode="off"))
+    prompt_ids = llm.encode_prompt(PROMPT, chat=True)
+    hf = load_transformers(torch.bfloat16)
+    runs = alternate(
+        {
+            "speclane": lambda: new_tokens / ours_generate(llm, prompt_ids, new_tokens)[0],
+            "transformers": lambda: new_tokens / transformers_generate(hf, prompt_ids, new_tokens)[0],
+        },
+        repeats,
+    )
+    ours, ref = median(runs["speclane"]), median(runs["transformers"])
+    t1 = Table(
+        "Single-stream greedy decode, 128 new tokens, 2 threads",
+        ["engine", "config", "tok/s (median)", "runs", "vs transformers"],
+    )
+    mc = config.model
+    t1.add("speclane", f"{mc.dtype}, quantization={llm.engine.model.quantization}", ours, ", ".join(f"{x:.1f}" for x in runs["speclane"]), f"{ours / ref:.2f}x")
+    t1.add("transformers generate()", "bfloat16", ref, ", ".join(f"{x:.1f}" for x in runs["transformers"]), "1.00x")
+    t1.notes.append("A B A B alternation after a discarded warm-up of each arm, same prompt, same process.")
+
+    t2 = Table("One decode step (forward + logits), KV length 200", ["batch", "ms/step", "tok/s"])
+    for batch in (1, 4, 8, 16):
+        ms = step_time_ms(llm, batch)
+        t2.add(batch, ms, batch * 1000 / ms)
+
+    bw = measure_bandwidth_gbs()
+    wb = weight_bytes_per_token(llm)
+    ceiling = bw * 1e9 / wb
+    t3 = Table("Memory-bandwidth ceiling (batch 1)", ["weight bytes / token", "copy bandwidth", "ceiling tok/s", "reached"])
+    t3.add(f"{wb / 1e6:.1f} MB", f"{bw:.1f} GB/s", ceiling, f"{ours / ceiling:.0%}")
+    t3.notes.append("Bandwidth: best of 5 copies of 512 MB (read + write bytes). Ceiling = bandwidth / weight bytes read per token.")
+    return [t1, t2, t3]

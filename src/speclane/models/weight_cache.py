@@ -1,0 +1,92 @@
+"""A local cache of dequantized GGUF weights, so later starts skip GGUF parsing.
+
+Parsing and dequantizing the default GGUF takes several seconds on a 2-core machine
+(most of it ``gguf.GGUFReader`` building its field table); reading the same tensors
+back from one safetensors file takes well under a second. The cache is keyed by the
+file's absolute path, size and modification time, and written atomically, so a
+changed or half-written file is never used. ``SPECLANE_CACHE_DIR`` moves it;
+``SPECLANE_NO_WEIGHT_CACHE=1`` turns it off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from speclane.models.llama import LlamaConfig
+
+if TYPE_CHECKING:
+    from speclane.models.loader import WeightSet
+
+CACHE_VERSION = 1
+_Q4 = "q4."
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPECLANE_CACHE_DIR", Path.home() / ".cache" / "speclane" / "weights"))
+
+
+def _enabled() -> bool:
+    return os.environ.get("SPECLANE_NO_WEIGHT_CACHE", "") not in ("1", "true", "yes")
+
+
+def cache_path(source: Path) -> Path:
+    stat = source.stat()
+    key = f"{source.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{CACHE_VERSION}"
+    return cache_dir() / (hashlib.sha1(key.encode()).hexdigest()[:20] + ".safetensors")
+
+
+def load_cached(source: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, ...]]] | None:
+    if not _enabled():
+        return None
+    path = cache_path(source)
+    if not path.exists():
+        return None
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+        config_fields = json.loads(meta["config"])
+        config_fields["rope_scaling"] = tuple(tuple(x) for x in config_fields["rope_scaling"])
+        config = LlamaConfig(**config_fields)
+        tensors = load_file(str(path))
+    except Exception:  # a stale or damaged cache is simply rebuilt
+        return None
+    dense = {k: v for k, v in tensors.items() if not k.startswith(_Q4)}
+    q4: dict[str, tuple[torch.Tensor, ...]] = {}
+    for key in tensors:
+        if key.startswith(_Q4) and key.endswith(".q"):
+            name = key[len(_Q4) : -2]
+            q4[name] = (tensors[key].to(torch.int32), tensors[f"{_Q4}{name}.d"], tensors[f"{_Q4}{name}.m"])
+    return config, dense, q4
+
+
+def store(source: Path, weights: WeightSet) -> None:
+    if not _enabled():
+        return
+    from safetensors.torch import save_file
+
+    path = cache_path(source)
+    tensors = {k: v.contiguous() for k, v in weights.dense.items()}
+    for name, (q, d, m) in weights.q4_blocks.items():
+        tensors[f"{_Q4}{name}.q"] = q.to(torch.uint8).contiguous()
+        tensors[f"{_Q4}{name}.d"] = d.contiguous()
+        tensors[f"{_Q4}{name}.m"] = m.contiguous()
+    meta = {"config": json.dumps(dataclasses.asdict(weights.config)), "source": str(source)}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        os.close(fd)
+        save_file(tensors, tmp, metadata=meta)
+        os.replace(tmp, path)
+    except OSError:  # a read-only or full disk only costs the next start some seconds
+        return
