@@ -1,0 +1,72 @@
+"""``speclane bench SCENARIO``: run a scenario, print its tables, write report.md/json (+ plots)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+from speclane.bench.common import Table, write_report
+from speclane.config import EngineConfig
+
+SCENARIOS: dict[str, str] = {
+    "decode": "single-stream decode vs transformers, batch step times, bandwidth ceiling (issue 2)",
+    "concurrency": "aggregate tok/s at 1-16 streams vs transformers; latency while a long prompt is admitted (issue 3)",
+    "speedup": "speculation on/off vs transformers assisted generation on three tasks (issue 4)",
+    "hol": "classic streams' latency beside a speculative stream: slice vs burst (issue 4)",
+    "throughput": "8 streams, one holding the lane, vs speculation off (issue 4)",
+    "fairness": "lane share between tenants under three policies, with a lane timeline plot (issue 5)",
+    "priority": "ticks from an urgent arrival to holding the lane (issue 5)",
+    "overhead": "cost of a lane decision by number of waiters; lane share of tick time (issue 5)",
+}
+
+
+def run_bench(args: argparse.Namespace, config: EngineConfig) -> int:
+    name = args.scenario
+    if name not in SCENARIOS:
+        valid = "\n".join(f"  {k:12s} {v}" for k, v in SCENARIOS.items())
+        raise ValueError(f"unknown scenario {name!r}; valid scenarios:\n{valid}")
+    import torch
+
+    torch.set_num_threads(config.model.num_threads or 2)
+    tables, extra = _run(name, config, quick=args.quick)
+    for table in tables:
+        print(table.markdown())
+    out = Path(args.out) / name
+    report = write_report(out, f"speclane bench {name}", tables)
+    if name == "fairness" and extra:
+        from speclane.bench.plots import lane_share_over_time, lane_timeline
+
+        for policy, data in extra.items():
+            slug = policy.split(" ")[0].strip("()")
+            lane_timeline(data, out / f"lane-timeline-{slug}.png", title=policy)
+            lane_share_over_time(data, out / f"lane-share-{slug}.png", title=policy)
+    print(f"report: {report}")
+    return 0
+
+
+def _run(name: str, config: EngineConfig, quick: bool) -> tuple[list[Table], dict]:
+    from speclane.bench import engine_scenarios as es
+    from speclane.bench import lane_scenarios as ls
+
+    if name == "decode":
+        from speclane.bench import decode
+
+        return decode.run(config, repeats=2 if quick else 3, new_tokens=64 if quick else 128), {}
+    if name == "overhead":
+        from speclane.bench.factory import EngineFactory
+
+        return ls.overhead(quick=quick) + ls.tick_share(EngineFactory(config), quick=quick), {}
+    from speclane.bench.factory import EngineFactory
+
+    factory = EngineFactory(config)
+    if name == "fairness":
+        return ls.fairness(factory, quick=quick)
+    runners: dict[str, Callable[..., list[Table]]] = {
+        "concurrency": es.concurrency,
+        "speedup": es.speedup,
+        "hol": es.hol,
+        "throughput": es.throughput,
+        "priority": ls.priority,
+    }
+    return runners[name](factory, quick=quick), {}

@@ -1,0 +1,98 @@
+"""Drive an engine in-process with a timed workload and record every token's time.
+
+The engine is ticked in this thread; requests join when their arrival offset has
+passed. Each request's timeline (arrival, token times, lane events) is what the
+scenarios turn into latency percentiles, throughput and lane shares.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from speclane.engine.engine import LLMEngine
+from speclane.request import SamplingParams
+
+
+@dataclass
+class Job:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    arrival_s: float = 0.0  # offset from the start of the run
+    options: dict[str, Any] = field(default_factory=dict)  # priority, tenant, speculative, prediction_token_ids
+
+
+@dataclass
+class Timeline:
+    job: Job
+    added_s: float = 0.0
+    added_clock: float = 0.0  # the engine's clock at add time (lane events use that clock)
+    token_times: list[float] = field(default_factory=list)  # one entry per token (a round's tokens share a time)
+    finished_s: float | None = None
+    finish_reason: str | None = None
+    usage: dict[str, Any] = field(default_factory=dict)
+    text: str = ""
+
+    @property
+    def ttft_s(self) -> float:
+        return self.token_times[0] - self.added_s if self.token_times else float("nan")
+
+    def gaps_s(self) -> list[float]:
+        """Inter-token gaps; tokens of one round share its time, so the gap is spread over them."""
+        gaps = []
+        times = self.token_times
+        i = 1
+        while i < len(times):
+            j = i
+            while j < len(times) and times[j] == times[i]:
+                j += 1
+            gap = (times[i] - times[i - 1]) / (j - i + 1) if j - i > 0 else times[i] - times[i - 1]
+            gaps.extend([gap] * (j - i))
+            i = j
+        return gaps
+
+    def tok_per_s(self) -> float:
+        if len(self.token_times) < 2:
+            return float("nan")
+        return (len(self.token_times) - 1) / (self.token_times[-1] - self.token_times[0])
+
+
+def drive(engine: LLMEngine, jobs: list[Job], *, on_tick: Callable[[float], None] | None = None,
+          stop_when: Callable[[dict[str, Timeline]], bool] | None = None) -> tuple[dict[str, Timeline], float]:
+    """Run ``jobs`` to completion; returns timelines and the run's wall time."""
+    pending = sorted(jobs, key=lambda j: j.arrival_s)
+    timelines: dict[str, Timeline] = {}
+    start = time.perf_counter()
+    while pending or engine.has_unfinished():
+        now = time.perf_counter() - start
+        while pending and pending[0].arrival_s <= now:
+            job = pending.pop(0)
+            engine.add_request(job.request_id, job.prompt_token_ids, job.sampling, **job.options)
+            timelines[job.request_id] = Timeline(job, added_s=now, added_clock=engine.clock())
+        if not engine.has_unfinished():
+            time.sleep(max(0.0, min(0.01, pending[0].arrival_s - now)))
+            continue
+        outputs = engine.step()
+        now = time.perf_counter() - start
+        for out in outputs:
+            tl = timelines[out.request_id]
+            tl.token_times.extend([now] * len(out.token_ids))
+            tl.text += out.text
+            if out.finished:
+                tl.finished_s, tl.finish_reason, tl.usage = now, out.finish_reason, out.usage
+        if on_tick is not None:
+            on_tick(now)
+        if stop_when is not None and stop_when(timelines):
+            for rid, tl in timelines.items():
+                if tl.finished_s is None:
+                    engine.abort_request(rid)
+            engine.run_until_done()
+            break
+    return timelines, time.perf_counter() - start
+
+
+def progress(message: str) -> None:
+    print(f"  .. {message}", flush=True)

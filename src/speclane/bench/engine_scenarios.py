@@ -1,0 +1,186 @@
+"""Engine benchmarks: concurrency (issue 3), speed-up, head-of-line, throughput (issue 4)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from speclane.bench.common import Table, alternate, median, percentile
+from speclane.bench.decode import load_transformers
+from speclane.bench.driver import Job, drive, progress
+from speclane.bench.factory import EngineFactory
+from speclane.bench.prompts import CHAT_PROMPTS, LONG_DOCUMENT, SPEEDUP_TASKS
+from speclane.request import SamplingParams
+
+
+def concurrency(factory: EngineFactory, new_tokens: int = 128, quick: bool = False) -> list[Table]:
+    """Aggregate decode tok/s at 1/4/8/16 streams vs transformers one prompt after another;
+    then latency of 8 decoding streams while a 1,500-token prompt is admitted."""
+    levels = (1, 4) if quick else (1, 4, 8, 16)
+    prompts = [factory.chat_ids(p) for p in CHAT_PROMPTS]
+    sp = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+    engine = factory.engine(spec_mode="off")
+    hf = load_transformers(torch.bfloat16)
+    table = Table(f"Aggregate greedy decode, {new_tokens} new tokens per stream", ["streams", "speclane tok/s", "transformers tok/s (sequential)", "ratio"])
+    for n in levels:
+        progress(f"concurrency {n}")
+
+        def ours(n=n) -> float:
+            jobs = [Job(f"c{n}-{i}-{time.perf_counter()}", prompts[i % len(prompts)], sp) for i in range(n)]
+            _, wall = drive(engine, jobs)
+            return n * new_tokens / wall
+
+        def theirs(n=n) -> float:
+            from speclane.bench.decode import transformers_generate
+
+            wall = sum(transformers_generate(hf, prompts[i % len(prompts)], new_tokens)[0] for i in range(n))
+            return n * new_tokens / wall
+
+        runs = alternate({"ours": ours, "theirs": theirs}, repeats=1 if n > 4 or quick else 2, warmup=n == levels[0])
+        a, b = median(runs["ours"]), median(runs["theirs"])
+        table.add(n, a, b, f"{a / b:.2f}x")
+    table.notes.append("transformers generate() in bfloat16 runs the same prompts one after another (it has no continuous batching); both in one process, alternating.")
+    return [table, admission_latency(factory, quick=quick)]
+
+
+def admission_latency(factory: EngineFactory, quick: bool = False) -> Table:
+    long_ids = factory.tokenizer.encode(LONG_DOCUMENT)[:1500]
+    prompts = [factory.chat_ids(p) for p in CHAT_PROMPTS[:8]]
+    table = Table("8 decoding streams while a 1,500-token prompt is admitted", ["prefill", "admission", "streams' ITL p50 ms", "ITL p99 ms", "p99 vs idle", "long prompt TTFT s"])
+    for chunked in (True, False):
+        engine = factory.engine(spec_mode="off", enable_chunked_prefill=chunked, max_num_batched_tokens=256)
+        for admit in (False, True):
+            progress(f"admission chunked={chunked} admit={admit}")
+            jobs = [Job(f"s{i}", prompts[i], SamplingParams(max_tokens=48 if quick else 96, ignore_eos=True)) for i in range(8)]
+            if admit:
+                jobs.append(Job("long", long_ids, SamplingParams(max_tokens=4, ignore_eos=True), arrival_s=0.6))
+            timelines, _ = drive(engine, jobs)
+            # Gaps of the 8 streams during the admission window (from the long prompt's arrival to its first token).
+            lo = timelines["long"].added_s if admit else 0.6
+            hi = timelines["long"].token_times[0] if admit else lo + 3.0
+            gaps = []
+            for i in range(8):
+                tl = timelines[f"s{i}"]
+                times = tl.token_times
+                gaps += [b - a for a, b in zip(times, times[1:], strict=False) if lo <= b <= hi + 1e-9]
+            row = [("chunked (256-token budget)" if chunked else "whole prompt in one tick"), "1,500-token prompt" if admit else "none",
+                   percentile(gaps, 50) * 1000, percentile(gaps, 99) * 1000]
+            if not admit:
+                idle_p99 = row[3]
+                row += ["1.00x", "-"]
+            else:
+                row += [f"{row[3] / idle_p99:.2f}x", timelines["long"].ttft_s]
+            table.add(*row)
+    table.notes.append("ITL: gaps between consecutive tokens of the 8 streams falling inside the admission window (arrival of the long prompt to its first token); 'idle' rows take the same window length without an admission.")
+    return table
+
+
+def _single(factory: EngineFactory, engine, ids: list[int], prediction: list[int], new_tokens: int) -> tuple[float, dict]:
+    jobs = [Job(f"x{time.perf_counter()}", ids, SamplingParams(max_tokens=new_tokens), options={"prediction_token_ids": prediction})]
+    timelines, wall = drive(engine, jobs)
+    tl = next(iter(timelines.values()))
+    return len(tl.token_times) / wall, tl.usage
+
+
+def speedup(factory: EngineFactory, new_tokens: int = 128, repeats: int = 3, quick: bool = False) -> list[Table]:
+    on = factory.engine(spec_mode="slice")
+    off = factory.engine(spec_mode="off")
+    hf = load_transformers(torch.bfloat16)
+    table = Table(f"Single-stream speed-up, greedy, up to {new_tokens} new tokens", [
+        "task", "speclane spec on tok/s", "spec off tok/s", "on/off", "acceptance", "tokens/round",
+        "transformers assisted (prompt lookup 4) tok/s", "transformers plain tok/s", "on / assisted"])
+    for task, (prompt, prediction) in SPEEDUP_TASKS.items():
+        progress(f"speedup {task}")
+        ids = factory.chat_ids(prompt)
+        pred = factory.tokenizer.encode(prediction) if prediction else []
+        table.add(task, *_speedup_row(factory, (on, off, hf), ids, pred, new_tokens, 1 if quick else repeats))
+    table.notes.append("speclane: default engine (bfloat16 activations, int4 GGUF weights, n-gram drafter K=4, one round per tick). "
+                       "transformers: bfloat16, generate() with prompt_lookup_num_tokens=4, same prompts; arms alternate A B C D after a warm-up.")
+    return [table]
+
+
+def hol(factory: EngineFactory, quick: bool = False) -> list[Table]:
+    """4 classic streams + 1 speculative stream: classic ITL in slice vs burst vs no spec stream."""
+    from speclane.bench.prompts import PARAGRAPH
+
+    classic_prompts = [factory.chat_ids(p) for p in CHAT_PROMPTS[:4]]
+    spec_prompt = factory.chat_ids(f"Repeat the following paragraph exactly:\n\n{PARAGRAPH}")
+    n_classic = 48 if quick else 96
+    table = Table("Head-of-line: classic streams' inter-token latency beside one speculative stream",
+                  ["mode", "classic ITL p50 ms", "classic ITL p99 ms", "p99 vs no spec stream", "max gap ms", "slice rounds", "burst rounds"])
+    base_p99 = None
+    for mode, spec_stream in (("no speculative stream", False), ("slice", True), ("burst", True)):
+        progress(f"hol {mode}")
+        engine = factory.engine(spec_mode="burst" if mode == "burst" else "slice")
+        jobs = [Job(f"c{i}", classic_prompts[i], SamplingParams(max_tokens=n_classic, ignore_eos=True), options={"speculative": False}) for i in range(4)]
+        if spec_stream:
+            jobs.append(Job("spec", spec_prompt, SamplingParams(max_tokens=160, ignore_eos=True), arrival_s=0.3))
+        timelines, _ = drive(engine, jobs)
+        gaps = [g for i in range(4) for g in _raw_gaps(timelines[f"c{i}"].token_times)]
+        p99 = percentile(gaps, 99) * 1000
+        base_p99 = base_p99 or p99
+        c = engine.counters
+        table.add(mode, percentile(gaps, 50) * 1000, p99, f"{p99 / base_p99:.2f}x", max(gaps) * 1000, c.slice_rounds, c.burst_rounds)
+    table.notes.append("Classic streams: 4 chat requests with speculative=false; the speculative stream copies a paragraph (160 tokens) and joins at 0.3 s.")
+    return [table]
+
+
+def _raw_gaps(times: list[float]) -> list[float]:
+    return [b - a for a, b in zip(times, times[1:], strict=False) if b > a]
+
+
+def throughput(factory: EngineFactory, quick: bool = False, repeats: int = 3) -> list[Table]:
+    """8 streams, one holding the lane, against the same 8 with speculation off."""
+    from speclane.bench.prompts import PARAGRAPH
+
+    prompts = [factory.chat_ids(p) for p in CHAT_PROMPTS[:7]] + [factory.chat_ids(f"Repeat the following paragraph exactly:\n\n{PARAGRAPH}")]
+    n = 64 if quick else 128
+    engines = {"lane on (1 slot)": factory.engine(spec_mode="slice"), "speculation off": factory.engine(spec_mode="off")}
+    counters = {}
+
+    def arm(name):
+        def run() -> float:
+            engine = engines[name]
+            jobs = [Job(f"t{i}-{time.perf_counter()}", prompts[i], SamplingParams(max_tokens=n, ignore_eos=True)) for i in range(8)]
+            timelines, wall = drive(engine, jobs)
+            counters[name] = engine.counters.slice_rounds
+            return sum(len(t.token_times) for t in timelines.values()) / wall
+        return run
+
+    runs = alternate({k: arm(k) for k in engines}, 1 if quick else repeats)
+    table = Table(f"Aggregate throughput, 8 greedy streams x {n} tokens", ["mode", "tok/s (median)", "runs", "vs off", "slice rounds (cumulative)"])
+    off = median(runs["speculation off"])
+    for name in engines:
+        table.add(name, median(runs[name]), ", ".join(f"{x:.1f}" for x in runs[name]), f"{median(runs[name]) / off:.2f}x", counters.get(name, 0))
+    return [table]
+
+
+def _speedup_row(factory: EngineFactory, engines, ids: list[int], pred: list[int], new_tokens: int, repeats: int) -> list:
+    from speclane.bench.decode import transformers_generate
+
+    on, off, hf = engines
+    usage_box: dict = {}
+    n_tokens: dict = {}
+
+    def ours_on() -> float:
+        rate, usage = _single(factory, on, ids, pred, new_tokens)
+        usage_box.update(usage)
+        return rate
+
+    def ours_off() -> float:
+        return _single(factory, off, ids, pred, new_tokens)[0]
+
+    def reference(**kwargs) -> float:
+        # As many tokens as ours produced (ours may stop at EOS; transformers is forced to the length).
+        n = n_tokens.setdefault("n", usage_box.get("completion_tokens", new_tokens))
+        wall, _ = transformers_generate(hf, ids, n, **kwargs)
+        return n / wall
+
+    runs = alternate({"on": ours_on, "off": ours_off, "assisted": lambda: reference(prompt_lookup_num_tokens=4),
+                      "plain": reference}, repeats)
+    spec = usage_box.get("speculative", {})
+    acc = spec.get("accepted_tokens", 0) / max(1, spec.get("draft_tokens", 0))
+    per_round = (spec.get("accepted_tokens", 0) + spec.get("rounds", 0)) / max(1, spec.get("rounds", 0))
+    a, b, c, d = (median(runs[k]) for k in ("on", "off", "assisted", "plain"))
+    return [a, b, f"{a / b:.2f}x", f"{acc:.0%}", f"{per_round:.2f}", c, d, f"{a / c:.2f}x"]

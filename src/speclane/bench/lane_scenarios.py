@@ -1,0 +1,186 @@
+"""Lane benchmarks (issue 5): fairness between tenants, priority preemption, lane overhead."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+
+from speclane.bench.common import Table, median, percentile
+from speclane.bench.driver import Job, Timeline, drive, progress
+from speclane.bench.factory import EngineFactory
+from speclane.bench.prompts import CODE, PARAGRAPH
+from speclane.config import LaneConfig
+from speclane.request import SamplingParams, SpecStats
+from speclane.scheduler.lane import SpecLane
+
+POLICIES = {
+    "hold (--spec-grant-rounds 0)": dict(spec_grant_rounds=0, fairness="request"),
+    "round-robin (--fairness request)": dict(spec_grant_rounds=8, fairness="request"),
+    "fair lane (--fairness tenant)": dict(spec_grant_rounds=8, fairness="tenant"),
+}
+
+
+def jain(values: list[float]) -> float:
+    total = sum(values)
+    squares = sum(v * v for v in values)
+    return total * total / (len(values) * squares) if squares else 1.0
+
+
+def fairness_workload(factory: EngineFactory, quick: bool) -> list[Job]:
+    copy = factory.chat_ids(f"Repeat the following paragraph exactly, three times:\n\n{PARAGRAPH}")
+    code = factory.chat_ids(f"Print this function again, unchanged:\n\n{CODE}")
+    scale = 0.5 if quick else 1.0
+    jobs = [Job("A0", copy, SamplingParams(max_tokens=int(512 * scale), ignore_eos=True), 0.0, {"tenant": "A"})]
+    for i in range(3):  # A keeps sending more
+        jobs.append(Job(f"A{i + 1}", copy, SamplingParams(max_tokens=int(256 * scale), ignore_eos=True), 1.0 + 2.0 * i * scale, {"tenant": "A"}))
+    for i in range(3):
+        jobs.append(Job(f"B{i}", code, SamplingParams(max_tokens=int(96 * scale), ignore_eos=True), 1.5 + 2.0 * i * scale, {"tenant": "B"}))
+        jobs.append(Job(f"C{i}", code, SamplingParams(max_tokens=int(96 * scale), ignore_eos=True), 2.0 + 2.0 * i * scale, {"tenant": "C"}))
+    return jobs
+
+
+def fairness(factory: EngineFactory, quick: bool = False) -> tuple[list[Table], dict]:
+    table = Table("Fairness: tenant A streams long and keeps sending; B and C send shorter requests later",
+                  ["policy", "lane share A / B / C (contention)", "Jain (lane share)", "first grant p50 s", "first grant max s",
+                   "tok/s A / B / C", "grants", "yields"])
+    raw: dict[str, dict] = {}
+    for policy, options in POLICIES.items():
+        progress(f"fairness {policy}")
+        engine = factory.engine(spec_mode="slice", **options)
+        samples: list[tuple[float, Counter]] = []
+
+        def on_tick(now: float, engine=engine, samples=samples) -> None:
+            samples.append((now, Counter(engine.counters.spec_rounds_by_tenant)))
+
+        timelines, wall = drive(engine, fairness_workload(factory, quick), on_tick=on_tick)
+        events = engine.scheduler.lane.events
+        # Contention: while at least two tenants have unfinished requests.
+        window = _contention_window(timelines)
+        shares = _shares(samples, window)
+        first_grant = _first_grant_waits(timelines, events)
+        rates = {t: median([tl.tok_per_s() for tl in timelines.values() if tl.job.options["tenant"] == t]) for t in "ABC"}
+        table.add(policy, " / ".join(f"{shares.get(t, 0):.2f}" for t in "ABC"), jain([shares.get(t, 0) for t in "ABC"]),
+                  percentile(list(first_grant.values()), 50), max(first_grant.values(), default=float("nan")),
+                  " / ".join(f"{rates[t]:.1f}" for t in "ABC"), engine.counters.lane_grants, engine.counters.lane_yields)
+        raw[policy] = {"timelines": timelines, "events": events, "window": window, "samples": samples, "clock0": _clock0(timelines)}
+    table.notes.append("Lane share: each tenant's fraction of lane rounds while at least two tenants had unfinished requests. "
+                       "First grant: from a request's arrival to its first lane grant (requests that never got the lane count their whole life). "
+                       "One slot, K=4, n-gram drafter, grant budget 8 rounds.")
+    return [table], raw
+
+
+def _clock0(timelines: dict[str, Timeline]) -> float:
+    tl = next(iter(timelines.values()))
+    return tl.added_clock - tl.added_s
+
+
+def _contention_window(timelines: dict[str, Timeline]) -> tuple[float, float]:
+    spans = defaultdict(list)
+    for tl in timelines.values():
+        spans[tl.job.options["tenant"]].append((tl.added_s, tl.finished_s or tl.added_s))
+    starts = sorted(min(s for s, _ in v) for v in spans.values())
+    ends = sorted(max(e for _, e in v) for v in spans.values())
+    return starts[1], ends[-2]  # from the second tenant's arrival until only one tenant is left
+
+
+def _shares(samples: list[tuple[float, Counter]], window: tuple[float, float]) -> dict[str, float]:
+    inside = [c for t, c in samples if window[0] <= t <= window[1]]
+    if len(inside) < 2:
+        return {}
+    delta = inside[-1] - inside[0]
+    total = sum(delta.values())
+    return {k: v / total for k, v in delta.items()} if total else {}
+
+
+def _first_grant_waits(timelines: dict[str, Timeline], events) -> dict[str, float]:
+    first: dict[str, float] = {}
+    for ev in events:
+        if ev.kind == "grant" and ev.request_id not in first:
+            first[ev.request_id] = ev.time_s
+    waits = {}
+    for rid, tl in timelines.items():
+        end = first.get(rid, tl.added_clock + ((tl.finished_s or tl.added_s) - tl.added_s))
+        waits[rid] = end - tl.added_clock
+    return waits
+
+
+def priority(factory: EngineFactory, quick: bool = False) -> list[Table]:
+    """A priority -1 request arriving while a priority 0 stream holds the lane."""
+    copy = factory.chat_ids(f"Repeat the following paragraph exactly:\n\n{PARAGRAPH}")
+    table = Table("Priority: an urgent request (priority -1) arrives while a priority-0 stream holds the lane",
+                  ["preemption", "ticks from eligible to holding", "ms from eligible to holding", "preemptions"])
+    for preempt in (True, False):
+        progress(f"priority preempt={preempt}")
+        engine = factory.engine(spec_mode="slice", spec_preempt=preempt, spec_grant_rounds=64)
+        tick_times: list[float] = []
+        eligible: dict[str, float] = {}
+
+        def on_tick(now: float, engine=engine, tick_times=tick_times, eligible=eligible) -> None:
+            tick_times.append(engine.clock())
+            req = engine.scheduler.running.get("urgent")
+            if req is not None and req.prefill_done and "urgent" not in eligible:
+                eligible["urgent"] = engine.clock()
+
+        jobs = [Job("holder", copy, SamplingParams(max_tokens=160, ignore_eos=True), 0.0, {"priority": 0}),
+                Job("urgent", copy, SamplingParams(max_tokens=32, ignore_eos=True), 1.0, {"priority": -1})]
+        drive(engine, jobs, on_tick=on_tick)
+        grant = next((e.time_s for e in engine.scheduler.lane.events if e.kind == "grant" and e.request_id == "urgent"), None)
+        if grant is None or "urgent" not in eligible:
+            table.add("on" if preempt else "off (--no-spec-preempt)", "never", "never", engine.counters.lane_preemptions)
+            continue
+        ticks = sum(1 for t in tick_times if eligible["urgent"] < t <= grant + 1e-9)
+        table.add("on" if preempt else "off (--no-spec-preempt)", ticks, (grant - eligible["urgent"]) * 1000, engine.counters.lane_preemptions)
+    table.notes.append("Eligible: the tick its prompt finished (its first token). Holding: the lane's grant event, made at the start of a tick. "
+                       "A grant at the very next tick boundary reads as 1 tick. Grant budget 64 rounds so only preemption can move the lane early.")
+    return [table]
+
+
+def overhead(factory: EngineFactory | None = None, quick: bool = False) -> list[Table]:
+    """Cost of one lane decision as waiters grow (pure lane, no model)."""
+    table = Table("Lane decision cost by number of waiters (tenant fairness, 1 slot, budget 1 round: a grant every decision)",
+                  ["waiters", "tenants", "µs per decision (median of rounds)", "µs per decision / log2(n)"])
+    sizes = (100, 1_000, 10_000) if quick else (100, 1_000, 10_000, 100_000)
+    for n in sizes:
+        lane = SpecLane(LaneConfig(spec_grant_rounds=1), record_events=False)
+        now = 0.0
+        for i in range(n):
+            lane.add(f"r{i}", tenant=f"t{i % 1000}", priority=i % 3, now=now, stats=SpecStats())
+        times = []
+        for _ in range(200):
+            now += 0.01
+            start = time.perf_counter()
+            holders = lane.schedule(now)
+            for h in holders:
+                lane.round_done(h, elapsed_ms=10.0, now=now)
+            times.append(time.perf_counter() - start)
+        import math
+
+        us = median(times) * 1e6
+        table.add(n, min(n, 1000), us, us / math.log2(n))
+    table.notes.append("Each decision yields the holder (budget spent, waiters exist) and grants the next by the full order "
+                       "(overdue, priority, tenant service, FIFO).")
+    return [table]
+
+
+def tick_share(factory: EngineFactory, quick: bool = False) -> list[Table]:
+    """The lane's share of tick time with 16 running requests and 64 queued behind them."""
+    engine = factory.engine(spec_mode="slice", max_num_seqs=16)
+    lane = engine.scheduler.lane
+    spent = [0.0]
+    for name in ("schedule", "round_done", "add", "remove"):
+        original = getattr(lane, name)
+
+        def timed(*a, _original=original, **k):
+            start = time.perf_counter()
+            try:
+                return _original(*a, **k)
+            finally:
+                spent[0] += time.perf_counter() - start
+
+        setattr(lane, name, timed)
+    prompts = [factory.chat_ids(f"Question {i}: what is {i} plus {i}?") for i in range(80)]
+    jobs = [Job(f"r{i}", prompts[i], SamplingParams(max_tokens=16 if quick else 32, ignore_eos=True)) for i in range(80)]
+    _, wall = drive(engine, jobs)
+    table = Table("Lane overhead inside real ticks (16 running, 64 queued)", ["ticks", "tick time total s", "lane time total ms", "lane share"])
+    table.add(engine.counters.ticks, engine.counters.busy_s, spent[0] * 1000, f"{spent[0] / engine.counters.busy_s:.3%}")
+    return [table]

@@ -1,0 +1,69 @@
+"""PNG plots for the benchmark reports (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+TENANT_COLOURS = {"A": "tab:red", "B": "tab:blue", "C": "tab:green"}
+
+
+def lane_timeline(data: dict, path: Path, title: str) -> Path:
+    """One row per request (grouped by tenant): bars while it held the lane, marks for yields/preemptions."""
+    timelines, events, clock0 = data["timelines"], data["events"], data["clock0"]
+    rows = sorted(timelines, key=lambda r: (timelines[r].job.options.get("tenant", ""), timelines[r].added_s))
+    fig, ax = plt.subplots(figsize=(10, 0.35 * len(rows) + 1.5))
+    open_grant: dict[str, float] = {}
+    bars: dict[str, list[tuple[float, float]]] = {r: [] for r in rows}
+    marks: list[tuple[float, str, str]] = []
+    for ev in events:
+        t = ev.time_s - clock0
+        if ev.kind == "grant":
+            open_grant[ev.request_id] = t
+        elif ev.kind in ("yield", "preempt", "finish") and ev.request_id in open_grant:
+            bars.setdefault(ev.request_id, []).append((open_grant.pop(ev.request_id), t))
+            if ev.kind != "finish":
+                marks.append((t, ev.request_id, ev.kind))
+    end = max((tl.finished_s or 0) for tl in timelines.values())
+    for rid, start in open_grant.items():
+        bars.setdefault(rid, []).append((start, end))
+    for y, rid in enumerate(rows):
+        tl = timelines[rid]
+        tenant = tl.job.options.get("tenant", "?")
+        colour = TENANT_COLOURS.get(tenant, "tab:gray")
+        ax.plot([tl.added_s, tl.finished_s or end], [y, y], color=colour, alpha=0.25, linewidth=1)
+        ax.broken_barh([(s, max(e - s, 0.01)) for s, e in bars.get(rid, [])], (y - 0.35, 0.7), color=colour)
+    for t, rid, kind in marks:
+        if rid in rows:
+            ax.plot(t, rows.index(rid), marker="v" if kind == "yield" else "x", color="black", markersize=5)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"{timelines[r].job.options.get('tenant', '?')}:{r}" for r in rows])
+    ax.set_xlabel("time (s)")
+    ax.set_title(f"Lane timeline — {title}\n(bars: holding the lane; thin line: request alive; v yield, x preemption)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def lane_share_over_time(data: dict, path: Path, title: str) -> Path:
+    samples = data["samples"]
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    if samples:
+        tenants = sorted({t for _, c in samples for t in c})
+        times = [t for t, _ in samples]
+        for tenant in tenants:
+            cumulative = [c.get(tenant, 0) for _, c in samples]
+            ax.plot(times, cumulative, label=f"tenant {tenant}", color=TENANT_COLOURS.get(tenant))
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("lane rounds (cumulative)")
+    ax.set_title(f"Lane service per tenant — {title}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,125 @@
+"""Speculation is lossless on the real model: greedy output with the lane (slice, one
+holder rotating or every request holding it) and with the legacy burst is identical,
+token for token, to decoding with speculation off."""
+
+from __future__ import annotations
+
+import pytest
+
+from speclane.config import EngineConfig
+from speclane.engine.engine import LLMEngine
+from speclane.models.build import build_model
+from speclane.models.loader import read_weights
+from speclane.request import SamplingParams
+
+pytestmark = pytest.mark.slow
+
+PARAGRAPH = (
+    "The lighthouse keeper climbed the spiral stairs every evening at dusk. He polished the great lens, "
+    "trimmed the wick, and watched the ships pass the rocky point until morning."
+)
+CODE = "def total(values):\n    x = 0\n    for v in values:\n        x = x + v\n    return x\n"
+CODE_RENAMED = CODE.replace("x", "acc")
+
+# (name, prompt or chat message, chat?, sampling, prediction text)
+CASES = [
+    ("copy-paragraph", f"Repeat the following paragraph exactly:\n\n{PARAGRAPH}", True, dict(max_tokens=48), None),
+    ("copy-list", "Copy this list in the same order: apples, pears, plums, apples, pears, plums, figs, dates.", True, dict(max_tokens=32), None),
+    ("code-edit-prediction", f"Rename the variable x to acc in this code and print the whole code:\n\n{CODE}", True, dict(max_tokens=48), CODE_RENAMED),
+    ("code-edit-docstring", f"Add a docstring to this function and print it:\n\n{CODE}", True, dict(max_tokens=40), CODE),
+    ("chat-capital", "What is the capital of France?", True, dict(max_tokens=24), None),
+    ("chat-tips", "Give me three tips for sleeping better.", True, dict(max_tokens=40), None),
+    ("chat-recursion", "Explain recursion in one short paragraph.", True, dict(max_tokens=40), None),
+    ("stop-mid-round", f"Repeat the following paragraph exactly:\n\n{PARAGRAPH}", True, dict(max_tokens=48, stop=("wick",)), None),
+    ("max-tokens-mid-round", f"Repeat the following paragraph exactly:\n\n{PARAGRAPH}", True, dict(max_tokens=7), None),
+    ("raw-counting", "1, 2, 3, 4, 5, 6, 7, 8,", False, dict(max_tokens=32), None),
+    ("raw-json", '{"name": "a", "id": 1}\n{"name": "b", "id": 2}\n{"name": "c", "id": 3}\n', False, dict(max_tokens=32), None),
+    ("stop-token-eos", "Say hello.", True, dict(max_tokens=40), None),
+]
+
+MODES = {
+    "off": dict(spec_mode="off"),
+    "slice-rotating": dict(spec_mode="slice", spec_slots=1, spec_grant_rounds=2),
+    "slice-everyone": dict(spec_mode="slice", spec_slots=len(CASES), spec_grant_rounds=0),
+    "burst": dict(spec_mode="burst"),
+}
+
+
+def run_cases(engine: LLMEngine) -> dict[str, tuple[list[int], str, str | None, dict]]:
+    tok = engine.tokenizer
+    for name, prompt, chat, sp, prediction in CASES:
+        text = tok.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
+        engine.add_request(
+            name, tok.encode(text), SamplingParams(**sp),
+            prediction_token_ids=tok.encode(prediction) if prediction else (),
+        )
+    ids: dict[str, list[int]] = {name: [] for name, *_ in CASES}
+    texts: dict[str, str] = {name: "" for name, *_ in CASES}
+    finals = {}
+    for out in engine.run_until_done():
+        ids[out.request_id].extend(out.token_ids)
+        texts[out.request_id] += out.text
+        if out.finished:
+            finals[out.request_id] = out
+    assert engine.scheduler.slots.all_free
+    return {n: (ids[n], texts[n], finals[n].finish_reason, finals[n].usage) for n in ids}
+
+
+@pytest.fixture(scope="module", params=["float32", "default"])
+def results(request):
+    base = EngineConfig().replace(max_model_len=512, max_num_seqs=len(CASES), max_num_batched_tokens=512)
+    if request.param == "float32":
+        base = base.replace(dtype="float32", quantization="none")
+    weights = read_weights(base.model.model)
+    from speclane.engine.engine import load_tokenizer
+
+    model = build_model(weights, base.model)
+    tokenizer = load_tokenizer(weights.tokenizer_source)
+    out = {}
+    for mode, options in MODES.items():
+        engine = LLMEngine.from_parts(base.replace(**options), model, tokenizer)
+        out[mode] = (run_cases(engine), engine.counters)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["slice-rotating", "slice-everyone", "burst"])
+def test_greedy_identical_to_speculation_off(results, mode):
+    off, _ = results["off"]
+    on, counters = results[mode]
+    for name, *_ in CASES:
+        assert on[name][0] == off[name][0], f"{name}: token ids differ in {mode}"
+        assert on[name][1] == off[name][1], f"{name}: text differs in {mode}"
+        assert on[name][2] == off[name][2], f"{name}: finish reason differs in {mode}"
+    # The code path under test really ran.
+    if mode == "burst":
+        assert counters.burst_rounds > 0 and counters.slice_rounds == 0
+    else:
+        assert counters.slice_rounds > 0 and counters.burst_rounds == 0
+    assert counters.accepted_tokens > 0
+
+
+def test_boundaries_exact(results):
+    off, _ = results["off"]
+    ids, text, reason, usage = results["slice-everyone"][0]["max-tokens-mid-round"]
+    assert len(ids) == 7 and reason == "length" and usage["completion_tokens"] == 7
+    ids, text, reason, usage = results["slice-everyone"][0]["stop-mid-round"]
+    assert reason == "stop" and "wick" not in text and text.endswith("trimmed the ")
+    assert usage["completion_tokens"] == len(ids)
+
+
+def test_usage_accounting(results):
+    run, counters = results["slice-everyone"]
+    total_drafts = total_accepted = 0
+    for name, (ids, _text, _reason, usage) in run.items():
+        spec = usage["speculative"]
+        details = usage["completion_tokens_details"]
+        assert details["accepted_prediction_tokens"] == spec["accepted_tokens"] <= spec["draft_tokens"]
+        assert details["rejected_prediction_tokens"] == spec["draft_tokens"] - spec["accepted_tokens"]
+        assert spec["accepted_tokens"] < len(ids) or len(ids) == 0, name
+        total_drafts += spec["draft_tokens"]
+        total_accepted += spec["accepted_tokens"]
+    copy = run["copy-paragraph"][3]["speculative"]
+    assert copy["accepted_tokens"] > 10, "the copy task should accept many drafts"
+    prediction = run["code-edit-prediction"][3]["speculative"]
+    assert prediction["accepted_tokens"] > 10, "the prediction should be accepted"
+    assert total_accepted <= counters.accepted_tokens
