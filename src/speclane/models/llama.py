@@ -141,10 +141,10 @@ class LlamaModel(nn.Module):
         for i, layer in enumerate(self.layers):
             h = F.rms_norm(x, (cfg.hidden_size,), layer.attn_norm, layer.eps).to(dt)
             qkv = layer.qkv(h)  # [T, q + 2 kv]
-            q, k, v = qkv.split([layer.q_size, layer.kv_size, layer.kv_size], dim=-1)
-            q = _rotate(q.view(-1, layer.num_heads, layer.head_dim), cos, sin)
-            k = _rotate(k.view(-1, layer.num_kv_heads, layer.head_dim), cos, sin)
-            v = v.view(-1, layer.num_kv_heads, layer.head_dim)
+            # q and k heads sit side by side in the fused projection: rotate them in one go.
+            qk = _rotate(qkv[:, : layer.q_size + layer.kv_size].view(-1, layer.num_heads + layer.num_kv_heads, layer.head_dim), cos, sin)
+            q, k = qk.split([layer.num_heads, layer.num_kv_heads], dim=1)
+            v = qkv[:, layer.q_size + layer.kv_size :].view(-1, layer.num_kv_heads, layer.head_dim)
             out = attn.attend(q, k, v, cache.keys[i], cache.values[i], self.scale)  # [T, q_size]
             x = x + layer.o(out)
             h = F.rms_norm(x, (cfg.hidden_size,), layer.mlp_norm, layer.eps).to(dt)
