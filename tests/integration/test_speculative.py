@@ -66,15 +66,19 @@ def run_cases(engine: LLMEngine) -> dict[str, tuple[list[int], str, str | None, 
 
 
 @pytest.fixture(scope="module", params=["float32", "default"])
-def results(request):
+def parts(request):
     base = EngineConfig().replace(max_model_len=512, max_num_seqs=len(CASES), max_num_batched_tokens=512)
     if request.param == "float32":
         base = base.replace(dtype="float32", quantization="none")
     weights = read_weights(base.model.model)
     from speclane.engine.engine import load_tokenizer
 
-    model = build_model(weights, base.model)
-    tokenizer = load_tokenizer(weights.tokenizer_source)
+    return base, build_model(weights, base.model), load_tokenizer(weights.tokenizer_source)
+
+
+@pytest.fixture(scope="module")
+def results(parts):
+    base, model, tokenizer = parts
     out = {}
     for mode, options in MODES.items():
         engine = LLMEngine.from_parts(base.replace(**options), model, tokenizer)
@@ -123,3 +127,33 @@ def test_usage_accounting(results):
     prediction = run["code-edit-prediction"][3]["speculative"]
     assert prediction["accepted_tokens"] > 10, "the prediction should be accepted"
     assert total_accepted <= counters.accepted_tokens
+
+
+def test_yields_happened_in_the_rotating_run(results):
+    _, counters = results["slice-rotating"]
+    assert counters.lane_yields > 0, "the rotating run must exercise yields for the identity above to mean anything"
+
+
+def test_preempted_request_output_identical_to_speculation_off(parts):
+    """Three priority-0 copy streams; a priority -1 request arrives mid-way and preempts the holder."""
+    base, model, tokenizer = parts
+    prompt = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": CASES[0][1]}]))
+    sp = SamplingParams(max_tokens=40)
+
+    def run(options) -> tuple[dict[str, list[int]], object]:
+        engine = LLMEngine.from_parts(base.replace(**options), model, tokenizer)
+        for i in range(3):
+            engine.add_request(f"low{i}", prompt, sp, priority=0)
+        ids: dict[str, list[int]] = {}
+        for _ in range(6):
+            for out in engine.step():
+                ids.setdefault(out.request_id, []).extend(out.token_ids)
+        engine.add_request("urgent", prompt, sp, priority=-1)
+        for out in engine.run_until_done():
+            ids.setdefault(out.request_id, []).extend(out.token_ids)
+        return ids, engine.counters
+
+    off, _ = run(dict(spec_mode="off"))
+    on, counters = run(dict(spec_mode="slice", spec_slots=1, spec_grant_rounds=64))
+    assert counters.lane_preemptions >= 1
+    assert on == off
