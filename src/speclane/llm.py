@@ -63,11 +63,17 @@ class LLM:
         params = list(sampling) if isinstance(sampling, Sequence) else [sampling or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
-        ids = []
-        for prompt, sp in zip(prompts, params, strict=True):
-            rid = f"llm-{next(self._ids)}"
-            self.engine.add_request(rid, self.encode_prompt(prompt, chat), sp, **request_options)
-            ids.append(rid)
+        ids: list[str] = []
+        try:
+            for prompt, sp in zip(prompts, params, strict=True):
+                rid = f"llm-{next(self._ids)}"
+                self.engine.add_request(rid, self.encode_prompt(prompt, chat), sp, **request_options)
+                ids.append(rid)
+        except BaseException:
+            for rid in ids:  # all or nothing: never leave earlier prompts running unseen
+                self.engine.abort_request(rid)
+            self.engine.run_until_done()
+            raise
         texts: dict[str, list[str]] = {rid: [] for rid in ids}
         tokens: dict[str, list[int]] = {rid: [] for rid in ids}
         finals: dict[str, Any] = {}

@@ -47,12 +47,15 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         with self._streams_lock:
+            if rid in self._streams:
+                raise ValueError(f"request id {rid!r} is already in use")
             self._streams[rid] = (loop, queue)
         try:
             self.engine.add_request(rid, prompt_token_ids, sampling, **options)
         except BaseException:
             with self._streams_lock:
-                self._streams.pop(rid, None)
+                if self._streams.get(rid, (None, None))[1] is queue:  # only our own entry
+                    del self._streams[rid]
             raise
         self._wake.set()
         return self._stream(rid, queue)

@@ -54,8 +54,10 @@ def build_model(weights: WeightSet, config: ModelConfig) -> LlamaModel:
             else:
                 q, d, m = quantize_int4_groups(dense)
             quantized = Int4Weight(q, d, m)
+            dense = quantized.dequantize()  # the same values on both paths (see Int4Weight.dequantize)
         elif mode == "int8":
             quantized = Int8Weight(dense)
+            dense = quantized.dequantize()
         dense_dtype = torch.float32 if quantized is not None else dtype  # see models/linear.py
         return Linear(dense.to(dense_dtype).contiguous(), quantized, bias, dense_from_tokens=DENSE_FROM_TOKENS)
 

@@ -53,8 +53,22 @@ class Int4Weight:
         # [K // group, N, 2]: the kernel's layout of (scale, zero) pairs.
         self.scales_and_zeros = torch.stack([scale.float(), zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
 
+        self._q = q.to(torch.uint8)  # kept to rebuild the exact dense equivalent
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x: [M, K] bfloat16
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_and_zeros)
+
+    def dequantize(self) -> torch.Tensor:
+        """[N, K] float32 holding exactly the values the kernel multiplies by.
+
+        The dense copy for wide batches is built from this, so a row's result does not
+        depend on whether its tick was narrow (int4 kernel) or wide (dense matmul).
+        """
+        out_features, in_features = self._q.shape
+        pairs = self.scales_and_zeros.float().transpose(0, 1)  # [N, K // group, 2]
+        q = self._q.float().view(out_features, in_features // self.group, self.group)
+        w = (q - 8) * pairs[..., :1] + pairs[..., 1:]
+        return w.reshape(out_features, in_features)
 
 
 class Int8Weight:
@@ -68,6 +82,9 @@ class Int8Weight:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x: [M, K] bfloat16
         return torch.ops.aten._weight_int8pack_mm(x, self.q, self.scale)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.q.float() * self.scale.float()[:, None]
 
 
 class Linear(nn.Module):

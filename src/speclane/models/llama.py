@@ -22,6 +22,8 @@ from torch import nn
 from speclane.engine.kv_cache import KVCache
 from speclane.models.linear import Linear
 
+REFINE_TOP = 16  # logits recomputed in float32 after a quantized head (see LlamaModel.logits)
+
 
 @dataclass(frozen=True)
 class LlamaConfig:
@@ -152,12 +154,24 @@ class LlamaModel(nn.Module):
             x = x + layer.down(F.silu(gate) * up)
         for slot, start, n in zip(batch.slots, batch.starts, batch.num_new, strict=True):
             cache.advance(slot, start, n)
-        return F.rms_norm(x, (cfg.hidden_size,), self.final_norm, cfg.rms_norm_eps).to(dt)
+        return F.rms_norm(x, (cfg.hidden_size,), self.final_norm, cfg.rms_norm_eps)  # float32
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[N, hidden] -> [N, vocab] float32 logits."""
-        return self.lm_head(hidden).float()
+        """[N, hidden] (float32) -> [N, vocab] float32 logits.
+
+        A quantized head returns bfloat16 logits (a step of 0.125 near 25): enough to find
+        the candidates, not to rank near-ties. The top ``REFINE_TOP`` candidates of each
+        row are recomputed exactly from the float32 copy of the head, so greedy choices
+        match the float32 model and do not depend on which kernel the tick used.
+        """
+        head = self.lm_head
+        if head.quantized is None or hidden.shape[0] >= head.dense_from_tokens:
+            return F.linear(hidden.to(head.dense.dtype), head.dense).float()
+        coarse = head.quantized.matmul(hidden.to(torch.bfloat16)).float()  # [N, vocab]
+        top = coarse.topk(REFINE_TOP, dim=-1).indices  # [N, R]
+        exact = torch.einsum("nh,nrh->nr", hidden.float(), head.dense[top])  # [N, R]
+        return coarse.scatter_(-1, top, exact)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

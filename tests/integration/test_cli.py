@@ -1,0 +1,78 @@
+"""The command line (`speclane generate`, `speclane models`) and errors a user can cause.
+
+User errors end with one line on stderr, ``speclane <command>: error: ...``, and exit
+status 2, never a traceback. These run the installed ``speclane`` script in a
+subprocess, as a user would.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from speclane.models.loader import resolve_model
+from speclane.request import SamplingParams
+
+FAST = ["--dtype", "float32", "--quantization", "none", "--spec-mode", "off", "--num-threads", "1",
+        "--max-model-len", "256"]
+
+
+def speclane(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    script = Path(sys.executable).parent / "speclane"
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "speclane.cli"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], message: str) -> None:
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, f"expected one line, got:\n{result.stderr}"
+    assert lines[0].startswith("speclane generate: error: ") and message in lines[0], lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_rejects_a_negative_temperature():
+    assert_one_line_error(speclane("generate", "hi", "--temperature", "-1"), "temperature must be >= 0")
+
+
+def test_cli_rejects_an_unknown_model():
+    assert_one_line_error(speclane("generate", "hi", "--model", "no-such-model"), "unknown model 'no-such-model'")
+
+
+def test_cli_models_lists_the_default_and_where_it_resolves():
+    result = speclane("models")
+    assert result.returncode == 0, result.stderr
+    assert "smollm2-135m-instruct" in result.stdout
+    assert str(resolve_model("smollm2-135m-instruct")) in result.stdout
+
+
+@pytest.mark.slow
+def test_cli_rejects_a_prompt_longer_than_max_model_len():
+    result = speclane("generate", "word " * 300, "--raw", *FAST)
+    assert_one_line_error(result, "but --max-model-len is 256")
+
+
+@pytest.mark.slow
+def test_cli_generate_prints_the_answer():
+    result = speclane("generate", "What is the capital of France?", "--max-tokens", "12", *FAST)
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+
+
+@pytest.mark.slow
+def test_api_rejects_a_prompt_longer_than_max_model_len(llm_f32):
+    too_long = [1] * llm_f32.engine.max_model_len
+    with pytest.raises(ValueError, match=f"{len(too_long)} tokens but --max-model-len is {len(too_long)}"):
+        llm_f32.generate([too_long], SamplingParams(max_tokens=1))
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        llm_f32.generate(["hi"], SamplingParams(temperature=-1))
+
+
+def test_speclane_script_is_installed():
+    assert shutil.which("speclane", path=str(Path(sys.executable).parent)) is not None

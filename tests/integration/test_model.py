@@ -1,0 +1,214 @@
+"""Our Llama model against transformers, over ragged batches, and the KV cache's truncate.
+
+The reference is transformers' ``LlamaForCausalLM`` loaded from the same GGUF file
+(``gguf_file=``), float32 on both sides: it dequantizes and un-permutes the weights with
+its own code, so a wrong RoPE permutation, norm or attention detail on our side shows up
+as a logit difference of order 1-10, while two correct float32 implementations differ
+only by accumulation order (measured: max abs 4.8e-5 on logits of magnitude ~30).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from speclane.engine.kv_cache import KVCache
+from speclane.models.llama import LlamaModel, RaggedBatch
+from speclane.models.loader import resolve_model
+from speclane.request import SamplingParams
+
+pytestmark = pytest.mark.slow
+
+# 40x the measured float32 noise (4.8e-5), still 500x below the smallest error a wrong
+# permutation, scaling or mask produces (order 1).
+LOGITS_ATOL = 2e-3
+# Our own model against itself with different batch shapes: the same kernels in a
+# different blocking, so the noise is smaller still.
+RAGGED_ATOL = 1e-3
+
+TEXT = (
+    "The Roman Empire was the post-Republican state of ancient Rome. It is generally "
+    "understood to mean the period and territory ruled by the Romans following Octavian's "
+    "assumption of sole rule under the Principate in 27 BC. It included territory around "
+    "the Mediterranean in Europe, North Africa, and Western Asia, and was ruled by emperors."
+)
+GREEDY_PROMPTS = [
+    "The three most important inventions of the twentieth century are",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Once upon a time, in a small village at the edge of a forest,",
+]
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    """transformers' LlamaForCausalLM from the same GGUF, float32."""
+    transformers = pytest.importorskip("transformers")
+    gguf = pytest.importorskip("gguf")
+    path = resolve_model("smollm2-135m-instruct")
+    with pytest.MonkeyPatch.context() as mp:
+        # transformers rebuilds the same tensor-name map ~400 times and parses the file
+        # twice (~30 s here); both are pure functions of their arguments, so cache them.
+        mp.setattr(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map))
+        mp.setattr(gguf, "GGUFReader", functools.lru_cache(maxsize=None)(gguf.GGUFReader))
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32
+        )
+    assert type(model).__name__ == "LlamaForCausalLM"
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def model(llm_f32) -> LlamaModel:
+    return llm_f32.engine.model
+
+
+def new_cache(model: LlamaModel, num_slots: int = 4, max_len: int = 160) -> KVCache:
+    c = model.config
+    return KVCache(c.num_layers, num_slots, max_len, c.num_kv_heads, c.head_dim, model.dtype)
+
+
+def forward(model: LlamaModel, cache: KVCache, rows: Sequence[tuple[int, int, Sequence[int]]]) -> list[torch.Tensor]:
+    """One ragged forward of ``(slot, start, new token ids)`` rows; logits per row [n, vocab]."""
+    ids: list[int] = []
+    positions: list[int] = []
+    for _, start, tokens in rows:
+        ids += tokens
+        positions += range(start, start + len(tokens))
+    batch = RaggedBatch(
+        input_ids=torch.tensor(ids),
+        positions=torch.tensor(positions),
+        slots=[slot for slot, _, _ in rows],
+        starts=[start for _, start, _ in rows],
+        num_new=[len(tokens) for _, _, tokens in rows],
+    )
+    logits = model.logits(model(batch, cache))
+    return list(logits.split([len(tokens) for _, _, tokens in rows]))
+
+
+def alone(model: LlamaModel, tokens: Sequence[int]) -> torch.Tensor:
+    """Logits of every position of ``tokens`` run as the only sequence in a fresh cache."""
+    return forward(model, new_cache(model, 1), [(0, 0, tokens)])[0]
+
+
+def prompt_ids(llm, text: str) -> list[int]:
+    return llm.tokenizer.encode(text)
+
+
+# -- against transformers --------------------------------------------------------------------
+def test_logits_match_transformers(llm_f32, model, hf_model):
+    ids = prompt_ids(llm_f32, TEXT)[:60]
+    assert len(ids) == 60
+    ours = alone(model, ids)
+    with torch.inference_mode():
+        theirs = hf_model(torch.tensor([ids])).logits[0].float()
+    assert ours.shape == theirs.shape == (60, model.config.vocab_size)
+    assert theirs.abs().max() > 10  # the scale the tolerance is measured against
+    diff = (ours - theirs).abs().max().item()
+    assert diff < LOGITS_ATOL, f"max abs logit difference {diff:.3g} (float32 noise is ~5e-5)"
+    assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+
+
+def test_greedy_continuations_match_transformers(llm_f32, hf_model):
+    lengths = []
+    for text in GREEDY_PROMPTS:
+        # Token ids, not text: transformers' GGUF tokenizer splits some digit/space runs
+        # differently from the model's own tokenizer (see test_tokenizer.py).
+        ids = prompt_ids(llm_f32, text)
+        with torch.inference_mode():
+            out = hf_model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                    max_new_tokens=32, do_sample=False)
+        theirs = out[0, len(ids):].tolist()
+        [ours] = llm_f32.generate([ids], SamplingParams(max_tokens=32))
+        assert ours.token_ids == theirs, f"prompt {text!r}: {ours.text!r} vs {llm_f32.tokenizer.decode(theirs)!r}"
+        lengths.append(len(ours.token_ids))
+    assert max(lengths) == 32  # not a trivial comparison of early stops
+
+
+# -- ragged batches --------------------------------------------------------------------------
+def test_ragged_prefill_of_three_prompts_equals_each_alone(llm_f32, model):
+    ids = prompt_ids(llm_f32, TEXT)
+    seqs = [ids[:7], ids[5:28], ids[20:61]]
+    cache = new_cache(model)
+    together = forward(model, cache, [(2, 0, seqs[0]), (0, 0, seqs[1]), (3, 0, seqs[2])])
+    for tokens, logits in zip(seqs, together, strict=True):
+        reference = alone(model, tokens)
+        assert (logits - reference).abs().max().item() < RAGGED_ATOL
+        assert torch.equal(logits.argmax(-1), reference.argmax(-1))
+
+
+def test_ragged_mix_of_decode_row_prefill_chunk_and_multi_token_row(llm_f32, model):
+    """One forward holding a decode step, a prefill chunk (not from position 0) and a
+    4-token row (a speculative verify) gives each sequence its own logits."""
+    ids = prompt_ids(llm_f32, TEXT)
+    a, b, c = ids[:8], ids[10:33], ids[15:60]
+    assert [len(a), len(b), len(c)] == [8, 23, 45]
+    cache = new_cache(model)
+    forward(model, cache, [(0, 0, a[:7]), (1, 0, b[:10]), (2, 0, c[:41])])  # a ragged prefill
+    mixed = forward(model, cache, [
+        (0, 7, a[7:]),  # decode row: one token
+        (1, 10, b[10:]),  # prefill chunk: 13 tokens starting at position 10
+        (2, 41, c[41:]),  # multi-token row: 4 tokens
+    ])
+    assert [len(x) for x in mixed] == [1, 13, 4]
+    for tokens, start, logits in zip((a, b, c), (7, 10, 41), mixed, strict=True):
+        reference = alone(model, tokens)[start:]
+        assert (logits - reference).abs().max().item() < RAGGED_ATOL
+        assert torch.equal(logits.argmax(-1), reference.argmax(-1))
+    assert cache.lengths[:3] == [8, 23, 45]
+
+
+def test_single_sequence_prefilled_in_chunks_equals_one_pass(llm_f32, model):
+    ids = prompt_ids(llm_f32, TEXT)[:40]
+    cache = new_cache(model, 1)
+    parts = [forward(model, cache, [(0, start, ids[start:end])])[0]
+             for start, end in ((0, 16), (16, 32), (32, 39), (39, 40))]
+    reference = alone(model, ids)
+    assert (torch.cat(parts) - reference).abs().max().item() < RAGGED_ATOL
+
+
+# -- the KV cache ----------------------------------------------------------------------------
+def test_truncate_then_redecode_equals_never_writing_the_dropped_positions(llm_f32, model):
+    ids = prompt_ids(llm_f32, TEXT)
+    prompt, other = ids[:20], ids[:50]
+    reference_cache = new_cache(model)
+    x = int(forward(model, reference_cache, [(0, 0, prompt)])[0][-1].argmax())
+    y = int(forward(model, reference_cache, [(0, 20, [x])])[0][-1].argmax())
+    reference = forward(model, reference_cache, [(0, 21, [y])])[0][-1]  # never saw any junk
+
+    cache = new_cache(model)
+    forward(model, cache, [(0, 0, prompt), (1, 0, other)])
+    junk = [17, 4000, 123, 9]
+    forward(model, cache, [(0, 20, [x, *junk])])  # a verify row whose four drafts are rejected
+    cache.truncate(0, 21)
+    assert cache.lengths[0] == 21
+    # Re-decode beside a longer sequence, so that this forward's key range covers the
+    # dropped positions 21..24 of slot 0, still holding stale keys: they must not be seen.
+    got = forward(model, cache, [(0, 21, [y]), (1, 50, [x])])[0][-1]
+    assert (got - reference).abs().max().item() < RAGGED_ATOL
+    assert int(got.argmax()) == int(reference.argmax())
+    with pytest.raises(ValueError, match="cannot truncate"):
+        cache.truncate(0, 23)  # only ever shorter
+
+    # Control: had the drafts stayed in the cache, the answer would differ.
+    polluted_cache = new_cache(model)
+    forward(model, polluted_cache, [(0, 0, prompt)])
+    forward(model, polluted_cache, [(0, 20, [x, *junk])])
+    polluted = forward(model, polluted_cache, [(0, 25, [y])])[0][-1]
+    assert (polluted - reference).abs().max().item() > 0.1
+
+
+# -- the default model answers ----------------------------------------------------------------
+CAPITAL_QUESTION = "What is the capital of France?"
+
+
+def test_float32_model_answers_the_capital_of_france(llm_f32):
+    [answer] = llm_f32.generate([CAPITAL_QUESTION], SamplingParams(max_tokens=16), chat=True)
+    assert "Paris" in answer.text, answer.text
+
+
+def test_default_model_answers_the_capital_of_france(llm_default):
+    [answer] = llm_default.generate([CAPITAL_QUESTION], SamplingParams(max_tokens=16), chat=True)
+    assert "Paris" in answer.text, answer.text

@@ -1,0 +1,446 @@
+"""The scheduler as short stories of ticks, with a fake runner and a fake clock (no torch).
+
+Each tick is what the engine does: ``plan = schedule(now)``, the fake runner "computes"
+the plan (every fed token lands in the cache; a sampling row gets a scripted token),
+``update(result, now)``. The stories cover admission (``max_num_seqs``), the chunked
+prefill budget (``max_num_batched_tokens``) with running streams decoding every tick,
+the queue limit, aborts mid-prefill and mid-decode, and every finish reason. A random
+test runs 1,000 add/abort/tick events and checks that nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import weakref
+
+import pytest
+
+from speclane.config import LaneConfig, SchedulerConfig
+from speclane.request import FINISH_REASONS, Request, RequestStatus, SamplingParams, finish_reason
+from speclane.scheduler.plan import RunnerResult, ScheduledSeq, SchedulerPlan, SeqResult
+from speclane.scheduler.scheduler import QueueFullError, Scheduler, TokenEvent
+
+EOS = 2
+
+
+def make_scheduler(
+    *,
+    max_num_seqs: int = 4,
+    max_queue: int = 16,
+    max_num_batched_tokens: int = 64,
+    chunked: bool = True,
+    max_model_len: int = 256,
+    lane: LaneConfig | None = None,
+) -> Scheduler:
+    config = SchedulerConfig(
+        max_num_seqs=max_num_seqs,
+        max_queue=max_queue,
+        max_num_batched_tokens=max_num_batched_tokens,
+        enable_chunked_prefill=chunked,
+    )
+    return Scheduler(config, lane or LaneConfig(spec_mode="off"), max_model_len)
+
+
+def make_request(rid: str, num_prompt_tokens: int, max_tokens: int = 16, **sampling: object) -> Request:
+    return Request(
+        request_id=rid,
+        prompt_token_ids=[100 + i for i in range(num_prompt_tokens)],
+        sampling=SamplingParams(max_tokens=max_tokens, **sampling),  # type: ignore[arg-type]
+        eos_token_ids=frozenset({EOS}),
+    )
+
+
+class FakeRunner:
+    """Computes a plan without a model: fed tokens land in the cache, sampling rows get
+    the request's scripted token for that output index (default ``1000 + index``)."""
+
+    def __init__(self, script: dict[str, list[int]] | None = None):
+        self.script = script or {}
+
+    def token(self, seq: ScheduledSeq, output_index: int) -> int:
+        tokens = self.script.get(seq.request_id, [])
+        return tokens[output_index] if output_index < len(tokens) else 1000 + output_index
+
+    def execute(self, plan: SchedulerPlan) -> RunnerResult:
+        results = []
+        for seq in plan.seqs:
+            computed = seq.start + len(seq.token_ids)
+            res = SeqResult(seq.request_id, num_computed_tokens=computed)
+            if seq.sample:
+                res.token_ids = [self.token(seq, computed - seq.request.num_prompt_tokens)]
+            results.append(res)
+        return RunnerResult(results)
+
+
+class Story:
+    """A scheduler, a fake runner and a fake clock that advances 10 ms per tick."""
+
+    def __init__(self, scheduler: Scheduler, runner: FakeRunner | None = None):
+        self.scheduler = scheduler
+        self.runner = runner or FakeRunner()
+        self.now = 0.0
+
+    def add(self, request: Request) -> Request:
+        self.scheduler.add_request(request, self.now)
+        return request
+
+    def tick(self) -> tuple[SchedulerPlan, dict[str, TokenEvent]]:
+        plan = self.scheduler.schedule(self.now)
+        events = self.scheduler.update(self.runner.execute(plan), self.now)
+        self.now += 0.010
+        return plan, {e.request.request_id: e for e in events}
+
+
+def rows(plan: SchedulerPlan) -> dict[str, ScheduledSeq]:
+    return {seq.request_id: seq for seq in plan.seqs}
+
+
+def chunk_sizes(plan: SchedulerPlan) -> dict[str, int]:
+    return {seq.request_id: len(seq.token_ids) for seq in plan.seqs}
+
+
+# -- admission -----------------------------------------------------------------------------
+def test_admission_stops_at_max_num_seqs_and_a_freed_slot_admits_the_next():
+    story = Story(make_scheduler(max_num_seqs=2))
+    a = story.add(make_request("a", 4, max_tokens=2))
+    b = story.add(make_request("b", 4))
+    c = story.add(make_request("c", 4))
+
+    plan, events = story.tick()  # a and b take both slots; c waits without a slot
+    assert set(rows(plan)) == {"a", "b"}
+    assert story.scheduler.num_running == 2 and story.scheduler.num_waiting == 1
+    assert c.status == RequestStatus.WAITING and "c" not in story.scheduler.slot_of
+    assert events["a"].new_token_ids == [1000] and events["b"].new_token_ids == [1000]
+
+    plan, events = story.tick()  # both decode; a reaches max_tokens=2 and frees slot 0
+    assert set(rows(plan)) == {"a", "b"}
+    assert events["a"].finished and a.status == RequestStatus.FINISHED_LENGTH
+    assert story.scheduler.slots.num_free == 1
+
+    plan, events = story.tick()  # c takes a's slot, b keeps decoding
+    assert set(rows(plan)) == {"b", "c"}
+    assert rows(plan)["c"].slot == 0 and rows(plan)["c"].start == 0
+    assert b.num_output_tokens == 3 and c.num_output_tokens == 1
+
+
+def test_admission_order_is_priority_then_arrival():
+    story = Story(make_scheduler(max_num_seqs=1))
+    story.add(make_request("first", 3, max_tokens=1))
+    story.now = 1.0
+    urgent = make_request("urgent", 3, max_tokens=1)
+    urgent.priority = -1
+    story.add(urgent)
+    story.add(make_request("later", 3, max_tokens=1))
+    admitted = []
+    while story.scheduler.has_unfinished():
+        plan, _ = story.tick()
+        admitted += [seq.request_id for seq in plan.seqs]
+    assert admitted == ["urgent", "first", "later"]
+
+
+# -- chunked prefill -----------------------------------------------------------------------
+def test_long_prompt_is_prefilled_in_chunks_while_running_streams_decode_every_tick():
+    budget = 16
+    story = Story(make_scheduler(max_num_batched_tokens=budget))
+    d1 = story.add(make_request("d1", 4, max_tokens=100))
+    d2 = story.add(make_request("d2", 4, max_tokens=100))
+    plan, _ = story.tick()
+    assert chunk_sizes(plan) == {"d1": 4, "d2": 4}
+
+    long = story.add(make_request("long", 40))
+    chunks = []
+    for tick in range(3):
+        plan, events = story.tick()
+        sizes = chunk_sizes(plan)
+        # The decoders are never starved: one token each, every tick.
+        assert sizes["d1"] == 1 and sizes["d2"] == 1
+        assert events["d1"].new_token_ids and events["d2"].new_token_ids
+        assert plan.num_tokens <= budget
+        chunks.append(sizes["long"])
+        last = tick == 2
+        assert rows(plan)["long"].sample == last  # no token until the prompt is complete
+        assert ("long" in events) == last
+    assert chunks == [14, 14, 12]
+    assert long.num_computed_tokens == 40 and long.num_output_tokens == 1
+    assert d1.num_output_tokens == d2.num_output_tokens == 4
+
+    plan, _ = story.tick()  # now all three decode
+    assert chunk_sizes(plan) == {"d1": 1, "d2": 1, "long": 1}
+    assert rows(plan)["long"].start == 40 and rows(plan)["long"].token_ids == (1000,)
+
+
+def test_two_new_prompts_share_one_tick_budget():
+    story = Story(make_scheduler(max_num_batched_tokens=16))
+    story.add(make_request("a", 10))
+    story.add(make_request("b", 10))
+    plan, events = story.tick()
+    assert chunk_sizes(plan) == {"a": 10, "b": 6}
+    assert set(events) == {"a"}
+    plan, events = story.tick()
+    assert chunk_sizes(plan) == {"a": 1, "b": 4}
+    assert rows(plan)["b"].start == 6 and set(events) == {"a", "b"}
+
+
+def test_without_chunking_a_prompt_over_the_budget_runs_whole_once_alone():
+    story = Story(make_scheduler(max_num_batched_tokens=16, chunked=False))
+    story.add(make_request("d", 4, max_tokens=2))
+    story.tick()
+    story.add(make_request("long", 40, max_tokens=1))
+    plan, _ = story.tick()  # does not fit beside the decoder: it waits
+    assert set(rows(plan)) == {"d"} and story.scheduler.num_waiting == 1
+    plan, events = story.tick()  # d has finished; the whole prompt runs in one tick
+    assert chunk_sizes(plan) == {"long": 40} and events["long"].finished
+
+
+# -- the queue -----------------------------------------------------------------------------
+def test_queue_full_is_a_clear_rejection_and_admission_makes_room():
+    story = Story(make_scheduler(max_num_seqs=1, max_queue=2))
+    story.add(make_request("a", 3))
+    story.add(make_request("b", 3))
+    with pytest.raises(QueueFullError, match="queue is full.*2 requests waiting.*retry"):
+        story.add(make_request("c", 3))
+    assert story.scheduler.get("c") is None
+    story.tick()  # a is admitted: one place frees up in the queue
+    story.add(make_request("c", 3))
+    with pytest.raises(QueueFullError):
+        story.add(make_request("d", 3))
+
+
+def test_prompt_limits_and_request_ids():
+    story = Story(make_scheduler(max_model_len=32))
+    with pytest.raises(ValueError, match="32 tokens but --max-model-len is 32"):
+        story.add(make_request("too-long", 32))
+    story.add(make_request("fits", 31))  # one token left for the completion
+    with pytest.raises(ValueError, match="already in use"):
+        story.add(make_request("fits", 3))
+    with pytest.raises(ValueError, match="prompt is empty"):
+        make_request("empty", 0)
+
+
+# -- aborts --------------------------------------------------------------------------------
+def test_abort_mid_prefill_frees_the_slot_for_the_next_tick():
+    story = Story(make_scheduler(max_num_seqs=1, max_num_batched_tokens=16))
+    victim = story.add(make_request("victim", 40))
+    nxt = story.add(make_request("next", 5))
+    story.tick()
+    assert 0 < victim.num_computed_tokens < victim.num_prompt_tokens  # mid-prefill
+
+    assert story.scheduler.abort_request("victim", story.now) is victim
+    assert victim.status == RequestStatus.FINISHED_ABORTED
+    assert finish_reason(victim.status) == "abort"
+    assert story.scheduler.slots.all_free and story.scheduler.num_running == 0
+
+    plan, events = story.tick()
+    assert plan.released_request_ids == ("victim",)  # the runner drops its drafter state
+    assert set(rows(plan)) == {"next"} and rows(plan)["next"].slot == 0
+    assert "victim" not in events and victim.num_output_tokens == 0
+    assert nxt.num_output_tokens == 1
+
+
+def test_abort_mid_decode_keeps_what_was_streamed_and_frees_the_slot():
+    story = Story(make_scheduler())
+    a = story.add(make_request("a", 3, max_tokens=10))
+    b = story.add(make_request("b", 3, max_tokens=10))
+    for _ in range(3):
+        story.tick()
+    assert story.scheduler.abort_request("a", story.now) is a
+    assert a.output_token_ids == [1000, 1001, 1002]
+    assert story.scheduler.slots.num_free == 3 and story.scheduler.slots.owner(0) is None
+    plan, _ = story.tick()
+    assert set(rows(plan)) == {"b"}
+    assert story.scheduler.abort_request("a", story.now) is None  # a second abort is a no-op
+    assert b.num_output_tokens == 4
+
+
+def test_abort_while_the_tick_runs_drops_its_result():
+    story = Story(make_scheduler())
+    a = story.add(make_request("a", 3))
+    story.tick()
+    plan = story.scheduler.schedule(story.now)
+    story.scheduler.abort_request("a", story.now)  # e.g. the client went away mid-forward
+    events = story.scheduler.update(story.runner.execute(plan), story.now)
+    assert events == [] and a.output_token_ids == [1000]
+    assert story.scheduler.slots.all_free
+
+
+def test_abort_while_waiting_never_takes_a_slot():
+    story = Story(make_scheduler(max_num_seqs=1))
+    story.add(make_request("a", 3))
+    b = story.add(make_request("b", 3))
+    assert story.scheduler.abort_request("b", story.now) is b
+    assert b.status == RequestStatus.FINISHED_ABORTED and story.scheduler.get("b") is None
+    assert story.scheduler.abort_request("nobody", story.now) is None
+    plan, _ = story.tick()
+    assert set(rows(plan)) == {"a"}
+
+
+# -- finishing -----------------------------------------------------------------------------
+def run_to_end(story: Story, request: Request, max_ticks: int = 500) -> Request:
+    story.add(request)
+    for _ in range(max_ticks):
+        if request.is_finished:
+            return request
+        story.tick()
+    raise AssertionError(f"{request.request_id} did not finish")
+
+
+def test_finish_reasons():
+    story = Story(make_scheduler(max_model_len=20), FakeRunner({"eos": [5, EOS, 6], "ignore": [EOS] * 4, "stop-id": [5, 6, 7]}))
+    eos = run_to_end(story, make_request("eos", 3))
+    assert eos.output_token_ids == [5, EOS] and eos.status == RequestStatus.FINISHED_STOPPED
+
+    ignored = run_to_end(story, make_request("ignore", 3, max_tokens=4, ignore_eos=True))
+    assert ignored.output_token_ids == [EOS] * 4 and ignored.status == RequestStatus.FINISHED_LENGTH
+
+    stop_id = run_to_end(story, make_request("stop-id", 3, stop_token_ids=(6,)))
+    assert stop_id.output_token_ids == [5, 6] and stop_id.status == RequestStatus.FINISHED_STOPPED
+
+    length = run_to_end(story, make_request("length", 3, max_tokens=3))
+    assert length.num_output_tokens == 3 and length.status == RequestStatus.FINISHED_LENGTH
+
+    context = run_to_end(story, make_request("context", 17, max_tokens=100))
+    assert context.num_tokens == 20 and context.num_output_tokens == 3
+    assert context.status == RequestStatus.FINISHED_LENGTH
+
+    assert [finish_reason(r.status) for r in (eos, ignored, stop_id, length, context)] == [
+        "stop", "length", "stop", "length", "length"]
+    assert story.scheduler.slots.all_free and not story.scheduler.has_unfinished()
+
+
+def test_several_tokens_in_one_tick_stop_exactly_at_the_stop_point():
+    """A verified speculative round returns several tokens: nothing past EOS or
+    max_tokens is appended."""
+    story = Story(make_scheduler())
+    a = story.add(make_request("a", 3))
+    b = story.add(make_request("b", 3, max_tokens=3))
+    story.tick()
+    result = RunnerResult([
+        SeqResult("a", token_ids=[5, EOS, 6, 7], num_computed_tokens=6),
+        SeqResult("b", token_ids=[5, 6, 7, 8], num_computed_tokens=6),
+    ])
+    events = {e.request.request_id: e for e in story.scheduler.update(result, story.now)}
+    assert events["a"].new_token_ids == [5, EOS] and a.status == RequestStatus.FINISHED_STOPPED
+    assert events["b"].new_token_ids == [5, 6] and b.num_output_tokens == 3
+    assert b.status == RequestStatus.FINISHED_LENGTH and story.scheduler.slots.all_free
+
+
+def test_stop_string_finish_from_the_engine_trims_the_output():
+    story = Story(make_scheduler())
+    a = story.add(make_request("a", 3))
+    for _ in range(4):
+        story.tick()
+    story.scheduler.finish_request("a", RequestStatus.FINISHED_STOPPED, story.now, num_output_tokens=2)
+    assert a.output_token_ids == [1000, 1001] and a.status == RequestStatus.FINISHED_STOPPED
+    assert story.scheduler.slots.all_free
+
+
+def test_status_order_and_the_one_finish_reason_map():
+    live = [RequestStatus.WAITING, RequestStatus.RUNNING]
+    finished = [s for s in RequestStatus if s not in live]
+    assert all(not s.is_finished for s in live) and all(s.is_finished for s in finished)
+    assert max(live) < min(finished)
+    assert set(FINISH_REASONS) == set(finished)
+    assert FINISH_REASONS == {
+        RequestStatus.FINISHED_STOPPED: "stop",
+        RequestStatus.FINISHED_LENGTH: "length",
+        RequestStatus.FINISHED_ABORTED: "abort",
+        RequestStatus.FINISHED_ERROR: "error",
+    }
+    assert finish_reason(RequestStatus.RUNNING) is None
+
+
+# -- 1,000 random events -------------------------------------------------------------------
+class RandomRunner(FakeRunner):
+    """Random tokens (sometimes EOS); a lane round accepts a random number of drafts."""
+
+    def __init__(self, rng: random.Random):
+        super().__init__()
+        self.rng = rng
+
+    def execute(self, plan: SchedulerPlan) -> RunnerResult:
+        results = []
+        for seq in plan.seqs:
+            res = SeqResult(seq.request_id, num_computed_tokens=seq.start + len(seq.token_ids))
+            if seq.sample:
+                accepted = self.rng.randint(0, seq.num_draft_tokens)
+                res.token_ids = [self.rng.choice([EOS, 7, 8, 9, 10]) for _ in range(accepted + 1)]
+                res.num_computed_tokens += accepted
+                if seq.num_draft_tokens:
+                    res.spec_round, res.num_rounds = True, 1
+                    res.num_draft_tokens, res.num_accepted_tokens = seq.num_draft_tokens, accepted
+            results.append(res)
+        return RunnerResult(results, elapsed_ms=5.0)
+
+
+def check_invariants(scheduler: Scheduler, plan: SchedulerPlan) -> None:
+    cfg = scheduler.config
+    running = scheduler.running
+    assert len(running) <= cfg.max_num_seqs and len(scheduler.waiting) <= cfg.max_queue
+    assert scheduler.slots.num_free == cfg.max_num_seqs - len(running)
+    assert sorted(scheduler.slot_of) == sorted(running)
+    for rid, slot in scheduler.slot_of.items():
+        assert scheduler.slots.owner(slot) == rid
+    seqs = rows(plan)
+    assert len(seqs) == len(plan.seqs), "a request appears twice in one plan"
+    assert len({s.slot for s in plan.seqs}) == len(plan.seqs)
+    for seq in plan.seqs:
+        assert running[seq.request_id] is seq.request and seq.slot == scheduler.slot_of[seq.request_id]
+        assert seq.start == seq.request.num_computed_tokens
+    for rid, request in running.items():
+        assert request.status == RequestStatus.RUNNING
+        if request.prefill_done:
+            assert rid in seqs, "a running stream skipped a tick"
+    assert plan.num_tokens <= cfg.max_num_batched_tokens
+
+
+@pytest.mark.parametrize("spec_mode", ["off", "slice"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_1000_random_events_leave_nothing_behind(seed: int, spec_mode: str):
+    rng = random.Random(seed)
+    lane = LaneConfig(spec_mode=spec_mode, num_draft_tokens=3, spec_grant_rounds=2)
+    scheduler = make_scheduler(max_num_seqs=4, max_queue=6, max_num_batched_tokens=32, max_model_len=64, lane=lane)
+    runner = RandomRunner(rng)
+    refs: list[weakref.ref[Request]] = []
+    known_ids: list[str] = []
+    now = 0.0
+    counts = {"add": 0, "rejected": 0, "abort": 0, "tick": 0, "finished": 0}
+    for event in range(1000):
+        kind = rng.choices(["add", "abort", "tick"], weights=[3, 1, 4])[0]
+        if kind == "add":
+            rid = f"r{event}"
+            request = Request(rid, [rng.randrange(50, 60) for _ in range(rng.randint(1, 70))],
+                              SamplingParams(max_tokens=rng.randint(1, 12), ignore_eos=rng.random() < 0.2),
+                              arrival_s=now, priority=rng.choice([0, 0, 1]), eos_token_ids=frozenset({EOS}))
+            refs.append(weakref.ref(request))
+            try:
+                scheduler.add_request(request, now)
+                known_ids.append(rid)
+                counts["add"] += 1
+            except (QueueFullError, ValueError):
+                counts["rejected"] += 1
+            del request
+        elif kind == "abort" and known_ids:
+            scheduler.abort_request(rng.choice(known_ids + ["unknown"]), now)
+            counts["abort"] += 1
+        else:
+            plan = scheduler.schedule(now)
+            check_invariants(scheduler, plan)
+            events = scheduler.update(runner.execute(plan), now)
+            counts["finished"] += sum(e.finished for e in events)
+            counts["tick"] += 1
+            del plan, events
+        now += rng.choice([0.0, 0.001, 0.02])
+    assert min(counts.values()) > 0, counts
+
+    for rid in known_ids:  # the server shuts down: abort whatever is left
+        scheduler.abort_request(rid, now)
+    plan = scheduler.schedule(now)
+    assert plan.is_empty
+    del plan
+    assert scheduler.slots.all_free and scheduler.slots.num_free == 4
+    assert not scheduler.has_unfinished() and not scheduler.slot_of
+    assert not scheduler._in_lane and not scheduler.lane.holders and not scheduler.lane.waiters
+    gc.collect()
+    alive = [ref() for ref in refs if ref() is not None]
+    assert not alive, f"{len(alive)} request objects are still referenced, e.g. {alive[0].request_id}"
