@@ -160,6 +160,19 @@ def test_skip_cap_grants_a_passed_over_waiter_ahead_of_more_urgent_ones():
     assert clock.holder_sequence() == "u0 u0 u1 u1 low low u2 u2"
 
 
+def test_many_less_urgent_streams_do_not_take_the_lane_from_urgent_ones():
+    # The cap rescues a priority, not each of its waiters: 20 low-priority streams get
+    # one grant in every three (cap 2), not twenty in a row.
+    clock = Clock(make_lane(spec_grant_rounds=4, spec_skip_cap=2))
+    for i in range(3):
+        clock.add(f"u{i}", tenant=f"U{i}", priority=0)
+    for i in range(20):
+        clock.add(f"l{i}", tenant=f"L{i}", priority=5)
+    clock.tick(600)
+    by_priority = Counter(rid[0] for holders in clock.history for rid in holders)
+    assert by_priority == Counter({"u": 400, "l": 200})
+
+
 def test_without_the_skip_cap_priority_alone_decides():
     clock = Clock(make_lane(spec_grant_rounds=2, spec_skip_cap=1000))
     clock.add("low", priority=9)
@@ -239,6 +252,20 @@ def test_a_new_tenant_starts_level_with_the_active_ones():
     clock.tick(40)
     by_tenant = Counter(rid[0] for holders in clock.history for rid in holders)
     assert abs(by_tenant["a"] - by_tenant["n"]) <= 2
+
+
+def test_after_the_lane_empties_a_newcomer_starts_at_the_last_counter():
+    clock = Clock(make_lane(spec_grant_rounds=4))
+    clock.add("a0", tenant="A")
+    clock.tick(40)
+    clock.lane.remove("a0", clock.now)  # the lane is empty; A leaves at 40 rounds
+    clock.add("b0", tenant="B")
+    clock.tick(4)
+    clock.add("a1", tenant="A")
+    clock.history.clear()
+    clock.tick(40)
+    by_tenant = Counter(rid[0] for holders in clock.history for rid in holders)
+    assert abs(by_tenant["a"] - by_tenant["b"]) <= 4  # B did not start from zero
 
 
 # -- width and legacy ------------------------------------------------------------------

@@ -83,12 +83,13 @@ class VirtualCounters:
         t = self._tenants.get(tenant)
         if t is None or t.num_eligible == 0:
             target = self.lift_target()
+            self._forget_idle_below(target)  # may forget this very tenant: it starts afresh
+            t = self._tenants.get(tenant)
             if t is None:
                 t = self._tenants[tenant] = _Tenant(base=target)
             t.base, t.rounds, t.weight = max(t.counter, target), 0, weight
             self._num_active += 1
             heapq.heappush(self._active, (t.counter, tenant))
-            self._forget_idle_below(target)
             if len(self._active) > 2 * self._num_active + 32:
                 live = {name for _, name in self._active if self._is_active(name)}
                 self._active = [(self._tenants[name].counter, name) for name in live]

@@ -19,25 +19,35 @@ in this order:
    (rule a) is not preempted: otherwise the cap would buy a starving request nothing.
 
 Order of granting:
-  a. a waiter *passed over* ``spec_skip_cap`` times is granted first, oldest such first.
-     Passed over = a strictly more urgent request was granted while it waited (a
-     preemption included). Equal-priority grants do not count: within a priority the
-     tenant and FIFO rules below already bound every wait, and counting them would turn
-     the lane into plain FIFO and undo tenant fairness at the default cap of 2;
+  a. a priority whose waiters were *passed over* ``spec_skip_cap`` times is granted first
+     (the one overdue longest, then the more urgent); rules c-d pick its waiter. Passed
+     over = a grant (preemptions included) went to a more urgent request since this
+     priority last got one, while it had waiters. Counted per priority, not per waiter:
+     per waiter, a backlog of n less urgent requests would all become overdue together
+     and take n grants in a row, handing them most of the lane; per priority, at most
+     ``spec_skip_cap + P - 1`` grants go to more urgent requests between two grants to
+     it (P = priorities waiting) and the urgent ones keep the rest. Equal-priority
+     grants never count, so tenant fairness (c) survives the default cap of 2;
   b. the most urgent priority;
   c. ``fairness="tenant"``: the tenant with the least lane service per unit of weight
      (VTC counters, see ``fairness.py``); ``fairness="request"``: no tenant step;
   d. FIFO by the time the request became a waiter.
 
+Tenant service (rule c) is charged per round in ``round_done``, but a grant's whole
+round budget counts toward its tenant's key from the moment it is given (unused rounds
+go back when it ends early): several slots granted at once then spread over tenants,
+and backlogged tenants stay within one grant of each other whatever ``spec_slots``.
+
 Accounting: a grant adds ``stats.grants``, a yield ``stats.yields``, a preemption the
 holder's ``stats.preemptions``; ``stats.wait_ms`` gains the time spent waiting when the
-wait ends (grant or removal). ``round_done`` charges the holder's budget and its
-tenant's lane service; call it before ``remove`` for a request that finished in its
-round. ``stats.rounds`` and the token counts belong to the scheduler.
+wait ends (grant or removal). ``round_done`` charges the holder's budget (rounds and ms)
+and its tenant's lane service; call it before ``remove`` for a request that finished in
+its round. ``stats.rounds`` and the token counts belong to the scheduler. The bounds
+DESIGN.md asks for are stated and checked in tests/unit/test_lane_properties.py.
 
 Cost: with n waiters, s slots and P distinct priorities among the waiters (a handful in
-practice), ``schedule`` is O(s * (P + log n)) amortized, ``add`` / ``remove`` /
-``round_done`` O(P + log n): heaps with lazy deletion, rebuilt when half stale.
+practice), ``schedule`` is O(s * P * log n) amortized, ``add`` O(log n), ``remove``
+O(P * log n), ``round_done`` O(1): heaps with lazy deletion, rebuilt when half stale.
 """
 
 from __future__ import annotations
@@ -74,9 +84,7 @@ class _Member:
     priority: int
     stats: SpecStats
     order_key: OrderKey = (0.0, 0)  # rule d; kept when preempted
-    join_seq: int = 0  # when it last joined the waiters (rule a: oldest overdue first)
     waiting_since: float = 0.0
-    stamp: int = 0  # its priority class's pass-over count when it joined
     epoch: int = 0  # bumped whenever it stops waiting: older heap entries are stale
     waiting: bool = False
     holding: bool = False
@@ -92,26 +100,22 @@ def _live(entry: tuple) -> bool:
 
 
 class _PriorityClass:
-    """The waiters of one priority: a FIFO heap per fairness group, a heap of groups by
-    (fairness key, head's FIFO key), and the join order for the skip cap."""
+    """The waiters of one priority: a FIFO heap per fairness group and a heap of groups
+    by (fairness key, head's FIFO key)."""
 
     def __init__(self) -> None:
         self.num_waiters = 0
-        self.passed = 0  # grants to more urgent requests since this class appeared
-        self.joined: deque[tuple[int, _Member]] = deque()
+        self.passed = 0  # grants to more urgent requests since this priority got one
+        self.overdue_since: int | None = None  # grants_total when passed reached the cap
         self.queues: dict[str, list[tuple[OrderKey, int, _Member]]] = {}
         self.counts: dict[str, int] = {}
         self.groups: list[tuple[float, OrderKey, str]] = []
 
     def push(self, m: _Member, key_of: Callable[[str], float]) -> None:
-        m.stamp = self.passed
         self.num_waiters += 1
-        self.joined.append((m.epoch, m))
         heapq.heappush(self.queues.setdefault(m.group, []), (m.order_key, m.epoch, m))
         self.counts[m.group] = self.counts.get(m.group, 0) + 1
         self.touch(m.group, key_of)
-        if len(self.joined) > 2 * self.num_waiters + 32:
-            self.joined = deque(e for e in self.joined if _live(e))
 
     def discard(self, m: _Member) -> None:
         """``m`` stopped waiting (its epoch is already bumped); its entries go stale."""
@@ -132,11 +136,6 @@ class _PriorityClass:
         if len(self.groups) > 2 * len(self.counts) + 32:
             self.groups = [(key_of(g), self._head(g).order_key, g) for g in self.counts]
             heapq.heapify(self.groups)
-
-    def oldest(self) -> _Member | None:
-        while self.joined and not _live(self.joined[0]):
-            self.joined.popleft()
-        return self.joined[0][1] if self.joined else None
 
     def best(self, key_of: Callable[[str], float]) -> _Member:
         """Rules c and d: the head of the group with the smallest (key, head FIFO key)."""
@@ -185,7 +184,7 @@ class SpecLane:
 
     @property
     def waiters(self) -> tuple[str, ...]:
-        """O(n), in the order they joined the lane; prefer ``num_waiters`` for metrics."""
+        """O(n), in the order they were added; prefer ``num_waiters`` for metrics."""
         return tuple(rid for rid, m in self._members.items() if m.waiting)
 
     @property
@@ -291,15 +290,10 @@ class SpecLane:
 
     def _next_waiter(self) -> tuple[_Member, bool]:
         """The waiter granted next, and whether the skip cap (rule a) chose it."""
-        overdue = None
-        for cls in self._classes.values():
-            head = cls.oldest()
-            if (head is not None and cls.passed - head.stamp >= self.config.spec_skip_cap
-                    and (overdue is None or head.join_seq < overdue.join_seq)):
-                overdue = head
-        if overdue is not None:
-            return overdue, True
-        return self._classes[min(self._classes)].best(self._key_of), False
+        overdue = [(cls.overdue_since, p) for p, cls in self._classes.items()
+                   if cls.overdue_since is not None]
+        priority = min(overdue)[1] if overdue else min(self._classes)
+        return self._classes[priority].best(self._key_of), bool(overdue)
 
     def _victim(self) -> _Member | None:
         """The holder a preemption takes: least urgent, then most used; not protected."""
@@ -319,8 +313,12 @@ class SpecLane:
         self.grants_total += 1
         self._log(now, "grant", m)
         for priority, cls in self._classes.items():
-            if priority > m.priority:
+            if priority == m.priority:
+                cls.passed, cls.overdue_since = 0, None
+            elif priority > m.priority:
                 cls.passed += 1
+                if cls.passed == self.config.spec_skip_cap:
+                    cls.overdue_since = self.grants_total
 
     def _reserve(self, m: _Member) -> None:
         """Charge a new grant's rounds to its tenant up front (see ``fairness.py``)."""
@@ -342,9 +340,11 @@ class SpecLane:
     def _enqueue(self, m: _Member, now: float, *, keep_order: bool = False) -> None:
         if not keep_order:
             m.order_key = (now, next(self._seq))
-        m.join_seq = next(self._seq)
         m.waiting, m.waiting_since = True, now
-        self._classes.setdefault(m.priority, _PriorityClass()).push(m, self._key_of)
+        cls = self._classes.get(m.priority)
+        if cls is None:
+            cls = self._classes[m.priority] = _PriorityClass()
+        cls.push(m, self._key_of)
         self._num_waiters += 1
 
     def _dequeue(self, m: _Member, now: float) -> None:
