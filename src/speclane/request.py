@@ -133,11 +133,10 @@ class Request:
         self.prediction_token_ids = tuple(self.prediction_token_ids)
         if not self.prompt_token_ids:
             raise ValueError("the prompt is empty: send at least one token")
+        # A plain attribute: the scheduler reads it for every row of every tick.
+        self.num_prompt_tokens = len(self.prompt_token_ids)
 
     # -- token counts -------------------------------------------------------------
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
 
     @property
     def num_output_tokens(self) -> int:

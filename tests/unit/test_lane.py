@@ -397,3 +397,21 @@ def _seconds_per_tick(num_waiters: int, fairness: str) -> float:
 def test_schedule_cost_grows_like_log_n_not_n(fairness):
     small, large = _seconds_per_tick(500, fairness), _seconds_per_tick(16_000, fairness)
     assert large < 6 * small, (small, large)  # 32x the waiters; linear would be ~32x
+
+
+def test_tenant_joining_during_heap_cleanup_stays_active():
+    """Regression: the stale-entry clean-up in VirtualCounters.join ran before the joining
+    tenant counted as active, dropped it from the heap, and a later lift raised IndexError."""
+    from speclane.scheduler.fairness import VirtualCounters
+
+    v = VirtualCounters()
+    v.join("A", 1.0)
+    i = 0
+    while len(v._active) < 36:
+        v.join(f"B{i}", 1.0)
+        v.leave(f"B{i}")
+        i += 1
+    v.join("D", 1.0)
+    v.leave("A")
+    assert v.lift_target() == v.lift_target()  # no IndexError; D is still active
+    assert any(name == "D" for _, name in v._active)

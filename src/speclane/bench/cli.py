@@ -33,7 +33,7 @@ def run_bench(args: argparse.Namespace, config: EngineConfig) -> int:
     for table in tables:
         print(table.markdown())
     out = Path(args.out) / name
-    report = write_report(out, f"speclane bench {name}", tables)
+    report = write_report(out, f"speclane bench {name}", tables, _report_extra(name, tables, extra, config))
     if name == "fairness" and extra:
         from speclane.bench.plots import lane_share_over_time, lane_timeline
 
@@ -41,8 +41,29 @@ def run_bench(args: argparse.Namespace, config: EngineConfig) -> int:
             slug = policy.split(" ")[0].strip("()")
             lane_timeline(data, out / f"lane-timeline-{slug}.png", title=policy)
             lane_share_over_time(data, out / f"lane-share-{slug}.png", title=policy)
+    if name == "hol" and extra:
+        from speclane.bench.common import classic_stream_gaps
+        from speclane.bench.plots import itl_cdf
+
+        itl_cdf({mode: classic_stream_gaps(data["timelines"]) for mode, data in extra.items()},
+                out / "itl-cdf.png", "Classic streams beside one speculative stream, per mode")
     print(f"report: {report}")
     return 0
+
+
+def _report_extra(name: str, tables: list[Table], extra: dict, config: EngineConfig) -> dict:
+    """What report.json carries beyond the tables: a ``calibration`` block for
+    ``speclane simulate --calibrate`` (decode, speedup) and the engine counters of each
+    mode (hol), which prove which code path ran."""
+    from speclane.sim.calibrate import calibration_record
+
+    out: dict = {}
+    record = calibration_record(name, tables, num_draft_tokens=config.lane.num_draft_tokens)
+    if record:
+        out["calibration"] = record
+    if name == "hol" and extra:
+        out["counters"] = {mode: data["counters"] for mode, data in extra.items()}
+    return out
 
 
 def _run(name: str, config: EngineConfig, quick: bool) -> tuple[list[Table], dict]:
@@ -62,10 +83,11 @@ def _run(name: str, config: EngineConfig, quick: bool) -> tuple[list[Table], dic
     factory = EngineFactory(config)
     if name == "fairness":
         return ls.fairness(factory, quick=quick)
+    if name == "hol":
+        return es.hol(factory, quick=quick)
     runners: dict[str, Callable[..., list[Table]]] = {
         "concurrency": es.concurrency,
         "speedup": es.speedup,
-        "hol": es.hol,
         "throughput": es.throughput,
         "priority": ls.priority,
     }

@@ -1,4 +1,6 @@
-"""Small helpers shared by the benchmark scenarios: timing, percentiles, tables."""
+"""Small helpers shared by the benchmark scenarios: timing, percentiles, tables.
+
+No torch at import time (``speclane simulate`` uses ``Table`` and ``percentile``)."""
 
 from __future__ import annotations
 
@@ -6,12 +8,10 @@ import json
 import platform
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import torch
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -24,6 +24,17 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+def stream_gaps(token_times: Sequence[float]) -> list[float]:
+    """Gaps between a stream's consecutive token arrivals (tokens of one tick share a time)."""
+    return [b - a for a, b in zip(token_times, token_times[1:], strict=False) if b > a]
+
+
+def classic_stream_gaps(timelines: Mapping[str, Any]) -> list[float]:
+    """Inter-token gaps (s) of the classic streams (``speculative=False``) among driver timelines."""
+    return [gap for tl in timelines.values() if not tl.job.options.get("speculative", True)
+            for gap in stream_gaps(tl.token_times)]
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -75,6 +86,8 @@ class Table:
 
 
 def environment() -> dict[str, Any]:
+    import torch  # here, not at import: the simulator uses these helpers without torch
+
     return {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "python": platform.python_version(),

@@ -109,7 +109,7 @@ def run(config: EngineConfig, repeats: int = 3, new_tokens: int = 128) -> list[T
     )
     ours, ref = median(runs["speclane"]), median(runs["transformers"])
     t1 = Table(
-        "Single-stream greedy decode, 128 new tokens, 2 threads",
+        f"Single-stream greedy decode, {new_tokens} new tokens, {torch.get_num_threads()} threads",
         ["engine", "config", "tok/s (median)", "runs", "vs transformers"],
     )
     mc = config.model

@@ -100,8 +100,10 @@ def speedup(factory: EngineFactory, new_tokens: int = 128, repeats: int = 3, qui
     return [table]
 
 
-def hol(factory: EngineFactory, quick: bool = False) -> list[Table]:
-    """4 classic streams + 1 speculative stream: classic ITL in slice vs burst vs no spec stream."""
+def hol(factory: EngineFactory, quick: bool = False) -> tuple[list[Table], dict]:
+    """4 classic streams + 1 speculative stream: classic ITL in slice vs burst vs no spec stream.
+
+    Also returns, per mode, the timelines (for the ITL CDF plot) and the engine counters."""
     from speclane.bench.prompts import PARAGRAPH
 
     classic_prompts = [factory.chat_ids(p) for p in CHAT_PROMPTS[:4]]
@@ -110,6 +112,7 @@ def hol(factory: EngineFactory, quick: bool = False) -> list[Table]:
     table = Table("Head-of-line: classic streams' inter-token latency beside one speculative stream",
                   ["mode", "classic ITL p50 ms", "classic ITL p99 ms", "p99 vs no spec stream", "max gap ms", "slice rounds", "burst rounds"])
     base_p99 = None
+    raw: dict[str, dict] = {}
     for mode, spec_stream in (("no speculative stream", False), ("slice", True), ("burst", True)):
         progress(f"hol {mode}")
         engine = factory.engine(spec_mode="burst" if mode == "burst" else "slice")
@@ -122,8 +125,9 @@ def hol(factory: EngineFactory, quick: bool = False) -> list[Table]:
         base_p99 = base_p99 or p99
         c = engine.counters
         table.add(mode, percentile(gaps, 50) * 1000, p99, f"{p99 / base_p99:.2f}x", max(gaps) * 1000, c.slice_rounds, c.burst_rounds)
+        raw[mode] = {"timelines": timelines, "counters": c.snapshot()}
     table.notes.append("Classic streams: 4 chat requests with speculative=false; the speculative stream copies a paragraph (160 tokens) and joins at 0.3 s.")
-    return [table]
+    return [table], raw
 
 
 def _raw_gaps(times: list[float]) -> list[float]:

@@ -76,8 +76,8 @@ class EngineCounters:
         self.lane_grants = lane.grants_total
         self.lane_yields = lane.yields_total
         self.lane_preemptions = lane.preemptions_total
-        self.lane_holders = len(lane.holders)
-        self.lane_waiting = len(lane.waiters)
+        self.lane_holders = lane.num_holders
+        self.lane_waiting = lane.num_waiters
         self.running = scheduler.num_running
         self.waiting = scheduler.num_waiting
 

@@ -89,11 +89,14 @@ class VirtualCounters:
                 t = self._tenants[tenant] = _Tenant(base=target)
             t.base, t.rounds, t.weight = max(t.counter, target), 0, weight
             self._num_active += 1
+            # Active from here on, before the stale-entry clean-up below looks at who is.
+            t.num_eligible += 1
             heapq.heappush(self._active, (t.counter, tenant))
             if len(self._active) > 2 * self._num_active + 32:
                 live = {name for _, name in self._active if self._is_active(name)}
                 self._active = [(self._tenants[name].counter, name) for name in live]
                 heapq.heapify(self._active)
+            return
         t.num_eligible += 1
 
     def leave(self, tenant: str) -> None:
