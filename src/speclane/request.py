@@ -42,6 +42,7 @@ def finish_reason(status: RequestStatus) -> str | None:
 
 
 MAX_STOP_STRINGS = 16
+GREEDY_BELOW_TEMPERATURE = 1e-5
 MAX_STOP_STRING_CHARS = 256
 
 
@@ -82,7 +83,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        # Below this, logits / temperature overflows float32; the limit is greedy anyway.
+        return self.temperature < GREEDY_BELOW_TEMPERATURE
 
 
 @dataclass

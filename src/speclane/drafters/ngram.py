@@ -27,7 +27,10 @@ class NgramDrafter:
         if k <= 0:
             return Draft([])
         tokens = request.token_ids()[-self.search_window :]
-        prediction = request.prediction_token_ids
+        # The part of the prediction near where the output is now (the output follows it
+        # roughly in order), so a long prediction costs no more than a long context.
+        done = request.num_output_tokens
+        prediction = request.prediction_token_ids[max(0, done - self.search_window // 2) : done + self.search_window // 2]
         for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
             pattern = tokens[-n:]
             # The prediction is the text the user expects; prefer it, then our own history.

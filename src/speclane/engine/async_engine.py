@@ -113,6 +113,10 @@ class AsyncEngine:
         if target is None:
             return
         loop, queue = target
+        if isinstance(item, RequestOutput) and item.finished:
+            with self._streams_lock:  # delivered its end: nothing more will come for it
+                if self._streams.get(rid, (None, None))[1] is queue:
+                    del self._streams[rid]
         with contextlib.suppress(RuntimeError):  # the client's loop is closed
             loop.call_soon_threadsafe(queue.put_nowait, item)
 

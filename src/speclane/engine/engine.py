@@ -127,6 +127,11 @@ class LLMEngine:
     ) -> Request:
         """Queue a request. Raises ``ValueError`` (bad input) or ``QueueFullError``."""
         sampling = sampling or SamplingParams()
+        vocab = self.model.config.vocab_size
+        for ids, what in ((prompt_token_ids, "prompt"), (prediction_token_ids, "prediction")):
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise ValueError(f"{what} token id {bad} is outside the vocabulary [0, {vocab})")
         request = Request(
             request_id=request_id,
             prompt_token_ids=prompt_token_ids,
@@ -165,6 +170,8 @@ class LLMEngine:
             self._pending_aborts.clear()
             plan = self.scheduler.schedule(now)
         if plan.is_empty:
+            with self._lock:
+                self.counters.refresh(self.scheduler)  # gauges stay true when idle
             return outputs
         started = time.perf_counter()
         result = self.runner.execute(plan)

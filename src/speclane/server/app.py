@@ -1,0 +1,244 @@
+"""The FastAPI app (``create_app``) and ``speclane serve`` (``serve``).
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``
+(these three need a key when ``--api-keys`` is given), ``GET /health``, ``GET /metrics``.
+
+A generation request goes: drain check (503) -> key (401) -> body validation (400) ->
+model (404) -> priority allowance (403) -> tokenize in a worker thread (400 if it does
+not fit) -> ``AsyncEngine.generate`` (429 queue full) -> stream or collect. The event
+loop never waits on the engine: the engine ticks in its own thread and hands outputs
+over through asyncio queues. A client that disconnects aborts its request: streams via
+``EventStreamResponse``, non-streaming requests via ``until_disconnect``
+(both in ``streaming.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from speclane.config import EngineConfig
+from speclane.engine.async_engine import AsyncEngine
+from speclane.scheduler.scheduler import QueueFullError
+from speclane.server.auth import KeyTable, Principal, resolve_principal
+from speclane.server.errors import APIError, install_error_handlers
+from speclane.server.lifecycle import ABORT_WAIT_S, DEFAULT_GRACE_S, DrainingServer, RequestTracker
+from speclane.server.limits import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
+from speclane.server.metrics import CONTENT_TYPE, ServerMetrics
+from speclane.server.prompts import EngineInput, Vocabulary, chat_input, completion_input
+from speclane.server.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+)
+from speclane.server.streaming import (
+    CANCELLED,
+    EventStreamResponse,
+    ResponseMeta,
+    collect,
+    response_body,
+    sse_events,
+    until_disconnect,
+)
+
+QUEUE_FULL_RETRY_AFTER_S = 1
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": text} for status, text in (
+        (400, "invalid request"), (401, "missing or unknown API key"), (403, "priority not allowed for this key"),
+        (404, "unknown model"), (413, "body too large"), (429, "queue full (see Retry-After)"),
+        (503, "shutting down"))
+}
+_STREAM = {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+           "description": "JSON, or server-sent events when stream=true"}
+
+
+class _Server:
+    """What the route handlers share: the engine, keys, tokenizer view and live requests."""
+
+    def __init__(self, async_engine: AsyncEngine, keys: KeyTable | None, model_name: str) -> None:
+        engine = async_engine.engine
+        self.async_engine = async_engine
+        self.keys = keys
+        self.model_name = model_name
+        model_vocab = getattr(getattr(getattr(engine, "model", None), "config", None), "vocab_size", None)
+        self.vocab = Vocabulary(engine.tokenizer, engine.max_model_len,
+                                min(engine.tokenizer.vocab_size, model_vocab or engine.tokenizer.vocab_size))
+        self.tracker = RequestTracker(async_engine)
+
+    def check_model(self, model: str) -> None:
+        if model != self.model_name:
+            raise APIError(404, f"the model '{model[:200]}' does not exist: this server serves "
+                                f"'{self.model_name}' (see GET /v1/models)", param="model", code="model_not_found")
+
+    async def generate(self, request: Request, body: ChatCompletionRequest | CompletionRequest,
+                       principal: Principal, *, chat: bool) -> Response:
+        self.check_model(body.model)
+        if self.keys is None:
+            principal = Principal(tenant=body.user or principal.tenant)
+        principal.check_priority(body.priority)
+        build = chat_input if chat else completion_input
+        engine_input: EngineInput = await anyio.to_thread.run_sync(build, body, self.vocab)
+        meta = ResponseMeta.new(chat=chat, model=self.model_name)
+        rid = meta.id
+        self.tracker.check_admitting()  # again: tokenizing took time
+        try:
+            outputs = await self.async_engine.generate(
+                engine_input.prompt_token_ids, engine_input.sampling, request_id=rid,
+                priority=engine_input.priority, tenant=principal.tenant, tenant_weight=principal.weight,
+                speculative=engine_input.speculative, prediction_token_ids=engine_input.prediction_token_ids)
+        except QueueFullError as exc:
+            raise APIError(429, f"{exc}", headers={"Retry-After": str(QUEUE_FULL_RETRY_AFTER_S)}) from None
+        except ValueError as exc:
+            raise APIError(400, str(exc)) from None
+        except RuntimeError as exc:  # the engine thread died earlier
+            raise APIError(500, str(exc), code="engine_stopped") from None
+        self.tracker.start(rid)
+
+        def cancelled(out: Any) -> APIError:
+            return self.tracker.cancelled_error(rid, out.finish_reason, getattr(out, "error", None))
+
+        def end() -> None:
+            # Closing the engine stream early aborts the request, but only once the stream
+            # was iterated; abort explicitly too (a no-op for a finished request).
+            self.async_engine.abort(rid)
+            self.tracker.done(rid)
+
+        if body.stream:
+            events = sse_events(meta, outputs, include_usage=body.include_usage, cancelled_error=cancelled)
+            return EventStreamResponse(events, on_close=end,
+                                       headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            result = await until_disconnect(request, collect(outputs))
+            if result is None:
+                return Response(status_code=499)  # nobody is listening; uvicorn drops it
+            text, final = result
+            if final.finish_reason in CANCELLED:
+                raise cancelled(final)
+        finally:
+            end()
+        return JSONResponse(response_body(meta, text, final))
+
+
+def create_app(
+    async_engine: AsyncEngine,
+    *,
+    api_keys: KeyTable | str | Path | None = None,
+    model_name: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> FastAPI:
+    """The HTTP app around a running ``AsyncEngine``.
+
+    Installs the app's ``ServerMetrics`` as the engine's observer (one app per engine
+    gets the latency histograms). Does not shut the engine down: its owner does.
+    """
+    engine = async_engine.engine
+    keys = KeyTable.load(api_keys) if isinstance(api_keys, str | Path) else api_keys
+    server = _Server(async_engine, keys, model_name or engine.config.model.model)
+    metrics = ServerMetrics(engine)
+    engine.observer = metrics
+
+    app = FastAPI(title="speclane", summary="OpenAI-compatible server with a fairly shared speculative lane",
+                  version="0.1.0")
+    started = int(time.time())
+    app.state.server = server
+    app.state.tracker = server.tracker
+    app.state.metrics = metrics
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
+
+    def admitting() -> None:
+        server.tracker.check_admitting()
+
+    def principal(request: Request) -> Principal:
+        return resolve_principal(server.keys, request.headers.get("authorization"))
+
+    guarded = [Depends(admitting)]
+
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, dependencies=guarded,
+              responses={200: _STREAM, **_ERRORS})
+    async def chat_completions(body: ChatCompletionRequest, request: Request,
+                               who: Principal = Depends(principal)) -> Response:
+        return await server.generate(request, body, who, chat=True)
+
+    @app.post("/v1/completions", response_model=CompletionResponse, dependencies=guarded,
+              responses={200: _STREAM, **_ERRORS})
+    async def completions(body: CompletionRequest, request: Request,
+                          who: Principal = Depends(principal)) -> Response:
+        return await server.generate(request, body, who, chat=False)
+
+    @app.get("/v1/models", response_model=ModelList, responses={401: _ERRORS[401]})
+    async def models(who: Principal = Depends(principal)) -> ModelList:
+        return ModelList(data=[ModelCard(id=server.model_name, created=started, max_model_len=engine.max_model_len)])
+
+    @app.get("/health", responses={503: _ERRORS[503]})
+    async def health() -> dict[str, Any]:
+        if async_engine.error is not None:
+            raise APIError(503, f"the engine stopped: {async_engine.error}", code="engine_stopped")
+        server.tracker.check_admitting()
+        return {"status": "ok", "model": server.model_name, "running": server.tracker.num_live}
+
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {}}}})
+    async def metrics_endpoint() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    return app
+
+
+def _grace_s(grace_s: float | None) -> float:
+    if grace_s is not None:
+        return grace_s
+    raw = os.environ.get("SPECLANE_SHUTDOWN_GRACE_S")
+    try:
+        return float(raw) if raw else DEFAULT_GRACE_S
+    except ValueError:
+        raise ValueError(f"SPECLANE_SHUTDOWN_GRACE_S must be a number of seconds; got {raw!r}") from None
+
+
+def serve(engine_config: EngineConfig, *, host: str = "127.0.0.1", port: int = 8000,
+          api_keys: str | Path | None = None, grace_s: float | None = None, log_level: str = "info") -> int:
+    """Load the engine, serve until SIGTERM/SIGINT, drain (``grace_s``, default 30 s or
+    ``SPECLANE_SHUTDOWN_GRACE_S``), and return 0."""
+    from speclane.engine.engine import LLMEngine
+
+    grace = _grace_s(grace_s)
+    _configure_logging(log_level)
+    keys = KeyTable.load(api_keys) if api_keys else None  # a bad key file fails before the model loads
+    async_engine = AsyncEngine(LLMEngine(engine_config))
+    try:
+        app = create_app(async_engine, api_keys=keys)
+        config = uvicorn_config(app, host=host, port=port, grace_s=grace, log_level=log_level)
+        DrainingServer(config, app.state.tracker, grace).run()
+    finally:
+        async_engine.shutdown()
+    return 0
+
+
+def _configure_logging(level: str) -> None:
+    """Our own log lines (draining, aborts) next to uvicorn's, in the same style."""
+    speclane_logger = logging.getLogger("speclane")
+    if not speclane_logger.handlers:
+        from uvicorn.logging import DefaultFormatter
+
+        handler = logging.StreamHandler()
+        handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s"))
+        speclane_logger.addHandler(handler)
+    speclane_logger.setLevel(level.upper())
+
+
+def uvicorn_config(app: FastAPI, *, host: str, port: int, grace_s: float, log_level: str = "info") -> Any:
+    import uvicorn
+
+    # uvicorn's own graceful timeout is only the backstop after our drain (or a second signal).
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off",
+                          timeout_graceful_shutdown=int(grace_s + ABORT_WAIT_S + 5))

@@ -1,0 +1,111 @@
+"""``/metrics``: the engine's numbers in Prometheus text format (names as in CONTRACT.md).
+
+``ServerMetrics`` is the engine's ``EngineObserver``: the latency histograms are fed
+from the engine thread as ticks and tokens happen (prometheus-client's histograms are
+thread-safe, and each hook is a few observations). Gauges and counters are not copied
+anywhere: a custom collector reads the scheduler, the lane and ``engine.counters`` at
+scrape time. Every app has its own ``CollectorRegistry``, never the global one, so
+several apps (tests) can live in one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from speclane.engine.engine import LLMEngine
+    from speclane.request import Request
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class ServerMetrics:
+    """The histograms (fed by the engine) plus a collector of the engine's live numbers."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.time_to_first_token = Histogram(
+            "speclane_time_to_first_token_seconds", "Arrival to first generated token.",
+            buckets=_LATENCY_BUCKETS, registry=r)
+        self.inter_token_latency = Histogram(
+            "speclane_inter_token_latency_seconds", "Time between consecutive tokens of a request "
+            "(a tick that emits n tokens counts n gaps of a n-th of its time).",
+            buckets=_TOKEN_GAP_BUCKETS, registry=r)
+        self.spec_wait = Histogram(
+            "speclane_spec_wait_seconds", "Per finished request: total time eligible for the lane "
+            "without holding it.", buckets=_LATENCY_BUCKETS, registry=r)
+        self.tick = Histogram(
+            "speclane_tick_seconds", "Wall time of one engine tick (execute + update).",
+            buckets=_TOKEN_GAP_BUCKETS + (10.0,), registry=r)
+        r.register(_EngineCollector(engine))
+
+    # -- EngineObserver (engine thread) ----------------------------------------------------
+    def on_tick(self, seconds: float, engine: LLMEngine) -> None:
+        self.tick.observe(seconds)
+
+    def on_first_token(self, seconds: float) -> None:
+        self.time_to_first_token.observe(seconds)
+
+    def on_token_gap(self, seconds: float, num_tokens: int) -> None:
+        for _ in range(num_tokens):
+            self.inter_token_latency.observe(seconds)
+
+    def on_finish(self, request: Request) -> None:
+        if request.spec.grants or request.spec.wait_ms:  # it was in the lane
+            self.spec_wait.observe(request.spec.wait_ms / 1000.0)
+
+    # -- scrape --------------------------------------------------------------------------
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _EngineCollector(Collector):
+    """Live gauges from the scheduler and lane; counters from ``engine.counters``."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        scheduler = self.engine.scheduler
+        lane = scheduler.lane
+        # len() of the scheduler's dicts is atomic; the engine thread may tick meanwhile.
+        yield _gauge("speclane_requests_running", "Requests admitted (prefilling or decoding).",
+                     scheduler.num_running)
+        yield _gauge("speclane_requests_waiting", "Requests queued for admission.", scheduler.num_waiting)
+        yield _gauge("speclane_spec_lane_holders", "Requests holding the speculative lane.", lane.num_holders)
+        yield _gauge("speclane_spec_lane_waiting", "Requests eligible for the lane but not holding it.",
+                     lane.num_waiters)
+        snap = self.engine.counters.snapshot()
+        rounds = CounterMetricFamily("speclane_spec_rounds", "Speculative rounds (draft + verify) run.",
+                                     labels=["tenant"])
+        for tenant, value in sorted(snap["spec_rounds_by_tenant"].items()):  # type: ignore[attr-defined]
+            rounds.add_metric([tenant], value)
+        yield rounds
+        yield _counter("speclane_spec_draft_tokens", "Draft tokens proposed.", snap["draft_tokens"])
+        yield _counter("speclane_spec_accepted_tokens", "Draft tokens accepted.", snap["accepted_tokens"])
+        yield _counter("speclane_spec_grants", "Times a request was given the lane.", lane.grants_total)
+        yield _counter("speclane_spec_yields", "Times a holder handed the lane on at the end of its budget.",
+                       lane.yields_total)
+        yield _counter("speclane_spec_preemptions", "Times a more urgent request took the lane.",
+                       lane.preemptions_total)
+        generated = CounterMetricFamily("speclane_generated_tokens", "Tokens generated.", labels=["tenant"])
+        for tenant, value in sorted(snap["generated_by_tenant"].items()):  # type: ignore[attr-defined]
+            generated.add_metric([tenant], value)
+        yield generated
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _counter(name: str, doc: str, value: object) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=float(value))  # type: ignore[arg-type]

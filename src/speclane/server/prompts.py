@@ -1,0 +1,134 @@
+"""A validated request -> what the engine needs: prompt token ids, sampling, options.
+
+Everything here may reject the request with a 400 that says what to fix: a prompt that
+does not fit the context, a ``max_tokens`` past it, a token id outside the vocabulary,
+a chat the template refuses. After this step the engine must not be able to fail on
+the request: whatever reaches ``add_request`` is in range.
+
+Tokenizing is CPU work proportional to the request (up to the body limit, a few MB), so
+``app.py`` runs these functions in a worker thread, off the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import jinja2
+
+from speclane.request import SamplingParams
+from speclane.server.errors import APIError
+from speclane.server.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    content_text,
+)
+
+if TYPE_CHECKING:
+    from speclane.models.tokenizer import Tokenizer
+
+# OpenAI's default temperature is 1; below this, treat it as greedy (0) — dividing logits
+# by a denormal-small temperature overflows to inf and the distribution to NaN.
+DEFAULT_TEMPERATURE = 1.0
+GREEDY_BELOW = 1e-5
+
+
+@dataclass(frozen=True)
+class EngineInput:
+    """The arguments of ``AsyncEngine.generate`` for one request (the tenant comes from auth)."""
+
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    priority: int
+    speculative: bool
+    prediction_token_ids: list[int]
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """What the tokenizer and model accept: the tokenizer, the context and the id range."""
+
+    tokenizer: Tokenizer
+    max_model_len: int
+    vocab_size: int  # ids must be < this (the smaller of the tokenizer's and the model's)
+
+
+def chat_input(request: ChatCompletionRequest, vocab: Vocabulary) -> EngineInput:
+    prompt_ids = vocab.tokenizer.encode(_render_chat(request.messages, vocab.tokenizer), add_special_tokens=False)
+    return _engine_input(request, prompt_ids, vocab)
+
+
+def completion_input(request: CompletionRequest, vocab: Vocabulary) -> EngineInput:
+    prompt = request.prompt
+    if isinstance(prompt, str):
+        prompt_ids = vocab.tokenizer.encode(prompt)
+    else:
+        prompt_ids = list(prompt)  # type: ignore[arg-type]  # one prompt after validation
+        for index, token in enumerate(prompt_ids):
+            if not 0 <= token < vocab.vocab_size:  # type: ignore[operator]
+                raise APIError(400, f"prompt[{index}]: token id {token} is outside the vocabulary "
+                                    f"(0 to {vocab.vocab_size - 1})", param="prompt")
+    return _engine_input(request, prompt_ids, vocab)  # type: ignore[arg-type]
+
+
+def _render_chat(messages: Sequence[ChatMessage], tokenizer: Tokenizer) -> str:
+    plain = [{"role": "system" if m.role == "developer" else m.role, "content": content_text(m.content)}
+             for m in messages]
+    try:
+        return tokenizer.apply_chat_template(plain, add_generation_prompt=True)
+    except jinja2.TemplateError as exc:
+        raise APIError(400, f"the model's chat template rejected the messages: {exc}", param="messages") from None
+
+
+def _engine_input(request: ChatCompletionRequest | CompletionRequest, prompt_ids: list[int],
+                  vocab: Vocabulary) -> EngineInput:
+    num_prompt = len(prompt_ids)
+    if num_prompt == 0:
+        raise APIError(400, "the prompt is empty: send at least one token of text", param="prompt")
+    room = vocab.max_model_len - num_prompt
+    if room < 1:
+        raise APIError(400, f"the prompt has {num_prompt} tokens but the context is {vocab.max_model_len} "
+                            "tokens: shorten the prompt (at least one token must be left for the answer)",
+                       param="messages" if isinstance(request, ChatCompletionRequest) else "prompt",
+                       code="context_length_exceeded")
+    requested = request.requested_max_tokens
+    if requested is not None and requested > room:
+        field = ("max_completion_tokens" if isinstance(request, ChatCompletionRequest)
+                 and request.max_completion_tokens is not None else "max_tokens")
+        raise APIError(400, f"{field} is {requested} but the prompt has {num_prompt} tokens and the context is "
+                            f"{vocab.max_model_len}: ask for at most {room}", param=field,
+                       code="context_length_exceeded")
+    prediction_ids: list[int] = []
+    if request.prediction is not None:
+        prediction_ids = vocab.tokenizer.encode(content_text(request.prediction.content))
+        if len(prediction_ids) > vocab.max_model_len:
+            raise APIError(400, f"the prediction has {len(prediction_ids)} tokens, more than the context "
+                                f"({vocab.max_model_len}): send at most the text you expect back",
+                           param="prediction")
+    return EngineInput(
+        prompt_token_ids=prompt_ids,
+        sampling=sampling_params(request, max_tokens=requested if requested is not None else room),
+        priority=request.priority,
+        speculative=request.speculative,
+        prediction_token_ids=prediction_ids,
+    )
+
+
+def sampling_params(request: ChatCompletionRequest | CompletionRequest, *, max_tokens: int) -> SamplingParams:
+    temperature = DEFAULT_TEMPERATURE if request.temperature is None else request.temperature
+    if temperature < GREEDY_BELOW:
+        temperature = 0.0
+    top_k = request.top_k or 0
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=1.0 if request.top_p is None else request.top_p,
+            top_k=max(top_k, 0),
+            seed=request.seed,
+            stop=tuple(request.stop or ()),
+        )
+    except ValueError as exc:  # the protocol's bounds should already have caught it
+        raise APIError(400, str(exc)) from None

@@ -1,0 +1,37 @@
+"""Queue full is 429 with ``Retry-After`` (the engine's own ``QueueFullError``), and the
+refused request leaves nothing behind."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import httpx
+import openai
+import pytest
+from server_helpers import MODEL, LiveServer, engine_idle
+
+from speclane.engine.async_engine import AsyncEngine
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def full_queue(async_engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--max-queue 0``: every new request finds the waiting queue full."""
+    scheduler = async_engine.engine.scheduler
+    monkeypatch.setattr(scheduler, "config", dataclasses.replace(scheduler.config, max_queue=0))
+
+
+def test_queue_full_is_429_with_retry_after(live: LiveServer, async_engine: AsyncEngine, full_queue: None) -> None:
+    for stream in (False, True):
+        response = httpx.post(live.url + "/v1/chat/completions", timeout=30, json={
+            "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": stream})
+        assert response.status_code == 429, response.text
+        assert int(response.headers["retry-after"]) >= 1
+        error = response.json()["error"]
+        assert error["type"] == "rate_limit_error" and error["code"] == "queue_full"
+        assert "retry" in error["message"]
+    client = openai.OpenAI(base_url=live.url + "/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.RateLimitError):
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=2)
+    assert engine_idle(async_engine) and live.tracker.num_live == 0

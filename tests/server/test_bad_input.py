@@ -1,0 +1,165 @@
+"""Bad input, against the real server: every case is a 4xx in OpenAI's error shape with a
+message that names what to fix; none is a 500, none hangs, none disturbs the engine."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from server_helpers import MAX_MODEL_LEN, MODEL, LiveServer, engine_idle
+
+from speclane.engine.async_engine import AsyncEngine
+
+pytestmark = pytest.mark.slow
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+HI = [{"role": "user", "content": "hi"}]
+
+
+def _compact(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def chat(**fields: Any) -> bytes:
+    return _compact({"model": MODEL, "messages": HI, "max_tokens": 2, **fields})
+
+
+def completion(**fields: Any) -> bytes:
+    return _compact({"model": MODEL, "prompt": "hi", "max_tokens": 2, **fields})
+
+
+def _deep(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+# (name, path, body, expected status, a word the message must contain)
+CASES: list[tuple[str, str, bytes, int, str]] = [
+    ("malformed JSON", CHAT, b'{"model": "x", "messages": [', 400, "JSON"),
+    ("not an object", CHAT, b"[1, 2, 3]", 400, "object"),
+    ("empty body", CHAT, b"", 400, "body"),
+    ("invalid UTF-8", CHAT, b'{"model": "\xff\xfe"}', 400, "body"),
+    ("deeply nested JSON", CHAT, _deep(200_000), 400, "body"),
+    ("max_tokens a string", CHAT, chat(max_tokens="5"), 400, "max_tokens"),
+    ("temperature a string", CHAT, chat(temperature="hot"), 400, "temperature"),
+    ("temperature NaN", CHAT, chat()[:-1] + b', "temperature": NaN}', 400, "temperature"),
+    ("top_p Infinity", CHAT, chat()[:-1] + b', "top_p": Infinity}', 400, "top_p"),
+    ("stream not a bool", CHAT, chat(stream="yes"), 400, "stream"),
+    ("messages a string", CHAT, chat(messages="hello"), 400, "messages"),
+    ("unknown top-level field", CHAT, chat(frobnicate=1), 400, "frobnicate"),
+    ("unknown message field", CHAT, chat(messages=[{"role": "user", "content": "x", "mood": "happy"}]), 400, "mood"),
+    ("empty messages", CHAT, chat(messages=[]), 400, "messages"),
+    ("unknown role", CHAT, chat(messages=[{"role": "wizard", "content": "x"}]), 400, "role"),
+    ("missing content", CHAT, chat(messages=[{"role": "user"}]), 400, "content"),
+    ("content a number", CHAT, chat(messages=[{"role": "user", "content": 5}]), 400, "content"),
+    ("image content part", CHAT, chat(messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x"}}]}]), 400, "type"),
+    ("missing model", CHAT, json.dumps({"messages": HI}).encode(), 400, "model"),
+    ("max_tokens 0", CHAT, chat(max_tokens=0), 400, "max_tokens"),
+    ("max_tokens negative", CHAT, chat(max_tokens=-5), 400, "max_tokens"),
+    ("max_completion_tokens 0", CHAT, chat(max_completion_tokens=0), 400, "max_completion_tokens"),
+    ("max_tokens beyond the context", CHAT, chat(max_tokens=MAX_MODEL_LEN), 400, "at most"),
+    ("max_tokens astronomically large", CHAT, chat(max_tokens=10**30), 400, "max_tokens"),
+    ("prompt beyond the context", CHAT, chat(messages=[{"role": "user", "content": "word " * 3000}]), 400,
+     "shorten"),
+    ("n = 2", CHAT, chat(n=2), 400, "n=1"),
+    ("unknown model", CHAT, chat(model="gpt-17"), 404, MODEL),
+    ("temperature above 2", CHAT, chat(temperature=3), 400, "temperature"),
+    ("top_p zero", CHAT, chat(top_p=0), 400, "top_p"),
+    ("negative seed", CHAT, chat(seed=-1), 400, "seed"),
+    ("priority beyond int32", CHAT, chat(priority=2**40), 400, "priority"),
+    ("priority a float", CHAT, chat(priority=1.5), 400, "priority"),
+    ("speculative a string", CHAT, chat(speculative="no"), 400, "speculative"),
+    ("17 stop strings", CHAT, chat(stop=["x"] * 17), 400, "stop"),
+    ("empty stop string", CHAT, chat(stop=""), 400, "stop"),
+    # 4 bytes an item: just under the body limit, so it reaches validation
+    ("a million-item stop list", CHAT, chat(stop=["a"] * 1_000_000), 400, "stop"),
+    ("a 50 MB body", CHAT, chat(messages=[{"role": "user", "content": "x" * 50_000_000}]), 413, "MiB"),
+    ("stream_options without stream", CHAT, chat(stream_options={"include_usage": True}), 400, "stream"),
+    ("logprobs requested", CHAT, chat(logprobs=True), 400, "logprobs"),
+    ("tools requested", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
+    ("prediction of the wrong type", CHAT, chat(prediction={"type": "image", "content": "x"}), 400,
+     "prediction"),
+    ("prediction longer than the context", CHAT, chat(prediction={"type": "content", "content": "word " * 3000}),
+     400, "prediction"),
+    ("user too long", CHAT, chat(user="u" * 10_000), 400, "user"),
+    ("empty prompt", COMPLETIONS, completion(prompt=""), 400, "prompt"),
+    ("empty token list", COMPLETIONS, completion(prompt=[]), 400, "prompt"),
+    ("token id outside the vocabulary", COMPLETIONS, completion(prompt=[1, 2, 10**9]), 400, "vocabulary"),
+    ("negative token id", COMPLETIONS, completion(prompt=[-1]), 400, "prompt"),
+    ("a batch of prompts", COMPLETIONS, completion(prompt=["a", "b"]), 400, "one prompt"),
+    ("echo", COMPLETIONS, completion(echo=True), 400, "echo"),
+    ("completions n = 3", COMPLETIONS, completion(n=3), 400, "n=1"),
+    ("completions unknown field", COMPLETIONS, completion(messages=HI), 400, "messages"),
+]
+
+
+def assert_openai_error(response: httpx.Response, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text[:500]
+    body = response.json()
+    assert set(body) == {"error"}, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str) and error["message"], error
+    assert isinstance(error["type"], str) and error["type"], error
+    return error
+
+
+@pytest.fixture(scope="module")
+def client(live: LiveServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=live.url, timeout=60, headers={"content-type": "application/json"}) as c:
+        yield c
+
+
+@pytest.mark.parametrize(("name", "path", "body", "status", "hint"), CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_a_clear_4xx(client: httpx.Client, name: str, path: str, body: bytes, status: int,
+                                  hint: str) -> None:
+    response = client.post(path, content=body, headers={"content-type": "application/json"})
+    error = assert_openai_error(response, status)
+    assert hint.lower() in error["message"].lower(), error["message"]
+    assert len(error["message"]) < 1000, "the message must not echo the input"
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_json_without_its_content_type_is_400(live: LiveServer, content_type: str | None) -> None:
+    """Not parsed (a browser could send it cross-site without a preflight); the message says why."""
+    headers = {"content-type": content_type} if content_type else {}
+    response = httpx.post(live.url + CHAT, content=chat(), headers=headers, timeout=60)
+    error = assert_openai_error(response, 400)
+    assert "Content-Type: application/json" in error["message"]
+
+
+def test_unknown_route_and_method(client: httpx.Client) -> None:
+    assert_openai_error(client.get("/v1/nothing"), 404)
+    assert_openai_error(client.get(CHAT), 405)
+    assert_openai_error(client.delete("/v1/models"), 405)
+
+
+def test_oversized_chunked_body_is_413(client: httpx.Client) -> None:
+    """No Content-Length: the limit is counted while reading."""
+
+    def chunks():
+        for _ in range(50):
+            yield b"x" * (1024 * 1024)
+
+    response = client.post(CHAT, content=chunks(), headers={"content-type": "application/json"})
+    assert_openai_error(response, 413)
+
+
+def test_server_still_healthy_after_bad_input(client: httpx.Client, async_engine: AsyncEngine) -> None:
+    response = client.post(CHAT, content=chat(temperature=0), headers={"content-type": "application/json"})
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["finish_reason"] in ("stop", "length")
+    assert client.get("/health").status_code == 200
+    assert async_engine.error is None
+    assert engine_idle(async_engine)
+
+
+def test_denormal_temperature_is_greedy(client: httpx.Client) -> None:
+    """A temperature of 1e-300 overflows logits / T in the engine; the server treats it as 0."""
+    greedy = client.post(CHAT, content=chat(temperature=0, max_tokens=4)).json()
+    tiny = client.post(CHAT, content=chat(temperature=1e-300, max_tokens=4)).json()
+    assert tiny["choices"][0]["message"]["content"] == greedy["choices"][0]["message"]["content"]

@@ -1,0 +1,70 @@
+"""``/metrics`` after real traffic: every name of CONTRACT.md, in Prometheus text format,
+with values that moved (tokens per tenant, lane grants, latency histograms)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from server_helpers import MODEL, LiveServer
+
+from speclane.engine.async_engine import AsyncEngine
+
+pytestmark = pytest.mark.slow
+
+GAUGES = ["speclane_requests_running", "speclane_requests_waiting", "speclane_spec_lane_holders",
+          "speclane_spec_lane_waiting"]
+COUNTERS = ["speclane_spec_rounds", "speclane_spec_draft_tokens", "speclane_spec_accepted_tokens",
+            "speclane_spec_grants", "speclane_spec_yields", "speclane_spec_preemptions",
+            "speclane_generated_tokens"]
+HISTOGRAMS = ["speclane_time_to_first_token_seconds", "speclane_inter_token_latency_seconds",
+              "speclane_spec_wait_seconds", "speclane_tick_seconds"]
+
+
+def scrape(url: str) -> dict[str, Any]:
+    """family name -> {(sample name, labels): value}, and "<name>:type" -> its type."""
+    response = httpx.get(url + "/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    families: dict[str, Any] = {}
+    for family in text_string_to_metric_families(response.text):
+        families[family.name] = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in family.samples}
+        families[family.name + ":type"] = family.type
+    return families
+
+
+def test_contract_metrics_after_traffic(live: LiveServer, idle_after: AsyncEngine) -> None:
+    before = scrape(live.url)
+    for tenant in ("metrics-a", "metrics-b"):
+        response = httpx.post(live.url + "/v1/chat/completions", timeout=120, json={
+            "model": MODEL, "messages": [{"role": "user", "content": "Repeat: one two one two one two"}],
+            "max_tokens": 8, "temperature": 0, "user": tenant})
+        assert response.status_code == 200
+    after = scrape(live.url)
+
+    for name in GAUGES:
+        assert after[name + ":type"] == "gauge", name
+        assert after[name][(name, ())] == 0.0, f"{name} is 0 when idle"
+    for name in COUNTERS:
+        assert after[name + ":type"] == "counter", name
+    for name in HISTOGRAMS:
+        assert after[name + ":type"] == "histogram", name
+
+    generated = after["speclane_generated_tokens"]
+    for tenant in ("metrics-a", "metrics-b"):
+        key = ("speclane_generated_tokens_total", (("tenant", tenant),))
+        assert generated[key] > 0, f"tokens of {tenant} are counted under its tenant label"
+    assert after["speclane_spec_grants"][("speclane_spec_grants_total", ())] \
+        >= before["speclane_spec_grants"][("speclane_spec_grants_total", ())] + 2
+    rounds = after["speclane_spec_rounds"]
+    assert rounds.get(("speclane_spec_rounds_total", (("tenant", "metrics-a"),)), 0) > 0
+
+    def count(name: str) -> float:
+        return after[name][(name + "_count", ())] - before[name].get((name + "_count", ()), 0)
+
+    assert count("speclane_time_to_first_token_seconds") == 2
+    assert count("speclane_inter_token_latency_seconds") >= 2
+    assert count("speclane_tick_seconds") >= 8
+    assert count("speclane_spec_wait_seconds") == 2

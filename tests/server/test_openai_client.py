@@ -1,0 +1,134 @@
+"""The official ``openai`` package against a real server and the real model: sync and async
+clients, streaming and not, ``extra_body`` for ``priority`` / ``speculative``, predictions."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import openai
+import pytest
+from server_helpers import MODEL, LiveServer
+
+from speclane.engine.async_engine import AsyncEngine
+
+pytestmark = pytest.mark.slow
+
+MESSAGES: list[Any] = [{"role": "user", "content": "Name three colors."}]
+SPEC_FIELDS = {"rounds", "draft_tokens", "accepted_tokens", "grants", "yields", "preemptions", "wait_ms"}
+
+
+@pytest.fixture(scope="module")
+def client(live: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture
+def aclient(live: LiveServer) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def speculative_usage(usage: Any) -> dict[str, Any]:
+    spec = usage.model_extra["speculative"]
+    assert set(spec) == SPEC_FIELDS
+    return spec
+
+
+def test_models_list(client: openai.OpenAI) -> None:
+    assert [m.id for m in client.models.list()] == [MODEL]
+
+
+def test_chat_non_streaming(client: openai.OpenAI, idle_after: AsyncEngine) -> None:
+    reply = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0)
+    assert reply.object == "chat.completion"
+    assert reply.id.startswith("chatcmpl-")
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    usage = reply.usage
+    assert usage is not None
+    assert usage.completion_tokens <= 6 and usage.prompt_tokens > 0
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert usage.completion_tokens_details is not None
+    assert usage.completion_tokens_details.accepted_prediction_tokens is not None
+    speculative_usage(usage)
+
+
+def test_streaming_equals_non_streaming(client: openai.OpenAI, idle_after: AsyncEngine) -> None:
+    whole = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, temperature=0)
+    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens  # type: ignore[union-attr]
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_completions_endpoint(client: openai.OpenAI, idle_after: AsyncEngine) -> None:
+    reply = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0)
+    assert reply.object == "text_completion"
+    assert "Paris" in reply.choices[0].text
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0, stream=True) if c.choices)
+    assert streamed == reply.choices[0].text
+
+
+def test_extra_body_priority_and_speculative(client: openai.OpenAI, idle_after: AsyncEngine) -> None:
+    off = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0,
+                                         extra_body={"priority": -3, "speculative": False})
+    spec = speculative_usage(off.usage)
+    assert spec["rounds"] == 0 and spec["grants"] == 0, "speculative=false must keep it out of the lane"
+    on = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0,
+                                        extra_body={"priority": 5, "speculative": True})
+    assert speculative_usage(on.usage)["grants"] >= 1, "alone and speculative, it must get the lane"
+    assert on.choices[0].message.content == off.choices[0].message.content, "speculation must be lossless"
+
+
+def test_prediction_is_drafted_from(client: openai.OpenAI, idle_after: AsyncEngine) -> None:
+    plain = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=16, temperature=0)
+    expected = plain.choices[0].message.content
+    assert expected
+    predicted = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=16, temperature=0,
+        prediction={"type": "content", "content": expected})
+    assert predicted.choices[0].message.content == expected
+    details = predicted.usage.completion_tokens_details  # type: ignore[union-attr]
+    assert details.accepted_prediction_tokens > 0  # type: ignore[union-attr,operator]
+
+
+def test_errors_map_to_openai_exceptions(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, n=2)
+    assert "n=1" in bad.value.message
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="no-such-model", messages=MESSAGES, max_tokens=2)
+    with pytest.raises(openai.BadRequestError) as too_long:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=100_000)
+    assert too_long.value.code == "context_length_exceeded"
+
+
+def test_async_client_concurrently(aclient: openai.AsyncOpenAI, idle_after: AsyncEngine) -> None:
+    async def one(i: int) -> str:
+        reply = await aclient.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"Say the number {i}."}], max_tokens=5,
+            temperature=0, extra_body={"priority": i % 2})
+        return reply.choices[0].message.content or ""
+
+    async def streamed() -> str:
+        stream = await aclient.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=5,
+                                                       temperature=0, stream=True)
+        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    async def main() -> list[str]:
+        try:
+            return await asyncio.gather(*(one(i) for i in range(3)), streamed())
+        finally:
+            await aclient.close()
+
+    texts = asyncio.run(main())
+    assert all(texts), texts

@@ -1,0 +1,76 @@
+"""Request validation without a model: what is accepted, and the one-line 400 messages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from speclane.server.errors import validation_message
+from speclane.server.protocol import ChatCompletionRequest, CompletionRequest
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+def chat_error(**fields: Any) -> tuple[str, str | None]:
+    with pytest.raises(ValidationError) as caught:
+        ChatCompletionRequest.model_validate({"model": "m", "messages": HI, **fields})
+    return validation_message(caught.value.errors())
+
+
+def completion_error(**fields: Any) -> tuple[str, str | None]:
+    with pytest.raises(ValidationError) as caught:
+        CompletionRequest.model_validate({"model": "m", "prompt": "x", **fields})
+    return validation_message(caught.value.errors())
+
+
+def test_openai_shapes_are_accepted() -> None:
+    request = ChatCompletionRequest.model_validate({
+        "model": "m", "stop": "END", "stream": True, "stream_options": {"include_usage": True},
+        "messages": [{"role": "developer", "content": "be brief"},
+                     {"role": "user", "content": [{"type": "text", "text": "hi"}], "name": "ann"}],
+        "prediction": {"type": "content", "content": [{"type": "text", "text": "hello"}]},
+        "n": 1, "logprobs": False, "tool_choice": "none", "response_format": {"type": "text"},
+        "metadata": {"k": "v"}, "store": False, "priority": -2, "speculative": False, "seed": 7})
+    assert request.stop == ["END"] and request.include_usage and request.priority == -2
+    for stop in (None, [], ["a", "b"]):
+        assert ChatCompletionRequest.model_validate({"model": "m", "messages": HI, "stop": stop}).stop == stop
+
+
+def test_completion_prompt_forms() -> None:
+    for prompt, expected in (("x", "x"), ([1, 2], [1, 2]), (["x"], "x"), ([[3]], [3])):
+        assert CompletionRequest.model_validate({"model": "m", "prompt": prompt}).prompt == expected
+    assert completion_error(prompt=["a", "b"])[0] == "prompt: send one prompt per request (got a batch of 2)"
+    assert completion_error(prompt=5) == ("prompt: the value should be a string or a list", "prompt")
+
+
+@pytest.mark.parametrize(("fields", "param", "words"), [
+    ({"frobnicate": 1}, "frobnicate", "unknown field"),
+    ({"n": 2}, "n", "n=1"),
+    ({"max_tokens": "5"}, "max_tokens", "integer"),
+    ({"temperature": True}, "temperature", "number"),
+    ({"stop": [""]}, "stop[0]", "at least 1 character"),
+    ({"stop": ["x"] * 17}, "stop", "at most 16"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "'user'"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "a string or a list"),
+    ({"stream_options": {"include_usage": True}}, None, "stream=true"),
+    ({"tools": [{"type": "function"}]}, "tools", "not supported"),
+    ({"user": "u" * 257}, "user", "256"),
+])
+def test_messages_name_the_field(fields: dict[str, Any], param: str | None, words: str) -> None:
+    message, got_param = chat_error(**fields)
+    assert got_param == param
+    assert words in message
+    assert len(message) < 300
+
+
+def test_a_huge_invalid_list_gives_one_short_message() -> None:
+    message, param = chat_error(stop=[""] * 1_000_000)
+    assert param == "stop" and len(message) < 200
+
+
+def test_validation_message_of_broken_json() -> None:
+    errors = [{"type": "json_invalid", "loc": ("body", 12), "msg": "JSON decode error",
+               "ctx": {"error": "Expecting value"}}]
+    assert validation_message(errors) == ("the body is not valid JSON (Expecting value at character 12)", None)

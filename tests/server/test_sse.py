@@ -1,0 +1,102 @@
+"""Server-sent events read raw with httpx: framing, chunk order, the usage chunk, [DONE]."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from server_helpers import MODEL, LiveServer
+
+from speclane.engine.async_engine import AsyncEngine
+
+pytestmark = pytest.mark.slow
+
+MESSAGES = [{"role": "user", "content": "Write one short sentence about the sea."}]
+
+
+def read_events(client: httpx.Client, path: str, body: dict[str, Any]) -> tuple[httpx.Response, list[str]]:
+    """The ``data:`` payloads in order; asserts the SSE framing (``data: ...`` + blank line)."""
+    with client.stream("POST", path, json=body) as response:
+        raw = b"".join(response.iter_bytes()).decode()
+    assert raw.endswith("\n\n"), "every event ends with a blank line"
+    events = raw[:-2].split("\n\n")
+    for event in events:
+        assert event.startswith("data: ") and "\n" not in event, event
+    return response, [event[len("data: "):] for event in events]
+
+
+@pytest.fixture(scope="module")
+def client(live: LiveServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=live.url, timeout=120) as c:
+        yield c
+
+
+def test_chat_stream_order_with_usage(client: httpx.Client, idle_after: AsyncEngine) -> None:
+    response, events = read_events(client, "/v1/chat/completions", {
+        "model": MODEL, "messages": MESSAGES, "max_tokens": 8, "temperature": 0, "stream": True,
+        "stream_options": {"include_usage": True}})
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    chunks = [json.loads(e) for e in events[:-1]]
+    ids = {c["id"] for c in chunks}
+    assert len(ids) == 1 and ids.pop().startswith("chatcmpl-"), "one id for the whole stream"
+    assert all(c["object"] == "chat.completion.chunk" and c["model"] == MODEL for c in chunks)
+
+    first, *middle, finish, usage = chunks
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert middle, "at least one content chunk"
+    for c in middle:
+        assert set(c["choices"][0]["delta"]) == {"content"} and c["choices"][0]["finish_reason"] is None
+    assert finish["choices"][0]["delta"] == {} and finish["choices"][0]["finish_reason"] in ("stop", "length")
+    assert all(c["usage"] is None for c in chunks[:-1]), "with include_usage, earlier chunks carry usage: null"
+    assert usage["choices"] == []
+    u = usage["usage"]
+    assert u["completion_tokens"] <= 8 and u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+    assert set(u["completion_tokens_details"]) == {"accepted_prediction_tokens", "rejected_prediction_tokens"}
+    assert set(u["speculative"]) == {"rounds", "draft_tokens", "accepted_tokens", "grants", "yields",
+                                     "preemptions", "wait_ms"}
+
+
+def test_stream_without_usage_has_no_usage_key(client: httpx.Client, idle_after: AsyncEngine) -> None:
+    _, events = read_events(client, "/v1/chat/completions", {
+        "model": MODEL, "messages": MESSAGES, "max_tokens": 3, "temperature": 0, "stream": True})
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert events[-1] == "[DONE]"
+    assert all("usage" not in c for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_completions_stream(client: httpx.Client, idle_after: AsyncEngine) -> None:
+    _, events = read_events(client, "/v1/completions", {
+        "model": MODEL, "prompt": "One, two, three,", "max_tokens": 5, "temperature": 0, "stream": True,
+        "stream_options": {"include_usage": True}})
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "text_completion" and c["id"].startswith("cmpl-") for c in chunks)
+    *texts, finish, usage = chunks
+    assert "".join(c["choices"][0]["text"] for c in texts)
+    assert finish["choices"][0]["finish_reason"] in ("stop", "length") and finish["choices"][0]["text"] == ""
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] <= 5
+
+
+def test_stop_string_ends_the_stream(client: httpx.Client, idle_after: AsyncEngine) -> None:
+    _, events = read_events(client, "/v1/completions", {
+        "model": MODEL, "prompt": "1, 2, 3, 4, 5, 6,", "max_tokens": 20, "temperature": 0, "stream": True,
+        "stop": ["9"]})
+    chunks = [json.loads(e) for e in events[:-1]]
+    text = "".join(c["choices"][0]["text"] for c in chunks)
+    assert "9" not in text
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop", text
+
+
+def test_error_before_streaming_is_plain_json(client: httpx.Client) -> None:
+    """Validation happens before the stream starts: a normal 4xx, not an event stream."""
+    response = client.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": MESSAGES, "max_tokens": 0, "stream": True})
+    assert response.status_code == 400
+    assert response.headers["content-type"].startswith("application/json")
+    assert response.json()["error"]["param"] == "max_tokens"
