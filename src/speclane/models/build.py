@@ -5,7 +5,7 @@ Quantization (``--quantization``):
   only); everything else dense. The tied output head runs as int8.
 - ``int4`` / ``int8``: every layer linear quantized (int4 reuses Q4_1 blocks when present).
 - ``none``: dense weights in ``--dtype`` (the float32 reference path of the tests).
-Quantized layers keep a dense float32 copy for wide batches (see ``models/linear.py``).
+Quantized layers run their kernel at every batch width (batch-invariant results).
 """
 
 from __future__ import annotations
@@ -54,12 +54,14 @@ def build_model(weights: WeightSet, config: ModelConfig) -> LlamaModel:
             else:
                 q, d, m = quantize_int4_groups(dense)
             quantized = Int4Weight(q, d, m)
-            dense = quantized.dequantize()  # the same values on both paths (see Int4Weight.dequantize)
         elif mode == "int8":
             quantized = Int8Weight(dense)
-            dense = quantized.dequantize()
-        dense_dtype = torch.float32 if quantized is not None else dtype  # see models/linear.py
-        return Linear(dense.to(dense_dtype).contiguous(), quantized, bias, dense_from_tokens=DENSE_FROM_TOKENS)
+        if quantized is not None:
+            # One kernel at every width: a row's result must not depend on its neighbours
+            # (batch-invariant greedy output), and on this project's AVX2 machines the dense
+            # float32 matmul is no faster than int4 from ~16 rows up anyway.
+            return Linear(None, quantized, bias)
+        return Linear(dense.to(dtype).contiguous(), None, bias)
 
     layers = []
     for i in range(cfg.num_layers):
@@ -81,7 +83,9 @@ def build_model(weights: WeightSet, config: ModelConfig) -> LlamaModel:
     head = embed if cfg.tie_word_embeddings or "lm_head.weight" not in w else w["lm_head.weight"]
     head_quant = Int8Weight(head) if mode != "none" else None
     head_dtype = torch.float32 if head_quant is not None else dtype
-    lm_head = Linear(head.to(head_dtype).contiguous(), head_quant, dense_from_tokens=DENSE_FROM_TOKENS)
+    # The quantized head always runs coarse + float32 refinement of its top candidates
+    # (LlamaModel.logits), at every width, for the same reason as above.
+    lm_head = Linear(head.to(head_dtype).contiguous(), head_quant, dense_from_tokens=1 << 30 if head_quant else DENSE_FROM_TOKENS)
     model = LlamaModel(cfg, embed.to(dtype).contiguous(), layers, take("model.norm.weight"), lm_head, dtype)
     model.quantization = mode
     return model
