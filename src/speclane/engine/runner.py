@@ -116,7 +116,6 @@ class ModelRunner:
         start, fed = seq.start, list(seq.token_ids)
         max_len = min(self.cache.max_len, request.num_prompt_tokens + sp.max_tokens)
         while True:
-            produced = len(tokens) - request.num_output_tokens
             left = min(sp.max_tokens - len(tokens), max_len - (request.num_prompt_tokens + len(tokens)))
             k = max(0, min(seq.num_draft_tokens, left - 1)) if seq.num_draft_tokens else 0
             view = _BurstView(request, tokens)

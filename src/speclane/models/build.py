@@ -17,9 +17,6 @@ from speclane.models.linear import INT4_GROUP, Int4Weight, Int8Weight, Linear, q
 from speclane.models.llama import Layer, LlamaModel
 from speclane.models.loader import ModelLoadError, WeightSet
 
-# Batches of at least this many tokens use the dense copy of a quantized layer.
-DENSE_FROM_TOKENS = 8
-
 
 def effective_quantization(config: ModelConfig, weights: WeightSet) -> str:
     if config.dtype == "float32":
@@ -85,7 +82,7 @@ def build_model(weights: WeightSet, config: ModelConfig) -> LlamaModel:
     head_dtype = torch.float32 if head_quant is not None else dtype
     # The quantized head always runs coarse + float32 refinement of its top candidates
     # (LlamaModel.logits), at every width, for the same reason as above.
-    lm_head = Linear(head.to(head_dtype).contiguous(), head_quant, dense_from_tokens=1 << 30 if head_quant else DENSE_FROM_TOKENS)
+    lm_head = Linear(head.to(head_dtype).contiguous(), head_quant)
     model = LlamaModel(cfg, embed.to(dtype).contiguous(), layers, take("model.norm.weight"), lm_head, dtype)
     model.quantization = mode
     return model

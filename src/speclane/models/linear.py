@@ -1,14 +1,9 @@
-"""Linear layers over dense, int8 or int4 weights, picking the kernel by batch width.
+"""Linear layers over dense, int8 or int4 weights.
 
-Weight-only int4/int8 kernels are fastest for a single token but slow down sharply
-as more tokens pass through them, while a dense bfloat16 matmul stays nearly flat
-(DESIGN.md, "Speed facts"). A quantized layer therefore also keeps a dense copy
-when ``keep_dense`` is set and switches to it for wide batches (a speculative
-verify, a prefill chunk, many decode rows).
-
-On CPUs without native bfloat16 matmul (AVX2 only, like this project's machines) a
-dense bfloat16 matmul grows almost linearly with the batch while float32 stays nearly
-flat up to ~16 rows, so the dense copy of a quantized layer is kept in float32.
+A quantized layer runs its kernel at every batch width: a row's result must not depend
+on how many neighbours shared its tick (batch-invariant greedy output), and on this
+project's AVX2 machines a dense float32 matmul is no faster than int4 from ~16 rows up
+(and dense bfloat16 is slower still), so a second, dense copy would buy nothing.
 """
 
 from __future__ import annotations
@@ -53,22 +48,9 @@ class Int4Weight:
         # [K // group, N, 2]: the kernel's layout of (scale, zero) pairs.
         self.scales_and_zeros = torch.stack([scale.float(), zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
 
-        self._q = q.to(torch.uint8)  # kept to rebuild the exact dense equivalent
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x: [M, K] bfloat16
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_and_zeros)
-
-    def dequantize(self) -> torch.Tensor:
-        """[N, K] float32 holding exactly the values the kernel multiplies by.
-
-        The dense copy for wide batches is built from this, so a row's result does not
-        depend on whether its tick was narrow (int4 kernel) or wide (dense matmul).
-        """
-        out_features, in_features = self._q.shape
-        pairs = self.scales_and_zeros.float().transpose(0, 1)  # [N, K // group, 2]
-        q = self._q.float().view(out_features, in_features // self.group, self.group)
-        w = (q - 8) * pairs[..., :1] + pairs[..., 1:]
-        return w.reshape(out_features, in_features)
 
 
 class Int8Weight:
@@ -83,19 +65,19 @@ class Int8Weight:
     def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x: [M, K] bfloat16
         return torch.ops.aten._weight_int8pack_mm(x, self.q, self.scale)
 
-    def dequantize(self) -> torch.Tensor:
-        return self.q.float() * self.scale.float()[:, None]
-
 
 class Linear(nn.Module):
-    """y = x @ W^T with an optional quantized fast path for narrow batches."""
+    """y = x @ W^T through the quantized kernel when there is one, else the dense weight.
+
+    A quantized layer may still carry its dense weight (the output head keeps a float32
+    copy to refine its top logits, see ``LlamaModel.logits``).
+    """
 
     def __init__(
         self,
         dense: torch.Tensor | None,
         quantized: Int4Weight | Int8Weight | None = None,
         bias: torch.Tensor | None = None,
-        dense_from_tokens: int = 1 << 30,
     ):
         super().__init__()
         if dense is None and quantized is None:
@@ -103,11 +85,9 @@ class Linear(nn.Module):
         self.dense = dense  # [out, in] or None
         self.quantized = quantized
         self.bias = bias
-        # Use the dense copy once a batch has this many tokens (only if it exists).
-        self.dense_from_tokens = dense_from_tokens if dense is not None else 1 << 30
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [M, in]
-        if self.quantized is not None and x.shape[0] < self.dense_from_tokens:
+        if self.quantized is not None:
             y = self.quantized.matmul(x.to(torch.bfloat16)).to(x.dtype)  # the kernels take bfloat16
         else:
             y = torch.nn.functional.linear(x.to(self.dense.dtype), self.dense).to(x.dtype)
