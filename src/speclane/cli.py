@@ -67,6 +67,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return run_simulate(args, cfg.from_namespace(args))
 
 
+def _cmd_train_mtp(args: argparse.Namespace) -> int:
+    from speclane.training.cli import run_train_mtp
+
+    return run_train_mtp(args, cfg.from_namespace(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="speclane", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -108,6 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--calibrate", default=None, help="a bench report.json to fit the cost model")
     p.set_defaults(func=_cmd_simulate)
+
+    p = sub.add_parser("train-mtp", help="train an MTP draft head for a model by self-distillation")
+    cfg.add_arguments(p, sections=(cfg.ModelConfig,))
+    from speclane.training.cli import add_train_arguments
+
+    add_train_arguments(p)
+    p.set_defaults(func=_cmd_train_mtp)
     return parser
 
 

@@ -72,6 +72,7 @@ class LaneConfig:
     spec_preempt: bool = field(default=True, metadata={"help": "a more urgent waiter preempts a holder at a round boundary"})
     fairness: str = field(default="tenant", metadata={"help": "tenant: fair between tenants; request: round-robin between requests"})
     mtp_head: str = field(default="", metadata={"help": "path of an MTP head (default: the one shipped for the model)"})
+    mtp_min_draft_prob: float = field(default=0.0, metadata={"help": "MTP stops drafting a round when its confidence falls below this"})
 
     def __post_init__(self) -> None:
         from speclane.drafters import DRAFTER_NAMES  # late import: drafters import config
@@ -86,6 +87,8 @@ class LaneConfig:
         _at_least("spec_grant_rounds", self.spec_grant_rounds, 0)
         _at_least("spec_grant_ms", self.spec_grant_ms, 0)
         _at_least("spec_skip_cap", self.spec_skip_cap, 1)
+        if not 0 <= self.mtp_min_draft_prob < 1:
+            raise ValueError(f"mtp_min_draft_prob must be in [0, 1); got {self.mtp_min_draft_prob}")
 
     @property
     def speculation_enabled(self) -> bool:

@@ -42,6 +42,10 @@ MODES = {
     "slice-rotating": dict(spec_mode="slice", spec_slots=1, spec_grant_rounds=2),
     "slice-everyone": dict(spec_mode="slice", spec_slots=len(CASES), spec_grant_rounds=0),
     "burst": dict(spec_mode="burst"),
+    # The MTP drafter (the head shipped for the default model): its per-request state must
+    # be re-seeded after every yield (grant of 2 rounds, one slot, 12 requests rotating).
+    "mtp-rotating": dict(spec_mode="slice", drafter="mtp", num_draft_tokens=3, spec_slots=1, spec_grant_rounds=2),
+    "mtp-everyone": dict(spec_mode="slice", drafter="mtp", num_draft_tokens=3, spec_slots=len(CASES), spec_grant_rounds=0),
 }
 
 
@@ -88,7 +92,7 @@ def results(parts):
     return out
 
 
-@pytest.mark.parametrize("mode", ["slice-rotating", "slice-everyone", "burst"])
+@pytest.mark.parametrize("mode", ["slice-rotating", "slice-everyone", "burst", "mtp-rotating", "mtp-everyone"])
 def test_greedy_identical_to_speculation_off(results, mode):
     off, _ = results["off"]
     on, counters = results[mode]
@@ -131,12 +135,14 @@ def test_usage_accounting(results):
     assert total_accepted <= counters.accepted_tokens
 
 
-def test_yields_happened_in_the_rotating_run(results):
-    _, counters = results["slice-rotating"]
+@pytest.mark.parametrize("mode", ["slice-rotating", "mtp-rotating"])
+def test_yields_happened_in_the_rotating_run(results, mode):
+    _, counters = results[mode]
     assert counters.lane_yields > 0, "the rotating run must exercise yields for the identity above to mean anything"
 
 
-def test_preempted_request_output_identical_to_speculation_off(parts):
+@pytest.mark.parametrize("drafter", ["ngram", "mtp"])
+def test_preempted_request_output_identical_to_speculation_off(parts, drafter):
     """Three priority-0 copy streams; a priority -1 request arrives mid-way and preempts the holder."""
     base, model, tokenizer = parts
     prompt = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": CASES[0][1]}]))
@@ -156,6 +162,6 @@ def test_preempted_request_output_identical_to_speculation_off(parts):
         return ids, engine.counters
 
     off, _ = run(dict(spec_mode="off"))
-    on, counters = run(dict(spec_mode="slice", spec_slots=1, spec_grant_rounds=64))
+    on, counters = run(dict(spec_mode="slice", drafter=drafter, num_draft_tokens=3, spec_slots=1, spec_grant_rounds=64))
     assert counters.lane_preemptions >= 1
     assert on == off

@@ -192,3 +192,28 @@ def test_kv_after_a_round_holds_exactly_the_accepted_tokens():
     for layer in range(cfg.num_layers):
         torch.testing.assert_close(engine.cache.keys[layer][slot, :, :n], fresh.keys[layer][0, :, :n], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(engine.cache.values[layer][slot, :, :n], fresh.values[layer][0, :, :n], atol=1e-5, rtol=1e-5)
+
+
+def test_rejection_rule_with_mtp_head_probabilities_matches_classic_distribution(classic_counts):
+    """The MTP drafter sampling its drafts from its own q (an untrained head over a reduced
+    vocabulary of 4 of the 6 tokens) keeps the target's distribution."""
+    from speclane.drafters.mtp import MTPDrafter
+    from speclane.models.mtp_head import MTPConfig, MTPHead
+
+    target = toy_model(toy_config(vocab_size=VOCAB), seed=3)  # the weights make_engine uses
+    cfg = target.config
+    torch.manual_seed(0)
+    head = MTPHead(MTPConfig(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, draft_vocab=4))
+    head.vocab_ids.copy_(torch.tensor([0, 2, 3, 5]))
+    head.attach_target(target.embed, target.lm_head.dense)
+    drafter = MTPDrafter(head.eval(), VOCAB, sample_drafts=True)
+
+    def sp(i):
+        return SamplingParams(max_tokens=3, temperature=2.0, seed=3 * 10**6 + i, ignore_eos=True)
+
+    engine = make_engine(drafter)
+    counts = _joint_counts(generate_all(engine, 4000, sp))
+    assert engine.counters.draft_tokens > 1000
+    rate = engine.counters.accepted_tokens / engine.counters.draft_tokens
+    assert 0.05 < rate < 0.95, f"acceptance {rate:.2f}: the test needs both outcomes"
+    assert _p_value(classic_counts, counts) > SIGNIFICANCE

@@ -18,6 +18,7 @@ SCENARIOS: dict[str, str] = {
     "fairness": "lane share between tenants under three policies, with a lane timeline plot (issue 5)",
     "priority": "ticks from an urgent arrival to holding the lane (issue 5)",
     "overhead": "cost of a lane decision by number of waiters; lane share of tick time (issue 5)",
+    "mtp": "held-out chat: MTP drafter vs n-gram vs off, acceptance per draft position (issue 8)",
 }
 
 
@@ -90,5 +91,12 @@ def _run(name: str, config: EngineConfig, quick: bool) -> tuple[list[Table], dic
         "speedup": es.speedup,
         "throughput": es.throughput,
         "priority": ls.priority,
+        "mtp": _mtp,
     }
     return runners[name](factory, quick=quick), {}
+
+
+def _mtp(factory, quick: bool = False):
+    from speclane.bench.mtp_scenario import mtp
+
+    return mtp(factory, quick=quick)

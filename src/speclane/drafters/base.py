@@ -30,9 +30,9 @@ class Drafter(Protocol):
 
     - ``propose(request, k)`` returns a ``Draft`` of at most ``k`` tokens continuing
       ``request.token_ids()``. It must not mutate the request.
-    - ``observe(request_id, hidden)`` receives the target's final hidden states for the
-      positions verified in the last round (drafters that need them, e.g. MTP; others
-      ignore it).
+    - ``needs_hidden_states``: when True the runner also calls ``observe`` (the
+      ``HiddenObserver`` contract) after every forward, for every request, so the
+      drafter can catch up on positions decoded while the request did not hold the lane.
     - ``release(request_id)`` forgets any per-request state (the request finished,
       was aborted, or lost the lane and will be re-seeded on its next grant).
     """
@@ -43,6 +43,18 @@ class Drafter(Protocol):
     def propose(self, request: Request, k: int) -> Draft: ...
 
     def release(self, request_id: str) -> None: ...
+
+
+class HiddenObserver(Protocol):
+    """Receives the target's final hidden states of the positions kept after a forward.
+
+    ``observe(request, start, hidden)``: ``hidden`` [n, hidden_size] float32 belongs to
+    positions ``start .. start + n - 1`` of ``request`` (prompt chunks, decode steps and
+    accepted draft positions; rejected drafts are never shown). The tensor is a view
+    of the forward's output: copy what you keep.
+    """
+
+    def observe(self, request: Request, start: int, hidden: torch.Tensor) -> None: ...
 
 
 def create_drafter(name: str, **options: object) -> Drafter | None:
@@ -56,7 +68,7 @@ def create_drafter(name: str, **options: object) -> Drafter | None:
 
         return NgramDrafter()
     if name == "mtp":
-        from speclane.drafters.mtp import load_mtp_drafter  # type: ignore[import-not-found]
+        from speclane.drafters.mtp import load_mtp_drafter
 
         return load_mtp_drafter(**options)
     raise ValueError(f"unknown drafter {name!r}; valid names: {', '.join(DRAFTER_NAMES)}")

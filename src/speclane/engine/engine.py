@@ -96,7 +96,7 @@ class LLMEngine:
         self.cache = KVCache(mc.num_layers, config.scheduler.max_num_seqs, cache_len, mc.num_kv_heads, mc.head_dim, kv_dtype)
         if drafter is None and config.lane.speculation_enabled:
             drafter = create_drafter(config.lane.drafter, model=self.model, model_config=config.model,
-                                     mtp_head=config.lane.mtp_head)
+                                     mtp_head=config.lane.mtp_head, min_draft_prob=config.lane.mtp_min_draft_prob)
         self.drafter = drafter if config.lane.speculation_enabled else None
         lane = config.lane if self.drafter is not None else _lane_off(config)
         self.scheduler = Scheduler(config.scheduler, lane, self.max_model_len)
@@ -170,6 +170,7 @@ class LLMEngine:
             self._pending_aborts.clear()
             plan = self.scheduler.schedule(now)
         if plan.is_empty:
+            self.runner.release(plan.released_request_ids)  # the last requests to finish
             with self._lock:
                 self.counters.refresh(self.scheduler)  # gauges stay true when idle
             return outputs
@@ -180,6 +181,8 @@ class LLMEngine:
             events = self.scheduler.update(result, now)
             outputs.extend(self._emit(events, now))
             self.counters.record_tick(plan, result, self.scheduler, time.perf_counter() - started)
+            released = self.scheduler.take_released()  # finished this tick: free drafter state now
+        self.runner.release(released)
         if self.observer is not None:
             self.observer.on_tick(time.perf_counter() - started, self)
         return outputs

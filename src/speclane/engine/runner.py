@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from speclane.drafters.base import Draft, Drafter
+from speclane.drafters.base import Draft, Drafter, HiddenObserver
 from speclane.engine.kv_cache import KVCache
 from speclane.engine.sampling import choose_tokens
 from speclane.models.llama import LlamaModel, RaggedBatch
@@ -28,17 +28,26 @@ class ModelRunner:
         self.cache = cache
         self.drafter = drafter
         self.seeds: dict[str, int] = {}
+        # Who receives the target's final hidden states of every kept position: a drafter
+        # that drafts from them (MTP), or a recorder (``speclane train-mtp``).
+        self.hidden_observers: list[HiddenObserver] = []
+        if drafter is not None and drafter.needs_hidden_states:
+            self.hidden_observers.append(drafter)  # type: ignore[arg-type]
 
     def execute(self, plan: SchedulerPlan) -> RunnerResult:
         started = time.perf_counter()
-        if self.drafter is not None:
-            for rid in plan.released_request_ids:
-                self.drafter.release(rid)
+        self.release(plan.released_request_ids)
         if plan.burst is not None:
             seqs = [self._burst(plan.burst)]
         else:
             seqs = self._step(list(plan.seqs)) if plan.seqs else []
         return RunnerResult(seqs=seqs, elapsed_ms=(time.perf_counter() - started) * 1000)
+
+    def release(self, request_ids: tuple[str, ...]) -> None:
+        """Forget per-request drafter state of requests that left."""
+        if self.drafter is not None:
+            for rid in request_ids:
+                self.drafter.release(rid)
 
     # -- one ragged forward -------------------------------------------------------------
     def _step(self, seqs: list[ScheduledSeq]) -> list[SeqResult]:
@@ -94,7 +103,19 @@ class ModelRunner:
                 if res.num_computed_tokens < computed:
                     self.cache.truncate(seq.slot, res.num_computed_tokens)
             results.append(res)
+        if self.hidden_observers:
+            self._share_hidden(seqs, fed, results, hidden)
         return results
+
+    def _share_hidden(self, seqs: list[ScheduledSeq], fed: list[list[int]], results: list[SeqResult], hidden: torch.Tensor) -> None:
+        """Hand each observer the hidden states of the positions that stay in the cache."""
+        offset = 0
+        for seq, tokens, res in zip(seqs, fed, results, strict=True):
+            kept = res.num_computed_tokens - seq.start  # rejected draft positions are dropped
+            rows = hidden[offset : offset + kept]
+            for observer in self.hidden_observers:
+                observer.observe(seq.request, seq.start, rows)
+            offset += len(tokens)
 
     def _choose(self, request: Request, logits: torch.Tensor, draft: list[int], draft_probs: torch.Tensor | None, first_position: int):
         seed = request.sampling.seed if request.sampling.seed is not None else self._seed_of(request.request_id)

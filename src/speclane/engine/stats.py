@@ -41,6 +41,10 @@ class EngineCounters:
     busy_s: float = 0.0
     spec_rounds_by_tenant: Counter[str] = field(default_factory=Counter)
     generated_by_tenant: Counter[str] = field(default_factory=Counter)
+    # Slice rounds by draft position j (0-based): drafts verified at j (all before it
+    # accepted), and accepted at j. Their ratio is the acceptance per draft position.
+    draft_tried_by_position: Counter[int] = field(default_factory=Counter)
+    draft_accepted_by_position: Counter[int] = field(default_factory=Counter)
     # The lane's own totals (grants, yields, preemptions) and live sizes, refreshed each tick.
     lane_grants: int = 0
     lane_yields: int = 0
@@ -69,6 +73,11 @@ class EngineCounters:
             self.spec_rounds_by_tenant[tenants.get(res.request_id, "?")] += res.num_rounds
             self.draft_tokens += res.num_draft_tokens
             self.accepted_tokens += res.num_accepted_tokens
+            if res.num_rounds == 1:
+                for j in range(min(res.num_draft_tokens, res.num_accepted_tokens + 1)):
+                    self.draft_tried_by_position[j] += 1
+                for j in range(res.num_accepted_tokens):
+                    self.draft_accepted_by_position[j] += 1
         self.refresh(scheduler)
 
     def refresh(self, scheduler: Scheduler) -> None:
@@ -88,4 +97,11 @@ class EngineCounters:
         out = {k: v for k, v in self.__dict__.items() if not isinstance(v, Counter)}
         out["spec_rounds_by_tenant"] = dict(self.spec_rounds_by_tenant)
         out["generated_by_tenant"] = dict(self.generated_by_tenant)
+        out["acceptance_by_position"] = self.acceptance_by_position()
         return out
+
+    def acceptance_by_position(self) -> list[float]:
+        """Acceptance rate at each draft position, given every earlier draft was accepted."""
+        n = max(self.draft_tried_by_position, default=-1) + 1
+        return [self.draft_accepted_by_position[j] / self.draft_tried_by_position[j] if self.draft_tried_by_position[j] else 0.0
+                for j in range(n)]

@@ -122,8 +122,13 @@ class Scheduler:
         )
         return max(0, min(self.lane_config.num_draft_tokens, left - 1))
 
-    def schedule(self, now: float) -> SchedulerPlan:
+    def take_released(self) -> tuple[str, ...]:
+        """Requests that left since the last call (their drafter state can go)."""
         released, self._released = tuple(self._released), []
+        return released
+
+    def schedule(self, now: float) -> SchedulerPlan:
+        released = self.take_released()
         holders = set(self.lane.schedule(now)) if self._lane_active() else set()
 
         if self.lane_config.spec_mode == "burst" and holders:

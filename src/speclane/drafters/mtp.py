@@ -1,0 +1,163 @@
+"""The MTP drafter: drafts from the target's own hidden states (``models/mtp_head.py``).
+
+Per-request state lives here and survives between rounds:
+- the head's KV cache of *true* entries (built from target hidden states);
+- the target hidden states of positions computed since the last round (``observe``
+  is called for every request after every forward, lane holder or not).
+
+At a round, the drafter first catches up — one batched head call over the positions
+verified (or decoded classically while the request waited) since its last round —
+then drafts recursively. A request that waited longer than the head's attention
+window is re-seeded from the last ``window`` positions. Speculative entries are
+dropped after each round: the next round rebuilds them from the target's hidden states.
+
+Draft tokens are the head's argmax (deterministic: verification by exact match keeps
+every request's output identical to classic decoding, seeded sampling included), or,
+with ``sample_drafts``, samples from the head's distribution q with q passed to the
+rejection rule. Drafting stops early when the head's confidence falls below
+``min_draft_prob``: on hardware where each verified position costs, a doubtful
+draft is not worth its row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from speclane.drafters.base import Draft
+from speclane.models.llama import LlamaModel
+from speclane.models.mtp_head import MTPCache, MTPHead
+from speclane.request import Request
+
+HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"  # heads shipped with the package
+DEFAULT_MIN_DRAFT_PROB = 0.0
+
+
+@dataclass
+class _RequestState:
+    cache: MTPCache | None = None
+    pending: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (first position, hidden rows)
+    pending_rows: int = 0
+
+
+@dataclass
+class DraftRun:
+    token_ids: list[int]
+    probs: torch.Tensor | None  # [n, draft_vocab] q of sampled drafts, else None
+    confidences: list[float]
+
+
+@torch.inference_mode()
+def draft_recursively(head: MTPHead, cache: MTPCache, out: torch.Tensor, last_position: int, k: int,
+                      min_draft_prob: float = 0.0, temperature: float = 0.0,
+                      generator: torch.Generator | None = None) -> DraftRun:
+    """Draft up to ``k`` tokens after the true entry ``last_position`` whose output is ``out`` [1, H].
+
+    Speculative entries are added to ``cache`` while drafting and removed at the end.
+    """
+    true_end = cache.end
+    tokens: list[int] = []
+    qs: list[torch.Tensor] = []
+    confidences: list[float] = []
+    for j in range(k):
+        logits = head.draft_logits(out)[0]
+        if temperature > 0:
+            q = torch.softmax(logits / temperature, dim=-1)
+            index = int(torch.multinomial(q, 1, generator=generator))
+            qs.append(q)
+        else:
+            q = torch.softmax(logits, dim=-1)
+            index = int(torch.argmax(q))
+        confidence = float(q[index])
+        if confidence < min_draft_prob:
+            if qs:
+                qs.pop()
+            break
+        token = int(head.vocab_ids[index])
+        tokens.append(token)
+        confidences.append(confidence)
+        if j + 1 < k:
+            position = torch.tensor([last_position + 1 + j])
+            out = head.extend(cache, out, torch.tensor([token]), position)
+    cache.truncate(true_end)
+    cache.keep_last(head.config.window)
+    return DraftRun(tokens, torch.stack(qs) if qs else None, confidences)
+
+
+class MTPDrafter:
+    name = "mtp"
+    needs_hidden_states = True
+
+    def __init__(self, head: MTPHead, vocab_size: int, *, min_draft_prob: float = DEFAULT_MIN_DRAFT_PROB,
+                 sample_drafts: bool = False, seed: int = 0):
+        self.head = head
+        self.vocab_size = vocab_size
+        self.min_draft_prob = min_draft_prob
+        self.sample_drafts = sample_drafts
+        self.generator = torch.Generator().manual_seed(seed)
+        self.states: dict[str, _RequestState] = {}
+
+    @property
+    def window(self) -> int:
+        return self.head.config.window
+
+    def observe(self, request: Request, start: int, hidden: torch.Tensor) -> None:
+        if not request.speculative or hidden.shape[0] == 0:
+            return
+        state = self.states.setdefault(request.request_id, _RequestState())
+        rows = hidden[-self.window :]
+        state.pending.append((start + hidden.shape[0] - rows.shape[0], rows.clone()))
+        state.pending_rows += rows.shape[0]
+        # A request that waits long keeps only the last `window` positions to catch up on.
+        while state.pending_rows - state.pending[0][1].shape[0] >= self.window:
+            state.pending_rows -= state.pending.pop(0)[1].shape[0]
+
+    def propose(self, request: Request, k: int) -> Draft:
+        state = self.states.get(request.request_id)
+        if k <= 0 or state is None or not state.pending:
+            return Draft([])
+        tokens = request.token_ids()
+        last = len(tokens) - 2  # the last position the target has computed
+        first = state.pending[0][0]
+        hidden = torch.cat([rows for _, rows in state.pending])
+        state.pending, state.pending_rows = [], 0
+        if first + hidden.shape[0] - 1 != last:
+            state.cache = None  # out of step (should not happen): re-seed at the next round
+            return Draft([])
+        if state.cache is None or state.cache.end != first:
+            state.cache = MTPCache.empty(self.head.config, first)  # first round, or waited past the window
+        positions = torch.arange(first, last + 1)
+        next_tokens = torch.tensor(tokens[first + 1 : last + 2])
+        out = self.head.extend(state.cache, hidden, next_tokens, positions)[-1:]
+        sp = request.sampling
+        temperature = sp.temperature if self.sample_drafts and not sp.greedy else 0.0
+        run = draft_recursively(self.head, state.cache, out, last, k, self.min_draft_prob, temperature, self.generator)
+        if run.probs is None:
+            return Draft(run.token_ids)
+        full = torch.zeros(run.probs.shape[0], self.vocab_size)
+        full[:, self.head.vocab_ids] = run.probs
+        return Draft(run.token_ids, full)
+
+    def release(self, request_id: str) -> None:
+        self.states.pop(request_id, None)
+
+
+def default_head_path(model_name: str) -> Path:
+    return HEADS_DIR / Path(model_name).name.removesuffix(".gguf")
+
+
+def load_mtp_drafter(model: LlamaModel, model_config, mtp_head: str = "", **options: object) -> MTPDrafter:
+    """``--drafter mtp``: the head at ``--mtp-head``, else the one shipped for the model."""
+    from speclane.models.mtp_store import MTPHeadError, load_head
+
+    name = model_config.model
+    path = Path(mtp_head) if mtp_head else default_head_path(name)
+    if not mtp_head and not path.exists():
+        raise MTPHeadError(
+            f"no MTP head is shipped for model {name!r}; train one with "
+            f"`speclane train-mtp --model {name} --out DIR` and pass --mtp-head DIR/mtp-head"
+        )
+    head = load_head(path, model, name)
+    return MTPDrafter(head, model.config.vocab_size, **options)  # type: ignore[arg-type]

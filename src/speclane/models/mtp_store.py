@@ -1,0 +1,116 @@
+"""MTP heads on disk: ``model.safetensors`` + ``config.json`` naming the target.
+
+A head is only valid for the target it was trained on (it reads that model's hidden
+states and shares its embedding and output head), so ``config.json`` records the
+target's shape and a fingerprint of its embedding; loading a head for another model
+is a clear error, not silent garbage drafts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from speclane.models.linear import Linear
+from speclane.models.llama import LlamaModel
+from speclane.models.mtp_head import MTPConfig, MTPHead
+
+FORMAT = "speclane-mtp/1"
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+
+
+class MTPHeadError(ValueError):
+    """A head that cannot be used: missing, corrupt, or trained for another model."""
+
+
+def target_fingerprint(model: LlamaModel, model_name: str) -> dict[str, object]:
+    cfg = model.config
+    # Mean |w| of a fixed slice of the embedding: equal for the same weights in any
+    # dtype or container, different for another checkpoint of the same shape.
+    embed_mean = float(model.embed[:512].float().abs().mean())
+    return {
+        "model": model_name,
+        "architecture": cfg.architecture,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "num_layers": cfg.num_layers,
+        "num_heads": cfg.num_heads,
+        "num_kv_heads": cfg.num_kv_heads,
+        "embed_mean_abs": round(embed_mean, 6),
+    }
+
+
+@torch.inference_mode()
+def dense_weight(linear: Linear, in_features: int) -> torch.Tensor:
+    """[out, in] float32 weight of any ``Linear`` (dense or quantized), read back as layer(I)^T."""
+    eye = torch.eye(in_features, dtype=torch.float32)
+    return linear(eye).float().T.contiguous().clone()
+
+
+def head_weight_source(model: LlamaModel) -> torch.Tensor:
+    """The target's output head in float32 (quantized builds keep a float32 copy)."""
+    head = model.lm_head
+    return head.dense.float() if head.dense is not None else dense_weight(head, model.config.hidden_size)
+
+
+def save_head(head: MTPHead, folder: Path, target: dict[str, object], **extra: object) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(torch.bfloat16 if v.is_floating_point() else torch.int32).contiguous()
+             for k, v in head.state_dict().items()}
+    save_file(state, str(folder / WEIGHTS))
+    meta = {"format": FORMAT, "target": target, "mtp": head.config.to_dict(), **extra}
+    (folder / CONFIG).write_text(json.dumps(meta, indent=2) + "\n")
+    return folder
+
+
+def check_target(expected: dict[str, object], model: LlamaModel, model_name: str, where: Path) -> None:
+    actual = target_fingerprint(model, model_name)
+    shape_keys = ("architecture", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads")
+    wrong = [k for k in shape_keys if expected.get(k) != actual[k]]
+    mean_e, mean_a = float(expected.get("embed_mean_abs", 0.0)), float(actual["embed_mean_abs"])
+    if not wrong and abs(mean_e - mean_a) > 0.02 * max(abs(mean_e), 1e-6):
+        wrong.append("embedding fingerprint")
+    if wrong:
+        raise MTPHeadError(
+            f"MTP head {where} was trained for {expected.get('model')!r}, not for the loaded model {model_name!r} "
+            f"(differs in {', '.join(wrong)}); train one with `speclane train-mtp --model {model_name} --out DIR` "
+            f"and pass --mtp-head DIR/mtp-head"
+        )
+
+
+def load_head(folder: str | Path, model: LlamaModel, model_name: str) -> MTPHead:
+    folder = Path(folder)
+    if folder.is_file():
+        folder = folder.parent
+    config_path, weights_path = folder / CONFIG, folder / WEIGHTS
+    if not config_path.exists() or not weights_path.exists():
+        raise MTPHeadError(f"no MTP head at {folder}: expected {CONFIG} and {WEIGHTS}")
+    try:
+        meta = json.loads(config_path.read_text())
+        if meta.get("format") != FORMAT:
+            raise MTPHeadError(f"{config_path}: format {meta.get('format')!r} is not {FORMAT!r}")
+        config = MTPConfig(**meta["mtp"])
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise MTPHeadError(f"{config_path} is not a valid MTP head config: {exc}") from exc
+    check_target(meta["target"], model, model_name, folder)
+    try:
+        state = load_file(str(weights_path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise MTPHeadError(f"{weights_path} is corrupt or unreadable: {exc}") from exc
+    head = MTPHead(config)
+    expected = head.state_dict()
+    if set(state) != set(expected) or any(state[k].shape != expected[k].shape for k in expected):
+        raise MTPHeadError(f"{weights_path} does not hold the tensors its config describes")
+    head.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
+    if int(head.vocab_ids.max()) >= model.config.vocab_size or int(head.vocab_ids.min()) < 0:
+        raise MTPHeadError(f"{weights_path}: draft vocabulary ids outside the model's vocabulary")
+    head.attach_target(model.embed, head_weight_source(model))
+    head.eval()
+    for p in head.parameters():
+        p.requires_grad_(False)
+    return head

@@ -1,0 +1,1 @@
+"""Training of draft heads by self-distillation (``speclane train-mtp``)."""

@@ -1,0 +1,53 @@
+"""``speclane train-mtp``: data from the frozen target, then the head, then a report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from speclane.config import EngineConfig
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="output folder: data shards, checkpoints, the head")
+    p.add_argument("--prompts", type=int, default=512, help="training prompts the target answers")
+    p.add_argument("--max-new-tokens", type=int, default=160, help="tokens the target writes per prompt")
+    p.add_argument("--concurrency", type=int, default=32, help="prompts answered at once")
+    p.add_argument("--steps", type=int, default=300, help="optimizer steps")
+    p.add_argument("--batch-size", type=int, default=4, help="samples per step")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--draft-steps", type=int, default=3, help="recursive steps trained (drafts per round it is good at)")
+    p.add_argument("--draft-vocab", type=int, default=8192, help="tokens the head drafts over (most frequent first)")
+    p.add_argument("--held-out", type=float, default=0.05, help="fraction of samples kept for the acceptance report")
+    p.add_argument("--checkpoint-every", type=int, default=100)
+    p.add_argument("--data-only", action="store_true", help="stop after generating the data")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def run_train_mtp(args: argparse.Namespace, config: EngineConfig) -> int:
+    from speclane.engine.engine import LLMEngine
+    from speclane.training.capture import generate_samples
+    from speclane.training.prompts import training_prompts
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    config = config.replace(spec_mode="off", max_num_seqs=max(args.concurrency, 1))
+    engine = LLMEngine(config)
+    tokenizer = engine.tokenizer
+    texts = training_prompts(args.prompts, seed=args.seed)
+    prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": t}]), add_special_tokens=False)
+               for t in texts]
+    samples = generate_samples(engine, prompts, out / "data", args.max_new_tokens, args.concurrency)
+    data_s = time.perf_counter() - started
+    print(f"[data] {len(samples)} samples, {sum(len(s.token_ids) - s.num_prompt_tokens for s in samples)} generated tokens "
+          f"({data_s / 60:.1f} min this run)", file=sys.stderr, flush=True)
+    if args.data_only:
+        return 0
+    from speclane.training.train_mtp import train_head
+
+    train_head(engine.model, config.model.model, samples, out, args)
+    print(f"[train-mtp] done in {(time.perf_counter() - started) / 60:.1f} min", file=sys.stderr, flush=True)
+    return 0

@@ -1,0 +1,97 @@
+"""Training prompts built only from text already on the machine.
+
+Two sources, both deterministic:
+- a committed instruction list: templates crossed with topics (below), chat-like;
+- the Python standard library's own docstrings, asked about as questions.
+
+The benchmark's held-out chat prompts (``speclane.bench.prompts.CHAT_PROMPTS``) are
+never produced here; a test checks the two sets are disjoint.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import random
+
+TEMPLATES = (
+    "Explain {topic} in simple terms.",
+    "What is {topic}? Answer in a short paragraph.",
+    "Give me three facts about {topic}.",
+    "Write a short poem about {topic}.",
+    "What are the advantages and disadvantages of {topic}?",
+    "How would you teach {topic} to a child?",
+    "Write a short story that involves {topic}.",
+    "List five questions someone might ask about {topic}.",
+    "Summarize the history of {topic} in a few sentences.",
+    "What are common misconceptions about {topic}?",
+    "Write a tweet about {topic}.",
+    "Compare {topic} with something similar and explain the difference.",
+    "Give a step-by-step guide related to {topic}.",
+    "Why does {topic} matter today?",
+)
+
+TOPICS = (
+    "volcanoes", "the moon", "bicycles", "coffee", "the internet", "honey bees", "rainbows",
+    "gravity", "the Roman Empire", "chess", "electric cars", "vaccines", "the ocean tides",
+    "black holes", "democracy", "photosynthesis in plants", "the human heart", "music theory",
+    "climate change", "recycling", "the printing press", "machine learning", "sorting algorithms",
+    "hash tables", "the stock market", "inflation", "meditation", "running a marathon",
+    "learning a new language", "gardening", "bread baking", "time zones", "the pyramids of Egypt",
+    "earthquakes", "solar panels", "the immune system", "dinosaurs", "friendship", "public speaking",
+    "saving money", "cloud computing", "databases", "the Python programming language", "unit testing",
+    "version control with git", "recipes for pasta", "the Olympic Games", "football", "jazz",
+    "painting with watercolors", "the solar system", "deserts", "rain forests", "penguins",
+    "the French Revolution", "Shakespeare", "smartphones", "sleep", "healthy breakfasts", "traffic",
+    "airplanes", "submarines", "the periodic table", "magnetism", "electricity", "weather forecasts",
+    "libraries", "museums", "city parks", "robots", "space travel", "the Great Wall of China",
+    "mountains", "rivers", "chocolate", "tea", "cats", "dogs", "elephants", "email etiquette",
+    "job interviews", "writing a resume", "remote work", "video games", "photography",
+)
+
+DOCSTRING_MODULES = (
+    "json", "os.path", "string", "textwrap", "itertools", "functools", "collections", "random",
+    "statistics", "math", "datetime", "pathlib", "re", "shutil", "heapq", "bisect", "csv",
+    "fractions", "decimal", "calendar", "difflib", "base64", "hashlib", "urllib.parse", "zipfile",
+    "argparse", "logging", "unittest", "copy", "pprint", "enum", "dataclasses", "typing", "secrets",
+)
+
+DOCSTRING_TEMPLATES = (
+    "Explain what this Python function does and give a usage example:\n\n{name}{signature}\n{doc}",
+    "Rewrite this documentation in plain English:\n\n{doc}",
+    "Write a short Python snippet that uses {name}. Its documentation says:\n{doc}",
+)
+
+
+def instruction_prompts() -> list[str]:
+    return [t.format(topic=topic) for topic in TOPICS for t in TEMPLATES]
+
+
+def docstring_prompts(max_doc_chars: int = 600) -> list[str]:
+    """Questions about public functions of standard-library modules, from their docstrings."""
+    prompts = []
+    for module_name in DOCSTRING_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        for name, obj in sorted(vars(module).items()):
+            if name.startswith("_") or not (inspect.isfunction(obj) or inspect.isbuiltin(obj)):
+                continue
+            doc = inspect.getdoc(obj)
+            if not doc or len(doc) < 40:
+                continue
+            try:
+                signature = str(inspect.signature(obj))
+            except (TypeError, ValueError):
+                signature = "(...)"
+            template = DOCSTRING_TEMPLATES[len(prompts) % len(DOCSTRING_TEMPLATES)]
+            prompts.append(template.format(name=f"{module_name}.{name}", signature=signature, doc=doc[:max_doc_chars]))
+    return prompts
+
+
+def training_prompts(limit: int | None = None, seed: int = 0) -> list[str]:
+    """Both sources, shuffled deterministically (so a prefix is a fair mix)."""
+    prompts = instruction_prompts() + docstring_prompts()
+    random.Random(seed).shuffle(prompts)
+    return prompts[:limit] if limit else prompts

@@ -1,0 +1,224 @@
+"""The MTP drafter on a toy model: training matches drafting, the pipeline learns,
+heads load only for their target, and drafting never changes greedy output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from speclane.config import EngineConfig
+from speclane.drafters.mtp import MTPDrafter, load_mtp_drafter
+from speclane.engine.engine import LLMEngine
+from speclane.models.mtp_head import MTPCache, MTPConfig, MTPHead
+from speclane.models.mtp_store import MTPHeadError, load_head, save_head, target_fingerprint
+from speclane.models.toy import toy_config, toy_model, toy_tokenizer
+from speclane.request import SamplingParams
+from speclane.training.capture import generate_samples
+from speclane.training.prompts import training_prompts
+from speclane.training.train_mtp import recursive_mask, recursive_outputs, train_head
+
+VOCAB = 16
+
+
+def random_head(model, draft_vocab: int = 12, seed: int = 0) -> MTPHead:
+    torch.manual_seed(seed)
+    cfg = model.config
+    head = MTPHead(MTPConfig(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, draft_vocab, window=64))
+    head.vocab_ids.copy_(torch.randperm(cfg.vocab_size)[:draft_vocab])
+    head.attach_target(model.embed, model.lm_head.dense)
+    return head.eval()
+
+
+def test_recursive_mask_matches_what_drafting_sees():
+    # Step 3 at index 5 stands for the draft two positions after true entry 3: it sees
+    # true entries 0..3, the step-2 entry at 4 and itself (step-3 entry at 5).
+    m = recursive_mask(8, 3)
+    assert m.shape == (8, 24)
+    assert m[5, :8].nonzero().flatten().tolist() == [0, 1, 2, 3]
+    assert m[5, 8:16].nonzero().flatten().tolist() == [4]
+    assert m[5, 16:].nonzero().flatten().tolist() == [5]
+    assert recursive_mask(4, 1).equal(torch.tril(torch.ones(4, 4, dtype=torch.bool)))
+
+
+def test_parallel_training_forward_equals_incremental_drafting():
+    """Step s of the training forward at position p == the drafter's recursive entry there."""
+    model = toy_model(toy_config(vocab_size=VOCAB))
+    head = random_head(model)
+    gen = torch.Generator().manual_seed(1)
+    length = 12
+    hidden = torch.randn(1, length, model.config.hidden_size, generator=gen)
+    tokens = torch.randint(0, VOCAB, (length + 3,), generator=gen)
+    positions = torch.arange(length)[None] + 7  # absolute positions need not start at 0
+    batch = {"hidden": hidden, "next": tokens[1 : length + 1][None], "positions": positions}
+    with torch.no_grad():
+        outs = recursive_outputs(head, batch, steps=3)
+    t = 6  # last true entry
+    cache = MTPCache.empty(head.config, 7)
+    o = head.extend(cache, hidden[0, : t + 1], tokens[1 : t + 2], positions[0, : t + 1])[-1:]
+    torch.testing.assert_close(o, outs[0][0, t : t + 1], atol=1e-5, rtol=1e-5)
+    for s in (2, 3):
+        p = t + s - 1
+        o = head.extend(cache, o, tokens[p + 1 : p + 2], positions[0, p : p + 1])
+        torch.testing.assert_close(o, outs[s - 1][0, p : p + 1], atol=1e-5, rtol=1e-5)
+
+
+def train_args(tmp: Path, **overrides) -> argparse.Namespace:
+    values = dict(steps=40, batch_size=4, lr=3e-3, draft_steps=2, draft_vocab=12, held_out=0.2,
+                  checkpoint_every=20, seed=0)
+    values.update(overrides)
+    return argparse.Namespace(**values)
+
+
+def toy_engine(model, drafter_object=None, **changes) -> LLMEngine:
+    options = dict(dtype="float32", quantization="none", max_model_len=128, max_num_seqs=8, max_num_batched_tokens=512)
+    config = EngineConfig().replace(**{**options, **changes})
+    return LLMEngine.from_parts(config, model, toy_tokenizer(VOCAB), drafter=drafter_object)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[object, Path, dict]:
+    """A tiny end-to-end train-mtp: the toy target writes text, a head learns it."""
+    out = tmp_path_factory.mktemp("mtp")
+    model = toy_model(toy_config(vocab_size=VOCAB), seed=5)
+    engine = toy_engine(model, spec_mode="off")
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1, VOCAB, (6,), generator=gen).tolist() for _ in range(24)]
+    samples = generate_samples(engine, prompts, out / "data", max_new_tokens=40, concurrency=8, log=lambda line: None)
+    assert len(samples) == 24 and all(s.hidden.shape[0] == len(s.token_ids) - 1 for s in samples)
+    path = train_head(model, "toy", samples, out, train_args(out))
+    report = json.loads((out / "report.json").read_text())
+    return model, path, report
+
+
+def test_tiny_training_run_decreases_the_loss_and_writes_a_loadable_head(trained):
+    model, path, report = trained
+    first, final = report["training"]["first_loss"], report["training"]["final_loss"]
+    assert final[0] < 0.7 * first[0], f"step-1 loss {first[0]:.3f} -> {final[0]:.3f}"
+    assert final[1] < first[1]
+    head = load_head(path, model, "toy")
+    assert head.config.draft_vocab == 12
+    assert report["acceptance"]["acceptance_per_position"][0] > 0.5  # chance is 1/12 on the toy
+    assert report["acceptance"]["rounds"] > 0
+
+
+def test_generate_samples_resumes_from_its_shards(tmp_path):
+    model = toy_model(toy_config(vocab_size=VOCAB), seed=5)
+    prompts = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    first = generate_samples(toy_engine(model, spec_mode="off"), prompts[:2], tmp_path, 5, 2, shard_size=1, log=lambda line: None)
+    assert len(list(tmp_path.glob("shard-*.pt"))) == 2
+    again = generate_samples(toy_engine(model, spec_mode="off"), prompts, tmp_path, 5, 2, shard_size=1, log=lambda line: None)
+    assert len(first) == 2 and len(again) == 3  # only the third prompt was generated
+    assert [s.token_ids[:3] for s in again] == prompts
+
+
+def test_head_for_another_model_is_a_clear_error(trained, tmp_path):
+    model, path, _ = trained
+    other = toy_model(toy_config(vocab_size=VOCAB), seed=6)  # same shape, other weights
+    with pytest.raises(MTPHeadError, match="trained for 'toy'.*embedding fingerprint"):
+        load_head(path, other, "other")
+    bigger = toy_model(toy_config(vocab_size=VOCAB, hidden_size=64), seed=5)
+    with pytest.raises(MTPHeadError, match="hidden_size"):
+        load_head(path, bigger, "bigger")
+
+
+def test_corrupt_or_missing_head_is_a_clear_error(trained, tmp_path):
+    model, path, _ = trained
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((path / "config.json").read_text())
+    (broken / "model.safetensors").write_bytes((path / "model.safetensors").read_bytes()[:200])
+    with pytest.raises(MTPHeadError, match="corrupt"):
+        load_head(broken, model, "toy")
+    with pytest.raises(MTPHeadError, match="no MTP head at"):
+        load_head(tmp_path / "nowhere", model, "toy")
+    with pytest.raises(MTPHeadError, match="no MTP head is shipped.*train-mtp"):
+        load_mtp_drafter(model, EngineConfig().model.__class__(model="toy-without-head"))
+
+
+def test_save_load_roundtrip_keeps_the_drafts(tmp_path):
+    model = toy_model(toy_config(vocab_size=VOCAB))
+    head = random_head(model)
+    path = save_head(head, tmp_path / "h", target_fingerprint(model, "toy"))
+    loaded = load_head(path, model, "toy")
+    x = torch.randn(5, model.config.hidden_size)
+    cache_a, cache_b = MTPCache.empty(head.config, 0), MTPCache.empty(head.config, 0)
+    nxt, pos = torch.tensor([1, 2, 3, 4, 5]), torch.arange(5)
+    a = head.draft_logits(head.extend(cache_a, x, nxt, pos)).argmax(-1)
+    b = loaded.draft_logits(loaded.extend(cache_b, x, nxt, pos)).argmax(-1)
+    assert (a == b).float().mean() >= 0.8  # bfloat16 storage: near-ties may flip, most may not
+
+
+def generate(engine: LLMEngine, prompts: list[list[int]], max_tokens: int = 24) -> dict[str, list[int]]:
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}", p, sp)
+    tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
+    for out in engine.run_until_done():
+        tokens[out.request_id].extend(out.token_ids)
+    assert engine.scheduler.slots.all_free
+    return tokens
+
+
+@pytest.mark.parametrize("grant_rounds", [0, 1])
+def test_greedy_with_mtp_equals_classic_including_forced_yields(trained, grant_rounds):
+    """grant_rounds=1 with one slot: every request yields after each round and waits while
+    the others draft, so each grant re-seeds the head from positions decoded classically."""
+    model, path, _ = trained
+    prompts = [[1, 2, 3, 4], [5, 6, 7], [9, 3, 9, 3, 9], [2, 2, 8], [11, 12, 13, 14, 15]]
+    off = generate(toy_engine(model, spec_mode="off"), prompts)
+    drafter = MTPDrafter(load_head(path, model, "toy"), VOCAB)
+    engine = toy_engine(model, drafter, drafter="mtp", spec_mode="slice", spec_slots=1, num_draft_tokens=3,
+                        spec_grant_rounds=grant_rounds)
+    assert generate(engine, prompts) == off
+    assert engine.counters.accepted_tokens > 0 and engine.counters.draft_tokens > engine.counters.accepted_tokens
+    assert not drafter.states, "finished requests leave no drafter state behind"
+
+
+def test_drafter_reseeds_after_waiting_past_its_window():
+    model = toy_model(toy_config(vocab_size=VOCAB))
+    head = random_head(model)  # window 64
+    drafter = MTPDrafter(head, VOCAB)
+    prompts = [list(range(1, 15)) * 7]  # 98 tokens: longer than the window
+    off = generate(toy_engine(model, spec_mode="off"), prompts, max_tokens=8)
+    engine = toy_engine(model, drafter, drafter="mtp", spec_mode="slice", num_draft_tokens=2, max_num_batched_tokens=16)
+    assert generate(engine, prompts, max_tokens=8) == off
+    assert engine.counters.draft_tokens > 0
+
+
+def test_drafter_catch_up_uses_only_the_last_window_positions():
+    from speclane.request import Request
+
+    model = toy_model(toy_config(vocab_size=VOCAB))
+    head = random_head(model)  # window 64
+    drafter = MTPDrafter(head, VOCAB)
+    gen = torch.Generator().manual_seed(2)
+    request = Request(request_id="a", prompt_token_ids=torch.randint(1, VOCAB, (100,), generator=gen).tolist(),
+                      sampling=SamplingParams(max_tokens=8, temperature=0))
+    request.output_token_ids.append(3)
+    hidden = torch.randn(100, model.config.hidden_size, generator=gen)
+    for start in range(0, 100, 10):  # prefill chunks of 10, as the runner reports them
+        drafter.observe(request, start, hidden[start : start + 10])
+    draft = drafter.propose(request, 3)
+    state = drafter.states["a"]
+    assert (state.cache.first, state.cache.end) == (36, 100)  # entries of positions 36..99, nothing speculative
+    assert not state.pending
+    # The same drafts as a head seeded directly with those 64 positions.
+    tokens = list(request.token_ids())
+    cache = MTPCache.empty(head.config, 36)
+    out = head.extend(cache, hidden[36:], torch.tensor(tokens[37:101]), torch.arange(36, 100))[-1:]
+    from speclane.drafters.mtp import draft_recursively
+
+    assert draft.token_ids == draft_recursively(head, cache, out, 99, 3).token_ids
+
+
+def test_held_out_chat_prompts_are_not_training_prompts():
+    from speclane.bench.prompts import CHAT_PROMPTS, SPEEDUP_TASKS
+
+    training = set(training_prompts())
+    assert len(training) > 1000
+    assert not training & set(CHAT_PROMPTS)
+    assert not training & {prompt for prompt, _ in SPEEDUP_TASKS.values()}
