@@ -212,3 +212,19 @@ def test_float32_model_answers_the_capital_of_france(llm_f32):
 def test_default_model_answers_the_capital_of_france(llm_default):
     [answer] = llm_default.generate([CAPITAL_QUESTION], SamplingParams(max_tokens=16), chat=True)
     assert "Paris" in answer.text, answer.text
+
+
+def test_quantized_head_picks_the_float32_argmax(llm_default):
+    """The default head's coarse int4 pass + float32 refinement of its top candidates gives
+    the float32 head's argmax (and its exact logit) at every position of real text."""
+    model = llm_default.engine.model
+    assert model.lm_head.quantized is not None
+    text = TEXT + " " + " ".join(GREEDY_PROMPTS)
+    tokens = prompt_ids(llm_default, text)
+    cache = new_cache(model, num_slots=1, max_len=len(tokens) + 1)
+    hidden = model(RaggedBatch(torch.tensor(tokens), torch.arange(len(tokens)), [0], [0], [len(tokens)]), cache)
+    refined = model.logits(hidden)
+    exact = hidden.float() @ model.lm_head.dense.float().T
+    assert len(tokens) > 60
+    assert torch.equal(refined.argmax(-1), exact.argmax(-1))
+    torch.testing.assert_close(refined.max(-1).values, exact.max(-1).values, atol=1e-4, rtol=1e-5)

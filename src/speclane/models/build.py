@@ -2,7 +2,8 @@
 
 Quantization (``--quantization``):
 - ``auto``: a GGUF's Q4_1 weights run as int4 on the file's own 4-bit values (bfloat16
-  only); everything else dense. The tied output head runs as int8.
+  only); everything else dense. The tied output head runs as int4 (coarse pass) with a
+  float32 refinement of its top candidates.
 - ``int4`` / ``int8``: every layer linear quantized (int4 reuses Q4_1 blocks when present).
 - ``none``: dense weights in ``--dtype`` (the float32 reference path of the tests).
 Quantized layers run their kernel at every batch width (batch-invariant results).
@@ -78,7 +79,14 @@ def build_model(weights: WeightSet, config: ModelConfig) -> LlamaModel:
         )
     embed = take("model.embed_tokens.weight")
     head = embed if cfg.tie_word_embeddings or "lm_head.weight" not in w else w["lm_head.weight"]
-    head_quant = Int8Weight(head) if mode != "none" else None
+    # The head's coarse pass uses the layers' kernel: int4 reads a quarter of the bytes of
+    # float32 and runs ~1.8x faster than int8 here at one row (the head is 28M of the
+    # model's 135M weights); the float32 refinement below keeps greedy choices exact.
+    head_quant: Int4Weight | Int8Weight | None = None
+    if mode == "int4":
+        head_quant = Int4Weight(*quantize_int4_groups(head))
+    elif mode == "int8":
+        head_quant = Int8Weight(head)
     head_dtype = torch.float32 if head_quant is not None else dtype
     # The quantized head always runs coarse + float32 refinement of its top candidates
     # (LlamaModel.logits), at every width, for the same reason as above.

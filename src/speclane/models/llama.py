@@ -22,7 +22,7 @@ from torch import nn
 from speclane.engine.kv_cache import KVCache
 from speclane.models.linear import Linear
 
-REFINE_TOP = 16  # logits recomputed in float32 after a quantized head (see LlamaModel.logits)
+REFINE_TOP = 32  # logits recomputed in float32 after a quantized head (see LlamaModel.logits)
 
 
 @dataclass(frozen=True)
@@ -160,8 +160,8 @@ class LlamaModel(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] (float32) -> [N, vocab] float32 logits.
 
-        A quantized head returns bfloat16 logits (a step of 0.125 near 25): enough to find
-        the candidates, not to rank near-ties. The top ``REFINE_TOP`` candidates of each
+        A quantized head returns coarse logits (int4 weights, bfloat16 output): enough to
+        find the candidates, not to rank near-ties. The top ``REFINE_TOP`` candidates of each
         row are recomputed exactly from the float32 copy of the head, so greedy choices
         match the float32 model and do not depend on which kernel the tick used.
         """

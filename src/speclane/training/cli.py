@@ -12,12 +12,12 @@ from speclane.config import EngineConfig
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output folder: data shards, checkpoints, the head")
-    p.add_argument("--prompts", type=int, default=512, help="training prompts the target answers")
+    p.add_argument("--prompts", type=int, default=640, help="training prompts the target answers")
     p.add_argument("--max-new-tokens", type=int, default=160, help="tokens the target writes per prompt")
     p.add_argument("--concurrency", type=int, default=32, help="prompts answered at once")
-    p.add_argument("--steps", type=int, default=300, help="optimizer steps")
+    p.add_argument("--steps", type=int, default=1000, help="optimizer steps")
     p.add_argument("--batch-size", type=int, default=4, help="samples per step")
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--draft-steps", type=int, default=3, help="recursive steps trained (drafts per round it is good at)")
     p.add_argument("--draft-vocab", type=int, default=8192, help="tokens the head drafts over (most frequent first)")
     p.add_argument("--held-out", type=float, default=0.05, help="fraction of samples kept for the acceptance report")

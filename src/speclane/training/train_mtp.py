@@ -28,7 +28,6 @@ import torch.nn.functional as F
 from speclane.models.llama import LlamaModel
 from speclane.models.mtp_head import MTPConfig, MTPHead
 from speclane.models.mtp_store import (
-    dense_weight,
     head_weight_source,
     save_head,
     target_fingerprint,
@@ -76,18 +75,18 @@ def head_from_target(model: LlamaModel, draft_vocab: torch.Tensor) -> MTPHead:
     head = MTPHead(config)
     with torch.no_grad():
         head.vocab_ids.copy_(draft_vocab)
-        # Start the block from the target's last layer (its weights read back through the
-        # layer itself, whatever the quantization): a trained transformer block beats noise.
-        last = model.layers[-1]
-        for mine, theirs in ((head.qkv, last.qkv), (head.o, last.o), (head.gate_up, last.gate_up), (head.down, last.down)):
-            mine.weight.copy_(dense_weight(theirs, mine.in_features))
-        head.attn_norm.copy_(last.attn_norm.float())
-        head.mlp_norm.copy_(last.mlp_norm.float())
-        head.final_norm.copy_(model.final_norm.float())
+        # Start as "the target's own hidden state, passed through": residual branches at
+        # zero (o, down), fc reading the hidden half only. The untrained head then ranks
+        # tokens like the target's head does; training moves it one token further ahead.
+        # (Starting from a copy of the target's last layer was measured worse: that
+        # layer's outputs are large and the first hundred steps go to undoing them.)
+        for linear in (head.qkv, head.gate_up):
+            linear.weight.normal_(0.0, 0.02)
+        head.o.weight.zero_()
+        head.down.weight.zero_()
         h = cfg.hidden_size
         head.fc.weight.zero_()
-        head.fc.weight[:, :h] = torch.eye(h) * 0.5
-        head.fc.weight[:, h:] = torch.eye(h) * 0.5
+        head.fc.weight[:, :h] = torch.eye(h)
     head.attach_target(model.embed, head_weight_source(model))
     return head
 
