@@ -222,3 +222,29 @@ def test_held_out_chat_prompts_are_not_training_prompts():
     assert len(training) > 1000
     assert not training & set(CHAT_PROMPTS)
     assert not training & {prompt for prompt, _ in SPEEDUP_TASKS.values()}
+
+
+class SlowDrafter(MTPDrafter):
+    """The MTP drafter made slow (40 ms per proposal), to see drafting time reach the lane."""
+
+    def propose(self, request, k):
+        import time
+
+        time.sleep(0.04)
+        return super().propose(request, k)
+
+
+def test_drafting_time_counts_against_the_grant_ms_budget():
+    """With --spec-grant-ms 60 and no round budget, a holder whose drafting alone takes 40 ms
+    must yield after its second round (the forward of a toy model takes well under 10 ms)."""
+    model = toy_model(toy_config(vocab_size=VOCAB))
+    drafter = SlowDrafter(random_head(model), VOCAB)
+    engine = toy_engine(model, drafter, drafter="mtp", spec_mode="slice", spec_slots=1, spec_grant_rounds=0,
+                        spec_grant_ms=60.0, num_draft_tokens=2)
+    sp = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    for i in range(2):
+        engine.add_request(f"r{i}", [1 + i, 2, 3], sp)
+    engine.run_until_done()
+    c = engine.counters
+    assert c.lane_yields >= 2 and c.slice_rounds >= 8
+    assert c.slice_rounds <= 2 * c.lane_grants, f"{c.slice_rounds} rounds in {c.lane_grants} grants"

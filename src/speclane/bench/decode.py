@@ -95,6 +95,20 @@ def step_time_ms(llm: LLM, batch: int, kv_len: int = 200, repeats: int = 10) -> 
     return median(times[2:]) * 1000
 
 
+def verify_time_ms(llm: LLM, positions: int, kv_len: int = 200, repeats: int = 10) -> float:
+    """One sequence, ``positions`` new tokens in one forward + their logits (a K+1 verify)."""
+    model, cache = llm.engine.model, llm.engine.cache
+    times = []
+    for _ in range(repeats + 2):
+        cache.lengths[0] = kv_len
+        rb = RaggedBatch(torch.randint(0, 1000, (positions,)), torch.arange(kv_len, kv_len + positions), [0], [kv_len], [positions])
+        start = time.perf_counter()
+        model.logits(model(rb, cache))
+        times.append(time.perf_counter() - start)
+    cache.lengths[0] = 0
+    return median(times[2:]) * 1000
+
+
 def run(config: EngineConfig, repeats: int = 3, new_tokens: int = 128) -> list[Table]:
     torch.set_num_threads(2)
     llm = LLM(config=config.replace(spec_mode="off"))
@@ -122,10 +136,18 @@ def run(config: EngineConfig, repeats: int = 3, new_tokens: int = 128) -> list[T
         ms = step_time_ms(llm, batch)
         t2.add(batch, ms, batch * 1000 / ms)
 
+    t_verify = Table("One sequence, n positions in one forward (a verify of K = n - 1 drafts), KV length 200",
+                     ["positions", "ms", "vs 1 position"])
+    one = verify_time_ms(llm, 1)
+    for n in range(1, 7):
+        ms = one if n == 1 else verify_time_ms(llm, n)
+        t_verify.add(n, ms, f"{ms / one:.2f}x")
+    t_verify.notes.append("What a speculative round costs next to a decode step; the lane's default K follows from it.")
+
     bw = measure_bandwidth_gbs()
     wb = weight_bytes_per_token(llm)
     ceiling = bw * 1e9 / wb
     t3 = Table("Memory-bandwidth ceiling (batch 1)", ["weight bytes / token", "copy bandwidth", "ceiling tok/s", "reached"])
     t3.add(f"{wb / 1e6:.1f} MB", f"{bw:.1f} GB/s", ceiling, f"{ours / ceiling:.0%}")
     t3.notes.append("Bandwidth: best of 5 copies of 512 MB (read + write bytes). Ceiling = bandwidth / weight bytes read per token.")
-    return [t1, t2, t3]
+    return [t1, t2, t_verify, t3]

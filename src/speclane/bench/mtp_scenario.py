@@ -56,7 +56,8 @@ def mtp(factory: EngineFactory, new_tokens: int = 128, repeats: int = 2, quick: 
             rates[name].append(tokens[name] / wall[name])
     off = median(rates["off"])
     table = Table(f"Held-out chat, greedy, {len(prompts)} prompts x up to {new_tokens} tokens, K={k}", [
-        "drafter", "tok/s", "runs", "vs off", "acceptance", "accepted / round", "tokens / round", "text == off"])
+        "drafter", "tok/s", "runs", "vs off", "acceptance", "accepted / round", "tokens / round", "drafting ms / round",
+        "text == off"])
     positions = Table("Acceptance per draft position (slice rounds; position j counts rounds whose drafts 0..j-1 were accepted)",
                       ["drafter"] + [f"pos {j + 1}" for j in range(k)])
     for name, engine in engines.items():
@@ -67,7 +68,8 @@ def mtp(factory: EngineFactory, new_tokens: int = 128, repeats: int = 2, quick: 
         rate = median(rates[name])
         table.add(name, rate, ", ".join(f"{x:.1f}" for x in rates[name]), f"{rate / off:.2f}x",
                   f"{acc:.0%}" if rounds else "-", f"{c.accepted_tokens / rounds:.2f}" if rounds else "-",
-                  f"{(c.accepted_tokens + rounds) / rounds:.2f}" if rounds else "-", f"{same}/{len(prompts)}")
+                  f"{(c.accepted_tokens + rounds) / rounds:.2f}" if rounds else "-", _drafting_ms(engine),
+                  f"{same}/{len(prompts)}")
         if rounds:
             by_pos = c.acceptance_by_position()
             positions.add(name, *[f"{by_pos[j]:.0%}" if j < len(by_pos) else "-" for j in range(k)])
@@ -76,3 +78,10 @@ def mtp(factory: EngineFactory, new_tokens: int = 128, repeats: int = 2, quick: 
                        "(the int4 kernel rounds differently for different row counts, so a near-tie can flip; "
                        "in float32 they are identical, see tests).")
     return [table, positions]
+
+
+def _drafting_ms(engine) -> str:
+    drafter = engine.drafter
+    if drafter is None or not getattr(drafter, "proposals", 0):
+        return "-"
+    return f"{drafter.propose_seconds / drafter.proposals * 1000:.1f}"

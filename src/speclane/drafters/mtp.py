@@ -21,6 +21,7 @@ draft is not worth its row.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,6 +99,8 @@ class MTPDrafter:
         self.sample_drafts = sample_drafts
         self.generator = torch.Generator().manual_seed(seed)
         self.states: dict[str, _RequestState] = {}
+        self.propose_seconds = 0.0  # drafting time (catch-up + recursive drafts), for benchmarks
+        self.proposals = 0
 
     @property
     def window(self) -> int:
@@ -115,6 +118,14 @@ class MTPDrafter:
             state.pending_rows -= state.pending.pop(0)[1].shape[0]
 
     def propose(self, request: Request, k: int) -> Draft:
+        started = time.perf_counter()
+        try:
+            return self._propose(request, k)
+        finally:
+            self.propose_seconds += time.perf_counter() - started
+            self.proposals += 1
+
+    def _propose(self, request: Request, k: int) -> Draft:
         state = self.states.get(request.request_id)
         if k <= 0 or state is None or not state.pending:
             return Draft([])
