@@ -248,3 +248,23 @@ def test_drafting_time_counts_against_the_grant_ms_budget():
     c = engine.counters
     assert c.lane_yields >= 2 and c.slice_rounds >= 8
     assert c.slice_rounds <= 2 * c.lane_grants, f"{c.slice_rounds} rounds in {c.lane_grants} grants"
+
+
+def test_int4_drafting_kernels_keep_greedy_output_and_mostly_the_drafts():
+    """The engine drafts with the head's matmuls on int4 (quantize_for_drafting) when the
+    target is quantized. Output stays that of classic decoding; drafts mostly agree."""
+    model = toy_model(toy_config(vocab_size=VOCAB))
+    dense = random_head(model, draft_vocab=16)
+    fast = random_head(model, draft_vocab=16).quantize_for_drafting()
+    assert set(fast.kernels) == {"fc", "qkv", "o", "gate_up", "down", "head"}
+    x = torch.randn(6, model.config.hidden_size)
+    nxt, pos = torch.tensor([1, 2, 3, 4, 5, 6]), torch.arange(6)
+    a = dense.draft_logits(dense.extend(MTPCache.empty(dense.config, 0), x, nxt, pos))
+    b = fast.draft_logits(fast.extend(MTPCache.empty(fast.config, 0), x, nxt, pos))
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.5
+    assert not torch.equal(a, b)  # the int4 path really ran
+    prompts = [[1, 2, 3, 4], [5, 6, 7], [9, 3, 9, 3, 9]]
+    off = generate(toy_engine(model, spec_mode="off"), prompts)
+    engine = toy_engine(model, MTPDrafter(fast, VOCAB), drafter="mtp", spec_mode="slice", spec_slots=3, num_draft_tokens=3)
+    assert generate(engine, prompts) == off
+    assert engine.counters.draft_tokens > 0

@@ -2,9 +2,9 @@
 
 Ordinary chat questions that were never training prompts (``CHAT_PROMPTS``; a test
 checks they are disjoint from ``speclane.training.prompts``), greedy, default model.
-Three engines over the same model — speculation off, the n-gram drafter, the MTP
-drafter — answer every prompt in turn (A B C per prompt, so machine noise hits each
-alike). Reports tok/s over all prompts, acceptance per draft position, mean
+Engines over the same model — speculation off, the n-gram drafter, the MTP drafter
+at K and at K=1 — answer every prompt in turn (A B C D per prompt, so machine noise
+hits each alike). Reports tok/s over all prompts, acceptance per draft position, mean
 accepted drafts per round, and whether each arm's text equals speculation off.
 """
 
@@ -35,6 +35,9 @@ def mtp(factory: EngineFactory, new_tokens: int = 128, repeats: int = 2, quick: 
         "off": factory.engine(spec_mode="off"),
         "ngram": factory.engine(spec_mode="slice", drafter="ngram"),
         "mtp": factory.engine(spec_mode="slice", drafter="mtp"),
+        # One draft per round: on a CPU where each verified position costs (see bench
+        # decode), only the first draft position pays for itself at this head's acceptance.
+        "mtp K=1": factory.engine(spec_mode="slice", drafter="mtp", num_draft_tokens=1),
     }
     ids = [factory.chat_ids(p) for p in prompts]
     for engine in engines.values():  # warm-up

@@ -171,4 +171,6 @@ def load_mtp_drafter(model: LlamaModel, model_config, mtp_head: str = "", **opti
             f"`speclane train-mtp --model {name} --out DIR` and pass --mtp-head DIR/mtp-head"
         )
     head = load_head(path, model, name)
+    if getattr(model, "quantization", "none") != "none":
+        head.quantize_for_drafting()  # the target runs int4 kernels: so can its drafter
     return MTPDrafter(head, model.config.vocab_size, **options)  # type: ignore[arg-type]

@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from speclane.models.linear import Int4Weight, Linear, quantize_int4_groups
+
 
 @dataclass(frozen=True)
 class MTPConfig:
@@ -99,11 +101,34 @@ class MTPHead(nn.Module):
         # Shared with the target, never trained or saved: its embedding and head rows.
         self.embed: torch.Tensor | None = None  # [vocab, hidden]
         self.head_weight: torch.Tensor | None = None  # [draft_vocab, hidden]
+        # Inference kernels (``quantize_for_drafting``): name -> Linear over int4 weights.
+        self.kernels: dict[str, Linear] = {}
 
     def attach_target(self, embed: torch.Tensor, head: torch.Tensor) -> None:
         """Share the target's (frozen, float32) embedding and output head."""
         self.embed = embed.float()
         self.head_weight = head.float()[self.vocab_ids]
+
+    def quantize_for_drafting(self) -> MTPHead:
+        """Run the frozen head's matmuls on the int4 CPU kernel, as the target's layers do.
+
+        A draft step is a handful of one-row matmuls over ~9M weights; in float32 they
+        read ~36 MB per step and took ~23 ms per K=3 round here, most of a target step.
+        int4 reads an eighth of that. Drafts stay drafts: verification decides.
+        """
+        with torch.no_grad():
+            weights = {name: getattr(self, name).weight for name in ("fc", "qkv", "o", "gate_up", "down")}
+            weights["head"] = self.head_weight
+            self.kernels = {name: Linear(None, Int4Weight(*quantize_int4_groups(w.float()))) for name, w in weights.items()}
+        return self
+
+    def _linear(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        kernel = self.kernels.get(name)
+        if kernel is not None:
+            return kernel(x)
+        if name == "head":
+            return x @ self.head_weight.T
+        return getattr(self, name)(x)
 
     # -- pieces ---------------------------------------------------------------------------
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -120,13 +145,13 @@ class MTPHead(nn.Module):
     def inputs(self, hidden: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
         """Entry inputs from hidden states [..., H] and the ids of the tokens after them."""
         e = F.embedding(next_tokens, self.embed)
-        return self.fc(torch.cat([self._norm(hidden, self.hidden_norm), self._norm(e, self.embed_norm)], dim=-1))
+        return self._linear("fc", torch.cat([self._norm(hidden, self.hidden_norm), self._norm(e, self.embed_norm)], dim=-1))
 
     def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [.., T, heads, d], k and v [.., T, kv_heads, d] of entry inputs x [.., T, H]."""
         cfg = self.config
         d = cfg.head_dim
-        qkv = self.qkv(self._norm(x, self.attn_norm))
+        qkv = self._linear("qkv", self._norm(x, self.attn_norm))
         q, k, v = qkv.split([cfg.num_heads * d, cfg.num_kv_heads * d, cfg.num_kv_heads * d], dim=-1)
         q = self._rope(q.unflatten(-1, (cfg.num_heads, d)), positions)
         k = self._rope(k.unflatten(-1, (cfg.num_kv_heads, d)), positions)
@@ -142,13 +167,13 @@ class MTPHead(nn.Module):
         if mask.dim() == 3:
             mask = mask[:, None]
         attn = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=1.0 / math.sqrt(self.config.head_dim))
-        x = x + self.o(attn.transpose(-3, -2).flatten(-2))
-        gate, up = self.gate_up(self._norm(x, self.mlp_norm)).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+        x = x + self._linear("o", attn.transpose(-3, -2).flatten(-2))
+        gate, up = self._linear("gate_up", self._norm(x, self.mlp_norm)).chunk(2, dim=-1)
+        return x + self._linear("down", F.silu(gate) * up)
 
     def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
         """Block outputs [.., H] -> logits over the draft vocabulary [.., draft_vocab]."""
-        return self._norm(out, self.final_norm) @ self.head_weight.T
+        return self._linear("head", self._norm(out, self.final_norm))
 
     # -- inference: extend one request's cache -------------------------------------------
     @torch.inference_mode()
