@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ORDER = ["decode", "concurrency", "speedup", "hol", "throughput", "fairness", "priority", "overhead"]
+ORDER = ["decode", "concurrency", "speedup", "hol", "throughput", "fairness", "priority", "overhead", "mtp"]
 
 
 def main() -> int:

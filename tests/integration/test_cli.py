@@ -76,3 +76,34 @@ def test_api_rejects_a_prompt_longer_than_max_model_len(llm_f32):
 
 def test_speclane_script_is_installed():
     assert shutil.which("speclane", path=str(Path(sys.executable).parent)) is not None
+
+
+@pytest.mark.slow
+def test_cli_generate_with_the_shipped_mtp_head_reports_drafts():
+    result = speclane("generate", "--drafter", "mtp", "--num-draft-tokens", "2", "--max-tokens", "24", "--usage",
+                      "--num-threads", "1", "--max-model-len", "256", "Why is the sky blue?")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+    assert '"draft_tokens"' in result.stderr or "draft_tokens" in result.stderr, result.stderr
+
+
+def test_cli_mtp_head_for_another_model_is_one_line_error(tmp_path):
+    head = tmp_path / "head"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "src/speclane/heads/smollm2-135m-instruct", head)
+    config = (head / "config.json").read_text().replace('"hidden_size": 576,\n    "num_layers"', '"hidden_size": 640,\n    "num_layers"')
+    (head / "config.json").write_text(config)
+    result = speclane("generate", *FAST[:4], "--drafter", "mtp", "--mtp-head", str(head), "hello")
+    assert_one_line_error(result, "was trained for 'smollm2-135m-instruct'")
+
+
+@pytest.mark.slow
+def test_cli_train_mtp_end_to_end_on_a_tiny_budget(tmp_path):
+    """The whole command: data from the real target, a few steps, a loadable head, a report."""
+    out = tmp_path / "mtp"
+    result = speclane("train-mtp", "--out", str(out), "--prompts", "4", "--max-new-tokens", "12", "--concurrency", "4",
+                      "--steps", "3", "--batch-size", "2", "--held-out", "0.25", "--num-threads", "1", timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "[data] 4/4 prompts" in result.stderr and "[train] step 3/3" in result.stderr
+    assert (out / "mtp-head" / "model.safetensors").exists() and (out / "report.json").exists()
+    again = speclane("train-mtp", "--out", str(out), "--prompts", "4", "--steps", "3", "--num-threads", "1", timeout=600)
+    assert again.returncode == 0 and "4 samples already generated" in again.stderr  # resumes from its shards

@@ -254,9 +254,16 @@ class FakeRunner:
         self.token_ids = list(token_ids)
         self.eos = eos
         self.seeds: dict[str, int] = {}
+        self.released: set[str] = set()
+        self.ran: set[str] = set()
+
+    def release(self, request_ids: Sequence[str]) -> None:
+        self.released.update(request_ids)
 
     def execute(self, plan: SchedulerPlan) -> RunnerResult:
+        self.release(plan.released_request_ids)
         results = []
+        self.ran.update(seq.request_id for seq in plan.seqs)
         for seq in plan.seqs:
             res = SeqResult(seq.request_id, num_computed_tokens=seq.start + len(seq.token_ids))
             if seq.sample:
@@ -270,7 +277,7 @@ def test_1000_random_events_through_the_engine_leave_nothing_behind(llm_f32):
     rng = random.Random(7)
     words = llm_f32.tokenizer.encode(STORY)
     real_runner = engine.runner
-    engine.runner = FakeRunner(rng, words, llm_f32.tokenizer.eos_token_id)
+    fake = engine.runner = FakeRunner(rng, words, llm_f32.tokenizer.eos_token_id)
     refs: list[weakref.ref[Request]] = []
     live: list[str] = []
     finished = rejected = 0
@@ -295,6 +302,10 @@ def test_1000_random_events_through_the_engine_leave_nothing_behind(llm_f32):
     finally:
         engine.runner = real_runner
     assert finished > 50 and len(refs) > 200
+    # Every request that ever ran (held a KV slot) was released to the runner: no drafter
+    # state can outlive it. (A request aborted while still queued never reached the runner.)
+    assert fake.ran <= fake.released <= set(live)
+    assert len(fake.ran) > 200
     assert engine.scheduler.slots.all_free and not engine.scheduler.has_unfinished()
     assert not engine._detoks and not engine._last_token_s and not engine._pending_aborts
     gc.collect()
