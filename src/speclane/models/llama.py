@@ -123,7 +123,9 @@ class LlamaModel(nn.Module):
         angles = torch.outer(t, inv_freq)  # [max_pos, head_dim / 2]
         angles = torch.cat([angles, angles], dim=-1)
         self.cos = angles.cos().to(dtype)  # [max_pos, head_dim]
-        self.sin = angles.sin().to(dtype)
+        # sin with the first half negated: rotate-half becomes roll(x) * signed_sin (see _rotate).
+        half = config.head_dim // 2
+        self.signed_sin = torch.cat([-angles[:, :half].sin(), angles[:, half:].sin()], dim=-1).to(dtype)
 
     # -- the forward --------------------------------------------------------------
     @torch.inference_mode()
@@ -135,7 +137,7 @@ class LlamaModel(nn.Module):
             raise ValueError(f"position {max_kv} is beyond the model's {cfg.max_position_embeddings} positions")
         attn = _AttentionPlan(batch, cfg, self.dtype)
         cos = self.cos[batch.positions].unsqueeze(1)  # [T, 1, head_dim]
-        sin = self.sin[batch.positions].unsqueeze(1)
+        sin = self.signed_sin[batch.positions].unsqueeze(1)
         # The residual stream stays in float32 (it is only [T, hidden]); the linears run in
         # self.dtype. In bfloat16 this keeps near-tied logits in the float32 order.
         x = F.embedding(batch.input_ids, self.embed).float()  # [T, hidden]
@@ -174,12 +176,14 @@ class LlamaModel(nn.Module):
         return coarse.scatter_(-1, top, exact)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE in the Hugging Face (rotate-half) layout. x: [T, heads, head_dim]."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    rotated = torch.cat((-x2, x1), dim=-1)
-    return x * cos + rotated * sin
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """RoPE in the Hugging Face (rotate-half) layout. x: [T, heads, head_dim].
+
+    rotate_half(x) = cat(-x2, x1) = roll(x, half) * [-1.., +1..]; the signs live in
+    ``signed_sin``. Three ops instead of seven: at one decode row each op is mostly
+    dispatch, and this runs once per layer.
+    """
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), signed_sin)
 
 
 class _AttentionPlan:
@@ -230,6 +234,9 @@ class _AttentionPlan:
             v_cache[slot, :, start : start + n] = v.transpose(0, 1)
             keys = k_cache[slot, :, : self.kv_len].unsqueeze(0)  # [1, kvh, L, d]
             values = v_cache[slot, :, : self.kv_len].unsqueeze(0)
+            if n == 1:  # a decode step: the folded layout is q's own memory layout, no copies
+                out = F.scaled_dot_product_attention(q.view(1, kvh, g, d), keys, values, scale=scale)
+                return out.view(1, kvh * g * d)
             # [n, kvh * g, d] -> [1, kvh, n * g, d]: query heads of a KV group become rows.
             queries = q.view(n, kvh, g, d).permute(1, 0, 2, 3).reshape(1, kvh, n * g, d)
             out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=self.mask, scale=scale)
