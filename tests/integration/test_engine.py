@@ -261,7 +261,6 @@ class FakeRunner:
         self.released.update(request_ids)
 
     def execute(self, plan: SchedulerPlan) -> RunnerResult:
-        self.release(plan.released_request_ids)
         results = []
         self.ran.update(seq.request_id for seq in plan.seqs)
         for seq in plan.seqs:

@@ -22,6 +22,7 @@ draft is not worth its row.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,7 +48,6 @@ class _RequestState:
 class DraftRun:
     token_ids: list[int]
     probs: torch.Tensor | None  # [n, draft_vocab] q of sampled drafts, else None
-    confidences: list[float]
 
 
 @torch.inference_mode()
@@ -61,7 +61,6 @@ def draft_recursively(head: MTPHead, cache: MTPCache, out: torch.Tensor, last_po
     true_end = cache.end
     tokens: list[int] = []
     qs: list[torch.Tensor] = []
-    confidences: list[float] = []
     for j in range(k):
         logits = head.draft_logits(out)[0]
         if temperature > 0:
@@ -71,20 +70,30 @@ def draft_recursively(head: MTPHead, cache: MTPCache, out: torch.Tensor, last_po
         else:
             q = torch.softmax(logits, dim=-1)
             index = int(torch.argmax(q))
-        confidence = float(q[index])
-        if confidence < min_draft_prob:
+        if float(q[index]) < min_draft_prob:
             if qs:
                 qs.pop()
             break
         token = int(head.vocab_ids[index])
         tokens.append(token)
-        confidences.append(confidence)
         if j + 1 < k:
             position = torch.tensor([last_position + 1 + j])
             out = head.extend(cache, out, torch.tensor([token]), position)
     cache.truncate(true_end)
     cache.keep_last(head.config.window)
-    return DraftRun(tokens, torch.stack(qs) if qs else None, confidences)
+    return DraftRun(tokens, torch.stack(qs) if qs else None)
+
+
+def catch_up_and_draft(head: MTPHead, cache: MTPCache, hidden: torch.Tensor, tokens: Sequence[int], k: int,
+                       min_draft_prob: float = 0.0, temperature: float = 0.0,
+                       generator: torch.Generator | None = None) -> DraftRun:
+    """One round's drafting: add the true entries for the positions ``cache.end ..`` whose
+    target hidden states are ``hidden`` [n, H] (each paired with the token after it in
+    ``tokens``, the request's tokens so far), then draft from the last of them."""
+    first = cache.end
+    last = first + hidden.shape[0] - 1
+    out = head.extend(cache, hidden, torch.tensor(tokens[first + 1 : last + 2]), torch.arange(first, last + 1))[-1:]
+    return draft_recursively(head, cache, out, last, k, min_draft_prob, temperature, generator)
 
 
 class MTPDrafter:
@@ -139,12 +148,9 @@ class MTPDrafter:
             return Draft([])
         if state.cache is None or state.cache.end != first:
             state.cache = MTPCache.empty(self.head.config, first)  # first round, or waited past the window
-        positions = torch.arange(first, last + 1)
-        next_tokens = torch.tensor(tokens[first + 1 : last + 2])
-        out = self.head.extend(state.cache, hidden, next_tokens, positions)[-1:]
         sp = request.sampling
         temperature = sp.temperature if self.sample_drafts and not sp.greedy else 0.0
-        run = draft_recursively(self.head, state.cache, out, last, k, self.min_draft_prob, temperature, self.generator)
+        run = catch_up_and_draft(self.head, state.cache, hidden, tokens, k, self.min_draft_prob, temperature, self.generator)
         if run.probs is None:
             return Draft(run.token_ids)
         full = torch.zeros(run.probs.shape[0], self.vocab_size)

@@ -169,8 +169,8 @@ class LLMEngine:
                     outputs.append(self._final_output(request, ""))
             self._pending_aborts.clear()
             plan = self.scheduler.schedule(now)
+        self.runner.release(plan.released_request_ids)  # aborted (or left) since the last tick
         if plan.is_empty:
-            self.runner.release(plan.released_request_ids)  # the last requests to finish
             with self._lock:
                 self.counters.refresh(self.scheduler)  # gauges stay true when idle
             return outputs

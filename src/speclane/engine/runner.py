@@ -36,7 +36,6 @@ class ModelRunner:
 
     def execute(self, plan: SchedulerPlan) -> RunnerResult:
         started = time.perf_counter()
-        self.release(plan.released_request_ids)
         if plan.burst is not None:
             seqs = [self._burst(plan.burst)]
         else:

@@ -1,8 +1,8 @@
 """Held-out acceptance of an MTP head, measured the way the engine drafts.
 
 On a held-out sample (the target's own greedy text), speculation is replayed round by
-round: the head catches up on the true positions, drafts K tokens with
-``draft_recursively`` (the drafter's own code), and the drafts are checked against
+round: the head catches up on the true positions and drafts K tokens with
+``catch_up_and_draft`` (the drafter's own code), and the drafts are checked against
 the text — which is what greedy verification would accept, since the text *is* the
 target's greedy output. The next round starts after the accepted tokens plus the
 target's own token.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from speclane.drafters.mtp import draft_recursively
+from speclane.drafters.mtp import catch_up_and_draft
 from speclane.models.mtp_head import MTPCache, MTPHead
 from speclane.training.capture import Sample
 
@@ -31,10 +31,7 @@ def acceptance_report(head: MTPHead, samples: list[Sample], num_draft_tokens: in
         cache = MTPCache.empty(head.config, 0)
         hidden = s.hidden.float()
         while last + 2 < len(tokens) and last < n_pos:
-            first = cache.end
-            positions = torch.arange(first, last + 1)
-            out = head.extend(cache, hidden[first : last + 1], torch.tensor(tokens[first + 1 : last + 2]), positions)[-1:]
-            run = draft_recursively(head, cache, out, last, k, min_draft_prob)
+            run = catch_up_and_draft(head, cache, hidden[cache.end : last + 1], tokens, k, min_draft_prob)
             a = 0
             for j, token in enumerate(run.token_ids):
                 if last + 2 + j >= len(tokens):

@@ -170,10 +170,8 @@ def train_head(model: LlamaModel, model_name: str, samples: list[Sample], out: P
     started = time.perf_counter()
     rng = random.Random(args.seed)
     torch.manual_seed(args.seed)
-    order = list(range(len(samples)))
     held = max(1, int(len(samples) * args.held_out)) if len(samples) > 1 else 0
-    train_set = [samples[i] for i in order[: len(samples) - held]]
-    held_out = [samples[i] for i in order[len(samples) - held :]]
+    train_set, held_out = samples[: len(samples) - held], samples[len(samples) - held :]
     vocab = choose_draft_vocab(train_set, args.draft_vocab, model.config.vocab_size)
     head = head_from_target(model, vocab)
     vocab_index = torch.full((model.config.vocab_size,), IGNORE, dtype=torch.long)
