@@ -7,6 +7,7 @@ token counts (see DESIGN.md, "One tick").
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from collections.abc import Sequence
@@ -100,15 +101,7 @@ class SpecStats:
     wait_ms: float = 0.0
 
     def as_dict(self) -> dict[str, float | int]:
-        return {
-            "rounds": self.rounds,
-            "draft_tokens": self.draft_tokens,
-            "accepted_tokens": self.accepted_tokens,
-            "grants": self.grants,
-            "yields": self.yields,
-            "preemptions": self.preemptions,
-            "wait_ms": round(self.wait_ms, 3),
-        }
+        return {**dataclasses.asdict(self), "wait_ms": round(self.wait_ms, 3)}
 
 
 @dataclass

@@ -11,8 +11,9 @@ here document the schema (``/openapi.json``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_type_hints
 
 from pydantic import (
     BaseModel,
@@ -22,11 +23,12 @@ from pydantic import (
     StringConstraints,
     ValidationInfo,
     WithJsonSchema,
+    create_model,
     field_validator,
     model_validator,
 )
 
-from speclane.request import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
+from speclane.request import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, SpecStats
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_USER_CHARS = 256
@@ -204,14 +206,11 @@ class CompletionRequest(_GenerationRequest):
 # -- responses ----------------------------------------------------------------------------------
 
 
-class SpeculativeUsage(BaseModel):
-    rounds: int = 0
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    grants: int = 0
-    yields: int = 0
-    preemptions: int = 0
-    wait_ms: float = 0.0
+# ``usage.speculative``: the fields of the engine's per-request ``SpecStats``, one source.
+_SPEC_TYPES = get_type_hints(SpecStats)
+SpeculativeUsage = create_model(
+    "SpeculativeUsage", **{f.name: (_SPEC_TYPES[f.name], f.default) for f in dataclasses.fields(SpecStats)}
+)
 
 
 class CompletionTokensDetails(BaseModel):
