@@ -18,6 +18,20 @@ import matplotlib.pyplot as plt  # noqa: E402
 TENANT_COLOURS = {"A": "tab:red", "B": "tab:blue", "C": "tab:green"}
 
 
+def save_figure(fig, path: Path) -> Path:
+    """Lay out, write the PNG, free the figure (every plot here and in ``sim/plots.py``)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def cdf(values: Sequence[float]) -> tuple[list[float], list[float]]:
+    """Sorted values and their empirical cumulative fractions."""
+    xs = sorted(values)
+    return xs, [(i + 1) / len(xs) for i in range(len(xs))]
+
+
 def lane_timeline(data: dict, path: Path, title: str) -> Path:
     """One row per request (grouped by tenant): bars while it held the lane, marks for yields/preemptions."""
     timelines, events, clock0 = data["timelines"], data["events"], data["clock0"]
@@ -50,10 +64,7 @@ def lane_timeline(data: dict, path: Path, title: str) -> Path:
     ax.set_yticklabels([f"{timelines[r].job.options.get('tenant', '?')}:{r}" for r in rows])
     ax.set_xlabel("time (s)")
     ax.set_title(f"Lane timeline — {title}\n(bars: holding the lane; thin line: request alive; v yield, x preemption)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def lane_share_over_time(data: dict, path: Path, title: str) -> Path:
@@ -69,10 +80,7 @@ def lane_share_over_time(data: dict, path: Path, title: str) -> Path:
     ax.set_ylabel("lane rounds (cumulative)")
     ax.set_title(f"Lane service per tenant — {title}")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def itl_cdf(gaps_by_mode: Mapping[str, Sequence[float]], path: Path, title: str) -> Path:
@@ -81,10 +89,10 @@ def itl_cdf(gaps_by_mode: Mapping[str, Sequence[float]], path: Path, title: str)
     for mode, gaps in gaps_by_mode.items():
         if not gaps:
             continue
-        ms = sorted(g * 1000 for g in gaps)
+        ms, fractions = cdf([g * 1000 for g in gaps])
         n = len(ms)
         p99 = ms[min(n - 1, round(0.99 * (n - 1)))]
-        line = ax.step(ms, [(i + 1) / n for i in range(n)], where="post", label=f"{mode}: p99 {p99:.0f} ms (n={n})")[0]
+        line = ax.step(ms, fractions, where="post", label=f"{mode}: p99 {p99:.0f} ms (n={n})")[0]
         ax.plot([p99], [0.99], marker="o", color=line.get_color())
     ax.set_xscale("log")
     ax.set_xlabel("inter-token latency of classic streams (ms, log scale)")
@@ -94,7 +102,4 @@ def itl_cdf(gaps_by_mode: Mapping[str, Sequence[float]], path: Path, title: str)
     ax.set_title(title)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -11,18 +11,9 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from speclane.bench.plots import cdf, plt, save_figure
 
 COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")
-
-
-def _cdf(values: Sequence[float]) -> tuple[list[float], list[float]]:
-    xs = sorted(values)
-    n = len(xs)
-    return xs, [(i + 1) / n for i in range(n)]
 
 
 def waits(data: Mapping[str, Sequence[tuple[float, int]]], path: Path, title: str) -> Path:
@@ -31,10 +22,10 @@ def waits(data: Mapping[str, Sequence[tuple[float, int]]], path: Path, title: st
     for colour, (policy, samples) in zip(COLOURS, data.items(), strict=False):
         raw = [float(w) for _, w in samples]
         if raw:
-            right.plot(*_cdf(raw), label=policy, color=colour)
+            right.plot(*cdf(raw), label=policy, color=colour)
         ratios = [w / b for b, w in samples if math.isfinite(b) and b > 0]
         if ratios:
-            left.plot(*_cdf(ratios), label=policy, color=colour)
+            left.plot(*cdf(ratios), label=policy, color=colour)
     left.axvline(1.0, color="black", linestyle="--", linewidth=1)
     left.set_xlabel("wait / bound ceil(W/S)·B  (promise: ≤ 1, dashed)")
     left.set_ylabel("fraction of waits")
@@ -47,10 +38,7 @@ def waits(data: Mapping[str, Sequence[tuple[float, int]]], path: Path, title: st
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def lane_shares(data: Mapping[str, Sequence[float]], path: Path, title: str) -> Path:
@@ -58,7 +46,7 @@ def lane_shares(data: Mapping[str, Sequence[float]], path: Path, title: str) -> 
     fig, ax = plt.subplots(figsize=(8, 4))
     for colour, (policy, ratios) in zip(COLOURS, data.items(), strict=False):
         if ratios:
-            ax.plot(*_cdf([max(r, 1e-3) for r in ratios]), label=policy, color=colour)
+            ax.plot(*cdf([max(r, 1e-3) for r in ratios]), label=policy, color=colour)
     ax.axvline(1.0, color="black", linestyle="--", linewidth=1)
     ax.set_xscale("log")
     ax.set_xlabel("lane rounds received / fair share while backlogged (1 = fair; 0 drawn at 0.001)")
@@ -67,7 +55,4 @@ def lane_shares(data: Mapping[str, Sequence[float]], path: Path, title: str) -> 
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
