@@ -72,40 +72,26 @@ def weight_bytes_per_token(llm: LLM) -> int:
     return total
 
 
-def step_time_ms(llm: LLM, batch: int, kv_len: int = 200, repeats: int = 10) -> float:
-    engine = llm.engine
-    model, cache = engine.model, engine.cache
-    for slot in range(batch):
-        cache.lengths[slot] = kv_len
-    times = []
-    for _ in range(repeats + 2):
-        rb = RaggedBatch(
-            input_ids=torch.randint(0, 1000, (batch,)),
-            positions=torch.full((batch,), kv_len),
-            slots=list(range(batch)),
-            starts=[kv_len] * batch,
-            num_new=[1] * batch,
-        )
-        start = time.perf_counter()
-        hidden = model(rb, cache)
-        model.logits(hidden)
-        times.append(time.perf_counter() - start)
-        for slot in range(batch):
-            cache.lengths[slot] = kv_len
-    return median(times[2:]) * 1000
-
-
-def verify_time_ms(llm: LLM, positions: int, kv_len: int = 200, repeats: int = 10) -> float:
-    """One sequence, ``positions`` new tokens in one forward + their logits (a K+1 verify)."""
+def forward_time_ms(llm: LLM, batch: int = 1, positions: int = 1, kv_len: int = 200, repeats: int = 10) -> float:
+    """Median ms of one forward + logits: ``batch`` sequences with ``positions`` new tokens each
+    (positions 1: a decode step; one sequence with n positions: a verify of n - 1 drafts)."""
     model, cache = llm.engine.model, llm.engine.cache
     times = []
     for _ in range(repeats + 2):
-        cache.lengths[0] = kv_len
-        rb = RaggedBatch(torch.randint(0, 1000, (positions,)), torch.arange(kv_len, kv_len + positions), [0], [kv_len], [positions])
+        for slot in range(batch):
+            cache.lengths[slot] = kv_len
+        rb = RaggedBatch(
+            input_ids=torch.randint(0, 1000, (batch * positions,)),
+            positions=torch.arange(kv_len, kv_len + positions).repeat(batch),
+            slots=list(range(batch)),
+            starts=[kv_len] * batch,
+            num_new=[positions] * batch,
+        )
         start = time.perf_counter()
         model.logits(model(rb, cache))
         times.append(time.perf_counter() - start)
-    cache.lengths[0] = 0
+    for slot in range(batch):
+        cache.lengths[slot] = 0
     return median(times[2:]) * 1000
 
 
@@ -133,14 +119,14 @@ def run(config: EngineConfig, repeats: int = 3, new_tokens: int = 128) -> list[T
 
     t2 = Table("One decode step (forward + logits), KV length 200", ["batch", "ms/step", "tok/s"])
     for batch in (1, 4, 8, 16):
-        ms = step_time_ms(llm, batch)
+        ms = forward_time_ms(llm, batch=batch)
         t2.add(batch, ms, batch * 1000 / ms)
 
     t_verify = Table("One sequence, n positions in one forward (a verify of K = n - 1 drafts), KV length 200",
                      ["positions", "ms", "vs 1 position"])
-    one = verify_time_ms(llm, 1)
+    one = forward_time_ms(llm)
     for n in range(1, 7):
-        ms = one if n == 1 else verify_time_ms(llm, n)
+        ms = one if n == 1 else forward_time_ms(llm, positions=n)
         t_verify.add(n, ms, f"{ms / one:.2f}x")
     t_verify.notes.append("What a speculative round costs next to a decode step; the lane's default K follows from it.")
 
