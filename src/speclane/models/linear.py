@@ -9,10 +9,13 @@ project's AVX2 machines a dense float32 matmul is no faster than int4 from ~16 r
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 INT4_GROUP = 32
 INT4_ROW_BLOCK = 4  # rows the CPU int4 kernel computes together
+# The kernels' overloads, looked up once (an ``torch.ops.aten.X(...)`` call resolves the
+# overload packet on every call).
+_INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu.default
+_INT8_MM = torch.ops.aten._weight_int8pack_mm.default
 
 
 def quantize_int4_groups(weight: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -62,7 +65,7 @@ class Int4Weight:
         return self._kernel(x)
 
     def _kernel(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_and_zeros)
+        return _INT4_MM(x, self.packed, self.group, self.scales_and_zeros)
 
 
 class Int8Weight:
@@ -75,12 +78,15 @@ class Int8Weight:
         self.scale = scale.to(torch.bfloat16)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x: [M, K] bfloat16
-        return torch.ops.aten._weight_int8pack_mm(x, self.q, self.scale)
+        return _INT8_MM(x, self.q, self.scale)
 
 
-class Linear(nn.Module):
+class Linear:
     """y = x @ W^T through the quantized kernel when there is one, else the dense weight.
 
+    A plain callable, not an ``nn.Module``: a decode step makes 121 of these calls, and
+    at one row ``Module.__call__`` plus the per-call dtype checks cost more than some of
+    the kernels (measured in ``speclane bench decode``). The kernel is chosen once here.
     A quantized layer may still carry its dense weight (the output head keeps a float32
     copy to refine its top logits, see ``LlamaModel.logits``).
     """
@@ -91,20 +97,21 @@ class Linear(nn.Module):
         quantized: Int4Weight | Int8Weight | None = None,
         bias: torch.Tensor | None = None,
     ):
-        super().__init__()
         if dense is None and quantized is None:
             raise ValueError("a Linear needs dense or quantized weights")
         self.dense = dense  # [out, in] or None
         self.quantized = quantized
         self.bias = bias
+        # The kernels' input dtype: the quantized ones take bfloat16.
+        self.input_dtype = torch.bfloat16 if quantized is not None else dense.dtype
+        self._matmul = quantized.matmul if quantized is not None else self._dense
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [M, in]
-        # Casts only when needed: at one row a no-op ``.to`` still costs ~6 us of dispatch,
-        # and a decode step makes 240 of them.
-        if self.quantized is not None:
-            y = self.quantized.matmul(x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16))  # the kernels take bfloat16
-        else:
-            y = torch.nn.functional.linear(x if x.dtype == self.dense.dtype else x.to(self.dense.dtype), self.dense)
-        if y.dtype != x.dtype:
-            y = y.to(x.dtype)
+    def _dense(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.dense)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [M, in] in ``input_dtype`` (the model keeps its activations there) -> [M, out]."""
+        if x.dtype != self.input_dtype:
+            x = x.to(self.input_dtype)
+        y = self._matmul(x)
         return y if self.bias is None else y + self.bias

@@ -125,7 +125,7 @@ class MTPHead(nn.Module):
     def _linear(self, name: str, x: torch.Tensor) -> torch.Tensor:
         kernel = self.kernels.get(name)
         if kernel is not None:
-            return kernel(x)
+            return kernel(x).to(x.dtype)  # the int4 kernel answers in bfloat16
         if name == "head":
             return x @ self.head_weight.T
         return getattr(self, name)(x)
