@@ -39,7 +39,8 @@ CASES = [
 
 MODES = {
     "off": dict(spec_mode="off"),
-    "slice-rotating": dict(spec_mode="slice", spec_slots=1, spec_grant_rounds=2),
+    # The default adaptive K (a holder may draft 0..K, ticks at K = 0 still spend its grant).
+    "slice-rotating": dict(spec_mode="slice", spec_slots=1, spec_grant_rounds=2, spec_adaptive_k=True),
     "slice-everyone": dict(spec_mode="slice", spec_slots=len(CASES), spec_grant_rounds=0),
     "burst": dict(spec_mode="burst"),
     # The MTP drafter (the head shipped for the default model): its per-request state must
@@ -75,7 +76,7 @@ def run_cases(engine: LLMEngine) -> dict[str, tuple[list[int], str, str | None, 
 @pytest.fixture(scope="module")
 def parts():
     base = EngineConfig().replace(max_model_len=512, max_num_seqs=len(CASES), max_num_batched_tokens=512,
-                                  dtype="float32", quantization="none")
+                                  dtype="float32", quantization="none", spec_adaptive_k=False)
     weights = read_weights(base.model.model)
     from speclane.engine.engine import load_tokenizer
 

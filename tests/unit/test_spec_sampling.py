@@ -66,6 +66,7 @@ def make_engine(drafter, spec_mode: str = "slice", slots: int = 64) -> LLMEngine
         dtype="float32", quantization="none", max_model_len=64, max_num_seqs=64, max_queue=100_000,
         spec_mode=spec_mode, spec_slots=slots, spec_grant_rounds=0, num_draft_tokens=3,
         drafter="ngram" if drafter is not None else "none", max_num_batched_tokens=4096,
+        spec_adaptive_k=False,  # the rejection rule at full K; draft_length.py has its own tests
     )
     model = toy_model(toy_config(vocab_size=VOCAB), seed=3)
     return LLMEngine.from_parts(config, model, toy_tokenizer(VOCAB), drafter=drafter)

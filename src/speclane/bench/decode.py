@@ -10,8 +10,8 @@ import torch
 
 from speclane.bench.common import Table, alternate, median
 from speclane.config import EngineConfig
+from speclane.engine.calibration import forward_ms
 from speclane.llm import LLM
-from speclane.models.llama import RaggedBatch
 from speclane.request import SamplingParams
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
@@ -76,23 +76,8 @@ def forward_time_ms(llm: LLM, batch: int = 1, positions: int = 1, kv_len: int = 
     """Median ms of one forward + logits: ``batch`` sequences with ``positions`` new tokens each
     (positions 1: a decode step; one sequence with n positions: a verify of n - 1 drafts)."""
     model, cache = llm.engine.model, llm.engine.cache
-    times = []
-    for _ in range(repeats + 2):
-        for slot in range(batch):
-            cache.lengths[slot] = kv_len
-        rb = RaggedBatch(
-            input_ids=torch.randint(0, 1000, (batch * positions,)),
-            positions=torch.arange(kv_len, kv_len + positions).repeat(batch),
-            slots=list(range(batch)),
-            starts=[kv_len] * batch,
-            num_new=[positions] * batch,
-        )
-        start = time.perf_counter()
-        model.logits(model(rb, cache))
-        times.append(time.perf_counter() - start)
-    for slot in range(batch):
-        cache.lengths[slot] = 0
-    return median(times[2:]) * 1000
+    times = [forward_ms(model, cache, batch=batch, positions=positions, kv_len=kv_len) for _ in range(repeats + 2)]
+    return median(times[2:])
 
 
 def run(config: EngineConfig, repeats: int = 3, new_tokens: int = 128) -> list[Table]:

@@ -141,7 +141,11 @@ def throughput(factory: EngineFactory, quick: bool = False, repeats: int = 3) ->
 
     prompts = [factory.chat_ids(p) for p in CHAT_PROMPTS[:7]] + [factory.chat_ids(f"Repeat the following paragraph exactly:\n\n{PARAGRAPH}")]
     n = 64 if quick else 128
-    engines = {"lane on (1 slot)": factory.engine(spec_mode="slice"), "speculation off": factory.engine(spec_mode="off")}
+    engines = {
+        "lane on, adaptive K": factory.engine(spec_mode="slice"),
+        "lane on, fixed K": factory.engine(spec_mode="slice", spec_adaptive_k=False),
+        "speculation off": factory.engine(spec_mode="off"),
+    }
     counters = {}
 
     def arm(name):

@@ -16,6 +16,7 @@ import torch
 
 from speclane.config import EngineConfig
 from speclane.drafters.base import Drafter, create_drafter
+from speclane.engine import calibration
 from speclane.engine.detokenizer import IncrementalDetokenizer
 from speclane.engine.kv_cache import KVCache
 from speclane.engine.runner import ModelRunner
@@ -100,6 +101,10 @@ class LLMEngine:
         self.drafter = drafter if config.lane.speculation_enabled else None
         lane = config.lane if self.drafter is not None else _lane_off(config)
         self.scheduler = Scheduler(config.scheduler, lane, self.max_model_len)
+        if self.drafter is not None and lane.spec_mode == "slice" and lane.spec_adaptive_k:
+            # Widest tick: every slot decoding plus every lane slot verifying K drafts.
+            max_rows = config.scheduler.max_num_seqs + lane.spec_slots * lane.num_draft_tokens
+            self.scheduler.step_cost = calibration.step_cost(self.model, self.cache, max_rows)
         self.runner = ModelRunner(self.model, self.cache, self.drafter)
         self.counters = EngineCounters()
         self.observer = observer

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from speclane.config import LaneConfig, SchedulerConfig
 from speclane.request import Request, RequestStatus
+from speclane.scheduler import draft_length
 from speclane.scheduler.kv_slots import SlotAllocator
 from speclane.scheduler.lane import SpecLane
 from speclane.scheduler.plan import RunnerResult, ScheduledSeq, SchedulerPlan, SeqResult
@@ -50,6 +51,11 @@ class Scheduler:
         self.slot_of: dict[str, int] = {}
         self._released: list[str] = []
         self._in_lane: set[str] = set()
+        # Adaptive K (draft_length.py): the runner's measured step cost, set by the engine
+        # after calibration; None = every holder drafts its full budget.
+        self.step_cost: draft_length.StepCost | None = None
+        self.acceptance = draft_length.AcceptanceEstimate()
+        self._held_without_drafts: set[str] = set()  # holders given K = 0 in the current tick
 
     # -- requests in and out ------------------------------------------------------------
     @property
@@ -108,6 +114,7 @@ class Scheduler:
             self._in_lane.discard(rid)
             self.lane.remove(rid, now)
         self._released.append(rid)
+        self.acceptance.forget(rid)
         return request
 
     # -- one tick -----------------------------------------------------------------------
@@ -121,6 +128,15 @@ class Scheduler:
             self.max_model_len - request.num_tokens,
         )
         return max(0, min(self.lane_config.num_draft_tokens, left - 1))
+
+    def _draft_lengths(self, decoding: list[Request], holders: set[str]) -> dict[str, int]:
+        """K of each holder decoding this tick: its budget, or with a step cost (adaptive K)
+        the K that maximises the tick's expected goodput (``draft_length.choose``)."""
+        caps = [(r.request_id, self._draft_budget(r)) for r in decoding if r.request_id in holders]
+        if self.step_cost is None or not self.lane_config.spec_adaptive_k:
+            return dict(caps)
+        return draft_length.choose(caps, base_rows=len(decoding), base_tokens=len(decoding),
+                                   cost=self.step_cost, acceptance=self.acceptance)
 
     def take_released(self) -> tuple[str, ...]:
         """Requests that left since the last call (their drafter state can go)."""
@@ -139,11 +155,13 @@ class Scheduler:
 
         budget = self.config.max_num_batched_tokens
         seqs: list[ScheduledSeq] = []
-        for request in self.running.values():
-            if request.prefill_done:
-                k = self._draft_budget(request) if request.request_id in holders and self.lane_config.spec_mode == "slice" else 0
-                seqs.append(self._decode_seq(request, k))
-                budget -= 1 + k
+        decoding = [r for r in self.running.values() if r.prefill_done]
+        draft_lengths = self._draft_lengths(decoding, holders if self.lane_config.spec_mode == "slice" else set())
+        self._held_without_drafts = {rid for rid, k in draft_lengths.items() if k == 0}
+        for request in decoding:
+            k = draft_lengths.get(request.request_id, 0)
+            seqs.append(self._decode_seq(request, k))
+            budget -= 1 + k
         for request in self.running.values():
             if not request.prefill_done and (budget > 0 or not seqs):
                 seq = self._prefill_seq(request, budget)
@@ -197,7 +215,14 @@ class Scheduler:
             if res.token_ids and request.first_token_s is None:
                 request.first_token_s = now
             self._account_round(request, res, appended)
-            if res.spec_round and request.request_id in self._in_lane:
+            held = request.request_id in self._held_without_drafts
+            if res.spec_round:
+                self.acceptance.observe(request.request_id, res.num_draft_tokens, res.num_accepted_tokens)
+            elif held:
+                self.acceptance.idle(request.request_id)
+            if (res.spec_round or held) and request.request_id in self._in_lane:
+                # A holder that drafted nothing this tick still spent a tick of its grant:
+                # otherwise a holder kept at K = 0 would hold the lane for ever.
                 self.lane.round_done(request.request_id, elapsed_ms=result.elapsed_ms, now=now)
             if status is not None:
                 self._finish(request, status, now)

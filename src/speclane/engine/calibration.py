@@ -1,0 +1,93 @@
+"""Step-cost calibration: how long a forward of n rows takes on this model and machine.
+
+The adaptive draft length (``scheduler/draft_length.py``) needs it, and it cannot be
+guessed: weight-only int4 kernels on a CPU work in blocks of rows, dense kernels are
+nearly flat, attention grows with the context. Measured once per (model shape,
+quantization, dtype, threads, rows) and kept as JSON under
+``~/.cache/speclane/calibration`` (``SPECLANE_CALIBRATION_DIR``); a few seconds the first
+time for the default model, nothing after.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from speclane.engine.kv_cache import KVCache
+from speclane.models.llama import LlamaModel, RaggedBatch
+from speclane.scheduler.draft_length import StepCost
+
+log = logging.getLogger(__name__)
+CONTEXT = 128  # cached tokens of the measured sequence: a short chat turn
+
+
+def calibration_dir() -> Path:
+    default = Path.home() / ".cache" / "speclane" / "calibration"
+    return Path(os.environ.get("SPECLANE_CALIBRATION_DIR", default))
+
+
+def forward_ms(model: LlamaModel, cache: KVCache, *, batch: int = 1, positions: int = 1, kv_len: int = CONTEXT,
+               slot: int = 0) -> float:
+    """Wall ms of one forward + logits: ``batch`` sequences (slots slot..slot + batch - 1)
+    with ``positions`` new tokens each after ``kv_len`` cached ones (whatever they hold)."""
+    slots = list(range(slot, slot + batch))
+    for s in slots:
+        cache.lengths[s] = kv_len
+    rb = RaggedBatch(
+        input_ids=torch.randint(0, min(1000, model.config.vocab_size), (batch * positions,)),
+        positions=torch.arange(kv_len, kv_len + positions).repeat(batch),
+        slots=slots,
+        starts=[kv_len] * batch,
+        num_new=[positions] * batch,
+    )
+    start = time.perf_counter()
+    model.logits(model(rb, cache))
+    elapsed = (time.perf_counter() - start) * 1000
+    for s in slots:
+        cache.reset(s)
+    return elapsed
+
+
+def measure_step_cost(model: LlamaModel, cache: KVCache, max_rows: int, repeats: int = 3) -> StepCost:
+    """Median over ``repeats`` interleaved sweeps of 1..max_rows rows (one sequence, its
+    rows as positions: the linears, which dominate, see rows, not sequences)."""
+    kv_len = min(CONTEXT, cache.max_len - max_rows - 1)
+    forward_ms(model, cache, positions=1, kv_len=kv_len)  # warm-up
+    samples: list[list[float]] = [[] for _ in range(max_rows)]
+    for _ in range(repeats):  # sweeps interleaved, so a slow second of the machine hits every width
+        for rows in range(1, max_rows + 1):
+            samples[rows - 1].append(forward_ms(model, cache, positions=rows, kv_len=kv_len))
+    return StepCost.from_measurements(statistics.median(s) for s in samples)
+
+
+def _key(model: LlamaModel, max_rows: int) -> str:
+    parts = [repr(model.config), str(getattr(model, "quantization", "")), str(model.dtype), str(torch.get_num_threads()),
+             str(os.cpu_count()), torch.__version__, str(max_rows)]
+    return hashlib.sha1("|".join(parts).encode()).hexdigest()[:20]
+
+
+def step_cost(model: LlamaModel, cache: KVCache, max_rows: int) -> StepCost:
+    """The cached calibration for this model and machine, measured (and saved) if missing."""
+    path = calibration_dir() / f"step-cost-{_key(model, max_rows)}.json"
+    try:
+        return StepCost(tuple(json.loads(path.read_text())["ms_by_rows"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    started = time.perf_counter()
+    cost = measure_step_cost(model, cache, max_rows)
+    log.info("step cost calibrated for 1..%d rows in %.1f s", max_rows, time.perf_counter() - started)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"ms_by_rows": list(cost.ms_by_rows)}))
+        tmp.replace(path)
+    except OSError as exc:  # a read-only home still serves, it just measures every start
+        log.warning("could not save the step-cost calibration to %s: %s", path, exc)
+    return cost

@@ -1,0 +1,140 @@
+"""How many tokens each lane holder drafts this tick. Pure policy, no torch.
+
+A round of K drafts adds K rows to the tick's forward, and every other stream in the
+tick waits for them. Whether that pays depends on two things this module keeps:
+
+* ``StepCost``: how long a forward of n rows takes (measured once per model and
+  machine by the runner, ``engine/calibration.py``). On a CPU with weight-only int4
+  kernels it is far from flat: rows come in blocks of 4, and a full batch plus a verify
+  can cost a third more than the batch alone.
+* ``AcceptanceEstimate``: per request, the chance a draft token is accepted, from its
+  recent rounds (counts decay, so it follows the text: a copy passage, then free prose).
+
+``choose(...)`` then picks, for each holder in turn, the K in ``0..k_max`` that
+maximises the tick's expected goodput, tokens out per ms::
+
+    (tokens of the tick so far + E[tokens of this holder | K]) / cost(rows so far + K)
+    E[tokens | K] = 1 + a + a^2 + ... + a^K      (accepted drafts, then the bonus token)
+
+(a K > 0 must beat K = 0 by ``MIN_GAIN``), so a lone stream drafts deeply when its drafts are good, and a holder in a full batch
+drafts only as much as its acceptance pays for: speculation never makes the tick slower
+for everyone else than the tokens it adds are worth. K = 0 keeps the grant (the lane's
+rules are unchanged), it just decodes classically this tick.
+
+Exploration: a holder at K = 0 learns nothing about its drafts. Its evidence (decayed
+count of verified drafts) fades with each such tick, and a holder with less than
+``PROBE_BELOW`` tokens of evidence - a new one, or one idle for ~14 ticks - drafts its
+full budget once: a probe. So a stream whose text turns predictable is found again, at
+the price of one round per ~14 ticks where drafts do not pay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+PRIOR_WEIGHT = 2.0  # the prior counts as this many draft tokens
+DECAY = 0.8  # per observed round: the estimate follows the text
+IDLE_DECAY = 0.9  # per held tick without drafts
+PROBE_BELOW = 1.0  # draft tokens of evidence under which a holder is probed at full K
+# Drafts must beat plain decoding by this factor: the calibration times the forward only,
+# not drafting, verification bookkeeping or the estimate's own noise, and a round that
+# merely breaks even taxes every other stream in the tick for nothing.
+MIN_GAIN = 1.05
+PRIOR_RATE = 0.7  # engine-wide prior before any round has been seen
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Milliseconds of one forward (with logits) by its number of rows (tokens)."""
+
+    ms_by_rows: tuple[float, ...]  # ms_by_rows[n - 1] = a forward of n rows
+
+    def __post_init__(self) -> None:
+        if not self.ms_by_rows or any(ms <= 0 for ms in self.ms_by_rows):
+            raise ValueError("StepCost needs positive times for 1..n rows")
+
+    @classmethod
+    def from_measurements(cls, ms_by_rows: Iterable[float]) -> StepCost:
+        """Make noisy measurements non-decreasing: more rows never cost less."""
+        out: list[float] = []
+        for ms in ms_by_rows:
+            out.append(max(ms, out[-1]) if out else ms)
+        return cls(tuple(out))
+
+    def ms(self, rows: int) -> float:
+        table = self.ms_by_rows
+        if rows <= len(table):
+            return table[max(rows, 1) - 1]
+        # Past the table: extend with its last step per row.
+        per_row = (table[-1] - table[0]) / max(len(table) - 1, 1)
+        return table[-1] + per_row * (rows - len(table))
+
+
+@dataclass
+class AcceptanceEstimate:
+    """Decayed draft/accept counts per request, shrunk toward the engine-wide rate."""
+
+    counts: dict[str, tuple[float, float]] = field(default_factory=dict)  # id -> (drafted, accepted)
+    engine_drafted: float = 0.0
+    engine_accepted: float = 0.0
+
+    def prior(self) -> float:
+        if self.engine_drafted < 1:
+            return PRIOR_RATE
+        return self.engine_accepted / self.engine_drafted
+
+    def rate(self, request_id: str) -> float:
+        drafted, accepted = self.counts.get(request_id, (0.0, 0.0))
+        return (accepted + PRIOR_WEIGHT * self.prior()) / (drafted + PRIOR_WEIGHT)
+
+    def observe(self, request_id: str, drafted: int, accepted: int) -> None:
+        """A verified round: ``accepted`` of ``drafted`` tokens."""
+        if drafted <= 0:
+            return
+        d, a = self.counts.get(request_id, (0.0, 0.0))
+        self.counts[request_id] = (d * DECAY + drafted, a * DECAY + accepted)
+        self.engine_drafted = self.engine_drafted * 0.99 + drafted
+        self.engine_accepted = self.engine_accepted * 0.99 + accepted
+
+    def evidence(self, request_id: str) -> float:
+        """Decayed number of this request's verified draft tokens."""
+        return self.counts.get(request_id, (0.0, 0.0))[0]
+
+    def idle(self, request_id: str) -> None:
+        """A held tick without drafts: the evidence fades, the estimate drifts to the prior."""
+        if request_id in self.counts:
+            d, a = self.counts[request_id]
+            self.counts[request_id] = (d * IDLE_DECAY, a * IDLE_DECAY)
+
+    def forget(self, request_id: str) -> None:
+        self.counts.pop(request_id, None)
+
+
+def expected_tokens(rate: float, k: int) -> float:
+    """Tokens a round of k drafts yields on average: 1 + a + ... + a^k."""
+    return sum(rate**i for i in range(k + 1))
+
+
+def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, cost: StepCost,
+           acceptance: AcceptanceEstimate) -> dict[str, int]:
+    """K for each holder (id, most drafts allowed), holders in the given order.
+
+    ``base_rows``: rows of the tick without any drafts (every decode row, the holders' own
+    included, plus prefill tokens); ``base_tokens``: tokens those rows produce.
+    """
+    rows, tokens = base_rows, base_tokens
+    chosen: dict[str, int] = {}
+    for request_id, k_max in holders:
+        rate = acceptance.rate(request_id)
+        best_k, best = 0, MIN_GAIN * tokens / cost.ms(rows)
+        for k in range(1, k_max + 1):
+            goodput = (tokens - 1 + expected_tokens(rate, k)) / cost.ms(rows + k)
+            if goodput > best:
+                best_k, best = k, goodput
+        if best_k == 0 and acceptance.evidence(request_id) < PROBE_BELOW:
+            best_k = k_max  # a probe: too little evidence to say drafts do not pay
+        chosen[request_id] = best_k
+        rows += best_k
+        tokens += expected_tokens(rate, best_k) - 1
+    return chosen

@@ -1,0 +1,160 @@
+"""Adaptive draft length (scheduler/draft_length.py): the goodput choice, the acceptance
+estimate, and the scheduler using them — a fake runner, a fake clock, no torch.
+
+The step cost used here has the shape measured for the default model's int4 kernels on
+a 2-core CPU (``speclane bench decode``, engine/calibration.py): rows come in blocks of 4,
+so 1 -> 4 rows costs +55% and the 5th row as much again."""
+
+from __future__ import annotations
+
+import pytest
+
+from speclane.config import LaneConfig, SchedulerConfig
+from speclane.request import Request, SamplingParams
+from speclane.scheduler.draft_length import AcceptanceEstimate, StepCost, choose, expected_tokens
+from speclane.scheduler.plan import RunnerResult, SchedulerPlan, SeqResult
+from speclane.scheduler.scheduler import Scheduler
+
+BLOCKY = StepCost((30.0, 38.0, 42.0, 47.0, 67.0, 73.0, 78.0, 78.0, 101.0, 102.0, 111.0, 111.0, 122.0, 129.0, 140.0, 140.0))
+
+
+def estimate(rate: float, request_id: str = "a") -> AcceptanceEstimate:
+    """An estimate that has seen many rounds at ``rate`` for ``request_id``."""
+    est = AcceptanceEstimate()
+    for _ in range(50):
+        est.observe(request_id, 100, round(100 * rate))
+    return est
+
+
+# -- the pieces ------------------------------------------------------------------------------
+def test_step_cost_is_made_monotone_and_extends_past_its_table():
+    cost = StepCost.from_measurements([10.0, 9.0, 14.0, 13.0])
+    assert cost.ms_by_rows == (10.0, 10.0, 14.0, 14.0)
+    assert cost.ms(6) == pytest.approx(14.0 + 2 * (14.0 - 10.0) / 3)
+    with pytest.raises(ValueError):
+        StepCost(())
+
+
+def test_expected_tokens_of_a_round():
+    assert expected_tokens(0.0, 4) == 1.0  # only the bonus token
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+
+
+def test_acceptance_estimate_follows_rounds_and_drifts_back_to_the_prior_when_idle():
+    est = AcceptanceEstimate()
+    assert est.rate("a") == pytest.approx(0.7)  # the prior before any round
+    for _ in range(10):
+        est.observe("a", 4, 0)
+        est.observe("b", 4, 4)
+    low = est.rate("a")
+    assert low < 0.2 and est.prior() == pytest.approx(0.5, abs=0.01)  # the prior is now the engine-wide rate
+    assert est.evidence("a") > 10
+    for _ in range(20):
+        est.idle("a")
+    assert est.rate("a") > 2 * low  # held ticks without drafts: back toward the prior
+    assert est.evidence("a") < 3
+    est.forget("a")
+    assert "a" not in est.counts
+
+
+# -- the choice --------------------------------------------------------------------------------
+def test_a_lone_stream_drafts_deep_when_drafts_are_good_and_not_at_all_when_they_are_bad():
+    assert choose([("a", 4)], 1, 1, BLOCKY, estimate(0.95)) == {"a": 3}  # 4 rows, not the 5th
+    assert choose([("a", 4)], 1, 1, StepCost((30.0, 31.0, 32.0, 33.0, 34.0)), estimate(0.95)) == {"a": 4}  # flat cost
+    assert choose([("a", 4)], 1, 1, BLOCKY, estimate(0.1)) == {"a": 0}
+
+
+def test_in_a_full_batch_a_holder_drafts_only_what_its_acceptance_pays_for():
+    # 8 decode rows fill two blocks; any draft opens a third (+30-43% for the whole tick).
+    assert choose([("a", 4)], 8, 8, BLOCKY, estimate(0.7)) == {"a": 0}
+    assert choose([("a", 4)], 8, 8, BLOCKY, estimate(1.0)) == {"a": 4}
+    # At 0.95 four drafts would gain 0.7%: under MIN_GAIN, not worth taxing the other rows.
+    assert choose([("a", 4)], 8, 8, BLOCKY, estimate(0.95)) == {"a": 0}
+    # 6 rows leave 2 free rows in the second block: cheap drafts are worth it.
+    assert choose([("a", 4)], 6, 6, BLOCKY, estimate(0.7)) == {"a": 2}
+
+
+def test_the_cap_is_respected_and_later_holders_see_the_rows_of_earlier_ones():
+    est = estimate(1.0, "a")
+    for _ in range(50):
+        est.observe("b", 100, 100)
+    assert choose([("b", 4)], 2, 2, BLOCKY, est) == {"b": 2}  # alone: fill the first block
+    assert choose([("a", 1), ("b", 4)], 2, 2, BLOCKY, est) == {"a": 1, "b": 4}  # after a's row: fill the second
+
+
+# -- the scheduler ---------------------------------------------------------------------------
+class VerifyingRunner:
+    """Every draft is accepted (or rejected) as scripted; a round emits accepted + 1 tokens."""
+
+    def __init__(self, accept: bool):
+        self.accept = accept
+
+    def execute(self, plan: SchedulerPlan) -> RunnerResult:
+        results = []
+        for seq in plan.seqs:
+            accepted = seq.num_draft_tokens if self.accept else 0
+            n = accepted + 1 if seq.sample else 0
+            res = SeqResult(seq.request_id, num_computed_tokens=seq.start + len(seq.token_ids) + accepted,
+                            token_ids=[500] * n, spec_round=seq.num_draft_tokens > 0,
+                            num_draft_tokens=seq.num_draft_tokens, num_accepted_tokens=accepted,
+                            num_rounds=int(seq.num_draft_tokens > 0))
+            results.append(res)
+        return RunnerResult(results, elapsed_ms=10.0)
+
+
+def run_batch(accept: bool, ticks: int, grant_rounds: int = 0) -> tuple[Scheduler, list[SchedulerPlan]]:
+    lane = LaneConfig(spec_mode="slice", num_draft_tokens=4, spec_grant_rounds=grant_rounds)
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=8), lane, 4096)
+    scheduler.step_cost = BLOCKY
+    for i in range(8):
+        scheduler.add_request(Request(request_id=f"r{i}", prompt_token_ids=[1, 2, 3],
+                                      sampling=SamplingParams(max_tokens=1000, ignore_eos=True)), 0.0)
+    runner, plans = VerifyingRunner(accept), []
+    for t in range(ticks):
+        plan = scheduler.schedule(t * 0.01)
+        plans.append(plan)
+        scheduler.update(runner.execute(plan), t * 0.01)
+    return scheduler, plans
+
+
+def drafts(plan: SchedulerPlan) -> int:
+    return sum(seq.num_draft_tokens for seq in plan.seqs)
+
+
+def test_in_a_full_batch_rejected_drafts_stop_and_accepted_ones_continue():
+    _, rejected = run_batch(accept=False, ticks=40)
+    _, accepted = run_batch(accept=True, ticks=40)
+    # Tick 0 prefills. Tick 1: the holder has no evidence, so it probes with its full K.
+    assert drafts(rejected[1]) == 4 and drafts(accepted[1]) == 4
+    # Rejected: drafting stops, save a probe every ~14 ticks; accepted: it goes on.
+    assert sum(drafts(p) for p in rejected[2:]) <= 3 * 4
+    assert sum(1 for p in rejected[2:] if drafts(p) == 0) >= 30
+    assert all(drafts(p) == 4 for p in accepted[1:])
+
+
+def test_a_new_holder_probes_even_where_the_prior_says_no():
+    est = AcceptanceEstimate()
+    for _ in range(20):
+        est.observe("old", 4, 1)  # engine-wide rate 0.25
+    assert choose([("new", 3)], 8, 8, BLOCKY, est) == {"new": 3}
+    assert choose([("old", 3)], 8, 8, BLOCKY, est) == {"old": 0}
+
+
+def test_a_holder_kept_at_k0_still_spends_its_grant_so_the_lane_rotates():
+    scheduler, _ = run_batch(accept=False, ticks=60, grant_rounds=4)
+    granted = {e.request_id for e in scheduler.lane.events if e.kind == "grant"}
+    assert len(granted) == 8  # every request got the lane although drafts stopped paying
+
+
+def test_without_a_step_cost_every_holder_drafts_its_full_budget():
+    lane = LaneConfig(spec_mode="slice", num_draft_tokens=4)
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=8), lane, 4096)
+    scheduler.add_request(Request(request_id="a", prompt_token_ids=[1, 2], sampling=SamplingParams(max_tokens=50)), 0.0)
+    runner = VerifyingRunner(accept=False)
+    plans = []
+    for t in range(6):
+        plan = scheduler.schedule(t * 0.01)
+        plans.append(plan)
+        scheduler.update(runner.execute(plan), t * 0.01)
+    assert all(drafts(p) == 4 for p in plans[1:])
