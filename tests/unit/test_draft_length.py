@@ -11,7 +11,13 @@ import pytest
 
 from speclane.config import LaneConfig, SchedulerConfig
 from speclane.request import Request, SamplingParams
-from speclane.scheduler.draft_length import AcceptanceEstimate, StepCost, choose, expected_tokens
+from speclane.scheduler.draft_length import (
+    MAX_SLOWDOWN,
+    AcceptanceEstimate,
+    StepCost,
+    choose,
+    expected_tokens,
+)
 from speclane.scheduler.plan import RunnerResult, SchedulerPlan, SeqResult
 from speclane.scheduler.scheduler import Scheduler
 
@@ -75,12 +81,22 @@ def test_in_a_full_batch_a_holder_drafts_only_what_its_acceptance_pays_for():
     assert choose([("a", 4)], 6, 6, BLOCKY, estimate(0.7)) == {"a": 2}
 
 
+def test_co_batched_streams_wait_at_most_max_slowdown_for_the_drafts():
+    # 4 classic rows + the holder's own (5 rows, 67 ms): K = 7 would be the goodput choice
+    # at acceptance 1.0 (12 rows, 111 ms), but it makes the others' tick 1.66x longer.
+    ks = choose([("a", 7)], 5, 5, BLOCKY, estimate(1.0))
+    assert ks == {"a": 3} and BLOCKY.ms(5 + 3) <= MAX_SLOWDOWN * BLOCKY.ms(5)
+    # Alone, the same holder drafts as deep as pays.
+    assert choose([("a", 7)], 1, 1, BLOCKY, estimate(1.0)) == {"a": 7}
+
+
 def test_the_cap_is_respected_and_later_holders_see_the_rows_of_earlier_ones():
     est = estimate(1.0, "a")
     for _ in range(50):
         est.observe("b", 100, 100)
     assert choose([("b", 4)], 2, 2, BLOCKY, est) == {"b": 2}  # alone: fill the first block
-    assert choose([("a", 1), ("b", 4)], 2, 2, BLOCKY, est) == {"a": 1, "b": 4}  # after a's row: fill the second
+    # After a's row b could only open the second block, over MAX_SLOWDOWN of the 2-row tick.
+    assert choose([("a", 1), ("b", 4)], 2, 2, BLOCKY, est) == {"a": 1, "b": 1}
 
 
 # -- the scheduler ---------------------------------------------------------------------------

@@ -16,9 +16,13 @@ maximises the tick's expected goodput, tokens out per ms::
     (tokens of the tick so far + E[tokens of this holder | K]) / cost(rows so far + K)
     E[tokens | K] = 1 + a + a^2 + ... + a^K      (accepted drafts, then the bonus token)
 
-(a K > 0 must beat K = 0 by ``MIN_GAIN``), so a lone stream drafts deeply when its drafts are good, and a holder in a full batch
-drafts only as much as its acceptance pays for: speculation never makes the tick slower
-for everyone else than the tokens it adds are worth. K = 0 keeps the grant (the lane's
+(a K > 0 must beat K = 0 by ``MIN_GAIN``), so a lone stream drafts deeply when its drafts
+are good, and a holder in a full batch drafts only as much as its acceptance pays for.
+
+Head-of-line guard: goodput alone would let a holder with near-certain drafts make every
+co-batched stream wait for a tick twice as long (total tokens per ms still rise, but they
+are the holder's). When other rows share the tick, the drafts may lengthen it by at most
+``MAX_SLOWDOWN`` x the tick without them; a lone stream has no such limit. K = 0 keeps the grant (the lane's
 rules are unchanged), it just decodes classically this tick.
 
 Exploration: a holder at K = 0 learns nothing about its drafts. Its evidence (decayed
@@ -41,6 +45,7 @@ PROBE_BELOW = 1.0  # draft tokens of evidence under which a holder is probed at 
 # not drafting, verification bookkeeping or the estimate's own noise, and a round that
 # merely breaks even taxes every other stream in the tick for nothing.
 MIN_GAIN = 1.05
+MAX_SLOWDOWN = 1.5  # a tick shared with other streams: drafts may cost at most +50%
 PRIOR_RATE = 0.7  # engine-wide prior before any round has been seen
 
 
@@ -125,9 +130,14 @@ def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, c
     """
     rows, tokens = base_rows, base_tokens
     chosen: dict[str, int] = {}
+    shared = base_rows > 1  # other streams' rows wait for this tick too
+    ceiling = MAX_SLOWDOWN * cost.ms(base_rows)
     for request_id, k_max in holders:
         rate = acceptance.rate(request_id)
         best_k, best = 0, MIN_GAIN * tokens / cost.ms(rows)
+        if shared:
+            while k_max > 0 and cost.ms(rows + k_max) > ceiling:
+                k_max -= 1
         for k in range(1, k_max + 1):
             goodput = (tokens - 1 + expected_tokens(rate, k)) / cost.ms(rows + k)
             if goodput > best:
