@@ -14,6 +14,7 @@ from speclane.request import Request, SamplingParams
 from speclane.scheduler.draft_length import (
     MAX_SLOWDOWN,
     AcceptanceEstimate,
+    DraftTiming,
     StepCost,
     choose,
     expected_tokens,
@@ -88,6 +89,18 @@ def test_co_batched_streams_wait_at_most_max_slowdown_for_the_drafts():
     assert ks == {"a": 3} and BLOCKY.ms(5 + 3) <= MAX_SLOWDOWN * BLOCKY.ms(5)
     # Alone, the same holder drafts as deep as pays.
     assert choose([("a", 7)], 1, 1, BLOCKY, estimate(1.0)) == {"a": 7}
+
+
+def test_drafting_time_counts_a_costly_drafter_drafts_less():
+    # An MTP-like head at 34% acceptance: one draft pays while drafting is free, not at 3 ms a token.
+    assert choose([("a", 3)], 1, 1, BLOCKY, estimate(0.34)) == {"a": 1}
+    assert choose([("a", 3)], 1, 1, BLOCKY, estimate(0.34), draft_ms_per_token=3.0) == {"a": 0}
+    timing = DraftTiming()
+    timing.observe(9.0, 3)
+    assert timing.ms_per_token == pytest.approx(3.0)
+    timing.observe(0.0, 0)  # a tick without drafts says nothing
+    timing.observe(2.0, 2)
+    assert timing.ms_per_token == pytest.approx(0.9 * 3.0 + 0.1 * 1.0)
 
 
 def test_the_cap_is_respected_and_later_holders_see_the_rows_of_earlier_ones():

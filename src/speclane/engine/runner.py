@@ -24,6 +24,7 @@ from speclane.scheduler.plan import RunnerResult, ScheduledSeq, SchedulerPlan, S
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, cache: KVCache, drafter: Drafter | None):
+        self._draft_ms = 0.0  # drafting time of the current tick
         self.model = model
         self.cache = cache
         self.drafter = drafter
@@ -36,11 +37,12 @@ class ModelRunner:
 
     def execute(self, plan: SchedulerPlan) -> RunnerResult:
         started = time.perf_counter()
+        self._draft_ms = 0.0
         if plan.burst is not None:
             seqs = [self._burst(plan.burst)]
         else:
             seqs = self._step(list(plan.seqs)) if plan.seqs else []
-        return RunnerResult(seqs=seqs, elapsed_ms=(time.perf_counter() - started) * 1000)
+        return RunnerResult(seqs=seqs, elapsed_ms=(time.perf_counter() - started) * 1000, draft_ms=self._draft_ms)
 
     def release(self, request_ids: tuple[str, ...]) -> None:
         """Forget per-request drafter state of requests that left."""
@@ -51,6 +53,7 @@ class ModelRunner:
     # -- one ragged forward -------------------------------------------------------------
     def _step(self, seqs: list[ScheduledSeq]) -> list[SeqResult]:
         drafts: list[Draft] = []
+        drafting_started = time.perf_counter()
         for seq in seqs:
             if seq.start == 0:
                 self.cache.reset(seq.slot)
@@ -58,6 +61,7 @@ class ModelRunner:
                 drafts.append(self.drafter.propose(seq.request, seq.num_draft_tokens))
             else:
                 drafts.append(Draft([]))
+        self._draft_ms += (time.perf_counter() - drafting_started) * 1000
         fed = [list(seq.token_ids) + d.token_ids[: seq.num_draft_tokens] for seq, d in zip(seqs, drafts, strict=True)]
         input_ids: list[int] = []
         positions: list[int] = []

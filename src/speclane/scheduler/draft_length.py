@@ -7,13 +7,15 @@ tick waits for them. Whether that pays depends on two things this module keeps:
   machine by the runner, ``engine/calibration.py``). On a CPU with weight-only int4
   kernels it is far from flat: rows come in blocks of 4, and a full batch plus a verify
   can cost a third more than the batch alone.
+* ``DraftTiming``: what proposing a draft token costs (an MTP head pass each; n-gram ~0).
 * ``AcceptanceEstimate``: per request, the chance a draft token is accepted, from its
   recent rounds (counts decay, so it follows the text: a copy passage, then free prose).
 
 ``choose(...)`` then picks, for each holder in turn, the K in ``0..k_max`` that
 maximises the tick's expected goodput, tokens out per ms::
 
-    (tokens of the tick so far + E[tokens of this holder | K]) / cost(rows so far + K)
+    (tokens of the tick so far + E[tokens of this holder | K])
+        / (cost(rows so far + K) + drafting time of the tick's drafts)
     E[tokens | K] = 1 + a + a^2 + ... + a^K      (accepted drafts, then the bonus token)
 
 (a K > 0 must beat K = 0 by ``MIN_GAIN``), so a lone stream drafts deeply when its drafts
@@ -116,35 +118,55 @@ class AcceptanceEstimate:
         self.counts.pop(request_id, None)
 
 
+@dataclass
+class DraftTiming:
+    """Milliseconds of drafting per proposed token (an MTP head costs a pass per token; the
+    n-gram drafter next to nothing): drafting is part of the round's time."""
+
+    ms_per_token: float = 0.0
+
+    def observe(self, draft_ms: float, tokens: int) -> None:
+        if tokens > 0:
+            sample = draft_ms / tokens
+            self.ms_per_token = sample if self.ms_per_token == 0.0 else 0.9 * self.ms_per_token + 0.1 * sample
+
+
 def expected_tokens(rate: float, k: int) -> float:
     """Tokens a round of k drafts yields on average: 1 + a + ... + a^k."""
     return sum(rate**i for i in range(k + 1))
 
 
 def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, cost: StepCost,
-           acceptance: AcceptanceEstimate) -> dict[str, int]:
+           acceptance: AcceptanceEstimate, draft_ms_per_token: float = 0.0) -> dict[str, int]:
     """K for each holder (id, most drafts allowed), holders in the given order.
 
     ``base_rows``: rows of the tick without any drafts (every decode row, the holders' own
-    included, plus prefill tokens); ``base_tokens``: tokens those rows produce.
+    included, plus prefill tokens); ``base_tokens``: tokens those rows produce;
+    ``draft_ms_per_token``: what proposing one draft token costs (``DraftTiming``).
     """
+    drafting = 0.0  # ms of the drafts chosen so far
+
+    def tick_ms(total_rows: int, extra_drafts: int) -> float:
+        return cost.ms(total_rows) + drafting + extra_drafts * draft_ms_per_token
+
     rows, tokens = base_rows, base_tokens
     chosen: dict[str, int] = {}
     shared = base_rows > 1  # other streams' rows wait for this tick too
     ceiling = MAX_SLOWDOWN * cost.ms(base_rows)
     for request_id, k_max in holders:
         rate = acceptance.rate(request_id)
-        best_k, best = 0, MIN_GAIN * tokens / cost.ms(rows)
+        best_k, best = 0, MIN_GAIN * tokens / tick_ms(rows, 0)
         if shared:
-            while k_max > 0 and cost.ms(rows + k_max) > ceiling:
+            while k_max > 0 and tick_ms(rows + k_max, k_max) > ceiling:
                 k_max -= 1
         for k in range(1, k_max + 1):
-            goodput = (tokens - 1 + expected_tokens(rate, k)) / cost.ms(rows + k)
+            goodput = (tokens - 1 + expected_tokens(rate, k)) / tick_ms(rows + k, k)
             if goodput > best:
                 best_k, best = k, goodput
         if best_k == 0 and acceptance.evidence(request_id) < PROBE_BELOW:
             best_k = k_max  # a probe: too little evidence to say drafts do not pay
         chosen[request_id] = best_k
         rows += best_k
+        drafting += best_k * draft_ms_per_token
         tokens += expected_tokens(rate, best_k) - 1
     return chosen

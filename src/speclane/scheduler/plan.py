@@ -59,3 +59,4 @@ class SeqResult:
 class RunnerResult:
     seqs: list[SeqResult] = field(default_factory=list)
     elapsed_ms: float = 0.0  # wall time of the tick's execution (forward, drafting, sampling)
+    draft_ms: float = 0.0  # of which the drafter's proposals (slice ticks)

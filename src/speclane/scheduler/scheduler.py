@@ -55,6 +55,7 @@ class Scheduler:
         # after calibration; None = every holder drafts its full budget.
         self.step_cost: draft_length.StepCost | None = None
         self.acceptance = draft_length.AcceptanceEstimate()
+        self.draft_timing = draft_length.DraftTiming()
         self._held_without_drafts: set[str] = set()  # holders given K = 0 in the current tick
 
     # -- requests in and out ------------------------------------------------------------
@@ -135,8 +136,8 @@ class Scheduler:
         caps = [(r.request_id, self._draft_budget(r)) for r in decoding if r.request_id in holders]
         if self.step_cost is None or not self.lane_config.spec_adaptive_k:
             return dict(caps)
-        return draft_length.choose(caps, base_rows=len(decoding), base_tokens=len(decoding),
-                                   cost=self.step_cost, acceptance=self.acceptance)
+        return draft_length.choose(caps, base_rows=len(decoding), base_tokens=len(decoding), cost=self.step_cost,
+                                   acceptance=self.acceptance, draft_ms_per_token=self.draft_timing.ms_per_token)
 
     def take_released(self) -> tuple[str, ...]:
         """Requests that left since the last call (their drafter state can go)."""
@@ -206,6 +207,8 @@ class Scheduler:
     def update(self, result: RunnerResult, now: float) -> list[TokenEvent]:
         """Advance requests by the runner's result; account the lane; finish what ended."""
         events: list[TokenEvent] = []
+        if result.draft_ms > 0:
+            self.draft_timing.observe(result.draft_ms, sum(r.num_draft_tokens for r in result.seqs if r.spec_round))
         for res in result.seqs:
             request = self.running.get(res.request_id)
             if request is None:  # aborted while the tick ran
