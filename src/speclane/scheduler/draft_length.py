@@ -29,9 +29,9 @@ rules are unchanged), it just decodes classically this tick.
 
 Exploration: a holder at K = 0 learns nothing about its drafts. Its evidence (decayed
 count of verified drafts) fades with each such tick, and a holder with less than
-``PROBE_BELOW`` tokens of evidence - a new one, or one idle for ~14 ticks - drafts its
-full budget once: a probe. So a stream whose text turns predictable is found again, at
-the price of one round per ~14 ticks where drafts do not pay.
+``PROBE_BELOW`` tokens of evidence - a new one, or one idle for a while - drafts one
+token: a probe. A good probe lifts the estimate and the next tick drafts deep; a stream
+whose text turns predictable is found again, at the price of one extra row now and then.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ from dataclasses import dataclass, field
 PRIOR_WEIGHT = 2.0  # the prior counts as this many draft tokens
 DECAY = 0.8  # per observed round: the estimate follows the text
 IDLE_DECAY = 0.9  # per held tick without drafts
-PROBE_BELOW = 1.0  # draft tokens of evidence under which a holder is probed at full K
+PROBE_BELOW = 1.0  # draft tokens of evidence under which a holder is probed
+PROBE_K = 1  # a probe's drafts: one verified token is evidence enough, and cheap (+1 row)
 # Drafts must beat plain decoding by this factor: the calibration times the forward only,
 # not drafting, verification bookkeeping or the estimate's own noise, and a round that
 # merely breaks even taxes every other stream in the tick for nothing.
@@ -163,8 +164,8 @@ def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, c
             goodput = (tokens - 1 + expected_tokens(rate, k)) / tick_ms(rows + k, k)
             if goodput > best:
                 best_k, best = k, goodput
-        if best_k == 0 and acceptance.evidence(request_id) < PROBE_BELOW:
-            best_k = k_max  # a probe: too little evidence to say drafts do not pay
+        if best_k == 0 and k_max > 0 and acceptance.evidence(request_id) < PROBE_BELOW:
+            best_k = PROBE_K  # a probe: too little evidence to say drafts do not pay
         chosen[request_id] = best_k
         rows += best_k
         drafting += best_k * draft_ms_per_token
