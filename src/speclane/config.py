@@ -39,6 +39,8 @@ class ModelConfig:
     quantization: str = field(default="auto", metadata={"help": "auto: keep a GGUF's 4-bit blocks as int4; int8; int4; none"})
     max_model_len: int = field(default=2048, metadata={"help": "prompt + completion tokens"})
     num_threads: int = field(default=0, metadata={"help": "torch CPU threads; 0 = torch's default"})
+    compile: bool = field(default=False, metadata={
+        "help": "torch.compile the one-token decode step of the int4 model (~10% faster; 6-30 s at start)"})
 
     def __post_init__(self) -> None:
         _choice("dtype", self.dtype, DTYPES)

@@ -82,12 +82,14 @@ def forward_time_ms(llm: LLM, batch: int = 1, positions: int = 1, kv_len: int = 
 
 def run(config: EngineConfig, repeats: int = 3, new_tokens: int = 128) -> list[Table]:
     torch.set_num_threads(2)
-    llm = LLM(config=config.replace(spec_mode="off"))
+    llm = LLM(config=config.replace(spec_mode="off", compile=False))
+    compiled = LLM(config=config.replace(spec_mode="off", compile=True))
     prompt_ids = llm.encode_prompt(PROMPT, chat=True)
     hf = load_transformers(torch.bfloat16)
     runs = alternate(
         {
             "speclane": lambda: new_tokens / ours_generate(llm, prompt_ids, new_tokens)[0],
+            "speclane --compile": lambda: new_tokens / ours_generate(compiled, prompt_ids, new_tokens)[0],
             "transformers": lambda: new_tokens / transformers_generate(hf, prompt_ids, new_tokens)[0],
         },
         repeats,
@@ -98,9 +100,13 @@ def run(config: EngineConfig, repeats: int = 3, new_tokens: int = 128) -> list[T
         ["engine", "config", "tok/s (median)", "runs", "vs transformers"],
     )
     mc = config.model
-    t1.add("speclane", f"{mc.dtype}, quantization={llm.engine.model.quantization}", ours, ", ".join(f"{x:.1f}" for x in runs["speclane"]), f"{ours / ref:.2f}x")
+    quant = f"{mc.dtype}, quantization={llm.engine.model.quantization}"
+    is_compiled = getattr(compiled.engine.model, "_decode_fns", None) is not None
+    for name, label in (("speclane", quant), ("speclane --compile", quant + (", compiled step" if is_compiled else ", not compilable: eager"))):
+        t1.add(name, label, median(runs[name]), ", ".join(f"{x:.1f}" for x in runs[name]), f"{median(runs[name]) / ref:.2f}x")
     t1.add("transformers generate()", "bfloat16", ref, ", ".join(f"{x:.1f}" for x in runs["transformers"]), "1.00x")
-    t1.notes.append("A B A B alternation after a discarded warm-up of each arm, same prompt, same process.")
+    t1.notes.append("A B C alternation after a discarded warm-up of each arm, same prompt, same process. "
+                    "--compile: the one-token step's work between attentions compiled.")
 
     t2 = Table("One decode step (forward + logits), KV length 200", ["batch", "ms/step", "tok/s"])
     for batch in (1, 4, 8, 16):

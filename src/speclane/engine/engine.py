@@ -101,6 +101,8 @@ class LLMEngine:
         self.drafter = drafter if config.lane.speculation_enabled else None
         lane = config.lane if self.drafter is not None else _lane_off(config)
         self.scheduler = Scheduler(config.scheduler, lane, self.max_model_len)
+        if getattr(self.model, "_decode_fns", None) is not None:
+            calibration.forward_ms(self.model, self.cache)  # compile now, not in the first request
         if self.drafter is not None and lane.spec_mode == "slice" and lane.spec_adaptive_k:
             # Widest tick: every slot decoding plus every lane slot verifying K drafts.
             max_rows = config.scheduler.max_num_seqs + lane.spec_slots * lane.num_draft_tokens

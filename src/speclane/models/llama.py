@@ -128,6 +128,16 @@ class LlamaModel(nn.Module):
         self.signed_sin = torch.cat([-angles[:, :half].sin(), angles[:, half:].sin()], dim=-1).to(dtype)
 
     # -- the forward --------------------------------------------------------------
+    def compile_decode(self) -> bool:
+        """Compile the one-token step (``compiled_decode.py``); False where unsupported."""
+        from speclane.models import compiled_decode
+
+        if not compiled_decode.supports(self):
+            return False
+        self._decode_fns = compiled_decode.make_functions(self)
+        self._layer_weights = [compiled_decode.layer_weights(layer) for layer in self.layers]
+        return True
+
     @torch.inference_mode()
     def forward(self, batch: RaggedBatch, cache: KVCache) -> torch.Tensor:
         """Run the batch, write its K/V into the cache, return hidden states [T, hidden]."""
@@ -138,6 +148,8 @@ class LlamaModel(nn.Module):
         attn = _AttentionPlan(batch, cfg, self.dtype)
         cos = self.cos[batch.positions].unsqueeze(1)  # [T, 1, head_dim]
         sin = self.signed_sin[batch.positions].unsqueeze(1)
+        if getattr(self, "_decode_fns", None) is not None and attn.single and batch.num_new[0] == 1:
+            return self._compiled_step(batch, cache, attn, cos, sin)
         # The residual stream stays in float32 (it is only [T, hidden]); the linears run in
         # self.dtype. In bfloat16 this keeps near-tied logits in the float32 order.
         x = F.embedding(batch.input_ids, self.embed).float()  # [T, hidden]
@@ -157,6 +169,26 @@ class LlamaModel(nn.Module):
         for slot, start, n in zip(batch.slots, batch.starts, batch.num_new, strict=True):
             cache.advance(slot, start, n)
         return F.rms_norm(x, (cfg.hidden_size,), self.final_norm, cfg.rms_norm_eps)  # float32
+
+    def _compiled_step(self, batch: RaggedBatch, cache: KVCache, attn: _AttentionPlan, cos: torch.Tensor,
+                       sin: torch.Tensor) -> torch.Tensor:
+        """The same step as ``forward`` for one sequence and one token, with the work
+        between attentions compiled (numerics: see compiled_decode.py)."""
+        attention_inputs, between, last = self._decode_fns
+        weights = self._layer_weights
+        x = F.embedding(batch.input_ids, self.embed).float()
+        # layer_weights order: o (2), gate_up (2), down (2), qkv (2), attn_norm, mlp_norm
+        q, k, v = attention_inputs(x, weights[0][6], weights[0][7], weights[0][8], cos, sin)
+        for i in range(len(self.layers)):
+            out = attn.attend(q, k, v, cache.keys[i], cache.values[i], self.scale)
+            o_p, o_s, gu_p, gu_s, d_p, d_s, _, _, _, mlp_norm = weights[i]
+            if i + 1 < len(self.layers):
+                nxt = weights[i + 1]
+                x, q, k, v = between(x, out, o_p, o_s, gu_p, gu_s, d_p, d_s, mlp_norm, nxt[6], nxt[7], nxt[8], cos, sin)
+            else:
+                x = last(x, out, o_p, o_s, gu_p, gu_s, d_p, d_s, mlp_norm, self.final_norm)
+        cache.advance(batch.slots[0], batch.starts[0], 1)
+        return x
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

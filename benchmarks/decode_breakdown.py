@@ -1,0 +1,59 @@
+"""Where one decode step's time goes: the step with the int4 matmuls and/or attention
+replaced by no-ops, alternated in one process (this machine's speed drifts between runs).
+
+    .venv/bin/python benchmarks/decode_breakdown.py [--rounds 8]
+
+Prints the median ms of one forward + logits (one sequence, KV length 200) per variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+import speclane.models.linear as linear
+from speclane.config import EngineConfig
+from speclane.engine.calibration import forward_ms
+from speclane.llm import LLM
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=8)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    llm = LLM(config=EngineConfig().replace(spec_mode="off"))
+    model, cache = llm.engine.model, llm.engine.cache
+    real_kernel, real_sdpa = linear.Int4Weight._kernel, F.scaled_dot_product_attention
+
+    def no_matmul(self, x):
+        return torch.zeros(x.shape[0], self.out_features, dtype=torch.bfloat16)
+
+    def no_sdpa(q, k, v, attn_mask=None, scale=None):
+        return torch.zeros_like(q)
+
+    variants = {
+        "whole step": (real_kernel, real_sdpa),
+        "without int4 matmuls": (no_matmul, real_sdpa),
+        "without attention (SDPA)": (real_kernel, no_sdpa),
+        "without both": (no_matmul, no_sdpa),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    try:
+        for _ in range(args.rounds):
+            for name, (kernel, sdpa) in variants.items():
+                linear.Int4Weight._kernel, F.scaled_dot_product_attention = kernel, sdpa
+                times = [forward_ms(model, cache, kv_len=200) for _ in range(12)]
+                samples[name].append(statistics.median(times[2:]))
+    finally:
+        linear.Int4Weight._kernel, F.scaled_dot_product_attention = real_kernel, real_sdpa
+    print("| variant | ms per step (median) |\n|---|---|")
+    for name, values in samples.items():
+        print(f"| {name} | {statistics.median(values):.1f} |")
+
+
+if __name__ == "__main__":
+    main()
