@@ -74,7 +74,10 @@ def train_args(tmp: Path, **overrides) -> argparse.Namespace:
 
 
 def toy_engine(model, drafter_object=None, **changes) -> LLMEngine:
-    options = dict(dtype="float32", quantization="none", max_model_len=128, max_num_seqs=8, max_num_batched_tokens=512)
+    # Fixed K: these tests drive the drafter's state through yields and grants; on a toy
+    # model the head's drafting dwarfs the forward, so adaptive K would rightly draft nothing.
+    options = dict(dtype="float32", quantization="none", max_model_len=128, max_num_seqs=8, max_num_batched_tokens=512,
+                   spec_adaptive_k=False)
     config = EngineConfig().replace(**{**options, **changes})
     return LLMEngine.from_parts(config, model, toy_tokenizer(VOCAB), drafter=drafter_object)
 
