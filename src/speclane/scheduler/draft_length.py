@@ -1,7 +1,7 @@
 """How many tokens each lane holder drafts this tick. Pure policy, no torch.
 
 A round of K drafts adds K rows to the tick's forward, and every other stream in the
-tick waits for them. Whether that pays depends on two things this module keeps:
+tick waits for them. Whether that pays depends on three things this module keeps:
 
 * ``StepCost``: how long a forward of n rows takes (measured once per model and
   machine by the runner, ``engine/calibration.py``). On a CPU with weight-only int4
@@ -20,12 +20,13 @@ maximises the tick's expected goodput, tokens out per ms::
 
 (a K > 0 must beat K = 0 by ``MIN_GAIN``), so a lone stream drafts deeply when its drafts
 are good, and a holder in a full batch drafts only as much as its acceptance pays for.
+K = 0 keeps the grant (the lane's rules are unchanged; the tick still spends the grant),
+it just decodes classically this tick.
 
 Head-of-line guard: goodput alone would let a holder with near-certain drafts make every
 co-batched stream wait for a tick twice as long (total tokens per ms still rise, but they
 are the holder's). When other rows share the tick, the drafts may lengthen it by at most
-``MAX_SLOWDOWN`` x the tick without them; a lone stream has no such limit. K = 0 keeps the grant (the lane's
-rules are unchanged), it just decodes classically this tick.
+``MAX_SLOWDOWN`` x the tick without them; a lone stream has no such limit.
 
 Exploration: a holder at K = 0 learns nothing about its drafts. Its evidence (decayed
 count of verified drafts) fades with each such tick, and a holder with less than
@@ -45,8 +46,8 @@ IDLE_DECAY = 0.9  # per held tick without drafts
 PROBE_BELOW = 1.0  # draft tokens of evidence under which a holder is probed
 PROBE_K = 1  # a probe's drafts: one verified token is evidence enough, and cheap (+1 row)
 # Drafts must beat plain decoding by this factor: the calibration times the forward only,
-# not drafting, verification bookkeeping or the estimate's own noise, and a round that
-# merely breaks even taxes every other stream in the tick for nothing.
+# not verification bookkeeping or the estimate's own noise, and a round that merely
+# breaks even taxes every other stream in the tick for nothing.
 MIN_GAIN = 1.05
 MAX_SLOWDOWN = 1.5  # a tick shared with other streams: drafts may cost at most +50%
 PRIOR_RATE = 0.7  # engine-wide prior before any round has been seen
