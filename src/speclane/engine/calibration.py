@@ -80,6 +80,7 @@ def step_cost(model: LlamaModel, cache: KVCache, max_rows: int) -> StepCost:
         return StepCost(tuple(json.loads(path.read_text())["ms_by_rows"]))
     except (OSError, ValueError, KeyError, TypeError):
         pass
+    log.info("measuring the step cost of 1..%d rows for adaptive K (once per model and machine)", max_rows)
     started = time.perf_counter()
     cost = measure_step_cost(model, cache, max_rows)
     log.info("step cost calibrated for 1..%d rows in %.1f s", max_rows, time.perf_counter() - started)

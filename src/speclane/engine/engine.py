@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +28,8 @@ from speclane.models.loader import read_weights
 from speclane.models.tokenizer import Tokenizer
 from speclane.request import Request, RequestStatus, SamplingParams, finish_reason
 from speclane.scheduler.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -102,7 +105,10 @@ class LLMEngine:
         lane = config.lane if self.drafter is not None else _lane_off(config)
         self.scheduler = Scheduler(config.scheduler, lane, self.max_model_len)
         if getattr(self.model, "_decode_fns", None) is not None:
+            log.info("compiling the one-token decode step (--compile; ~30 s the first time, seconds after)")
+            started = time.perf_counter()
             calibration.forward_ms(self.model, self.cache)  # compile now, not in the first request
+            log.info("decode step compiled in %.1f s", time.perf_counter() - started)
         if self.drafter is not None and lane.spec_mode == "slice" and lane.spec_adaptive_k:
             # Widest tick: every slot decoding plus every lane slot verifying K drafts.
             max_rows = config.scheduler.max_num_seqs + lane.spec_slots * lane.num_draft_tokens
