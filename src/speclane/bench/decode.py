@@ -101,7 +101,7 @@ def run(config: EngineConfig, repeats: int = 3, new_tokens: int = 128) -> list[T
     )
     mc = config.model
     quant = f"{mc.dtype}, quantization={llm.engine.model.quantization}"
-    is_compiled = getattr(compiled.engine.model, "_decode_fns", None) is not None
+    is_compiled = compiled.engine.model.decode_compiled
     for name, label in (("speclane", quant), ("speclane --compile", quant + (", compiled step" if is_compiled else ", not compilable: eager"))):
         t1.add(name, label, median(runs[name]), ", ".join(f"{x:.1f}" for x in runs[name]), f"{median(runs[name]) / ref:.2f}x")
     t1.add("transformers generate()", "bfloat16", ref, ", ".join(f"{x:.1f}" for x in runs["transformers"]), "1.00x")

@@ -104,7 +104,7 @@ class LLMEngine:
         self.drafter = drafter if config.lane.speculation_enabled else None
         lane = config.lane if self.drafter is not None else _lane_off(config)
         self.scheduler = Scheduler(config.scheduler, lane, self.max_model_len)
-        if getattr(self.model, "_decode_fns", None) is not None:
+        if self.model.decode_compiled:
             log.info("compiling the one-token decode step (--compile; ~30 s the first time, seconds after)")
             started = time.perf_counter()
             calibration.forward_ms(self.model, self.cache)  # compile now, not in the first request

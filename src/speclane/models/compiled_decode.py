@@ -22,13 +22,13 @@ batches, prefill and verification run eager.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from speclane.models.linear import Int4Weight
-
-_INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu.default
+from speclane.models.linear import INT4_MM, Int4Weight
+from speclane.models.llama import _rotate
 
 
 def supports(model) -> bool:
@@ -37,12 +37,28 @@ def supports(model) -> bool:
     return all(isinstance(lin.quantized, Int4Weight) and lin.bias is None for lin in linears)
 
 
-def layer_weights(layer) -> tuple[torch.Tensor, ...]:
-    """The tensors the compiled functions take for one layer, in their order."""
-    w = []
-    for lin in (layer.o, layer.gate_up, layer.down, layer.qkv):
-        w += [lin.quantized.packed, lin.quantized.scales_and_zeros]
-    return (*w, layer.attn_norm, layer.mlp_norm)
+class LayerTensors(NamedTuple):
+    """The tensors the compiled functions take for one layer (int4: packed weight and its
+    scales-and-zeros per linear)."""
+
+    qkv_p: torch.Tensor
+    qkv_s: torch.Tensor
+    attn_norm: torch.Tensor
+    o_p: torch.Tensor
+    o_s: torch.Tensor
+    gu_p: torch.Tensor
+    gu_s: torch.Tensor
+    d_p: torch.Tensor
+    d_s: torch.Tensor
+    mlp_norm: torch.Tensor
+
+    @classmethod
+    def of(cls, layer) -> LayerTensors:
+        def pair(lin):
+            return lin.quantized.packed, lin.quantized.scales_and_zeros
+
+        return cls(*pair(layer.qkv), layer.attn_norm, *pair(layer.o), *pair(layer.gate_up), *pair(layer.down),
+                   layer.mlp_norm)
 
 
 def make_functions(model) -> tuple[Callable, Callable, Callable]:
@@ -58,17 +74,16 @@ def make_functions(model) -> tuple[Callable, Callable, Callable]:
 
     def qkv_of(x, attn_norm, qkv_p, qkv_s, cos, sin):
         h = F.rms_norm(x, (hidden,), attn_norm, eps).to(dt)
-        qkv = _INT4_MM(h, qkv_p, group, qkv_s)
-        qk = qkv[:, : q_size + kv_size].view(-1, heads + kv_heads, head_dim)
-        qk = torch.addcmul(qk * cos, qk.roll(head_dim // 2, -1), sin)  # RoPE, as LlamaModel._rotate
+        qkv = INT4_MM(h, qkv_p, group, qkv_s)
+        qk = _rotate(qkv[:, : q_size + kv_size].view(-1, heads + kv_heads, head_dim), cos, sin)
         q, k = qk.split([heads, kv_heads], dim=1)
         return q, k, qkv[:, q_size + kv_size :].view(-1, kv_heads, head_dim)
 
     def mlp_after_attention(x, out, o_p, o_s, gu_p, gu_s, d_p, d_s, mlp_norm):
-        x = x + _INT4_MM(out, o_p, group, o_s)
+        x = x + INT4_MM(out, o_p, group, o_s)
         h = F.rms_norm(x, (hidden,), mlp_norm, eps).to(dt)
-        gate, up = _INT4_MM(h, gu_p, group, gu_s).split(intermediate, dim=-1)
-        return x + _INT4_MM(F.silu(gate) * up, d_p, group, d_s)
+        gate, up = INT4_MM(h, gu_p, group, gu_s).split(intermediate, dim=-1)
+        return x + INT4_MM(F.silu(gate) * up, d_p, group, d_s)
 
     def attention_inputs(x, qkv_p, qkv_s, attn_norm, cos, sin):
         return qkv_of(x, attn_norm, qkv_p, qkv_s, cos, sin)

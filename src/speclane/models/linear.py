@@ -14,7 +14,7 @@ INT4_GROUP = 32
 INT4_ROW_BLOCK = 4  # rows the CPU int4 kernel computes together
 # The kernels' overloads, looked up once (an ``torch.ops.aten.X(...)`` call resolves the
 # overload packet on every call).
-_INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu.default
+INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu.default  # (x, packed, group, scales_and_zeros)
 _INT8_MM = torch.ops.aten._weight_int8pack_mm.default
 
 
@@ -65,7 +65,7 @@ class Int4Weight:
         return self._kernel(x)
 
     def _kernel(self, x: torch.Tensor) -> torch.Tensor:
-        return _INT4_MM(x, self.packed, self.group, self.scales_and_zeros)
+        return INT4_MM(x, self.packed, self.group, self.scales_and_zeros)
 
 
 class Int8Weight:

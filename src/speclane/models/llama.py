@@ -126,6 +126,7 @@ class LlamaModel(nn.Module):
         # sin with the first half negated: rotate-half becomes roll(x) * signed_sin (see _rotate).
         half = config.head_dim // 2
         self.signed_sin = torch.cat([-angles[:, :half].sin(), angles[:, half:].sin()], dim=-1).to(dtype)
+        self._decode_fns = None  # compile_decode(): the compiled one-token step's functions
 
     # -- the forward --------------------------------------------------------------
     def compile_decode(self) -> bool:
@@ -135,8 +136,13 @@ class LlamaModel(nn.Module):
         if not compiled_decode.supports(self):
             return False
         self._decode_fns = compiled_decode.make_functions(self)
-        self._layer_weights = [compiled_decode.layer_weights(layer) for layer in self.layers]
+        self._layer_tensors = [compiled_decode.LayerTensors.of(layer) for layer in self.layers]
         return True
+
+    @property
+    def decode_compiled(self) -> bool:
+        """A single sequence's one-token step runs compiled (``compile_decode``)."""
+        return self._decode_fns is not None
 
     @torch.inference_mode()
     def forward(self, batch: RaggedBatch, cache: KVCache) -> torch.Tensor:
@@ -148,7 +154,7 @@ class LlamaModel(nn.Module):
         attn = _AttentionPlan(batch, cfg, self.dtype)
         cos = self.cos[batch.positions].unsqueeze(1)  # [T, 1, head_dim]
         sin = self.signed_sin[batch.positions].unsqueeze(1)
-        if getattr(self, "_decode_fns", None) is not None and attn.single and batch.num_new[0] == 1:
+        if self.decode_compiled and attn.single and batch.num_new[0] == 1:
             return self._compiled_step(batch, cache, attn, cos, sin)
         # The residual stream stays in float32 (it is only [T, hidden]); the linears run in
         # self.dtype. In bfloat16 this keeps near-tied logits in the float32 order.
@@ -175,18 +181,18 @@ class LlamaModel(nn.Module):
         """The same step as ``forward`` for one sequence and one token, with the work
         between attentions compiled (numerics: see compiled_decode.py)."""
         attention_inputs, between, last = self._decode_fns
-        weights = self._layer_weights
+        tensors = self._layer_tensors
         x = F.embedding(batch.input_ids, self.embed).float()
-        # layer_weights order: o (2), gate_up (2), down (2), qkv (2), attn_norm, mlp_norm
-        q, k, v = attention_inputs(x, weights[0][6], weights[0][7], weights[0][8], cos, sin)
-        for i in range(len(self.layers)):
+        first = tensors[0]
+        q, k, v = attention_inputs(x, first.qkv_p, first.qkv_s, first.attn_norm, cos, sin)
+        for i, t in enumerate(tensors):
             out = attn.attend(q, k, v, cache.keys[i], cache.values[i], self.scale)
-            o_p, o_s, gu_p, gu_s, d_p, d_s, _, _, _, mlp_norm = weights[i]
-            if i + 1 < len(self.layers):
-                nxt = weights[i + 1]
-                x, q, k, v = between(x, out, o_p, o_s, gu_p, gu_s, d_p, d_s, mlp_norm, nxt[6], nxt[7], nxt[8], cos, sin)
+            mlp = (t.o_p, t.o_s, t.gu_p, t.gu_s, t.d_p, t.d_s, t.mlp_norm)
+            if i + 1 < len(tensors):
+                nxt = tensors[i + 1]
+                x, q, k, v = between(x, out, *mlp, nxt.qkv_p, nxt.qkv_s, nxt.attn_norm, cos, sin)
             else:
-                x = last(x, out, o_p, o_s, gu_p, gu_s, d_p, d_s, mlp_norm, self.final_norm)
+                x = last(x, out, *mlp, self.final_norm)
         cache.advance(batch.slots[0], batch.starts[0], 1)
         return x
 
