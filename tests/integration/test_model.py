@@ -9,6 +9,7 @@ only by accumulation order (measured: max abs 4.8e-5 on logits of magnitude ~30)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 
@@ -230,35 +231,56 @@ def test_quantized_head_picks_the_float32_argmax(llm_default):
     torch.testing.assert_close(refined.max(-1).values, exact.max(-1).values, atol=1e-4, rtol=1e-5)
 
 
+class _CountingStep:
+    """A compiled step that records the positions it served."""
+
+    def __init__(self, inner):
+        self.inner, self.positions = inner, []
+
+    def takes(self, cached: int, num_new: int) -> bool:
+        return self.inner.takes(cached, num_new)
+
+    def __call__(self, token, position, slot, cache):
+        self.positions.append(position)
+        return self.inner(token, position, slot, cache)
+
+
 def test_compiled_decode_step_matches_eager(llm_default):
-    """--compile: the one-token step with its between-attention work compiled follows the
-    eager step through a greedy decode: the same 32 tokens, hidden states within a few
-    percent (the casts are emulated, but inductor's fused reductions sum in another order,
-    and a bfloat16 rounding that flips carries through the KV cache)."""
-    model = llm_default.engine.model
+    """--compile: the one-token step as one compiled graph (attention included) follows the
+    eager step through 32 greedy steps: the same next token and hidden states within a few
+    percent (inductor's fused reductions sum in another order, so a bfloat16 rounding can
+    flip). The first 4 layers of the default model, so the compile fits the test budget
+    (the graph is the same per layer; the full model compiles in minutes)."""
+    full = llm_default.engine.model
+    layers = 4
+    model = LlamaModel(dataclasses.replace(full.config, num_layers=layers), full.embed, full.layers[:layers],
+                       full.final_norm, full.lm_head, full.dtype)
     assert model.compile_decode()
-    compiled_fns = model._decode_fns
+    compiled = _CountingStep(model.compiled_step)
     tokens = prompt_ids(llm_default, CAPITAL_QUESTION)
-    caches = {"eager": new_cache(model, num_slots=1, max_len=len(tokens) + 40),
-              "compiled": new_cache(model, num_slots=1, max_len=len(tokens) + 40)}
-    try:
-        hidden: dict[str, torch.Tensor] = {}
+    caches = {name: new_cache(model, num_slots=1, max_len=len(tokens) + 40) for name in ("eager", "compiled")}
+    for name, cache in caches.items():
+        model.compiled_step = compiled if name == "compiled" else None
+        model(RaggedBatch(torch.tensor(tokens), torch.arange(len(tokens)), [0], [0], [len(tokens)]), cache)
+    token, agree, worst = tokens[-1], 0, 0.0
+    for step in range(32):
+        pos = len(tokens) + step
+        hidden = {}
         for name, cache in caches.items():
-            model._decode_fns = compiled_fns if name == "compiled" else None
-            model(RaggedBatch(torch.tensor(tokens), torch.arange(len(tokens)), [0], [0], [len(tokens)]), cache)
-        next_token = {"eager": tokens[-1], "compiled": tokens[-1]}
-        identical = 0
-        for step in range(32):
-            pos = len(tokens) + step
-            for name, cache in caches.items():
-                model._decode_fns = compiled_fns if name == "compiled" else None
-                hidden[name] = model(RaggedBatch(torch.tensor([next_token[name]]), torch.tensor([pos]), [0], [pos], [1]), cache)
-                next_token[name] = int(model.logits(hidden[name]).argmax(-1))
-            assert next_token["eager"] == next_token["compiled"], f"step {step}"
-            drift = (hidden["compiled"] - hidden["eager"]).norm() / hidden["eager"].norm()
-            assert drift < 0.05, f"step {step}: relative difference {drift:.4f}"  # measured <= 1.4% here
-            identical += torch.equal(hidden["eager"], hidden["compiled"])
-        assert model._decode_fns is compiled_fns  # the compiled path ran
-        print(f"bit-identical steps: {identical}/32")
-    finally:
-        model._decode_fns = None
+            model.compiled_step = compiled if name == "compiled" else None
+            hidden[name] = model(RaggedBatch(torch.tensor([token]), torch.tensor([pos]), [0], [pos], [1]), cache)
+        drift = float((hidden["compiled"] - hidden["eager"]).norm() / hidden["eager"].norm())
+        worst = max(worst, drift)
+        assert drift < 0.05, f"step {step}: relative difference {drift:.4f}"
+        choice = {name: int(model.logits(h).argmax(-1)) for name, h in hidden.items()}
+        agree += choice["eager"] == choice["compiled"]
+        token = choice["eager"]  # both follow the same tokens, so one flip does not derail the rest
+    for name, cache in caches.items():
+        assert cache.lengths[0] == len(tokens) + 32, name
+    # Each cache holds what its own step wrote: keys within bfloat16 noise of each other.
+    written = slice(len(tokens), len(tokens) + 32)
+    k_eager, k_compiled = (caches[n].all_keys[:, 0, :, written].float() for n in ("eager", "compiled"))
+    assert float((k_compiled - k_eager).norm() / k_eager.norm()) < 0.05
+    assert compiled.positions == [len(tokens) + s for s in range(32)]  # the compiled graph served every step
+    assert agree >= 31, f"next token agreed on {agree}/32 steps"
+    print(f"worst relative drift {worst:.4f}, next token agreed {agree}/32")

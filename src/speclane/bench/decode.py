@@ -106,7 +106,7 @@ def run(config: EngineConfig, repeats: int = 3, new_tokens: int = 128) -> list[T
         t1.add(name, label, median(runs[name]), ", ".join(f"{x:.1f}" for x in runs[name]), f"{median(runs[name]) / ref:.2f}x")
     t1.add("transformers generate()", "bfloat16", ref, ", ".join(f"{x:.1f}" for x in runs["transformers"]), "1.00x")
     t1.notes.append("A B C alternation after a discarded warm-up of each arm, same prompt, same process. "
-                    "--compile: the one-token step's work between attentions compiled.")
+                    "--compile: the one-token step (every layer and its attention) as one compiled graph.")
 
     t2 = Table("One decode step (forward + logits), KV length 200", ["batch", "ms/step", "tok/s"])
     for batch in (1, 4, 8, 16):

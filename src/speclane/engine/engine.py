@@ -105,7 +105,8 @@ class LLMEngine:
         lane = config.lane if self.drafter is not None else _lane_off(config)
         self.scheduler = Scheduler(config.scheduler, lane, self.max_model_len)
         if self.model.decode_compiled:
-            log.info("compiling the one-token decode step (--compile; ~30 s the first time, seconds after)")
+            log.info("compiling the one-token decode step (--compile): minutes the first time on a small CPU, "
+                     "seconds after (inductor cache under ~/.cache/speclane/inductor)")
             started = time.perf_counter()
             calibration.forward_ms(self.model, self.cache)  # compile now, not in the first request
             log.info("decode step compiled in %.1f s", time.perf_counter() - started)

@@ -18,14 +18,18 @@ class KVCache:
         self.max_len = max_len
         # [slots, kv_heads, max_len, head_dim] so that one slot's first L positions are a
         # strided view SDPA can read without a copy.
-        shape = (num_slots, num_kv_heads, max_len, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        # All layers live in one tensor so that a compiled decode step can read one slot's
+        # history of every layer as a single view (``compiled_decode.py``).
+        shape = (num_layers, num_slots, num_kv_heads, max_len, head_dim)
+        self.all_keys = torch.zeros(shape, dtype=dtype)
+        self.all_values = torch.zeros(shape, dtype=dtype)
+        self.keys = list(self.all_keys.unbind(0))  # per layer: [slots, kv_heads, max_len, head_dim]
+        self.values = list(self.all_values.unbind(0))
         self.lengths = [0] * num_slots
 
     @property
     def bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+        return sum(t.numel() * t.element_size() for t in (self.all_keys, self.all_values))
 
     def reset(self, slot: int) -> None:
         """A new sequence takes this slot."""

@@ -1,44 +1,56 @@
-"""A one-token decode step with the work between attentions compiled (``--compile``).
+"""A single sequence's one-token decode step as one compiled graph (``--compile``).
 
-On this project's 2-core CPU a decode step of the default model is ~15 ms of int4
-matmuls, ~3 ms of attention and ~12 ms of everything else: about a thousand small ops
-(norms, casts, RoPE, SiLU, residual adds) at ~12 µs of dispatch each
-(``benchmarks/decode_breakdown.py``). ``torch.compile`` fuses them into a few C++
-kernels, with a C++ wrapper that calls the int4 kernel without Python in between.
+On this project's 2-core CPU an eager decode step of the default model is ~15 ms of
+int4 matmuls and ~15 ms of everything else: about a thousand small ops (norms, casts,
+RoPE, SiLU, residual adds, KV-cache views, SDPA's own set-up) at ~10 µs of dispatch
+each (``benchmarks/decode_breakdown.py``). ``torch.compile`` turns the whole step, every
+layer and its attention, into one graph of fused C++ loops and int4 kernel calls, run
+without Python in between: ~30% faster than eager here (docs/benchmarks.md).
 
-What is compiled: from one layer's attention output to the next layer's q, k, v (the o
-projection, the MLP, both norms, the next qkv projection and RoPE), as pure functions of
-tensors, so the 30 layers share one graph. The KV-cache writes and attention stay eager:
-compiled code that mutates a slice of the cache copies the whole cache.
+Shapes: the only size that changes from step to step is the sequence's cached length
+``L``, marked dynamic, so one compile serves every position (``MIN_CACHED`` and up:
+dynamo specialises sizes 0 and 1). The graph reads the cache but never writes it: it
+returns the new position's keys and values of every layer, and the caller writes them
+with one copy per tensor (a compiled write into a slice of the cache copies the cache).
+
+Attention is written out as products and sums rather than SDPA, so inductor fuses it
+into float32-accumulating loops over the L cached positions; the new token's own key is
+scored apart from the cached ones, so nothing is concatenated onto the cache.
 
 Numerics: ``emulate_precision_casts`` makes inductor round to bfloat16 where eager
-does, but its fused reductions (RMSNorm) sum in another order, so an occasional bfloat16
-rounding flips and carries through the KV cache: tests see the same greedy tokens as the
-eager step over 32 steps with hidden states within ~1.5%, not the same bits. Only a
-single sequence's one-token step takes this path (static shapes: one compile); ragged
-batches, prefill and verification run eager.
+does, but fused reductions (RMSNorm, attention) sum in another order, so an occasional
+bfloat16 rounding flips: tests see hidden states within ~1% of the eager step, not the
+same bits. Ragged batches, prefill and verification run eager.
+
+Cost: the compile is long (dynamo traces all layers, inductor generates C++ for each):
+~2-4 minutes on 2 cores the first time, seconds after from inductor's cache, which
+``compile_decode`` keeps under ~/.cache/speclane/inductor.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
+from speclane.engine.kv_cache import KVCache
 from speclane.models.linear import INT4_MM, Int4Weight
 from speclane.models.llama import _rotate
 
+MIN_CACHED = 2  # shortest cached length the compiled step takes (see module docstring)
+
 
 def supports(model) -> bool:
-    """Int4 linears without biases (the default GGUF model): the compiled functions' shape."""
+    """Int4 linears without biases (the default GGUF model): the compiled step's shape."""
     linears = [lin for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
     return all(isinstance(lin.quantized, Int4Weight) and lin.bias is None for lin in linears)
 
 
 class LayerTensors(NamedTuple):
-    """The tensors the compiled functions take for one layer (int4: packed weight and its
+    """One layer's tensors for the compiled step (int4: packed weight and its
     scales-and-zeros per linear)."""
 
     qkv_p: torch.Tensor
@@ -61,42 +73,70 @@ class LayerTensors(NamedTuple):
                    layer.mlp_norm)
 
 
-def make_functions(model) -> tuple[Callable, Callable, Callable]:
-    """(attention_inputs, between, last), compiled. Shapes and sizes are closure constants."""
+class CompiledDecodeStep:
+    """``step(token, position, slot, cache)`` -> final-normed hidden state [1, hidden]."""
+
+    def __init__(self, model):
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path.home() / ".cache" / "speclane" / "inductor"))
+        self.model = model
+        self.layers = [LayerTensors.of(layer) for layer in model.layers]
+        self._fn = torch.compile(_step_function(model), dynamic=False, fullgraph=True)
+
+    def takes(self, cached: int, num_new: int) -> bool:
+        return num_new == 1 and cached >= MIN_CACHED
+
+    def __call__(self, token: torch.Tensor, position: int, slot: int, cache: KVCache) -> torch.Tensor:
+        past_keys = cache.all_keys[:, slot, :, :position]  # [layers, kv_heads, L, head_dim] views
+        past_values = cache.all_values[:, slot, :, :position]
+        for past in (past_keys, past_values):
+            torch._dynamo.mark_dynamic(past, 2, min=MIN_CACHED, max=cache.max_len)
+        m = self.model
+        hidden, keys, values = self._fn(token, torch.tensor([position]), past_keys, past_values, m.embed, m.cos,
+                                        m.signed_sin, m.final_norm, self.layers)
+        cache.all_keys[:, slot, :, position] = keys
+        cache.all_values[:, slot, :, position] = values
+        cache.advance(slot, position, 1)
+        return hidden
+
+
+def _step_function(model):
+    """The step as a pure function of tensors; sizes are closure constants."""
     import torch._inductor.config as inductor_config
 
     inductor_config.emulate_precision_casts = True  # round where eager rounds (module docstring)
-    cfg = model.config
-    layer0 = model.layers[0]
-    group = layer0.qkv.quantized.group
-    q_size, kv_size, heads, kv_heads, head_dim = layer0.q_size, layer0.kv_size, layer0.num_heads, layer0.num_kv_heads, layer0.head_dim
-    intermediate, eps, hidden, dt = layer0.intermediate, cfg.rms_norm_eps, cfg.hidden_size, model.dtype
+    cfg, dt = model.config, model.dtype
+    heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    q_size, kv_size, group = heads * head_dim, kv_heads * head_dim, model.layers[0].qkv.quantized.group
+    query_group, scale, hidden, eps = cfg.group_size, model.scale, cfg.hidden_size, cfg.rms_norm_eps
 
-    def qkv_of(x, attn_norm, qkv_p, qkv_s, cos, sin):
-        h = F.rms_norm(x, (hidden,), attn_norm, eps).to(dt)
-        qkv = INT4_MM(h, qkv_p, group, qkv_s)
-        qk = _rotate(qkv[:, : q_size + kv_size].view(-1, heads + kv_heads, head_dim), cos, sin)
-        q, k = qk.split([heads, kv_heads], dim=1)
-        return q, k, qkv[:, q_size + kv_size :].view(-1, kv_heads, head_dim)
+    def int4(x, packed, scales):
+        return INT4_MM(x, packed, group, scales)
 
-    def mlp_after_attention(x, out, o_p, o_s, gu_p, gu_s, d_p, d_s, mlp_norm):
-        x = x + INT4_MM(out, o_p, group, o_s)
-        h = F.rms_norm(x, (hidden,), mlp_norm, eps).to(dt)
-        gate, up = INT4_MM(h, gu_p, group, gu_s).split(intermediate, dim=-1)
-        return x + INT4_MM(F.silu(gate) * up, d_p, group, d_s)
+    def attention(q, k, v, past_k, past_v):
+        """q: [1, heads, d]; k, v: [1, kv_heads, d]; past_*: [kv_heads, L, d] -> [1, heads * d]."""
+        q = q.view(kv_heads, query_group, 1, head_dim).float()
+        scores = (q * past_k.unsqueeze(1).float()).sum(-1)  # [kv_heads, group, L]
+        own = (q.squeeze(2) * k.view(kv_heads, 1, head_dim).float()).sum(-1, keepdim=True)  # [.., 1]
+        weights = torch.softmax(torch.cat([scores, own], dim=-1) * scale, dim=-1)
+        out = (weights[..., :-1, None] * past_v.unsqueeze(1).float()).sum(-2)  # [kv_heads, group, d]
+        out = out + weights[..., -1:] * v.view(kv_heads, 1, head_dim).float()
+        return out.to(dt).view(1, q_size)
 
-    def attention_inputs(x, qkv_p, qkv_s, attn_norm, cos, sin):
-        return qkv_of(x, attn_norm, qkv_p, qkv_s, cos, sin)
+    def step(token, position, past_keys, past_values, embed, cos_table, sin_table, final_norm, layers):
+        # The same maths as LlamaModel.forward (float32 residual, linears in dt).
+        x = F.embedding(token, embed).float()  # [1, hidden]
+        cos, sin = cos_table[position].unsqueeze(1), sin_table[position].unsqueeze(1)
+        new_keys, new_values = [], []
+        for i, t in enumerate(layers):
+            qkv = int4(F.rms_norm(x, (hidden,), t.attn_norm, eps).to(dt), t.qkv_p, t.qkv_s)
+            qk = _rotate(qkv[:, : q_size + kv_size].view(1, heads + kv_heads, head_dim), cos, sin)
+            q, k = qk.split([heads, kv_heads], dim=1)
+            v = qkv[:, q_size + kv_size :].view(1, kv_heads, head_dim)
+            new_keys.append(k)
+            new_values.append(v)
+            x = x + int4(attention(q, k, v, past_keys[i], past_values[i]), t.o_p, t.o_s)
+            gate, up = int4(F.rms_norm(x, (hidden,), t.mlp_norm, eps).to(dt), t.gu_p, t.gu_s).chunk(2, dim=-1)
+            x = x + int4(F.silu(gate) * up, t.d_p, t.d_s)
+        return F.rms_norm(x, (hidden,), final_norm, eps), torch.cat(new_keys), torch.cat(new_values)
 
-    def between(x, out, o_p, o_s, gu_p, gu_s, d_p, d_s, mlp_norm, next_qkv_p, next_qkv_s, next_attn_norm, cos, sin):
-        x = mlp_after_attention(x, out, o_p, o_s, gu_p, gu_s, d_p, d_s, mlp_norm)
-        return (x, *qkv_of(x, next_attn_norm, next_qkv_p, next_qkv_s, cos, sin))
-
-    def last(x, out, o_p, o_s, gu_p, gu_s, d_p, d_s, mlp_norm, final_norm):
-        x = mlp_after_attention(x, out, o_p, o_s, gu_p, gu_s, d_p, d_s, mlp_norm)
-        return F.rms_norm(x, (hidden,), final_norm, eps)
-
-    def compiled(fn):
-        return torch.compile(fn, dynamic=False, fullgraph=True, options={"cpp_wrapper": True})
-
-    return compiled(attention_inputs), compiled(between), compiled(last)
+    return step

@@ -126,7 +126,7 @@ class LlamaModel(nn.Module):
         # sin with the first half negated: rotate-half becomes roll(x) * signed_sin (see _rotate).
         half = config.head_dim // 2
         self.signed_sin = torch.cat([-angles[:, :half].sin(), angles[:, half:].sin()], dim=-1).to(dtype)
-        self._decode_fns = None  # compile_decode(): the compiled one-token step's functions
+        self.compiled_step = None  # compile_decode(): a CompiledDecodeStep
 
     # -- the forward --------------------------------------------------------------
     def compile_decode(self) -> bool:
@@ -135,14 +135,13 @@ class LlamaModel(nn.Module):
 
         if not compiled_decode.supports(self):
             return False
-        self._decode_fns = compiled_decode.make_functions(self)
-        self._layer_tensors = [compiled_decode.LayerTensors.of(layer) for layer in self.layers]
+        self.compiled_step = compiled_decode.CompiledDecodeStep(self)
         return True
 
     @property
     def decode_compiled(self) -> bool:
         """A single sequence's one-token step runs compiled (``compile_decode``)."""
-        return self._decode_fns is not None
+        return self.compiled_step is not None
 
     @torch.inference_mode()
     def forward(self, batch: RaggedBatch, cache: KVCache) -> torch.Tensor:
@@ -151,11 +150,12 @@ class LlamaModel(nn.Module):
         max_kv = max(s + n for s, n in zip(batch.starts, batch.num_new, strict=True))
         if max_kv > cfg.max_position_embeddings:
             raise ValueError(f"position {max_kv} is beyond the model's {cfg.max_position_embeddings} positions")
+        step = self.compiled_step
+        if step is not None and len(batch.slots) == 1 and step.takes(batch.starts[0], batch.num_new[0]):
+            return step(batch.input_ids, batch.starts[0], batch.slots[0], cache)
         attn = _AttentionPlan(batch, cfg, self.dtype)
         cos = self.cos[batch.positions].unsqueeze(1)  # [T, 1, head_dim]
         sin = self.signed_sin[batch.positions].unsqueeze(1)
-        if self.decode_compiled and attn.single and batch.num_new[0] == 1:
-            return self._compiled_step(batch, cache, attn, cos, sin)
         # The residual stream stays in float32 (it is only [T, hidden]); the linears run in
         # self.dtype. In bfloat16 this keeps near-tied logits in the float32 order.
         x = F.embedding(batch.input_ids, self.embed).float()  # [T, hidden]
@@ -175,26 +175,6 @@ class LlamaModel(nn.Module):
         for slot, start, n in zip(batch.slots, batch.starts, batch.num_new, strict=True):
             cache.advance(slot, start, n)
         return F.rms_norm(x, (cfg.hidden_size,), self.final_norm, cfg.rms_norm_eps)  # float32
-
-    def _compiled_step(self, batch: RaggedBatch, cache: KVCache, attn: _AttentionPlan, cos: torch.Tensor,
-                       sin: torch.Tensor) -> torch.Tensor:
-        """The same step as ``forward`` for one sequence and one token, with the work
-        between attentions compiled (numerics: see compiled_decode.py)."""
-        attention_inputs, between, last = self._decode_fns
-        tensors = self._layer_tensors
-        x = F.embedding(batch.input_ids, self.embed).float()
-        first = tensors[0]
-        q, k, v = attention_inputs(x, first.qkv_p, first.qkv_s, first.attn_norm, cos, sin)
-        for i, t in enumerate(tensors):
-            out = attn.attend(q, k, v, cache.keys[i], cache.values[i], self.scale)
-            mlp = (t.o_p, t.o_s, t.gu_p, t.gu_s, t.d_p, t.d_s, t.mlp_norm)
-            if i + 1 < len(tensors):
-                nxt = tensors[i + 1]
-                x, q, k, v = between(x, out, *mlp, nxt.qkv_p, nxt.qkv_s, nxt.attn_norm, cos, sin)
-            else:
-                x = last(x, out, *mlp, self.final_norm)
-        cache.advance(batch.slots[0], batch.starts[0], 1)
-        return x
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
