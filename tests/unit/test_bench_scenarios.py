@@ -183,10 +183,11 @@ def test_hol_scenario_end_to_end_on_a_toy_model(tmp_path, monkeypatch, capsys):
     assert "Head-of-line" in capsys.readouterr().out
     report = json.loads((out / "report.json").read_text())
     rows = {row[0]: row for row in report["tables"][0]["rows"]}
-    assert set(rows) == {"no speculative stream", "slice", "burst"}
+    assert set(rows) == {"no speculative stream", "5th stream, speculation off", "slice", "burst"}
     counters = report["counters"]
     assert counters["slice"]["slice_rounds"] > 0 and counters["slice"]["burst_rounds"] == 0
     assert counters["burst"]["burst_rounds"] > 0 and counters["burst"]["slice_rounds"] == 0
     assert counters["no speculative stream"]["slice_rounds"] == 0
-    assert rows["slice"][5] == counters["slice"]["slice_rounds"]  # the table shows the same counters
+    assert counters["5th stream, speculation off"]["slice_rounds"] == 0  # the fifth stream decoded classically
+    assert rows["slice"][6] == counters["slice"]["slice_rounds"]  # the table shows the same counters
     assert _is_png(out / "itl-cdf.png")

@@ -40,6 +40,15 @@ class Timeline:
     def ttft_s(self) -> float:
         return self.token_times[0] - self.added_s if self.token_times else float("nan")
 
+    @property
+    def decode_rate(self) -> float:
+        """Tokens per second after the first one (1 / time per output token): the decode
+        phase alone, without the prompt's prefill."""
+        times = self.token_times
+        if len(times) < 2 or times[-1] <= times[0]:
+            return float("nan")
+        return (len(times) - 1) / (times[-1] - times[0])
+
     def gaps_s(self) -> list[float]:
         """Inter-token gaps; tokens of one round share its time, so the gap is spread over them."""
         gaps = []

@@ -11,6 +11,7 @@ time for the default model, nothing after.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -21,6 +22,8 @@ from pathlib import Path
 import torch
 
 from speclane.engine.kv_cache import KVCache
+from speclane.models import linear as linear_module
+from speclane.models import llama as llama_module
 from speclane.models.llama import LlamaModel, RaggedBatch
 from speclane.scheduler.draft_length import StepCost
 
@@ -68,8 +71,11 @@ def measure_step_cost(model: LlamaModel, cache: KVCache, max_rows: int, repeats:
 
 
 def _key(model: LlamaModel, max_rows: int) -> str:
+    # The forward's own source is part of the key: a kernel or attention change moves the
+    # costs, and a stale table would steer K by the old ones.
+    code = "".join(inspect.getsource(module) for module in (llama_module, linear_module))
     parts = [repr(model.config), str(getattr(model, "quantization", "")), str(model.dtype), str(torch.get_num_threads()),
-             str(os.cpu_count()), torch.__version__, str(max_rows)]
+             str(os.cpu_count()), torch.__version__, str(max_rows), hashlib.sha1(code.encode()).hexdigest()]
     return hashlib.sha1("|".join(parts).encode()).hexdigest()[:20]
 
 
