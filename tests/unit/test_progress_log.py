@@ -1,0 +1,26 @@
+"""Long start-up work (a cold ``--compile``) logs that it is alive and how long it took."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from speclane.engine.engine import _progress_log
+
+
+def test_progress_log_reports_while_running_and_when_done(caplog):
+    with caplog.at_level(logging.INFO, logger="speclane.engine.engine"), _progress_log("compiling", every_s=0.05):
+        time.sleep(0.3)
+    messages = [r.getMessage() for r in caplog.records]
+    alive = [m for m in messages if m.startswith("compiling:") and "so far" in m]
+    assert len(alive) >= 2, messages
+    assert messages[-1].startswith("compiling: done in ")
+
+
+def test_progress_log_stops_reporting_after_the_block(caplog):
+    with caplog.at_level(logging.INFO, logger="speclane.engine.engine"):
+        with _progress_log("quick", every_s=0.05):
+            pass
+        time.sleep(0.2)
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == [messages[-1]] and messages[-1].startswith("quick: done in ")
