@@ -28,11 +28,13 @@ co-batched stream wait for a tick twice as long (total tokens per ms still rise,
 are the holder's). When other rows share the tick, the drafts may lengthen it by at most
 ``MAX_SLOWDOWN`` x the tick without them; a lone stream has no such limit.
 
-Exploration: a holder at K = 0 learns nothing about its drafts. Its evidence (decayed
-count of verified drafts) fades with each such tick, and a holder with less than
-``PROBE_BELOW`` tokens of evidence - a new one, or one idle for a while - drafts one
-token: a probe. A good probe lifts the estimate and the next tick drafts deep; a stream
-whose text turns predictable is found again, at the price of one extra row now and then.
+Exploration: a holder at K = 0 learns nothing about its drafts. A holder that has never
+drafted probes first (``PROBE_K`` drafts, whatever the prior says: the prior alone never
+buys a deep round), and a holder kept at K = 0 probes again after ``PROBE_EVERY`` held
+ticks without drafts: a stream whose text turns predictable is found again, at the price
+of one extra row now and then. Held ticks without drafts leave the counts alone (letting
+them fade would pull a poor drafter back to an engine-wide prior that a copy stream can
+hold near 1, and it would draft and fail again every few ticks).
 """
 
 from __future__ import annotations
@@ -40,10 +42,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-PRIOR_WEIGHT = 2.0  # the prior counts as this many draft tokens
+PRIOR_WEIGHT = 1.0  # the prior counts as this many draft tokens: one probe outweighs it
 DECAY = 0.8  # per observed round: the estimate follows the text
-IDLE_DECAY = 0.9  # per held tick without drafts
-PROBE_BELOW = 1.0  # draft tokens of evidence under which a holder is probed
+PROBE_EVERY = 16  # held ticks at K = 0 between probes (+1 row in one tick of 17)
 PROBE_K = 1  # a probe's drafts: one verified token is evidence enough, and cheap (+1 row)
 # Drafts must beat plain decoding by this factor: the calibration times the forward only,
 # not verification bookkeeping or the estimate's own noise, and a round that merely
@@ -85,6 +86,7 @@ class AcceptanceEstimate:
     """Decayed draft/accept counts per request, shrunk toward the engine-wide rate."""
 
     counts: dict[str, tuple[float, float]] = field(default_factory=dict)  # id -> (drafted, accepted)
+    idle_ticks: dict[str, int] = field(default_factory=dict)  # id -> held ticks at K = 0 since its last round
     engine_drafted: float = 0.0
     engine_accepted: float = 0.0
 
@@ -103,6 +105,7 @@ class AcceptanceEstimate:
             return
         d, a = self.counts.get(request_id, (0.0, 0.0))
         self.counts[request_id] = (d * DECAY + drafted, a * DECAY + accepted)
+        self.idle_ticks[request_id] = 0
         self.engine_drafted = self.engine_drafted * 0.99 + drafted
         self.engine_accepted = self.engine_accepted * 0.99 + accepted
 
@@ -111,13 +114,16 @@ class AcceptanceEstimate:
         return self.counts.get(request_id, (0.0, 0.0))[0]
 
     def idle(self, request_id: str) -> None:
-        """A held tick without drafts: the evidence fades, the estimate drifts to the prior."""
-        if request_id in self.counts:
-            d, a = self.counts[request_id]
-            self.counts[request_id] = (d * IDLE_DECAY, a * IDLE_DECAY)
+        """A held tick without drafts (counted toward the next probe)."""
+        self.idle_ticks[request_id] = self.idle_ticks.get(request_id, 0) + 1
+
+    def due_for_probe(self, request_id: str) -> bool:
+        """Never drafted, or ``PROBE_EVERY`` held ticks without drafts since the last round."""
+        return request_id not in self.counts or self.idle_ticks.get(request_id, 0) >= PROBE_EVERY
 
     def forget(self, request_id: str) -> None:
         self.counts.pop(request_id, None)
+        self.idle_ticks.pop(request_id, None)
 
 
 @dataclass
@@ -165,8 +171,10 @@ def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, c
             goodput = (tokens - 1 + expected_tokens(rate, k)) / tick_ms(rows + k, k)
             if goodput > best:
                 best_k, best = k, goodput
-        if best_k == 0 and k_max > 0 and acceptance.evidence(request_id) < PROBE_BELOW:
-            best_k = PROBE_K  # a probe: too little evidence to say drafts do not pay
+        if request_id not in acceptance.counts:
+            best_k = min(k_max, PROBE_K)  # never drafted: probe, do not go deep on the prior
+        elif best_k == 0 and k_max > 0 and acceptance.due_for_probe(request_id):
+            best_k = PROBE_K  # a periodic probe: has the text turned predictable?
         chosen[request_id] = best_k
         rows += best_k
         drafting += best_k * draft_ms_per_token
