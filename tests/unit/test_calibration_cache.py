@@ -1,0 +1,30 @@
+"""The step-cost calibration is cached per model and machine (engine/calibration.py): a
+cached table must never be reused where the costs differ."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from speclane.engine import calibration
+from speclane.engine.kv_cache import KVCache
+from speclane.models.toy import toy_config, toy_model
+
+
+def test_compiled_and_eager_steps_have_their_own_calibration(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECLANE_CALIBRATION_DIR", str(tmp_path))
+    cfg = toy_config()
+    model = toy_model(cfg)
+    cache = KVCache(cfg.num_layers, 4, 200, cfg.num_kv_heads, cfg.head_dim, torch.float32)
+    eager = calibration.step_cost(model, cache, max_rows=3)
+    assert len(list(tmp_path.glob("step-cost-*.json"))) == 1
+    assert calibration.step_cost(model, cache, max_rows=3) == eager  # read back, not re-measured
+    model.compiled_step = object()  # stands in for --compile: the one-row step costs differently
+    key_compiled = calibration._key(model, 3)
+    model.compiled_step = None
+    assert key_compiled != calibration._key(model, 3)
+    # A different row count is a different table too.
+    assert calibration._key(model, 4) != calibration._key(model, 3)
+    saved = json.loads(next(tmp_path.glob("step-cost-*.json")).read_text())
+    assert len(saved["ms_by_rows"]) == 3
