@@ -46,7 +46,9 @@ def run_bench(args: argparse.Namespace, config: EngineConfig) -> int:
         from speclane.bench.common import classic_stream_gaps
         from speclane.bench.plots import itl_cdf
 
-        itl_cdf({mode: classic_stream_gaps(data["timelines"]) for mode, data in extra.items()},
+        # The gaps the table was computed from (pooled runs, the four classic streams), else
+        # the classic streams of the last run.
+        itl_cdf({mode: data.get("gaps") or classic_stream_gaps(data["timelines"]) for mode, data in extra.items()},
                 out / "itl-cdf.png", "Classic streams beside one speculative stream, per mode")
     print(f"report: {report}")
     return 0

@@ -153,6 +153,7 @@ def hol(factory: EngineFactory, quick: bool = False, repeats: int = 3) -> tuple[
         after = engines[mode].counters.snapshot()
         counters = {k: v - before[mode][k] for k, v in after.items() if isinstance(v, int | float)}
         raw[mode]["counters"] = counters
+        raw[mode]["gaps"] = gaps[mode]  # the ITL CDF plot draws what the table summarises
         table.add(mode, percentile(gaps[mode], 50) * 1000, p99[mode], f"{p99[mode] / base:.2f}x", f"{p99[mode] / fifth:.2f}x",
                   max(gaps[mode]) * 1000, counters["slice_rounds"], counters["burst_rounds"])
     table.notes.append("Classic streams: 4 chat requests with speculative=false; the fifth stream copies a paragraph "
