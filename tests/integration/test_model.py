@@ -258,17 +258,22 @@ def test_compiled_decode_step_matches_eager(llm_default):
     assert model.compile_decode()
     compiled = _CountingStep(model.compiled_step)
     tokens = prompt_ids(llm_default, CAPITAL_QUESTION)
-    caches = {name: new_cache(model, num_slots=1, max_len=len(tokens) + 40) for name in ("eager", "compiled")}
+    # Slot 1 of 2: the step must read and write its own slot only (slot 0 stays zero).
+    caches = {name: new_cache(model, num_slots=2, max_len=len(tokens) + 40) for name in ("eager", "compiled")}
+    slot = 1
     for name, cache in caches.items():
         model.compiled_step = compiled if name == "compiled" else None
-        model(RaggedBatch(torch.tensor(tokens), torch.arange(len(tokens)), [0], [0], [len(tokens)]), cache)
+        model(RaggedBatch(torch.tensor(tokens), torch.arange(len(tokens)), [slot], [0], [len(tokens)]), cache)
     token, agree, worst = tokens[-1], 0, 0.0
+    graphs_after_first_step = None
     for step in range(32):
         pos = len(tokens) + step
         hidden = {}
         for name, cache in caches.items():
             model.compiled_step = compiled if name == "compiled" else None
-            hidden[name] = model(RaggedBatch(torch.tensor([token]), torch.tensor([pos]), [0], [pos], [1]), cache)
+            hidden[name] = model(RaggedBatch(torch.tensor([token]), torch.tensor([pos]), [slot], [pos], [1]), cache)
+        if graphs_after_first_step is None:
+            graphs_after_first_step = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         drift = float((hidden["compiled"] - hidden["eager"]).norm() / hidden["eager"].norm())
         worst = max(worst, drift)
         assert drift < 0.05, f"step {step}: relative difference {drift:.4f}"
@@ -276,11 +281,15 @@ def test_compiled_decode_step_matches_eager(llm_default):
         agree += choice["eager"] == choice["compiled"]
         token = choice["eager"]  # both follow the same tokens, so one flip does not derail the rest
     for name, cache in caches.items():
-        assert cache.lengths[0] == len(tokens) + 32, name
+        assert cache.lengths[slot] == len(tokens) + 32, name
+        assert not cache.all_keys[:, 0].any() and not cache.all_values[:, 0].any(), name  # the other slot
     # Each cache holds what its own step wrote: keys within bfloat16 noise of each other.
     written = slice(len(tokens), len(tokens) + 32)
-    k_eager, k_compiled = (caches[n].all_keys[:, 0, :, written].float() for n in ("eager", "compiled"))
+    k_eager, k_compiled = (caches[n].all_keys[:, slot, :, written].float() for n in ("eager", "compiled"))
     assert float((k_compiled - k_eager).norm() / k_eager.norm()) < 0.05
-    assert compiled.positions == [len(tokens) + s for s in range(32)]  # the compiled graph served every step
+    assert compiled.positions == [len(tokens) + s for s in range(32)]  # the compiled step served every step
+    # ... with one graph: a new position (the dynamic length) does not recompile.
+    assert graphs_after_first_step >= 1
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs_after_first_step
     assert agree >= 31, f"next token agreed on {agree}/32 steps"
     print(f"worst relative drift {worst:.4f}, next token agreed {agree}/32")

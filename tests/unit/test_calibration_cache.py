@@ -19,7 +19,11 @@ def test_compiled_and_eager_steps_have_their_own_calibration(tmp_path, monkeypat
     cache = KVCache(cfg.num_layers, 4, 200, cfg.num_kv_heads, cfg.head_dim, torch.float32)
     eager = calibration.step_cost(model, cache, max_rows=3)
     assert len(list(tmp_path.glob("step-cost-*.json"))) == 1
-    assert calibration.step_cost(model, cache, max_rows=3) == eager  # read back, not re-measured
+    def measured_again(*args, **kwargs):
+        raise AssertionError("the cached table should have been read back")
+
+    monkeypatch.setattr(calibration, "measure_step_cost", measured_again)
+    assert calibration.step_cost(model, cache, max_rows=3) == eager
     model.compiled_step = object()  # stands in for --compile: the one-row step costs differently
     key_compiled = calibration._key(model, 3)
     model.compiled_step = None

@@ -52,13 +52,13 @@ def test_expected_tokens_of_a_round():
 def test_acceptance_estimate_follows_rounds_and_counts_held_ticks_toward_a_probe():
     est = AcceptanceEstimate()
     assert est.rate("a") == pytest.approx(0.7)  # the prior before any round
-    assert est.due_for_probe("a")  # never drafted
+    assert not est.has_drafted("a")  # choose() probes such a holder first
     for _ in range(10):
         est.observe("a", 4, 0)
         est.observe("b", 4, 4)
     low = est.rate("a")
     assert low < 0.2 and est.prior() == pytest.approx(0.5, abs=0.01)  # the prior is now the engine-wide rate
-    assert est.evidence("a") > 10 and not est.due_for_probe("a")
+    assert est.evidence("a") > 10 and est.has_drafted("a") and not est.due_for_probe("a")
     for _ in range(PROBE_EVERY - 1):
         est.idle("a")
     assert not est.due_for_probe("a")

@@ -21,7 +21,9 @@ from pathlib import Path
 
 import torch
 
+from speclane.engine import kv_cache
 from speclane.engine.kv_cache import KVCache
+from speclane.models import compiled_decode
 from speclane.models import linear as linear_module
 from speclane.models import llama as llama_module
 from speclane.models.llama import LlamaModel, RaggedBatch
@@ -73,7 +75,7 @@ def measure_step_cost(model: LlamaModel, cache: KVCache, max_rows: int, repeats:
 def _key(model: LlamaModel, max_rows: int) -> str:
     # The forward's own source is part of the key: a kernel or attention change moves the
     # costs, and a stale table would steer K by the old ones.
-    code = "".join(inspect.getsource(module) for module in (llama_module, linear_module))
+    code = "".join(inspect.getsource(module) for module in (llama_module, linear_module, compiled_decode, kv_cache))
     parts = [repr(model.config), str(getattr(model, "quantization", "")), str(model.dtype), str(torch.get_num_threads()),
              str(os.cpu_count()), torch.__version__, str(max_rows), hashlib.sha1(code.encode()).hexdigest(),
              f"compiled={model.decode_compiled}"]  # --compile makes the one-row step ~30% cheaper

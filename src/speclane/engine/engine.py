@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -107,7 +108,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, lane, self.max_model_len)
         if self.model.decode_compiled:
             log.info("compiling the one-token decode step (--compile): minutes the first time on a small CPU, "
-                     "seconds after (inductor cache under ~/.cache/speclane/inductor)")
+                     "seconds after (inductor cache: %s)", os.environ.get("TORCHINDUCTOR_CACHE_DIR", "torch's default"))
             with _progress_log("compiling the decode step"):
                 calibration.forward_ms(self.model, self.cache)  # compile now, not in the first request
         if self.drafter is not None and lane.spec_mode == "slice" and lane.spec_adaptive_k:
@@ -282,7 +283,11 @@ def _progress_log(what: str, every_s: float = 30.0):
     thread.start()
     try:
         yield
+    except BaseException:
+        log.error("%s: failed after %.1f s", what, time.perf_counter() - started)
+        raise
+    else:
+        log.info("%s: done in %.1f s", what, time.perf_counter() - started)
     finally:
         done.set()
         thread.join()
-        log.info("%s: done in %.1f s", what, time.perf_counter() - started)

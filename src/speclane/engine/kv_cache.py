@@ -1,4 +1,6 @@
-"""The KV cache: one fixed-size tensor pair per layer, one row ("slot") per sequence.
+"""The KV cache: one fixed-size tensor for keys and one for values, [layers, slots,
+kv_heads, max_len, head_dim], one row ("slot") per sequence; ``keys[i]`` / ``values[i]``
+are layer i's views.
 
 Memory is fixed at start-up: ``num_slots x max_len`` tokens per layer. The
 scheduler hands out slot numbers (``scheduler/kv_slots.py``, no torch); this file
@@ -16,8 +18,8 @@ class KVCache:
     def __init__(self, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype):
         self.num_slots = num_slots
         self.max_len = max_len
-        # [slots, kv_heads, max_len, head_dim] so that one slot's first L positions are a
-        # strided view SDPA can read without a copy.
+        # Per layer [slots, kv_heads, max_len, head_dim], so that one slot's first L positions
+        # are a strided view SDPA can read without a copy.
         # All layers live in one tensor so that a compiled decode step can read one slot's
         # history of every layer as a single view (``compiled_decode.py``).
         shape = (num_layers, num_slots, num_kv_heads, max_len, head_dim)

@@ -110,16 +110,22 @@ class AcceptanceEstimate:
         self.engine_accepted = self.engine_accepted * 0.99 + accepted
 
     def evidence(self, request_id: str) -> float:
-        """Decayed number of this request's verified draft tokens."""
+        """Decayed number of this request's verified draft tokens (diagnostics and tests)."""
         return self.counts.get(request_id, (0.0, 0.0))[0]
+
+    def has_drafted(self, request_id: str) -> bool:
+        return request_id in self.counts
 
     def idle(self, request_id: str) -> None:
         """A held tick without drafts (counted toward the next probe)."""
         self.idle_ticks[request_id] = self.idle_ticks.get(request_id, 0) + 1
 
     def due_for_probe(self, request_id: str) -> bool:
-        """Never drafted, or ``PROBE_EVERY`` held ticks without drafts since the last round."""
-        return request_id not in self.counts or self.idle_ticks.get(request_id, 0) >= PROBE_EVERY
+        """``PROBE_EVERY`` held ticks without drafts since its last verified round.
+
+        A probe whose drafter proposed nothing (no n-gram match) verifies nothing, so the
+        probe stays due and the next tick tries again: such a tick adds no row."""
+        return self.idle_ticks.get(request_id, 0) >= PROBE_EVERY
 
     def forget(self, request_id: str) -> None:
         self.counts.pop(request_id, None)
@@ -171,7 +177,7 @@ def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, c
             goodput = (tokens - 1 + expected_tokens(rate, k)) / tick_ms(rows + k, k)
             if goodput > best:
                 best_k, best = k, goodput
-        if request_id not in acceptance.counts:
+        if not acceptance.has_drafted(request_id):
             best_k = min(k_max, PROBE_K)  # never drafted: probe, do not go deep on the prior
         elif best_k == 0 and k_max > 0 and acceptance.due_for_probe(request_id):
             best_k = PROBE_K  # a periodic probe: has the text turned predictable?
