@@ -19,7 +19,7 @@ scored apart from the cached ones, so nothing is concatenated onto the cache.
 
 Numerics: ``emulate_precision_casts`` makes inductor round to bfloat16 where eager
 does, but fused reductions (RMSNorm, attention) sum in another order, so an occasional
-bfloat16 rounding flips: tests see hidden states within ~1% of the eager step, not the
+bfloat16 rounding flips: tests see hidden states within ~1.5-2.5% of the eager step, not the
 same bits. Ragged batches, prefill and verification run eager.
 
 Cost: the compile is long (dynamo traces all layers, inductor generates C++ for each):
