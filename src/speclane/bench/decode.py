@@ -65,8 +65,8 @@ def weight_bytes_per_token(llm: LLM) -> int:
         q = lin.quantized
         if q is None:
             total += lin.dense.numel() * lin.dense.element_size()
-        elif hasattr(q, "packed"):
-            total += q.packed.numel() * q.packed.element_size() + q.scales_and_zeros.numel() * 2
+        elif hasattr(q, "nbytes"):
+            total += q.nbytes
         else:
             total += q.q.numel() + q.scale.numel() * 2
     return total

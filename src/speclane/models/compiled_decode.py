@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from speclane.engine.kv_cache import KVCache
-from speclane.models.linear import INT4_MM, Int4Weight
+from speclane.models.linear import Int4Weight
 from speclane.models.llama import _rotate
 
 MIN_CACHED = 2  # shortest cached length the compiled step takes (see module docstring)
@@ -46,31 +46,25 @@ MIN_CACHED = 2  # shortest cached length the compiled step takes (see module doc
 def supports(model) -> bool:
     """Int4 linears without biases (the default GGUF model): the compiled step's shape."""
     linears = [lin for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-    return all(isinstance(lin.quantized, Int4Weight) and lin.bias is None for lin in linears)
+    return (all(isinstance(lin.quantized, Int4Weight) and lin.bias is None for lin in linears)
+            and len({lin.quantized.kernel for lin in linears}) == 1)
 
 
 class LayerTensors(NamedTuple):
-    """One layer's tensors for the compiled step (int4: packed weight and its
-    scales-and-zeros per linear)."""
+    """One layer's tensors for the compiled step (each linear: its int4 kernel's tensors,
+    ``Int4Weight.tensors``)."""
 
-    qkv_p: torch.Tensor
-    qkv_s: torch.Tensor
+    qkv: tuple[torch.Tensor, ...]
     attn_norm: torch.Tensor
-    o_p: torch.Tensor
-    o_s: torch.Tensor
-    gu_p: torch.Tensor
-    gu_s: torch.Tensor
-    d_p: torch.Tensor
-    d_s: torch.Tensor
+    o: tuple[torch.Tensor, ...]
+    gate_up: tuple[torch.Tensor, ...]
+    down: tuple[torch.Tensor, ...]
     mlp_norm: torch.Tensor
 
     @classmethod
     def of(cls, layer) -> LayerTensors:
-        def pair(lin):
-            return lin.quantized.packed, lin.quantized.scales_and_zeros
-
-        return cls(*pair(layer.qkv), layer.attn_norm, *pair(layer.o), *pair(layer.gate_up), *pair(layer.down),
-                   layer.mlp_norm)
+        return cls(layer.qkv.quantized.tensors, layer.attn_norm, layer.o.quantized.tensors,
+                   layer.gate_up.quantized.tensors, layer.down.quantized.tensors, layer.mlp_norm)
 
 
 class CompiledDecodeStep:
@@ -106,11 +100,11 @@ def _step_function(model):
     inductor_config.emulate_precision_casts = True  # round where eager rounds (module docstring)
     cfg, dt = model.config, model.dtype
     heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    q_size, kv_size, group = heads * head_dim, kv_heads * head_dim, model.layers[0].qkv.quantized.group
+    q_size, kv_size, kernel = heads * head_dim, kv_heads * head_dim, model.layers[0].qkv.quantized
     query_group, scale, hidden, eps = cfg.group_size, model.scale, cfg.hidden_size, cfg.rms_norm_eps
 
-    def int4(x, packed, scales):
-        return INT4_MM(x, packed, group, scales)
+    def int4(x, tensors):
+        return kernel.graph_matmul(x, *tensors)
 
     def attention(q, k, v, past_k, past_v):
         """q: [1, heads, d]; k, v: [1, kv_heads, d]; past_*: [kv_heads, L, d] -> [1, heads * d]."""
@@ -128,15 +122,15 @@ def _step_function(model):
         cos, sin = cos_table[position].unsqueeze(1), sin_table[position].unsqueeze(1)
         new_keys, new_values = [], []
         for i, t in enumerate(layers):
-            qkv = int4(F.rms_norm(x, (hidden,), t.attn_norm, eps).to(dt), t.qkv_p, t.qkv_s)
+            qkv = int4(F.rms_norm(x, (hidden,), t.attn_norm, eps).to(dt), t.qkv)
             qk = _rotate(qkv[:, : q_size + kv_size].view(1, heads + kv_heads, head_dim), cos, sin)
             q, k = qk.split([heads, kv_heads], dim=1)
             v = qkv[:, q_size + kv_size :].view(1, kv_heads, head_dim)
             new_keys.append(k)
             new_values.append(v)
-            x = x + int4(attention(q, k, v, past_keys[i], past_values[i]), t.o_p, t.o_s)
-            gate, up = int4(F.rms_norm(x, (hidden,), t.mlp_norm, eps).to(dt), t.gu_p, t.gu_s).chunk(2, dim=-1)
-            x = x + int4(F.silu(gate) * up, t.d_p, t.d_s)
+            x = x + int4(attention(q, k, v, past_keys[i], past_values[i]), t.o)
+            gate, up = int4(F.rms_norm(x, (hidden,), t.mlp_norm, eps).to(dt), t.gate_up).chunk(2, dim=-1)
+            x = x + int4(F.silu(gate) * up, t.down)
         return F.rms_norm(x, (hidden,), final_norm, eps), torch.cat(new_keys), torch.cat(new_values)
 
     return step

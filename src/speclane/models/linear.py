@@ -1,17 +1,19 @@
 """Linear layers over dense, int8 or int4 weights.
 
-A quantized layer runs its kernel at every batch width: a row's result must not depend
-on how many neighbours shared its tick (batch-invariant greedy output), and on this
-project's AVX2 machines a dense float32 matmul is no faster than int4 from ~16 rows up
-(and dense bfloat16 is slower still), so a second, dense copy would buy nothing.
+A quantized layer runs one kernel at every batch width: a row's result must not depend
+on how many neighbours shared its tick (batch-invariant greedy output). On this
+project's AVX2 machines our int4 kernel is also faster than a dense float32 matmul at
+every width measured (1-96 rows), so a second, dense copy would buy nothing.
 """
 
 from __future__ import annotations
 
 import torch
 
+from speclane.kernels import int4_cpu
+
 INT4_GROUP = 32
-INT4_ROW_BLOCK = 4  # rows the CPU int4 kernel computes together
+INT4_ROW_BLOCK = 4  # rows torch's CPU int4 kernel computes together
 # The kernels' overloads, looked up once (an ``torch.ops.aten.X(...)`` call resolves the
 # overload packet on every call).
 INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu.default  # (x, packed, group, scales_and_zeros)
@@ -34,11 +36,14 @@ def quantize_int4_groups(weight: torch.Tensor, group: int = INT4_GROUP) -> tuple
 
 
 class Int4Weight:
-    """Packed int4 weight for ``torch._weight_int4pack_mm_for_cpu``.
+    """An int4 weight with its kernel: ours (``kernels/int4_avx2.c``) where it builds, else
+    torch's ``_weight_int4pack_mm_for_cpu`` (``kernels/int4_cpu.py`` decides, once).
 
-    The kernel dequantizes ``(q - 8) * scale + zero``; GGUF's Q4_1 stores
-    ``q * d + m``, so ``scale = d`` and ``zero = m + 8 * d``. It keeps scales and zeros
-    in bfloat16, a small rounding on top of the file's own values.
+    Ours computes w = q * scale + minimum in float32 (the file's Q4_1 values exactly).
+    torch's dequantizes ``(q - 8) * scale + zero``, so ``scale = d`` and ``zero = m + 8 * d``,
+    with scales and zeros kept in bfloat16 (a small rounding on top of the file's values).
+    ``tensors`` are what the kernel reads; ``graph_matmul`` is the same kernel as an
+    operator a torch.compile graph can hold.
     """
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, group: int = INT4_GROUP):
@@ -47,25 +52,42 @@ class Int4Weight:
             raise ValueError(f"int4 needs in_features divisible by {group}; got {in_features}")
         self.group = group
         self.out_features = out_features
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
-        zero = minimum.float() + 8 * scale.float()
-        # [K // group, N, 2]: the kernel's layout of (scale, zero) pairs.
-        self.scales_and_zeros = torch.stack([scale.float(), zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        if group == int4_cpu.GROUP and out_features % int4_cpu.LANES == 0 and int4_cpu.available():
+            self.kernel = "avx2"
+            self.tensors: tuple[torch.Tensor, ...] = int4_cpu.pack(q, scale, minimum)
+        else:
+            self.kernel = "torch"
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
+            zero = minimum.float() + 8 * scale.float()
+            # [K // group, N, 2]: the kernel's layout of (scale, zero) pairs.
+            scales_and_zeros = torch.stack([scale.float(), zero], dim=-1).transpose(0, 1).contiguous()
+            self.tensors = (packed, scales_and_zeros.to(torch.bfloat16))
 
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x: [M, K] bfloat16
+        if self.kernel == "avx2":
+            return int4_cpu.matmul(x, *self.tensors)
         rows = x.shape[0]
         tail = rows % INT4_ROW_BLOCK
         if rows > INT4_ROW_BLOCK and tail:
-            # The kernel works in blocks of 4 rows and a partial block costs a full one
+            # torch's kernel works in blocks of 4 rows and a partial block costs a full one
             # (measured, [3072 x 576]: 1-4 rows 174-314 us, 5-8 rows ~600 us, 9 rows 892 us),
             # while a lone call of 1-3 rows is cheap: run the tail as its own call.
             full = rows - tail
-            return torch.cat([self._kernel(x[:full]), self._kernel(x[full:])])
-        return self._kernel(x)
+            return torch.cat([self._torch_kernel(x[:full]), self._torch_kernel(x[full:])])
+        return self._torch_kernel(x)
 
-    def _kernel(self, x: torch.Tensor) -> torch.Tensor:
-        return INT4_MM(x, self.packed, self.group, self.scales_and_zeros)
+    def _torch_kernel(self, x: torch.Tensor) -> torch.Tensor:
+        return INT4_MM(x, self.tensors[0], self.group, self.tensors[1])
+
+    def graph_matmul(self, x: torch.Tensor, *tensors: torch.Tensor) -> torch.Tensor:
+        """``matmul`` over explicit ``tensors`` (graph inputs), traceable by torch.compile."""
+        if self.kernel == "avx2":
+            return torch.ops.speclane.int4_matmul(x, *tensors)
+        return INT4_MM(x, tensors[0], self.group, tensors[1])
 
 
 class Int8Weight:

@@ -1,0 +1,79 @@
+"""Our AVX2 int4 kernel (kernels/int4_avx2.c): exact maths, batch invariance, fallback."""
+
+import pytest
+import torch
+
+from speclane.kernels import int4_cpu
+from speclane.models.linear import Int4Weight, quantize_int4_groups
+
+needs_kernel = pytest.mark.skipif(not int4_cpu.available(), reason="no AVX2 CPU or no C compiler here")
+
+
+def _weight(out_features: int, in_features: int, seed: int = 0):
+    torch.manual_seed(seed)
+    q, scale, minimum = quantize_int4_groups(torch.randn(out_features, in_features) * 0.05)
+    dense = (q.float().reshape(out_features, -1, 32) * scale[..., None] + minimum[..., None]).reshape(out_features, -1)
+    return q, scale, minimum, dense
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 9, 16, 70])
+@pytest.mark.parametrize("shape", [(192, 576), (80, 1536)])  # 80 columns: 5 tiles, a remainder for every path
+def test_matches_float64_reference(rows, shape):
+    q, scale, minimum, dense = _weight(*shape)
+    weight = Int4Weight(q, scale, minimum)
+    assert weight.kernel == "avx2"
+    x = torch.randn(rows, shape[1]).bfloat16()
+    expected = x.double() @ dense.double().T
+    got = weight.matmul(x)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, shape[0])
+    # float32 accumulation of exact products, one bfloat16 rounding at the end (2^-8 relative).
+    assert torch.allclose(got.double(), expected, rtol=2**-8, atol=1e-4)
+
+
+@needs_kernel
+def test_a_rows_result_does_not_depend_on_its_neighbours():
+    """Every path (direct 1-3 rows, buffered 4+, chunks of 64) gives the same bits per row."""
+    q, scale, minimum, _ = _weight(1536, 576)
+    weight = Int4Weight(q, scale, minimum)
+    x = torch.randn(80, 576).bfloat16()
+    alone = torch.cat([weight.matmul(x[i : i + 1]) for i in range(80)])
+    for rows in (2, 3, 4, 6, 7, 13, 64, 65, 80):
+        assert torch.equal(weight.matmul(x[:rows]), alone[:rows]), rows
+
+
+@needs_kernel
+def test_graph_operator_is_the_same_kernel():
+    q, scale, minimum, _ = _weight(192, 576)
+    weight = Int4Weight(q, scale, minimum)
+    x = torch.randn(3, 576).bfloat16()
+    assert torch.equal(weight.graph_matmul(x, *weight.tensors), weight.matmul(x))
+
+
+def test_torch_fallback_is_selectable(monkeypatch):
+    """SPECLANE_INT4_KERNEL=torch (and a machine without the kernel) use torch's int4 op."""
+    monkeypatch.setenv("SPECLANE_INT4_KERNEL", "torch")
+    int4_cpu._library.cache_clear()
+    try:
+        q, scale, minimum, dense = _weight(192, 576)
+        weight = Int4Weight(q, scale, minimum)
+        assert weight.kernel == "torch" and int4_cpu.kernel_name() == "torch"
+        x = torch.randn(5, 576).bfloat16()
+        # torch's kernel keeps scales in bfloat16: close to the reference, not exact.
+        expected = x.float() @ dense.T
+        assert (weight.matmul(x).float() - expected).norm() / expected.norm() < 0.01
+    finally:
+        monkeypatch.delenv("SPECLANE_INT4_KERNEL")
+        int4_cpu._library.cache_clear()
+
+
+def test_unknown_kernel_name_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("SPECLANE_INT4_KERNEL", "cuda")
+    with pytest.raises(int4_cpu.KernelUnavailable, match="expected one of auto, avx2, torch"):
+        int4_cpu.requested_kernel()
+
+
+def test_pack_rejects_shapes_the_kernel_cannot_tile():
+    q, scale, minimum, _ = _weight(24, 64)
+    with pytest.raises(ValueError, match="N % 16"):
+        int4_cpu.pack(q, scale, minimum)
