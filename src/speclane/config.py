@@ -142,6 +142,7 @@ def add_arguments(parser: argparse.ArgumentParser, sections: tuple[type, ...] = 
             flag = "--" + f.name.replace("_", "-")
             kind = hints[f.name]
             help_text = f"{f.metadata.get('help', '')} (default: {f.default}; env SPECLANE_{f.name.upper()})"
+            help_text = help_text.replace("%", "%%")  # argparse formats help with %
             if kind is bool:
                 group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
             else:
