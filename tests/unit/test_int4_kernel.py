@@ -12,6 +12,8 @@ needs_kernel = pytest.mark.skipif(not int4_cpu.available(), reason="no AVX2 CPU 
 def _weight(out_features: int, in_features: int, seed: int = 0):
     torch.manual_seed(seed)
     q, scale, minimum = quantize_int4_groups(torch.randn(out_features, in_features) * 0.05)
+    # float16 scales and minimums, as GGUF's Q4_1 blocks store them (and the kernel keeps them)
+    scale, minimum = scale.half().float(), minimum.half().float()
     dense = (q.float().reshape(out_features, -1, 32) * scale[..., None] + minimum[..., None]).reshape(out_features, -1)
     return q, scale, minimum, dense
 

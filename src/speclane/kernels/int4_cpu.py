@@ -34,7 +34,8 @@ SOURCE = Path(__file__).with_name("int4_avx2.c")
 LANES = 16  # output columns per packed tile (the C file's LANES)
 GROUP = 32  # input columns per (scale, minimum) pair
 KERNELS = ("auto", "avx2", "torch")
-_FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
+_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC"]
+_CPU_FLAGS = {"avx2", "fma", "f16c"}
 
 
 class KernelUnavailable(RuntimeError):
@@ -52,8 +53,12 @@ def source_digest() -> str:
     return hashlib.sha1(SOURCE.read_bytes() + " ".join(_FLAGS).encode()).hexdigest()[:16]
 
 
-def _cpu_has_avx2() -> bool:
-    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+def _missing_cpu_flags() -> set[str]:
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):  # not Linux: torch's own probe (AVX2 implies FMA and F16C in practice)
+        return set() if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") else {"avx2"}
+    return _CPU_FLAGS - set(flags.split(":", 1)[1].split())
 
 
 def _build(out: Path) -> None:
@@ -77,8 +82,9 @@ def _library() -> ctypes.CDLL | None:
         log.info("int4 kernel: torch's (SPECLANE_INT4_KERNEL=torch)")
         return None
     try:
-        if not _cpu_has_avx2():
-            raise KernelUnavailable(f"the CPU reports {torch.backends.cpu.get_cpu_capability()}, not AVX2")
+        missing = _missing_cpu_flags()
+        if missing:
+            raise KernelUnavailable(f"the CPU lacks {', '.join(sorted(missing))}")
         path = Path.home() / ".cache" / "speclane" / "kernels" / f"int4_avx2-{source_digest()}.so"
         if not path.exists():
             _build(path)
@@ -108,8 +114,8 @@ def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> tuple[t
     """(q [N, K] in 0..15, scale, minimum [N, K/32]) -> the C kernel's layout.
 
     packed [N/16, K/2, 16] uint8 (byte j of pair p holds column n0+j's values at input
-    columns 2p and 2p+1, low nibble first); scale and minimum [N/16, K/32, 16] float32,
-    so that w = q * scale + minimum exactly as the file's Q4_1 blocks say.
+    columns 2p and 2p+1, low nibble first); scale and minimum [N/16, K/32, 16] float16
+    (GGUF's Q4_1 stores them so), and the kernel computes w = q * scale + minimum in float32.
     """
     n, k = q.shape
     if n % LANES or k % GROUP:
@@ -118,7 +124,7 @@ def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> tuple[t
     packed = (pairs[..., 0] | (pairs[..., 1] << 4)).permute(0, 2, 1).contiguous()
 
     def per_tile(t: torch.Tensor) -> torch.Tensor:
-        return t.float().reshape(n // LANES, LANES, k // GROUP).permute(0, 2, 1).contiguous()
+        return t.to(torch.float16).reshape(n // LANES, LANES, k // GROUP).permute(0, 2, 1).contiguous()
 
     return packed, per_tile(scale), per_tile(minimum)
 
