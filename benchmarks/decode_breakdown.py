@@ -17,6 +17,7 @@ import torch.nn.functional as F
 import speclane.models.linear as linear
 from speclane.config import EngineConfig
 from speclane.engine.calibration import forward_ms
+from speclane.kernels import int4_cpu
 from speclane.llm import LLM
 
 
@@ -27,10 +28,18 @@ def main() -> None:
     torch.set_num_threads(2)
     llm = LLM(config=EngineConfig().replace(spec_mode="off"))
     model, cache = llm.engine.model, llm.engine.cache
-    real_kernel, real_sdpa = linear.Int4Weight._kernel, F.scaled_dot_product_attention
+    real_sdpa = F.scaled_dot_product_attention
+    # Both int4 kernels are looked up at call time: ours as int4_cpu.matmul, torch's
+    # through Int4Weight._torch_kernel (Linear holds a bound Int4Weight.matmul).
+    real_kernel = (int4_cpu.matmul, linear.Int4Weight._torch_kernel)
 
-    def no_matmul(self, x):
+    def no_ours(x, packed, *_):
+        return torch.zeros(x.shape[0], packed.shape[0] * int4_cpu.LANES, dtype=torch.bfloat16)
+
+    def no_torch(self, x):
         return torch.zeros(x.shape[0], self.out_features, dtype=torch.bfloat16)
+
+    no_matmul = (no_ours, no_torch)
 
     def no_sdpa(q, k, v, attn_mask=None, scale=None):
         return torch.zeros_like(q)
@@ -45,11 +54,11 @@ def main() -> None:
     try:
         for _ in range(args.rounds):
             for name, (kernel, sdpa) in variants.items():
-                linear.Int4Weight._kernel, F.scaled_dot_product_attention = kernel, sdpa
+                (int4_cpu.matmul, linear.Int4Weight._torch_kernel), F.scaled_dot_product_attention = kernel, sdpa
                 times = [forward_ms(model, cache, kv_len=200) for _ in range(12)]
                 samples[name].append(statistics.median(times[2:]))
     finally:
-        linear.Int4Weight._kernel, F.scaled_dot_product_attention = real_kernel, real_sdpa
+        (int4_cpu.matmul, linear.Int4Weight._torch_kernel), F.scaled_dot_product_attention = real_kernel, real_sdpa
     print("| variant | ms per step (median) |\n|---|---|")
     for name, values in samples.items():
         print(f"| {name} | {statistics.median(values):.1f} |")

@@ -215,6 +215,34 @@ def test_default_model_answers_the_capital_of_france(llm_default):
     assert "Paris" in answer.text, answer.text
 
 
+def _hidden(model: LlamaModel, cache: KVCache, slot: int, start: int, tokens: Sequence[int]) -> torch.Tensor:
+    """Final hidden states [n, hidden] of one forward of ``tokens`` at ``start`` in ``slot``."""
+    positions = torch.arange(start, start + len(tokens))
+    return model(RaggedBatch(torch.tensor(tokens), positions, [slot], [start], [len(tokens)]), cache)
+
+
+def test_default_model_rows_do_not_depend_on_their_neighbours(llm_default):
+    """bfloat16 activations + int4 weights (the default): a position's hidden state is the
+    same bits whether it is decoded alone, verified among K+1 positions or prefilled with the
+    whole prompt, and beside another sequence in a ragged tick. Our int4 and attention
+    kernels compute each row alone; with torch's int4 kernel and SDPA this test fails.
+    It is what makes greedy speculation token-exact in the default configuration."""
+    model = llm_default.engine.model
+    tokens = prompt_ids(llm_default, TEXT)[:40]
+    prompt, tail = tokens[:28], tokens[28:]
+    cache = new_cache(model, num_slots=4, max_len=64)
+    for slot in (0, 1, 3):
+        _hidden(model, cache, slot, 0, prompt)
+    decoded = torch.cat([_hidden(model, cache, 0, 28 + i, [t]) for i, t in enumerate(tail)])
+    verified = torch.cat([_hidden(model, cache, 1, 28 + i, tail[i : i + 5]) for i in range(0, len(tail), 5)])
+    prefilled = _hidden(model, cache, 2, 0, tokens)[28:]
+    ragged = model(RaggedBatch(torch.tensor(tail[:4] + [tail[0]]), torch.tensor([28, 29, 30, 31, 5]), [3, 0],
+                               [28, 5], [4, 1]), cache)[:4]  # slot 0 re-decodes position 5 beside it
+    assert torch.equal(verified, decoded)
+    assert torch.equal(prefilled, decoded)
+    assert torch.equal(ragged, decoded[:4])
+
+
 def test_quantized_head_picks_the_float32_argmax(llm_default):
     """The default head's coarse int4 pass + float32 refinement of its top candidates gives
     the float32 head's argmax (and its exact logit) at every position of real text."""

@@ -23,7 +23,7 @@ import torch
 
 from speclane.engine import kv_cache
 from speclane.engine.kv_cache import KVCache
-from speclane.kernels import int4_cpu
+from speclane.kernels import attention_cpu, int4_cpu
 from speclane.models import compiled_decode
 from speclane.models import linear as linear_module
 from speclane.models import llama as llama_module
@@ -80,7 +80,8 @@ def _key(model: LlamaModel, max_rows: int) -> str:
     parts = [repr(model.config), str(getattr(model, "quantization", "")), str(model.dtype), str(torch.get_num_threads()),
              str(os.cpu_count()), torch.__version__, str(max_rows), hashlib.sha1(code.encode()).hexdigest(),
              f"compiled={model.decode_compiled}",  # --compile makes the one-row step ~30% cheaper
-             f"int4={int4_cpu.kernel_name()}:{int4_cpu.source_digest()}"]  # which int4 kernel, which version
+             f"int4={int4_cpu.kernel_name()}:{int4_cpu.source_digest()}",  # which kernels, which versions
+             f"attention={attention_cpu.kernel_name()}:{attention_cpu.source_digest()}"]
     return hashlib.sha1("|".join(parts).encode()).hexdigest()[:20]
 
 

@@ -92,16 +92,22 @@ INLINE void direct(const int R, const q4_weight *w, const float *x, int tile, ui
 }
 
 static void dequant_block(const q4_weight *w, size_t tile, int k0, int kb, float *block) {
-    const int K = w->k;
-    for (int k = k0; k < k0 + kb; k += 2) {
-        const uint16_t *s = w->scale + (tile * (K / GROUP) + k / GROUP) * LANES;
-        const uint16_t *m = w->minimum + (tile * (K / GROUP) + k / GROUP) * LANES;
-        const uint8_t *b = w->packed + (tile * (K / 2) + k / 2) * LANES;
+    const int K = w->k;  // k0 and kb are multiples of GROUP
+    for (int g = k0 / GROUP; g < (k0 + kb) / GROUP; g++) {
+        __m256 s[2], m[2];  // converted once per group
         UNROLL for (int v = 0; v < 2; v++) {
-            __m256 lo, hi;
-            dequant_pair(b + 8 * v, load_f16(s + 8 * v), load_f16(m + 8 * v), &lo, &hi);
-            _mm256_store_ps(block + (k - k0) * LANES + 8 * v, lo);
-            _mm256_store_ps(block + (k - k0 + 1) * LANES + 8 * v, hi);
+            const size_t at = (tile * (K / GROUP) + g) * LANES + 8 * v;
+            s[v] = load_f16(w->scale + at);
+            m[v] = load_f16(w->minimum + at);
+        }
+        for (int k = g * GROUP; k < (g + 1) * GROUP; k += 2) {
+            const uint8_t *b = w->packed + (tile * (K / 2) + k / 2) * LANES;
+            UNROLL for (int v = 0; v < 2; v++) {
+                __m256 lo, hi;
+                dequant_pair(b + 8 * v, s[v], m[v], &lo, &hi);
+                _mm256_store_ps(block + (k - k0) * LANES + 8 * v, lo);
+                _mm256_store_ps(block + (k - k0 + 1) * LANES + 8 * v, hi);
+            }
         }
     }
 }

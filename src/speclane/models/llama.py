@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from speclane.engine.kv_cache import KVCache
+from speclane.kernels import attention_cpu
 from speclane.models.linear import Linear
 
 REFINE_TOP = 32  # logits recomputed in float32 after a quantized head (see LlamaModel.logits)
@@ -222,12 +223,17 @@ class _AttentionPlan:
         self.write_slots = slot_of_token  # [T]
         self.write_positions = batch.positions  # [T]
         self.single = self.num_seqs == 1
+        # bfloat16: our row-by-row kernel (kernels/attention_avx2.c), so that a position's
+        # attention does not depend on the rows beside it; it needs no mask or padding.
+        self.ours = attention_cpu.supports(dtype, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        if self.ours:
+            self.row_slot = slot_of_token.to(torch.int32)
+            self.row_len = (batch.positions + 1).to(torch.int32)  # position p sees keys 0..p
+            return
         if self.single:
             n, start = batch.num_new[0], batch.starts[0]
             self.mask = None if n == 1 else _causal_mask(start, n, self.kv_len).repeat_interleave(self.group, dim=0)
-            self.contiguous_write = True
             return
-        self.contiguous_write = False
         self.slot_index = torch.tensor(batch.slots)
         # Row of each token in the padded [B * max_new] query layout.
         offsets = torch.tensor([0] + list(batch.num_new[:-1])).cumsum(0)
@@ -246,10 +252,12 @@ class _AttentionPlan:
                v_cache: torch.Tensor, scale: float) -> torch.Tensor:
         """q: [T, heads, d]; k, v: [T, kv_heads, d]. Writes k/v, returns [T, heads * d]."""
         g, kvh, d = self.group, self.num_kv_heads, self.head_dim
+        if self.ours:
+            self._write(k, v, k_cache, v_cache)
+            return attention_cpu.attention(q, k_cache, v_cache, self.row_slot, self.row_len, scale)
         if self.single:
-            slot, start, n = self.slots[0], self.starts[0], self.num_new[0]
-            k_cache[slot, :, start : start + n] = k.transpose(0, 1)
-            v_cache[slot, :, start : start + n] = v.transpose(0, 1)
+            slot, n = self.slots[0], self.num_new[0]
+            self._write(k, v, k_cache, v_cache)
             keys = k_cache[slot, :, : self.kv_len].unsqueeze(0)  # [1, kvh, L, d]
             values = v_cache[slot, :, : self.kv_len].unsqueeze(0)
             if n == 1:  # a decode step: the folded layout is q's own memory layout, no copies
@@ -259,8 +267,7 @@ class _AttentionPlan:
             queries = q.view(n, kvh, g, d).permute(1, 0, 2, 3).reshape(1, kvh, n * g, d)
             out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=self.mask, scale=scale)
             return out.view(kvh, n, g, d).permute(1, 0, 2, 3).reshape(n, kvh * g * d)
-        k_cache[self.write_slots, :, self.write_positions] = k
-        v_cache[self.write_slots, :, self.write_positions] = v
+        self._write(k, v, k_cache, v_cache)
         b, m = self.num_seqs, self.max_new
         keys = k_cache[:, :, : self.kv_len].index_select(0, self.slot_index)  # [B, kvh, L, d]
         values = v_cache[:, :, : self.kv_len].index_select(0, self.slot_index)
@@ -270,6 +277,16 @@ class _AttentionPlan:
         out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=self.mask, scale=scale)
         out = out.view(b, kvh, m, g, d).permute(0, 2, 1, 3, 4).reshape(b * m, kvh * g * d)
         return out[self.pad_index]
+
+    def _write(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        """This forward's keys and values into the cache (k, v: [T, kv_heads, d])."""
+        if self.single:  # one sequence: one contiguous range of positions
+            slot, start, n = self.slots[0], self.starts[0], self.num_new[0]
+            k_cache[slot, :, start : start + n] = k.transpose(0, 1)
+            v_cache[slot, :, start : start + n] = v.transpose(0, 1)
+        else:
+            k_cache[self.write_slots, :, self.write_positions] = k
+            v_cache[self.write_slots, :, self.write_positions] = v
 
 
 def _causal_mask(start: int, num_new: int, kv_len: int) -> torch.Tensor:

@@ -1,0 +1,63 @@
+"""Our row-by-row attention over the KV cache (``attention_avx2.c``), built by ``build.py``.
+
+``SPECLANE_ATTENTION_KERNEL=auto|avx2|torch`` picks it or torch's SDPA (see ``build.py``).
+Used for bfloat16 models only: that is where SDPA's kernels round a verify round's
+queries differently from a decode step's (float32 models keep SDPA, whose differences
+stay below what greedy decoding can see in the tests).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from speclane.kernels import build
+
+SOURCE = Path(__file__).with_name("attention_avx2.c")
+SWITCH = "SPECLANE_ATTENTION_KERNEL"
+MAX_HEAD_DIM = 256  # the C file's MAX_HEAD_DIM
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    pointer, integer = ctypes.c_void_p, ctypes.c_int
+    lib.attention.argtypes = [pointer] * 6 + [integer] * 5 + [ctypes.c_float]
+    lib.attention.restype = None
+
+
+@cache
+def _library() -> ctypes.CDLL | None:
+    return build.load(SOURCE, SWITCH, _declare)
+
+
+def source_digest() -> str:
+    return build.digest(SOURCE)
+
+
+def kernel_name() -> str:
+    """'avx2' or 'torch' (SDPA): which attention bfloat16 models use in this process."""
+    return "avx2" if _library() is not None else "torch"
+
+
+def supports(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    """Whether ours runs for this model (and is available on this machine)."""
+    shape_ok = head_dim % 8 == 0 and head_dim <= MAX_HEAD_DIM and num_heads % num_kv_heads == 0
+    return dtype == torch.bfloat16 and shape_ok and _library() is not None
+
+
+def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, row_slot: torch.Tensor,
+              row_len: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [T, heads, d] bfloat16; one layer's caches [slots, kv_heads, max_len, d] (already
+    holding this forward's keys and values); row_slot, row_len [T] int32: each query's
+    cache slot and how many keys it sees. -> [T, heads * d] bfloat16."""
+    q = q.contiguous()
+    rows, heads, head_dim = q.shape
+    _, kv_heads, max_len, _ = k_cache.shape
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("attention: the layer's cache tensors must be contiguous")
+    out = torch.empty(rows, heads * head_dim, dtype=torch.bfloat16)
+    _library().attention(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), row_slot.data_ptr(),
+                         row_len.data_ptr(), out.data_ptr(), rows, heads, kv_heads, head_dim, max_len, scale)
+    return out

@@ -1,0 +1,97 @@
+"""Build our C kernels with the system compiler, once per source version, and load them.
+
+Each kernel has an environment switch (``SPECLANE_INT4_KERNEL``, ``SPECLANE_ATTENTION_KERNEL``):
+
+- ``auto`` (default): ours when the CPU has AVX2, FMA and F16C and a C compiler
+  (``cc``/``gcc``) is on PATH, else torch's op (logged once);
+- ``avx2``: ours, and an error if it cannot be built;
+- ``torch``: torch's op (for A/B benchmarks).
+
+A library is compiled (~1 s) into ``~/.cache/speclane/kernels/<name>-<digest>.so`` and
+reused. It is built with ``-fopenmp`` and resolves ``libgomp.so.1`` to the copy torch has
+already loaded, so its parallel loops run on torch's OpenMP threads
+(``torch.set_num_threads`` applies) rather than a second pool fighting for the cores.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+CHOICES = ("auto", "avx2", "torch")
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC"]
+CPU_FLAGS = {"avx2", "fma", "f16c"}
+CACHE_DIR = Path.home() / ".cache" / "speclane" / "kernels"
+
+
+class KernelUnavailable(ValueError):
+    """A kernel switch names no kernel, or asks for ours where it cannot run (a ValueError:
+    the command line reports it as a user error, without a traceback)."""
+
+
+def requested(switch: str) -> str:
+    value = os.environ.get(switch, "auto").strip().lower() or "auto"
+    if value not in CHOICES:
+        raise KernelUnavailable(f"{switch}={value!r}: expected one of {', '.join(CHOICES)}")
+    return value
+
+
+def digest(source: Path) -> str:
+    return hashlib.sha1(source.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+
+
+def missing_cpu_flags() -> set[str]:
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):  # not Linux: torch's own probe (AVX2 CPUs have FMA and F16C in practice)
+        return set() if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") else {"avx2"}
+    return CPU_FLAGS - set(flags.split(":", 1)[1].split())
+
+
+def _compile(source: Path, out: Path) -> None:
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise KernelUnavailable("no C compiler (cc or gcc) on PATH")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        partial = Path(tmp) / out.name
+        result = subprocess.run([compiler, *FLAGS, str(source), "-o", str(partial)], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise KernelUnavailable(f"{compiler} failed on {source.name}: {result.stderr.strip()[-2000:]}")
+        os.replace(partial, out)  # atomic: a concurrent process sees the whole file or none
+
+
+def load(source: Path, switch: str, declare: Callable[[ctypes.CDLL], None]) -> ctypes.CDLL | None:
+    """The built library of ``source`` with its functions declared, or None where torch's
+    op is to be used instead (see the module docstring for ``switch``)."""
+    choice = requested(switch)
+    if choice == "torch":
+        log.info("%s: torch's (%s=torch)", source.stem, switch)
+        return None
+    try:
+        missing = missing_cpu_flags()
+        if missing:
+            raise KernelUnavailable(f"the CPU lacks {', '.join(sorted(missing))}")
+        path = CACHE_DIR / f"{source.stem}-{digest(source)}.so"
+        if not path.exists():
+            _compile(source, path)
+        lib = ctypes.CDLL(str(path))
+    except (KernelUnavailable, OSError) as err:
+        if choice == "avx2":
+            raise KernelUnavailable(f"{switch}=avx2 but {source.name} is unavailable: {err}") from err
+        log.warning("%s: torch's, because ours is unavailable (%s)", source.stem, err)
+        return None
+    declare(lib)
+    log.info("%s: ours (%s)", source.stem, path)
+    return lib

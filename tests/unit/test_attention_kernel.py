@@ -1,0 +1,67 @@
+"""Our row-by-row attention kernel (kernels/attention_avx2.c): maths and row invariance."""
+
+import pytest
+import torch
+
+from speclane.kernels import attention_cpu
+
+pytestmark = pytest.mark.skipif(not attention_cpu.supports(torch.bfloat16, 9, 3, 64),
+                                reason="no AVX2 CPU or no C compiler here")
+
+HEADS, KV_HEADS, HEAD_DIM, SLOTS, MAX_LEN = 9, 3, 64, 3, 300
+
+
+def _cache(seed: int = 0):
+    torch.manual_seed(seed)
+    keys = torch.randn(SLOTS, KV_HEADS, MAX_LEN, HEAD_DIM).bfloat16()
+    values = torch.randn(SLOTS, KV_HEADS, MAX_LEN, HEAD_DIM).bfloat16()
+    return keys, values
+
+
+def _reference(q, keys, values, slot, length, scale):
+    """float64 softmax attention of one query row [heads, d] over the first `length` keys."""
+    group = HEADS // KV_HEADS
+    k = keys[slot, :, :length].double().repeat_interleave(group, dim=0)  # [heads, L, d]
+    v = values[slot, :, :length].double().repeat_interleave(group, dim=0)
+    weights = torch.softmax((k @ q.double().unsqueeze(-1)).squeeze(-1) * scale, dim=-1)  # [heads, L]
+    return (weights.unsqueeze(-1) * v).sum(1).reshape(-1)
+
+
+@pytest.mark.parametrize("length", [1, 7, 8, 9, 64, 201, MAX_LEN])
+def test_matches_float64_softmax_attention(length):
+    keys, values = _cache()
+    q = torch.randn(1, HEADS, HEAD_DIM).bfloat16()
+    scale = HEAD_DIM**-0.5
+    got = attention_cpu.attention(q, keys, values, torch.tensor([1], dtype=torch.int32),
+                                  torch.tensor([length], dtype=torch.int32), scale)
+    expected = _reference(q[0], keys, values, 1, length, scale)
+    assert got.dtype == torch.bfloat16 and got.shape == (1, HEADS * HEAD_DIM)
+    torch.testing.assert_close(got[0].double(), expected, rtol=2**-7, atol=2e-3)
+
+
+def test_a_rows_result_does_not_depend_on_the_other_rows():
+    """Queries of different slots and lengths in one call give the bits each gives alone."""
+    keys, values = _cache(1)
+    rows = [(0, 5), (0, 6), (0, 7), (2, 299), (1, 1), (2, 64), (0, 8)]
+    q = torch.randn(len(rows), HEADS, HEAD_DIM).bfloat16()
+    slot = torch.tensor([s for s, _ in rows], dtype=torch.int32)
+    length = torch.tensor([n for _, n in rows], dtype=torch.int32)
+    together = attention_cpu.attention(q, keys, values, slot, length, 0.125)
+    for i in range(len(rows)):
+        alone = attention_cpu.attention(q[i : i + 1], keys, values, slot[i : i + 1], length[i : i + 1], 0.125)
+        assert torch.equal(alone[0], together[i]), rows[i]
+
+
+def test_keys_past_the_length_are_never_read():
+    keys, values = _cache(2)
+    q = torch.randn(1, HEADS, HEAD_DIM).bfloat16()
+    args = (torch.tensor([0], dtype=torch.int32), torch.tensor([10], dtype=torch.int32), 0.125)
+    before = attention_cpu.attention(q, keys, values, *args)
+    keys[0, :, 10:] = float("nan")
+    values[0, :, 10:] = float("nan")
+    assert torch.equal(attention_cpu.attention(q, keys, values, *args), before)
+
+
+def test_only_bfloat16_models_use_it():
+    assert not attention_cpu.supports(torch.float32, HEADS, KV_HEADS, HEAD_DIM)
+    assert not attention_cpu.supports(torch.bfloat16, HEADS, KV_HEADS, 60)  # head_dim % 8
