@@ -78,8 +78,8 @@ def mtp(factory: EngineFactory, new_tokens: int = 128, repeats: int = 2, quick: 
             positions.add(name, *[f"{by_pos[j]:.0%}" if j < len(by_pos) else "-" for j in range(k)])
     table.notes.append("Default engine (bfloat16 activations, int4 GGUF weights), one round per tick; "
                        "counters include the warm-up. 'text == off': greedy answers identical to speculation off "
-                       "(the int4 kernel rounds differently for different row counts, so a near-tie can flip; "
-                       "in float32 they are identical, see tests).")
+                       "(all of them with our int4 and attention kernels, which compute every row alone; with "
+                       "torch's kernels or --compile a verify's rows round differently and a near-tie can flip).")
     return [table, positions]
 
 

@@ -1,0 +1,119 @@
+"""Our CPU kernels (kernels/*.c) against torch's: the int4 matmuls alone, then whole forwards.
+
+    .venv/bin/python benchmarks/kernels.py [--rounds 7]
+
+Table 1: the 120 layer matmuls of one SmolLM2-135M forward (30 layers of qkv, o, gate_up,
+down; random int4 weights, ~66 MB, so they stream from memory as in the model) by rows,
+torch's ``_weight_int4pack_mm_for_cpu`` against ours. Rows are what a tick puts through
+the linears: 1 for a lone decode step, K+1 for a verify round, one per stream in a mixed
+tick, the prompt's tokens in a prefill.
+
+Table 2: one eager forward + logits of the default model (KV length 200) by positions of
+one sequence and by batch of one-token sequences, with torch's int4 kernel and SDPA
+against our int4 and attention kernels. Both arms alternate in one process; medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from speclane.config import EngineConfig
+from speclane.engine.calibration import forward_ms
+from speclane.kernels import attention_cpu, int4_cpu
+from speclane.llm import LLM
+from speclane.models.linear import Int4Weight, quantize_int4_groups
+
+SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # qkv, o, gate_up, down of SmolLM2-135M
+LAYERS = 30
+ROWS = [1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 32, 96]
+FORWARDS = [(1, 1), (2, 1), (4, 1), (5, 1), (9, 1), (96, 1), (1, 4), (1, 8)]  # (positions, batch)
+
+
+def with_int4_kernel(kernel: str, build: Callable):
+    os.environ["SPECLANE_INT4_KERNEL"] = kernel
+    int4_cpu._library.cache_clear()
+    try:
+        return build()
+    finally:
+        del os.environ["SPECLANE_INT4_KERNEL"]
+        int4_cpu._library.cache_clear()
+
+
+def alternate(arms: dict[str, Callable[[object], float]], cases: list, rounds: int) -> dict:
+    samples = {(arm, case): [] for arm in arms for case in cases}
+    for round_ in range(rounds + 1):  # round 0 warms every arm up and is dropped
+        for case in cases:
+            for arm, measure in arms.items():
+                ms = measure(case)
+                if round_:
+                    samples[(arm, case)].append(ms)
+    return {key: statistics.median(values) for key, values in samples.items()}
+
+
+def matmul_table(rounds: int) -> None:
+    torch.manual_seed(0)
+    layers = [[quantize_int4_groups(torch.randn(n, k) * 0.02) for n, k in SHAPES] for _ in range(LAYERS)]
+    weights = {kernel: with_int4_kernel(kernel, lambda: [[Int4Weight(*p) for p in layer] for layer in layers])
+               for kernel in ("torch", "avx2")}
+    inputs = {rows: {k: torch.randn(rows, k).bfloat16() for k in (576, 1536)} for rows in ROWS}
+
+    def forward(kernel: str) -> Callable[[int], float]:
+        def measure(rows: int) -> float:
+            start = time.perf_counter()
+            for layer in weights[kernel]:
+                for (_, in_features), weight in zip(SHAPES, layer, strict=True):
+                    weight.matmul(inputs[rows][in_features])
+            return (time.perf_counter() - start) * 1000
+        return measure
+
+    ms = alternate({"torch": forward("torch"), "avx2": forward("avx2")}, ROWS, rounds)
+    print(f"### int4 matmuls of one forward ({LAYERS} layers x {len(SHAPES)}), median of {rounds} rounds\n")
+    print("| rows | torch's kernel ms | ours ms | ours / torch's | ours vs ours at 1 row |\n|---|---|---|---|---|")
+    for rows in ROWS:
+        print(f"| {rows} | {ms[('torch', rows)]:.1f} | {ms[('avx2', rows)]:.1f} | "
+              f"{ms[('avx2', rows)] / ms[('torch', rows)]:.2f}x | {ms[('avx2', rows)] / ms[('avx2', 1)]:.2f}x |")
+
+
+def forward_table(rounds: int) -> None:
+    config = EngineConfig().replace(spec_mode="off", compile=False, max_num_seqs=8)
+    engines = {kernel: with_int4_kernel(kernel, lambda: LLM(config=config).engine) for kernel in ("torch", "avx2")}
+    ours_supports = attention_cpu.supports
+
+    def forward(kernel: str) -> Callable[[tuple[int, int]], float]:
+        def measure(case: tuple[int, int]) -> float:
+            attention_cpu.supports = ours_supports if kernel == "avx2" else (lambda *_: False)  # SDPA
+            try:
+                model, cache = engines[kernel].model, engines[kernel].cache
+                times = [forward_ms(model, cache, positions=case[0], batch=case[1], kv_len=200) for _ in range(5)]
+                return statistics.median(times[1:])
+            finally:
+                attention_cpu.supports = ours_supports
+        return measure
+
+    ms = alternate({"torch": forward("torch"), "avx2": forward("avx2")}, FORWARDS, rounds)
+    print(f"\n### One forward + logits of the default model (eager, KV length 200), median of {rounds} rounds\n")
+    print("| positions x batch | torch's int4 + SDPA ms | ours ms | ours / torch's | ours vs ours at 1 x 1 |\n"
+          "|---|---|---|---|---|")
+    for case in FORWARDS:
+        theirs, ours = ms[("torch", case)], ms[("avx2", case)]
+        print(f"| {case[0]} x {case[1]} | {theirs:.1f} | {ours:.1f} | {ours / theirs:.2f}x | "
+              f"{ours / ms[('avx2', FORWARDS[0])]:.2f}x |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    matmul_table(args.rounds)
+    forward_table(args.rounds)
+
+
+if __name__ == "__main__":
+    main()
