@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import speclane.models.linear as linear
 from speclane.config import EngineConfig
 from speclane.engine.calibration import forward_ms
-from speclane.kernels import int4_cpu
+from speclane.kernels import attention_cpu, int4_cpu
 from speclane.llm import LLM
 
 
@@ -44,21 +44,30 @@ def main() -> None:
     def no_sdpa(q, k, v, attn_mask=None, scale=None):
         return torch.zeros_like(q)
 
+    def no_ours(q, *_):
+        return torch.zeros(q.shape[0], q.shape[1] * q.shape[2], dtype=torch.bfloat16)
+
+    # Attention runs through our kernel (bfloat16) or SDPA (elsewhere): replace both.
+    real_attention = (attention_cpu.attention, real_sdpa)
+    no_attention = (no_ours, no_sdpa)
+
     variants = {
-        "whole step": (real_kernel, real_sdpa),
-        "without int4 matmuls": (no_matmul, real_sdpa),
-        "without attention (SDPA)": (real_kernel, no_sdpa),
-        "without both": (no_matmul, no_sdpa),
+        "whole step": (real_kernel, real_attention),
+        "without int4 matmuls": (no_matmul, real_attention),
+        "without attention": (real_kernel, no_attention),
+        "without both": (no_matmul, no_attention),
     }
     samples: dict[str, list[float]] = {name: [] for name in variants}
     try:
         for _ in range(args.rounds):
-            for name, (kernel, sdpa) in variants.items():
-                (int4_cpu.matmul, linear.Int4Weight._torch_kernel), F.scaled_dot_product_attention = kernel, sdpa
+            for name, (kernel, attention) in variants.items():
+                (int4_cpu.matmul, linear.Int4Weight._torch_kernel) = kernel
+                attention_cpu.attention, F.scaled_dot_product_attention = attention
                 times = [forward_ms(model, cache, kv_len=200) for _ in range(12)]
                 samples[name].append(statistics.median(times[2:]))
     finally:
-        (int4_cpu.matmul, linear.Int4Weight._torch_kernel), F.scaled_dot_product_attention = real_kernel, real_sdpa
+        (int4_cpu.matmul, linear.Int4Weight._torch_kernel) = real_kernel
+        attention_cpu.attention, F.scaled_dot_product_attention = real_attention
     print("| variant | ms per step (median) |\n|---|---|")
     for name, values in samples.items():
         print(f"| {name} | {statistics.median(values):.1f} |")

@@ -227,6 +227,10 @@ def test_default_model_rows_do_not_depend_on_their_neighbours(llm_default):
     whole prompt, and beside another sequence in a ragged tick. Our int4 and attention
     kernels compute each row alone; with torch's int4 kernel and SDPA this test fails.
     It is what makes greedy speculation token-exact in the default configuration."""
+    from speclane.kernels import attention_cpu, int4_cpu
+
+    if "torch" in (int4_cpu.kernel_name(), attention_cpu.kernel_name()):
+        pytest.skip("our CPU kernels are unavailable here (no AVX2 or no C compiler)")
     model = llm_default.engine.model
     tokens = prompt_ids(llm_default, TEXT)[:40]
     prompt, tail = tokens[:28], tokens[28:]
@@ -237,7 +241,7 @@ def test_default_model_rows_do_not_depend_on_their_neighbours(llm_default):
     verified = torch.cat([_hidden(model, cache, 1, 28 + i, tail[i : i + 5]) for i in range(0, len(tail), 5)])
     prefilled = _hidden(model, cache, 2, 0, tokens)[28:]
     ragged = model(RaggedBatch(torch.tensor(tail[:4] + [tail[0]]), torch.tensor([28, 29, 30, 31, 5]), [3, 0],
-                               [28, 5], [4, 1]), cache)[:4]  # slot 0 re-decodes position 5 beside it
+                               [28, 5], [4, 1]), cache)[:4]  # slot 0 re-decodes position 5 beside it (not compared)
     assert torch.equal(verified, decoded)
     assert torch.equal(prefilled, decoded)
     assert torch.equal(ragged, decoded[:4])

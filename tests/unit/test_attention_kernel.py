@@ -65,3 +65,22 @@ def test_keys_past_the_length_are_never_read():
 def test_only_bfloat16_models_use_it():
     assert not attention_cpu.supports(torch.float32, HEADS, KV_HEADS, HEAD_DIM)
     assert not attention_cpu.supports(torch.bfloat16, HEADS, KV_HEADS, 60)  # head_dim % 8
+
+
+def test_a_nan_query_gives_nan_not_a_silent_average():
+    keys, values = _cache(3)
+    q = torch.randn(2, HEADS, HEAD_DIM).bfloat16()
+    q[0, 0, 0] = float("nan")
+    out = attention_cpu.attention(q, keys, values, torch.tensor([0, 0], dtype=torch.int32),
+                                  torch.tensor([20, 13], dtype=torch.int32), 0.125)
+    assert out[0, :HEAD_DIM].isnan().all() and not out[1].isnan().any()
+
+
+def test_bad_row_arguments_are_refused():
+    keys, values = _cache()
+    q = torch.randn(2, HEADS, HEAD_DIM).bfloat16()
+    with pytest.raises(ValueError, match="int32"):
+        attention_cpu.attention(q, keys, values, torch.tensor([0, 0]), torch.tensor([3, 4], dtype=torch.int32), 0.1)
+    with pytest.raises(ValueError, match="bfloat16"):
+        attention_cpu.attention(q.float(), keys, values, torch.tensor([0, 0], dtype=torch.int32),
+                                torch.tensor([3, 4], dtype=torch.int32), 0.1)

@@ -1,9 +1,10 @@
 """Adaptive draft length (scheduler/draft_length.py): the goodput choice, the acceptance
 estimate, and the scheduler using them — a fake runner, a fake clock, no torch.
 
-The step cost used here has the shape measured for the default model's int4 kernels on
-a 2-core CPU (``speclane bench decode``, engine/calibration.py): rows come in blocks of 4,
-so 1 -> 4 rows costs +55% and the 5th row as much again."""
+The step cost used here has the shape measured for the default model with torch's int4
+kernel on a 2-core CPU (``speclane bench decode``, engine/calibration.py): rows come in
+blocks of 4, so 1 -> 4 rows costs +55% and the 5th row as much again — a harder curve
+for the policy than our own kernel's, which the tests need not follow."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ def _weight(out_features: int, in_features: int, seed: int = 0):
 
 @needs_kernel
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 9, 16, 70])
-@pytest.mark.parametrize("shape", [(192, 576), (80, 1536)])  # 80 columns: 5 tiles, a remainder for every path
+@pytest.mark.parametrize("shape", [(192, 576), (80, 1536)])  # 80 columns: an odd number of 16-column tiles
 def test_matches_float64_reference(rows, shape):
     q, scale, minimum, dense = _weight(*shape)
     weight = Int4Weight(q, scale, minimum)
@@ -35,7 +35,7 @@ def test_matches_float64_reference(rows, shape):
 
 @needs_kernel
 def test_a_rows_result_does_not_depend_on_its_neighbours():
-    """Every path (direct 1-3 rows, buffered 4+, chunks of 64) gives the same bits per row."""
+    """Every path (direct 1-4 rows, buffered 5+, chunks of 64) gives the same bits per row."""
     q, scale, minimum, _ = _weight(1536, 576)
     weight = Int4Weight(q, scale, minimum)
     x = torch.randn(80, 576).bfloat16()
@@ -79,3 +79,10 @@ def test_pack_rejects_shapes_the_kernel_cannot_tile():
     q, scale, minimum, _ = _weight(24, 64)
     with pytest.raises(ValueError, match="N % 16"):
         int4_cpu.pack(q, scale, minimum)
+
+
+@needs_kernel
+def test_an_input_of_the_wrong_width_is_refused():
+    q, scale, minimum, _ = _weight(192, 576)
+    with pytest.raises(ValueError, match="input has 512 columns, the weight 576"):
+        Int4Weight(q, scale, minimum).matmul(torch.randn(2, 512).bfloat16())

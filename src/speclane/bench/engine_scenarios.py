@@ -118,7 +118,7 @@ def hol(factory: EngineFactory, quick: bool = False, repeats: int = 3) -> tuple[
     spec_prompt = factory.chat_ids(f"Repeat the following paragraph exactly:\n\n{PARAGRAPH}")
     n_classic, repeats = (48, 1) if quick else (96, repeats)
     # The second row separates the two costs in the slice row: a fifth stream's own decode
-    # row (here the int4 kernel's 4-row block overflows) and its speculation.
+    # row (a fifth row through every matmul) and its speculation.
     modes = {"no speculative stream": None, "5th stream, speculation off": False, "slice": True, "burst": True}
 
     def jobs(speculative: bool | None, tokens: int, run: str) -> list[Job]:

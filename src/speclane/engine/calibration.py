@@ -1,8 +1,9 @@
 """Step-cost calibration: how long a forward of n rows takes on this model and machine.
 
 The adaptive draft length (``scheduler/draft_length.py``) needs it, and it cannot be
-guessed: weight-only int4 kernels on a CPU work in blocks of rows, dense kernels are
-nearly flat, attention grows with the context. Measured once per (model shape,
+guessed: each row through a weight-only int4 kernel on a CPU costs its share of the
+FMAs (torch's kernel worked in blocks of 4 rows), dense kernels are nearly flat,
+attention grows with the context. Measured once per (model shape,
 quantization, dtype, threads, rows) and kept as JSON under
 ``~/.cache/speclane/calibration`` (``SPECLANE_CALIBRATION_DIR``); a few seconds the first
 time for the default model, nothing after.
@@ -81,7 +82,8 @@ def _key(model: LlamaModel, max_rows: int) -> str:
              str(os.cpu_count()), torch.__version__, str(max_rows), hashlib.sha1(code.encode()).hexdigest(),
              f"compiled={model.decode_compiled}",  # --compile makes the one-row step ~30% cheaper
              f"int4={int4_cpu.kernel_name()}:{int4_cpu.source_digest()}",  # which kernels, which versions
-             f"attention={attention_cpu.kernel_name()}:{attention_cpu.source_digest()}"]
+             f"attention={attention_cpu.kernel_name() if model.dtype == torch.bfloat16 else 'sdpa'}:"
+             f"{attention_cpu.source_digest()}"]
     return hashlib.sha1("|".join(parts).encode()).hexdigest()[:20]
 
 

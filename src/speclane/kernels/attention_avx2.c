@@ -16,6 +16,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define INLINE static inline __attribute__((always_inline))
@@ -25,16 +26,17 @@ INLINE __m256 load_bf16(const uint16_t *p) {  // 8 bfloat16 -> 8 float32 (exact)
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 
-INLINE uint16_t to_bf16(float f) {  // round to nearest even, as torch does
+INLINE uint16_t to_bf16(float f) {  // round to nearest even, as torch does; NaN stays NaN
     uint32_t u;
     memcpy(&u, &f, 4);
+    if ((u & 0x7FFFFFFF) > 0x7F800000) return (uint16_t)((u >> 16) | 0x40);
     u += 0x7FFF + ((u >> 16) & 1);
     return (uint16_t)(u >> 16);
 }
 
 // exp for x <= 0 (scores minus their maximum): Cephes' single-precision polynomial.
 INLINE __m256 exp_nonpositive(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);  // operands in this order keep a NaN
     __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
     x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
     x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
@@ -80,7 +82,7 @@ static void attend_one(const float *q, const uint16_t *keys, const uint16_t *val
         float tail[8];
         for (int i = 0; i < 8; i++) tail[i] = j + i < len ? scores[j + i] : -INFINITY;
         __m256 p = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(tail), top));
-        p = _mm256_and_ps(p, _mm256_cmp_ps(_mm256_loadu_ps(tail), _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ));
+        p = _mm256_and_ps(p, _mm256_cmp_ps(_mm256_loadu_ps(tail), _mm256_set1_ps(-INFINITY), _CMP_NEQ_UQ));
         _mm256_storeu_ps(tail, p);
         for (int i = 0; j + i < len; i++) scores[j + i] = tail[i];
         sum += hsum(p);
@@ -102,19 +104,24 @@ static void attend_one(const float *q, const uint16_t *keys, const uint16_t *val
 
 // q: [T][H][D] bfloat16; k_cache, v_cache: one layer's [slots][KVH][max_len][D] bfloat16;
 // row_slot[t], row_len[t]: the cache row of query t and how many keys it sees (its
-// position + 1). out: [T][H][D] bfloat16. D % 8 == 0, D <= 256, H % KVH == 0 (checked by
-// the caller).
+// position + 1, 1 <= len <= max_len). out: [T][H][D] bfloat16. D % 8 == 0, D <= 256,
+// H % KVH == 0 (checked by the caller).
 void attention(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *row_slot,
                const int32_t *row_len, uint16_t *out, int T, int H, int KVH, int D, int max_len, float scale) {
     const int group = H / KVH;
     const size_t head_stride = (size_t)max_len * D, slot_stride = (size_t)KVH * head_stride;
-    #pragma omp parallel for schedule(dynamic, 1)
-    for (int item = 0; item < T * H; item++) {
-        const int t = item / H, h = item % H, len = row_len[t];
-        float qf[MAX_HEAD_DIM];
-        for (int v = 0; v < D / 8; v++) _mm256_storeu_ps(qf + 8 * v, load_bf16(q + (size_t)item * D + 8 * v));
-        float scores[len];
-        const size_t at = (size_t)row_slot[t] * slot_stride + (size_t)(h / group) * head_stride;
-        attend_one(qf, k_cache + at, v_cache + at, len, D, scale, scores, out + (size_t)item * D);
+    #pragma omp parallel
+    {
+        // Scores on the heap, one buffer per thread: max_len floats can exceed a worker's stack.
+        float *scores = malloc(sizeof(float) * (size_t)max_len);
+        #pragma omp for schedule(dynamic, 1)
+        for (int item = 0; item < T * H; item++) {
+            const int t = item / H, h = item % H, len = row_len[t];
+            float qf[MAX_HEAD_DIM];
+            for (int v = 0; v < D / 8; v++) _mm256_storeu_ps(qf + 8 * v, load_bf16(q + (size_t)item * D + 8 * v));
+            const size_t at = (size_t)row_slot[t] * slot_stride + (size_t)(h / group) * head_stride;
+            attend_one(qf, k_cache + at, v_cache + at, len, D, scale, scores, out + (size_t)item * D);
+        }
+        free(scores);
     }
 }

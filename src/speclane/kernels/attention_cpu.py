@@ -57,6 +57,10 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, row
     _, kv_heads, max_len, _ = k_cache.shape
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("attention: the layer's cache tensors must be contiguous")
+    if {q.dtype, k_cache.dtype, v_cache.dtype} != {torch.bfloat16}:
+        raise ValueError("attention: bfloat16 queries and caches only")
+    if row_slot.dtype != torch.int32 or row_len.dtype != torch.int32 or rows not in (row_slot.numel(), row_len.numel()) or row_slot.numel() != row_len.numel():
+        raise ValueError("attention: row_slot and row_len must be int32, one per query row")
     out = torch.empty(rows, heads * head_dim, dtype=torch.bfloat16)
     _library().attention(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), row_slot.data_ptr(),
                          row_len.data_ptr(), out.data_ptr(), rows, heads, kv_heads, head_dim, max_len, scale)

@@ -30,7 +30,9 @@ import torch
 log = logging.getLogger(__name__)
 
 CHOICES = ("auto", "avx2", "torch")
-FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC"]
+# -ffp-contract=off: the compiler must not fuse a multiply and an add we wrote apart (the
+# kernels promise the same operations for every row, whatever the compiler).
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 CPU_FLAGS = {"avx2", "fma", "f16c"}
 CACHE_DIR = Path.home() / ".cache" / "speclane" / "kernels"
 
@@ -66,7 +68,11 @@ def _compile(source: Path, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         partial = Path(tmp) / out.name
-        result = subprocess.run([compiler, *FLAGS, str(source), "-o", str(partial)], capture_output=True, text=True)
+        try:
+            result = subprocess.run([compiler, *FLAGS, str(source), "-o", str(partial)], capture_output=True,
+                                    text=True, timeout=300)
+        except subprocess.TimeoutExpired as err:
+            raise KernelUnavailable(f"{compiler} took over 300 s on {source.name}") from err
         if result.returncode != 0:
             raise KernelUnavailable(f"{compiler} failed on {source.name}: {result.stderr.strip()[-2000:]}")
         os.replace(partial, out)  # atomic: a concurrent process sees the whole file or none

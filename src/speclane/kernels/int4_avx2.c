@@ -43,9 +43,10 @@ typedef struct {
 
 INLINE __m256 load_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
-INLINE uint16_t to_bf16(float f) {  // round to nearest even, as torch does
+INLINE uint16_t to_bf16(float f) {  // round to nearest even, as torch does; NaN stays NaN
     uint32_t u;
     memcpy(&u, &f, 4);
+    if ((u & 0x7FFFFFFF) > 0x7F800000) return (uint16_t)((u >> 16) | 0x40);
     u += 0x7FFF + ((u >> 16) & 1);
     return (uint16_t)(u >> 16);
 }

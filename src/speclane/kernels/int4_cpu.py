@@ -37,10 +37,16 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.int4_matmul.restype = None
 
 
+_loaded: ctypes.CDLL | None = None  # once loaded, weights packed for it keep working
+
+
 @cache
 def _library() -> ctypes.CDLL | None:
     """The loaded kernel, or None when torch's kernel is to be used."""
-    return build.load(SOURCE, SWITCH, _declare)
+    global _loaded
+    lib = build.load(SOURCE, SWITCH, _declare)
+    _loaded = lib or _loaded
+    return lib
 
 
 def available() -> bool:
@@ -73,10 +79,12 @@ def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> tuple[t
 
 def matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
     """x [M, K] bfloat16 -> [M, N] bfloat16 (every row computed alike whatever M is)."""
-    lib = _library()
+    lib = _loaded or _library()
     x = x.to(torch.bfloat16).contiguous()  # no-ops for the model's own activations
     rows, k = x.shape
     n = packed.shape[0] * LANES
+    if k != packed.shape[1] * 2:
+        raise ValueError(f"int4 matmul: input has {k} columns, the weight {packed.shape[1] * 2}")
     y = torch.empty(rows, n, dtype=torch.bfloat16)
     if rows:
         scratch = torch.empty(rows, k, dtype=torch.float32)
@@ -93,4 +101,4 @@ def int4_matmul_op(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, m
 
 @int4_matmul_op.register_fake
 def _(x, packed, scale, minimum):
-    return x.new_empty(x.shape[0], packed.shape[0] * LANES)
+    return x.new_empty(x.shape[0], packed.shape[0] * LANES, dtype=torch.bfloat16)

@@ -16,6 +16,7 @@ import logging
 import torch
 
 from speclane.config import ModelConfig
+from speclane.kernels import attention_cpu, int4_cpu
 from speclane.models.linear import INT4_GROUP, Int4Weight, Int8Weight, Linear, quantize_int4_groups
 from speclane.models.llama import Layer, LlamaModel
 from speclane.models.loader import ModelLoadError, WeightSet
@@ -37,6 +38,12 @@ def build_model(weights: WeightSet, config: ModelConfig) -> LlamaModel:
     dtype = torch.float32 if config.dtype == "float32" else torch.bfloat16
     mode = effective_quantization(config, weights)
     cfg = weights.config
+    # Resolve the kernel switches now (SPECLANE_INT4_KERNEL, SPECLANE_ATTENTION_KERNEL): a bad
+    # value is a start-up error, not a failure at the first forward in the engine thread.
+    if mode == "int4":
+        int4_cpu.available()
+    if dtype == torch.bfloat16:
+        attention_cpu.kernel_name()
     w = weights.dense
 
     def take(name: str) -> torch.Tensor:
@@ -60,8 +67,8 @@ def build_model(weights: WeightSet, config: ModelConfig) -> LlamaModel:
             quantized = Int8Weight(dense)
         if quantized is not None:
             # One kernel at every width: a row's result must not depend on its neighbours
-            # (batch-invariant greedy output), and on this project's AVX2 machines the dense
-            # float32 matmul is no faster than int4 from ~16 rows up anyway.
+            # (batch-invariant greedy output); our int4 kernel is also faster than a dense
+            # float32 matmul at every width measured here.
             return Linear(None, quantized, bias)
         return Linear(dense.to(dtype).contiguous(), None, bias)
 

@@ -5,9 +5,11 @@ verifications: each sequence brings its own new tokens and its own cached length
 (``RaggedBatch``). New keys/values are written into the ``KVCache`` slot of each
 sequence; attention reads each slot's ``[0, start + num_new)`` positions.
 
-Attention trick (measured faster here than ``enable_gqa`` or a per-sequence loop):
-the query heads that share a KV head are folded into extra query rows, so plain SDPA
-runs on ``[batch, kv_heads, tokens * group, head_dim]`` against un-repeated keys.
+Attention: bfloat16 models use our row-by-row kernel (``kernels/attention_avx2.c``:
+every query row alone, so a position's result does not depend on its neighbours in the
+batch). Elsewhere SDPA, with the query heads that share a KV head folded into extra
+query rows (measured faster here than ``enable_gqa`` or a per-sequence loop), so it runs
+on ``[batch, kv_heads, tokens * group, head_dim]`` against un-repeated keys.
 """
 
 from __future__ import annotations
@@ -151,6 +153,8 @@ class LlamaModel(nn.Module):
         max_kv = max(s + n for s, n in zip(batch.starts, batch.num_new, strict=True))
         if max_kv > cfg.max_position_embeddings:
             raise ValueError(f"position {max_kv} is beyond the model's {cfg.max_position_embeddings} positions")
+        if max_kv > cache.max_len:  # before any kernel reads or writes past a slot's end
+            raise ValueError(f"position {max_kv} is beyond the KV cache's {cache.max_len} positions")
         step = self.compiled_step
         if step is not None and len(batch.slots) == 1 and step.takes(batch.starts[0], batch.num_new[0]):
             return step(batch.input_ids, batch.starts[0], batch.slots[0], cache)
@@ -227,8 +231,8 @@ class _AttentionPlan:
         # attention does not depend on the rows beside it; it needs no mask or padding.
         self.ours = attention_cpu.supports(dtype, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
         if self.ours:
-            self.row_slot = slot_of_token.to(torch.int32)
-            self.row_len = (batch.positions + 1).to(torch.int32)  # position p sees keys 0..p
+            self.row_slot = slot_of_token.to(torch.int32).contiguous()
+            self.row_len = (batch.positions + 1).to(torch.int32).contiguous()  # position p sees keys 0..p
             return
         if self.single:
             n, start = batch.num_new[0], batch.starts[0]

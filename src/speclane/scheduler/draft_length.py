@@ -5,8 +5,8 @@ tick waits for them. Whether that pays depends on three things this module keeps
 
 * ``StepCost``: how long a forward of n rows takes (measured once per model and
   machine by the runner, ``engine/calibration.py``). On a CPU with weight-only int4
-  kernels it is far from flat: rows come in blocks of 4, and a full batch plus a verify
-  can cost a third more than the batch alone.
+  kernels it is far from flat: every row costs its FMAs (5 positions ~1.5x one here,
+  9 ~2.6x), and a full batch plus a verify costs more than the batch alone.
 * ``DraftTiming``: what proposing a draft token costs (an MTP head pass each; n-gram ~0).
 * ``AcceptanceEstimate``: per request, the chance a draft token is accepted, from its
   recent rounds (counts decay, so it follows the text: a copy passage, then free prose).
