@@ -86,3 +86,13 @@ def test_an_input_of_the_wrong_width_is_refused():
     q, scale, minimum, _ = _weight(192, 576)
     with pytest.raises(ValueError, match="input has 512 columns, the weight 576"):
         Int4Weight(q, scale, minimum).matmul(torch.randn(2, 512).bfloat16())
+
+
+@needs_kernel
+def test_the_custom_operator_passes_torchs_opcheck():
+    """The op --compile puts in its graph: schema, fake (meta) kernel and eager kernel agree."""
+    q, scale, minimum, _ = _weight(192, 576)
+    weight = Int4Weight(q, scale, minimum)
+    x = torch.randn(3, 576).bfloat16()
+    torch.library.opcheck(torch.ops.speclane.int4_matmul.default, (x, *weight.tensors),
+                          test_utils=("test_schema", "test_faketensor"))

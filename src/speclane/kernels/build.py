@@ -100,4 +100,16 @@ def load(source: Path, switch: str, declare: Callable[[ctypes.CDLL], None]) -> c
         return None
     declare(lib)
     log.info("%s: ours (%s)", source.stem, path)
+    if len(_openmp_runtimes()) > 1:  # e.g. a torch wheel whose libgomp has another soname
+        log.warning("%s runs on a second OpenMP runtime beside torch's (%s): two thread pools share the cores",
+                    source.stem, ", ".join(sorted(_openmp_runtimes())))
     return lib
+
+
+def _openmp_runtimes() -> set[str]:
+    """Paths of the libgomp copies mapped into this process (Linux; empty elsewhere)."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return set()
+    return {line.split()[-1] for line in maps.splitlines() if "libgomp" in line and "/" in line}
