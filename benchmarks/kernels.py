@@ -23,8 +23,9 @@ from collections.abc import Callable
 
 import torch
 
+from speclane.bench.common import alternate
+from speclane.bench.decode import forward_time_ms
 from speclane.config import EngineConfig
-from speclane.engine.calibration import forward_ms
 from speclane.kernels import attention_cpu, int4_cpu
 from speclane.llm import LLM
 from speclane.models.linear import Int4Weight, quantize_int4_groups
@@ -45,15 +46,12 @@ def with_int4_kernel(kernel: str, build: Callable):
         int4_cpu._library.cache_clear()
 
 
-def alternate(arms: dict[str, Callable[[object], float]], cases: list, rounds: int) -> dict:
-    samples = {(arm, case): [] for arm in arms for case in cases}
-    for round_ in range(rounds + 1):  # round 0 warms every arm up and is dropped
-        for case in cases:
-            for arm, measure in arms.items():
-                ms = measure(case)
-                if round_:
-                    samples[(arm, case)].append(ms)
-    return {key: statistics.median(values) for key, values in samples.items()}
+def alternated_medians(measure: Callable[[str, object], float], cases: list, rounds: int) -> dict:
+    """Median ms per (kernel, case): bench.common.alternate over every (kernel, case) pair,
+    the two kernels side by side for each case, after a discarded warm-up of each."""
+    arms = {(kernel, case): (lambda kernel=kernel, case=case: measure(kernel, case))
+            for case in cases for kernel in ("torch", "avx2")}
+    return {key: statistics.median(values) for key, values in alternate(arms, rounds).items()}
 
 
 def matmul_table(rounds: int) -> None:
@@ -63,16 +61,14 @@ def matmul_table(rounds: int) -> None:
                for kernel in ("torch", "avx2")}
     inputs = {rows: {k: torch.randn(rows, k).bfloat16() for k in (576, 1536)} for rows in ROWS}
 
-    def forward(kernel: str) -> Callable[[int], float]:
-        def measure(rows: int) -> float:
-            start = time.perf_counter()
-            for layer in weights[kernel]:
-                for (_, in_features), weight in zip(SHAPES, layer, strict=True):
-                    weight.matmul(inputs[rows][in_features])
-            return (time.perf_counter() - start) * 1000
-        return measure
+    def measure(kernel: str, rows: int) -> float:
+        start = time.perf_counter()
+        for layer in weights[kernel]:
+            for (_, in_features), weight in zip(SHAPES, layer, strict=True):
+                weight.matmul(inputs[rows][in_features])
+        return (time.perf_counter() - start) * 1000
 
-    ms = alternate({"torch": forward("torch"), "avx2": forward("avx2")}, ROWS, rounds)
+    ms = alternated_medians(measure, ROWS, rounds)
     print(f"### int4 matmuls of one forward ({LAYERS} layers x {len(SHAPES)}), median of {rounds} rounds\n")
     print("| rows | torch's kernel ms | ours ms | ours / torch's | ours vs ours at 1 row |\n|---|---|---|---|---|")
     for rows in ROWS:
@@ -82,21 +78,17 @@ def matmul_table(rounds: int) -> None:
 
 def forward_table(rounds: int) -> None:
     config = EngineConfig().replace(spec_mode="off", compile=False, max_num_seqs=8)
-    engines = {kernel: with_int4_kernel(kernel, lambda: LLM(config=config).engine) for kernel in ("torch", "avx2")}
+    llms = {kernel: with_int4_kernel(kernel, lambda: LLM(config=config)) for kernel in ("torch", "avx2")}
     ours_supports = attention_cpu.supports
 
-    def forward(kernel: str) -> Callable[[tuple[int, int]], float]:
-        def measure(case: tuple[int, int]) -> float:
-            attention_cpu.supports = ours_supports if kernel == "avx2" else (lambda *_: False)  # SDPA
-            try:
-                model, cache = engines[kernel].model, engines[kernel].cache
-                times = [forward_ms(model, cache, positions=case[0], batch=case[1], kv_len=200) for _ in range(5)]
-                return statistics.median(times[1:])
-            finally:
-                attention_cpu.supports = ours_supports
-        return measure
+    def measure(kernel: str, case: tuple[int, int]) -> float:
+        attention_cpu.supports = ours_supports if kernel == "avx2" else (lambda *_: False)  # SDPA
+        try:
+            return forward_time_ms(llms[kernel], batch=case[1], positions=case[0], kv_len=200, repeats=4)
+        finally:
+            attention_cpu.supports = ours_supports
 
-    ms = alternate({"torch": forward("torch"), "avx2": forward("avx2")}, FORWARDS, rounds)
+    ms = alternated_medians(measure, FORWARDS, rounds)
     print(f"\n### One forward + logits of the default model (eager, KV length 200), median of {rounds} rounds\n")
     print("| positions x batch | torch's int4 + SDPA ms | ours ms | ours / torch's | ours vs ours at 1 x 1 |\n"
           "|---|---|---|---|---|")

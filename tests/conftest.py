@@ -23,6 +23,15 @@ from collections.abc import Iterator
 import pytest
 
 TEST_THREADS = 1
+
+
+@pytest.fixture(scope="session")
+def our_kernels() -> None:
+    """Skip where our C kernels (int4 and attention) cannot run: no AVX2 or no C compiler."""
+    from speclane.kernels import attention_cpu, int4_cpu
+
+    if "torch" in (int4_cpu.kernel_name(), attention_cpu.kernel_name()):
+        pytest.skip("our CPU kernels are unavailable here (no AVX2 or no C compiler)")
 TEST_MAX_MODEL_LEN = 1024
 
 

@@ -176,11 +176,7 @@ DEFAULT_MODES = ("off", "slice-rotating", "burst", "mtp-everyone")
 
 
 @pytest.fixture(scope="module")
-def default_results():
-    from speclane.kernels import attention_cpu, int4_cpu
-
-    if "torch" in (int4_cpu.kernel_name(), attention_cpu.kernel_name()):
-        pytest.skip("our CPU kernels are unavailable here (no AVX2 or no C compiler)")
+def default_results(our_kernels):
     base = EngineConfig().replace(max_model_len=512, max_num_seqs=len(CASES), max_num_batched_tokens=512)
     weights = read_weights(base.model.model)
     from speclane.engine.engine import load_tokenizer

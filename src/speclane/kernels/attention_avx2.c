@@ -19,20 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define INLINE static inline __attribute__((always_inline))
+#include "bf16.h"
+
 #define MAX_HEAD_DIM 256
-
-INLINE __m256 load_bf16(const uint16_t *p) {  // 8 bfloat16 -> 8 float32 (exact)
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-}
-
-INLINE uint16_t to_bf16(float f) {  // round to nearest even, as torch does; NaN stays NaN
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7FFFFFFF) > 0x7F800000) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7FFF + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
 
 // exp for x <= 0 (scores minus their maximum): Cephes' single-precision polynomial.
 INLINE __m256 exp_nonpositive(__m256 x) {

@@ -50,7 +50,9 @@ def requested(switch: str) -> str:
 
 
 def digest(source: Path) -> str:
-    return hashlib.sha1(source.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    """Version of a built library: its source, the headers beside it (``bf16.h``), the flags."""
+    parts = [source.read_bytes()] + [h.read_bytes() for h in sorted(source.parent.glob("*.h"))]
+    return hashlib.sha1(b"".join(parts) + " ".join(FLAGS).encode()).hexdigest()[:16]
 
 
 def missing_cpu_flags() -> set[str]:

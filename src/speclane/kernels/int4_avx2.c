@@ -18,6 +18,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bf16.h"
+
 #define LANES 16   // output columns per packed tile (two 8-float vectors)
 #define GROUP 32   // input columns per (scale, minimum) pair
 #define KB 128     // input columns per dequantized block in the buffered path (8 KiB)
@@ -29,7 +31,6 @@
 // direct 5 rows ~ buffered, direct 6 rows slower (its accumulators no longer fit in registers).
 #define DIRECT_MAX_ROWS 4
 #define UNROLL _Pragma("GCC unroll 16")
-#define INLINE static inline __attribute__((always_inline))
 
 // packed: [N/16][K/2][16] bytes, byte j of pair p = q[n0+j][2p] | q[n0+j][2p+1] << 4.
 // scale, minimum: [N/16][K/32][16] float16 (GGUF's Q4_1 keeps them in float16, so they
@@ -42,14 +43,6 @@ typedef struct {
 } q4_weight;
 
 INLINE __m256 load_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
-
-INLINE uint16_t to_bf16(float f) {  // round to nearest even, as torch does; NaN stays NaN
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7FFFFFFF) > 0x7F800000) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7FFF + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
 
 // The two dequantized 8-wide vectors of columns v for input columns 2p (lo) and 2p+1 (hi).
 INLINE void dequant_pair(const uint8_t *bytes, __m256 s, __m256 m, __m256 *lo, __m256 *hi) {
@@ -162,10 +155,7 @@ static void buffered_tile(const q4_weight *w, const float *x, int M, int tile, u
 // The caller checks N % 16 == 0 and K % 32 == 0 and passes contiguous tensors.
 void int4_matmul(const uint16_t *x, const uint8_t *packed, const uint16_t *scale, const uint16_t *minimum,
                  uint16_t *y, int M, int N, int K, float *x32) {
-    for (long i = 0; i < (long)M * K; i += 8) {  // bfloat16 -> float32 is a 16-bit shift
-        __m128i h = _mm_loadu_si128((const __m128i *)(x + i));
-        _mm256_storeu_ps(x32 + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
-    }
+    for (long i = 0; i < (long)M * K; i += 8) _mm256_storeu_ps(x32 + i, load_bf16(x + i));
     const q4_weight w = {packed, scale, minimum, N, K};
     const int tiles = N / LANES;
     #pragma omp parallel for schedule(static)
