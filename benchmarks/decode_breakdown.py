@@ -33,23 +33,23 @@ def main() -> None:
     # through Int4Weight._torch_kernel (Linear holds a bound Int4Weight.matmul).
     real_kernel = (int4_cpu.matmul, linear.Int4Weight._torch_kernel)
 
-    def no_ours(x, packed, *_):
+    def no_int4(x, packed, *_):
         return torch.zeros(x.shape[0], packed.shape[0] * int4_cpu.LANES, dtype=torch.bfloat16)
 
     def no_torch(self, x):
         return torch.zeros(x.shape[0], self.out_features, dtype=torch.bfloat16)
 
-    no_matmul = (no_ours, no_torch)
+    no_matmul = (no_int4, no_torch)
 
     def no_sdpa(q, k, v, attn_mask=None, scale=None):
         return torch.zeros_like(q)
 
-    def no_ours(q, *_):
+    def no_attention_kernel(q, *_):
         return torch.zeros(q.shape[0], q.shape[1] * q.shape[2], dtype=torch.bfloat16)
 
     # Attention runs through our kernel (bfloat16) or SDPA (elsewhere): replace both.
     real_attention = (attention_cpu.attention, real_sdpa)
-    no_attention = (no_ours, no_sdpa)
+    no_attention = (no_attention_kernel, no_sdpa)
 
     variants = {
         "whole step": (real_kernel, real_attention),

@@ -4,13 +4,14 @@
 
 Table 1: the 120 layer matmuls of one SmolLM2-135M forward (30 layers of qkv, o, gate_up,
 down; random int4 weights, ~66 MB, so they stream from memory as in the model) by rows,
-torch's ``_weight_int4pack_mm_for_cpu`` against ours. Rows are what a tick puts through
+torch's ``_weight_int4pack_mm_for_cpu`` against our AVX2 build and, where the CPU has
+AVX-512, our AVX-512 build (the two give the same bits). Rows are what a tick puts through
 the linears: 1 for a lone decode step, K+1 for a verify round, one per stream in a mixed
 tick, the prompt's tokens in a prefill.
 
 Table 2: one eager forward + logits of the default model (KV length 200) by positions of
 one sequence and by batch of one-token sequences, with torch's int4 kernel and SDPA
-against our int4 and attention kernels. Both arms alternate in one process; medians.
+against our int4 (the build ``auto`` picks) and attention kernels. Both arms alternate in one process; medians.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 from speclane.bench.common import alternate
 from speclane.bench.decode import forward_time_ms
 from speclane.config import EngineConfig
-from speclane.kernels import attention_cpu, int4_cpu
+from speclane.kernels import attention_cpu, build, int4_cpu
 from speclane.llm import LLM
 from speclane.models.linear import Int4Weight, quantize_int4_groups
 
@@ -36,29 +37,31 @@ ROWS = [1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 32, 96]
 FORWARDS = [(1, 1), (2, 1), (4, 1), (5, 1), (9, 1), (96, 1), (1, 4), (1, 8)]  # (positions, batch)
 
 
-def with_int4_kernel(kernel: str, build: Callable):
+def with_int4_kernel(kernel: str, make: Callable):
     os.environ["SPECLANE_INT4_KERNEL"] = kernel
-    int4_cpu._library.cache_clear()
+    int4_cpu._kernel.cache_clear()
     try:
-        return build()
+        return make()
     finally:
         del os.environ["SPECLANE_INT4_KERNEL"]
-        int4_cpu._library.cache_clear()
+        int4_cpu._kernel.cache_clear()
 
 
-def alternated_medians(measure: Callable[[str, object], float], cases: list, rounds: int) -> dict:
+def alternated_medians(measure: Callable[[str, object], float], kernels: list[str], cases: list,
+                       rounds: int) -> dict:
     """Median ms per (kernel, case): bench.common.alternate over every (kernel, case) pair,
-    the two kernels side by side for each case, after a discarded warm-up of each."""
+    the kernels side by side for each case, after a discarded warm-up of each."""
     arms = {(kernel, case): (lambda kernel=kernel, case=case: measure(kernel, case))
-            for case in cases for kernel in ("torch", "avx2")}
+            for case in cases for kernel in kernels}
     return {key: statistics.median(values) for key, values in alternate(arms, rounds).items()}
 
 
 def matmul_table(rounds: int) -> None:
     torch.manual_seed(0)
     layers = [[quantize_int4_groups(torch.randn(n, k) * 0.02) for n, k in SHAPES] for _ in range(LAYERS)]
+    kernels = ["torch", "avx2"] + ([] if build.missing_cpu_flags("avx512") else ["avx512"])
     weights = {kernel: with_int4_kernel(kernel, lambda: [[Int4Weight(*p) for p in layer] for layer in layers])
-               for kernel in ("torch", "avx2")}
+               for kernel in kernels}
     inputs = {rows: {k: torch.randn(rows, k).bfloat16() for k in (576, 1536)} for rows in ROWS}
 
     def measure(kernel: str, rows: int) -> float:
@@ -68,34 +71,37 @@ def matmul_table(rounds: int) -> None:
                 weight.matmul(inputs[rows][in_features])
         return (time.perf_counter() - start) * 1000
 
-    ms = alternated_medians(measure, ROWS, rounds)
+    ms = alternated_medians(measure, kernels, ROWS, rounds)
+    best = kernels[-1]
     print(f"### int4 matmuls of one forward ({LAYERS} layers x {len(SHAPES)}), median of {rounds} rounds\n")
-    print("| rows | torch's kernel ms | ours ms | ours / torch's | ours vs ours at 1 row |\n|---|---|---|---|---|")
+    print("| rows | torch's kernel ms | " + " | ".join(f"ours {k} ms | {k} / torch's" for k in kernels[1:])
+          + f" | {best} vs {best} at 1 row |\n|---|---|" + "---|---|" * len(kernels[1:]) + "---|")
     for rows in ROWS:
-        print(f"| {rows} | {ms[('torch', rows)]:.1f} | {ms[('avx2', rows)]:.1f} | "
-              f"{ms[('avx2', rows)] / ms[('torch', rows)]:.2f}x | {ms[('avx2', rows)] / ms[('avx2', 1)]:.2f}x |")
+        cells = [f"{ms[(k, rows)]:.1f} | {ms[(k, rows)] / ms[('torch', rows)]:.2f}x" for k in kernels[1:]]
+        print(f"| {rows} | {ms[('torch', rows)]:.1f} | " + " | ".join(cells)
+              + f" | {ms[(best, rows)] / ms[(best, 1)]:.2f}x |")
 
 
 def forward_table(rounds: int) -> None:
     config = EngineConfig().replace(spec_mode="off", compile=False, max_num_seqs=8)
-    llms = {kernel: with_int4_kernel(kernel, lambda: LLM(config=config)) for kernel in ("torch", "avx2")}
+    llms = {kernel: with_int4_kernel(kernel, lambda: LLM(config=config)) for kernel in ("torch", "auto")}
     ours_supports = attention_cpu.supports
 
     def measure(kernel: str, case: tuple[int, int]) -> float:
-        attention_cpu.supports = ours_supports if kernel == "avx2" else (lambda *_: False)  # SDPA
+        attention_cpu.supports = ours_supports if kernel == "auto" else (lambda *_: False)  # SDPA
         try:
             return forward_time_ms(llms[kernel], batch=case[1], positions=case[0], kv_len=200, repeats=4)
         finally:
             attention_cpu.supports = ours_supports
 
-    ms = alternated_medians(measure, FORWARDS, rounds)
+    ms = alternated_medians(measure, ["torch", "auto"], FORWARDS, rounds)
     print(f"\n### One forward + logits of the default model (eager, KV length 200), median of {rounds} rounds\n")
     print("| positions x batch | torch's int4 + SDPA ms | ours ms | ours / torch's | ours vs ours at 1 x 1 |\n"
           "|---|---|---|---|---|")
     for case in FORWARDS:
-        theirs, ours = ms[("torch", case)], ms[("avx2", case)]
+        theirs, ours = ms[("torch", case)], ms[("auto", case)]
         print(f"| {case[0]} x {case[1]} | {theirs:.1f} | {ours:.1f} | {ours / theirs:.2f}x | "
-              f"{ours / ms[('avx2', FORWARDS[0])]:.2f}x |")
+              f"{ours / ms[('auto', FORWARDS[0])]:.2f}x |")
 
 
 def main() -> None:

@@ -182,7 +182,7 @@ def default_results(our_kernels):
     from speclane.engine.engine import load_tokenizer
 
     model, tokenizer = build_model(weights, base.model), load_tokenizer(weights.tokenizer_source)
-    assert model.dtype == torch.bfloat16 and model.layers[0].qkv.quantized.kernel == "avx2"
+    assert model.dtype == torch.bfloat16 and model.layers[0].qkv.quantized.kernel != "torch"
     out = {}
     for mode in DEFAULT_MODES:
         engine = LLMEngine.from_parts(base.replace(**MODES[mode]), model, tokenizer)

@@ -1,9 +1,9 @@
-"""Our AVX2 int4 kernel (kernels/int4_avx2.c): exact maths, batch invariance, fallback."""
+"""Our int4 kernel (kernels/int4_x86.c): exact maths, batch invariance, its builds, fallback."""
 
 import pytest
 import torch
 
-from speclane.kernels import int4_cpu
+from speclane.kernels import attention_cpu, build, int4_cpu
 from speclane.models.linear import Int4Weight, quantize_int4_groups
 
 needs_kernel = pytest.mark.skipif(not int4_cpu.available(), reason="no AVX2 CPU or no C compiler here")
@@ -24,7 +24,7 @@ def _weight(out_features: int, in_features: int, seed: int = 0):
 def test_matches_float64_reference(rows, shape):
     q, scale, minimum, dense = _weight(*shape)
     weight = Int4Weight(q, scale, minimum)
-    assert weight.kernel == "avx2"
+    assert weight.kernel in ("avx512", "avx2")
     x = torch.randn(rows, shape[1]).bfloat16()
     expected = x.double() @ dense.double().T
     got = weight.matmul(x)
@@ -35,7 +35,7 @@ def test_matches_float64_reference(rows, shape):
 
 @needs_kernel
 def test_a_rows_result_does_not_depend_on_its_neighbours():
-    """Every path (direct 1-4 rows, buffered 5+, chunks of 64) gives the same bits per row."""
+    """Every path (direct for few rows, buffered for more, chunks of 64) gives the same bits per row."""
     q, scale, minimum, _ = _weight(1536, 576)
     weight = Int4Weight(q, scale, minimum)
     x = torch.randn(80, 576).bfloat16()
@@ -55,7 +55,7 @@ def test_graph_operator_is_the_same_kernel():
 def test_torch_fallback_is_selectable(monkeypatch):
     """SPECLANE_INT4_KERNEL=torch (and a machine without the kernel) use torch's int4 op."""
     monkeypatch.setenv("SPECLANE_INT4_KERNEL", "torch")
-    int4_cpu._library.cache_clear()
+    int4_cpu._kernel.cache_clear()
     try:
         q, scale, minimum, dense = _weight(192, 576)
         weight = Int4Weight(q, scale, minimum)
@@ -66,12 +66,41 @@ def test_torch_fallback_is_selectable(monkeypatch):
         assert (weight.matmul(x).float() - expected).norm() / expected.norm() < 0.01
     finally:
         monkeypatch.delenv("SPECLANE_INT4_KERNEL")
-        int4_cpu._library.cache_clear()
+        int4_cpu._kernel.cache_clear()
+
+
+@pytest.mark.skipif(build.missing_cpu_flags("avx512") != set() or not int4_cpu.available(),
+                    reason="no AVX-512 CPU or no C compiler here")
+def test_the_avx512_and_avx2_builds_give_the_same_bits(monkeypatch):
+    """Each output column is one vector lane doing the same operations in either build, and
+    the AVX-512 build's direct path takes up to 6 rows (AVX2's: 4), so 1-13 rows cover
+    both paths of both builds."""
+    q, scale, minimum, _ = _weight(1536, 576)
+    x = torch.randn(13, 576).bfloat16()
+    results = {}
+    try:
+        for isa in ("avx2", "avx512"):
+            monkeypatch.setenv("SPECLANE_INT4_KERNEL", isa)
+            int4_cpu._kernel.cache_clear()
+            weight = Int4Weight(q, scale, minimum)
+            assert weight.kernel == isa == int4_cpu.kernel_name()
+            results[isa] = [weight.matmul(x[:rows]) for rows in range(1, 14)]
+    finally:
+        monkeypatch.delenv("SPECLANE_INT4_KERNEL")
+        int4_cpu._kernel.cache_clear()
+    for rows, (a, b) in enumerate(zip(results["avx2"], results["avx512"], strict=True), start=1):
+        assert torch.equal(a, b), rows
+
+
+def test_a_build_the_source_does_not_have_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("SPECLANE_ATTENTION_KERNEL", "avx512")
+    with pytest.raises(build.KernelUnavailable, match="attention_avx2.c has no avx512 build"):
+        build.load(attention_cpu.SOURCE, attention_cpu.SWITCH, lambda lib: None, ("avx2",))
 
 
 def test_unknown_kernel_name_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("SPECLANE_INT4_KERNEL", "cuda")
-    with pytest.raises(int4_cpu.KernelUnavailable, match="expected one of auto, avx2, torch"):
+    with pytest.raises(int4_cpu.KernelUnavailable, match="expected one of auto, avx512, avx2, torch"):
         int4_cpu.requested_kernel()
 
 

@@ -1,6 +1,6 @@
 """Our row-by-row attention over the KV cache (``attention_avx2.c``), built by ``build.py``.
 
-``SPECLANE_ATTENTION_KERNEL=auto|avx2|torch`` picks it or torch's SDPA (see ``build.py``).
+``SPECLANE_ATTENTION_KERNEL=auto|avx2|torch`` (it has an AVX2 build only) picks it or torch's SDPA (see ``build.py``).
 Used for bfloat16 models only: that is where SDPA's kernels round a verify round's
 queries differently from a decode step's (float32 models keep SDPA, whose differences
 stay below what greedy decoding can see in the tests).
@@ -29,7 +29,8 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 @cache
 def _library() -> ctypes.CDLL | None:
-    return build.load(SOURCE, SWITCH, _declare)
+    kernel = build.load(SOURCE, SWITCH, _declare, ("avx2",))
+    return kernel.library if kernel else None
 
 
 def source_digest() -> str:

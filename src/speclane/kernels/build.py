@@ -1,13 +1,16 @@
 """Build our C kernels with the system compiler, once per source version, and load them.
 
+A kernel source may build for several instruction sets (``ISAS``: the int4 matmul for
+AVX-512 and AVX2, attention for AVX2); the vector width is the build's only difference.
 Each kernel has an environment switch (``SPECLANE_INT4_KERNEL``, ``SPECLANE_ATTENTION_KERNEL``):
 
-- ``auto`` (default): ours when the CPU has AVX2, FMA and F16C and a C compiler
-  (``cc``/``gcc``) is on PATH, else torch's op (logged once);
-- ``avx2``: ours, and an error if it cannot be built;
+- ``auto`` (default): ours, for the widest instruction set of the source this CPU has,
+  when a C compiler (``cc``/``gcc``) is on PATH, else torch's op (logged once);
+- ``avx512`` / ``avx2``: ours for that instruction set, and an error if it cannot be built
+  or run here;
 - ``torch``: torch's op (for A/B benchmarks).
 
-A library is compiled (~1 s) into ``~/.cache/speclane/kernels/<name>-<digest>.so`` and
+A library is compiled (~1 s) into ``~/.cache/speclane/kernels/<name>-<isa>-<digest>.so`` and
 reused. It is built with ``-fopenmp`` and resolves ``libgomp.so.1`` to the copy torch has
 already loaded, so its parallel loops run on torch's OpenMP threads
 (``torch.set_num_threads`` applies) rather than a second pool fighting for the cores.
@@ -23,17 +26,20 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 log = logging.getLogger(__name__)
 
-CHOICES = ("auto", "avx2", "torch")
 # -ffp-contract=off: the compiler must not fuse a multiply and an add we wrote apart (the
 # kernels promise the same operations for every row, whatever the compiler).
-FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
-CPU_FLAGS = {"avx2", "fma", "f16c"}
+FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
+# Instruction sets, widest first: the compiler flags of each build and the CPU flags it needs.
+ISA_FLAGS = {"avx512": ["-mavx512f", "-mavx2", "-mfma", "-mf16c"], "avx2": ["-mavx2", "-mfma", "-mf16c"]}
+ISA_CPU_FLAGS = {"avx512": {"avx512f", "avx2", "fma", "f16c"}, "avx2": {"avx2", "fma", "f16c"}}
+CHOICES = ("auto", *ISA_FLAGS, "torch")
 CACHE_DIR = Path.home() / ".cache" / "speclane" / "kernels"
 
 
@@ -49,21 +55,32 @@ def requested(switch: str) -> str:
     return value
 
 
+@dataclass(frozen=True)
+class Kernel:
+    """A loaded kernel library and the instruction set it was built for."""
+
+    library: ctypes.CDLL
+    isa: str
+
+
 def digest(source: Path) -> str:
-    """Version of a built library: its source, the headers beside it (``bf16.h``), the flags."""
+    """Version of a source's builds: the source, the headers beside it (``bf16.h``), the flags."""
     parts = [source.read_bytes()] + [h.read_bytes() for h in sorted(source.parent.glob("*.h"))]
-    return hashlib.sha1(b"".join(parts) + " ".join(FLAGS).encode()).hexdigest()[:16]
+    flags = " ".join(FLAGS + [f for isa in ISA_FLAGS.values() for f in isa])
+    return hashlib.sha1(b"".join(parts) + flags.encode()).hexdigest()[:16]
 
 
-def missing_cpu_flags() -> set[str]:
+def missing_cpu_flags(isa: str) -> set[str]:
+    """The CPU flags the ``isa`` build needs and this CPU lacks."""
     try:
         flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
     except (OSError, StopIteration):  # not Linux: torch's own probe (AVX2 CPUs have FMA and F16C in practice)
-        return set() if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") else {"avx2"}
-    return CPU_FLAGS - set(flags.split(":", 1)[1].split())
+        has = {"AVX512": {"avx512", "avx2"}, "AVX2": {"avx2"}}.get(torch.backends.cpu.get_cpu_capability(), set())
+        return set() if isa in has else {isa}
+    return ISA_CPU_FLAGS[isa] - set(flags.split(":", 1)[1].split())
 
 
-def _compile(source: Path, out: Path) -> None:
+def _compile(source: Path, isa: str, out: Path) -> None:
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise KernelUnavailable("no C compiler (cc or gcc) on PATH")
@@ -71,7 +88,7 @@ def _compile(source: Path, out: Path) -> None:
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         partial = Path(tmp) / out.name
         try:
-            result = subprocess.run([compiler, *FLAGS, str(source), "-o", str(partial)], capture_output=True,
+            result = subprocess.run([compiler, *FLAGS, *ISA_FLAGS[isa], str(source), "-o", str(partial)], capture_output=True,
                                     text=True, timeout=300)
         except subprocess.TimeoutExpired as err:
             raise KernelUnavailable(f"{compiler} took over 300 s on {source.name}") from err
@@ -80,32 +97,45 @@ def _compile(source: Path, out: Path) -> None:
         os.replace(partial, out)  # atomic: a concurrent process sees the whole file or none
 
 
-def load(source: Path, switch: str, declare: Callable[[ctypes.CDLL], None]) -> ctypes.CDLL | None:
+def _pick_isa(choice: str, source: Path, isas: tuple[str, ...]) -> str:
+    if choice != "auto":
+        if choice not in isas:
+            raise KernelUnavailable(f"{source.name} has no {choice} build (it has {', '.join(isas)})")
+        missing = missing_cpu_flags(choice)
+        if missing:
+            raise KernelUnavailable(f"the CPU lacks {', '.join(sorted(missing))}")
+        return choice
+    for isa in isas:
+        if not missing_cpu_flags(isa):
+            return isa
+    raise KernelUnavailable(f"the CPU lacks {', '.join(sorted(missing_cpu_flags(isas[-1])))}")
+
+
+def load(source: Path, switch: str, declare: Callable[[ctypes.CDLL], None], isas: tuple[str, ...]) -> Kernel | None:
     """The built library of ``source`` with its functions declared, or None where torch's
-    op is to be used instead (see the module docstring for ``switch``)."""
+    op is to be used instead (see the module docstring for ``switch``). ``isas``: the
+    instruction sets the source builds for, widest first."""
     choice = requested(switch)
     if choice == "torch":
         log.info("%s: torch's (%s=torch)", source.stem, switch)
         return None
     try:
-        missing = missing_cpu_flags()
-        if missing:
-            raise KernelUnavailable(f"the CPU lacks {', '.join(sorted(missing))}")
-        path = CACHE_DIR / f"{source.stem}-{digest(source)}.so"
+        isa = _pick_isa(choice, source, isas)
+        path = CACHE_DIR / f"{source.stem}-{isa}-{digest(source)}.so"
         if not path.exists():
-            _compile(source, path)
+            _compile(source, isa, path)
         lib = ctypes.CDLL(str(path))
     except (KernelUnavailable, OSError) as err:
-        if choice == "avx2":
-            raise KernelUnavailable(f"{switch}=avx2 but {source.name} is unavailable: {err}") from err
+        if choice != "auto":
+            raise KernelUnavailable(f"{switch}={choice} but {source.name} is unavailable: {err}") from err
         log.warning("%s: torch's, because ours is unavailable (%s)", source.stem, err)
         return None
     declare(lib)
-    log.info("%s: ours (%s)", source.stem, path)
+    log.info("%s: ours, %s (%s)", source.stem, isa, path)
     if len(_openmp_runtimes()) > 1:  # e.g. a torch wheel whose libgomp has another soname
         log.warning("%s runs on a second OpenMP runtime beside torch's (%s): two thread pools share the cores",
                     source.stem, ", ".join(sorted(_openmp_runtimes())))
-    return lib
+    return Kernel(lib, isa)
 
 
 def _openmp_runtimes() -> set[str]:

@@ -1,7 +1,8 @@
-"""Our AVX2 int4 matmul (``int4_avx2.c``), built and loaded by ``build.py``.
+"""Our int4 matmul (``int4_x86.c``, AVX-512 or AVX2 build), built and loaded by ``build.py``.
 
-``SPECLANE_INT4_KERNEL=auto|avx2|torch`` picks it or torch's
-``_weight_int4pack_mm_for_cpu`` (see ``build.py``); ``Int4Weight`` asks here once.
+``SPECLANE_INT4_KERNEL=auto|avx512|avx2|torch`` picks it or torch's
+``_weight_int4pack_mm_for_cpu`` (see ``build.py``); ``Int4Weight`` asks here once. Both
+builds give the same bits (each output column is one vector lane doing the same operations).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from speclane.kernels.build import KernelUnavailable
 
 __all__ = ["KernelUnavailable", "available", "kernel_name", "matmul", "pack", "source_digest"]
 
-SOURCE = Path(__file__).with_name("int4_avx2.c")
+SOURCE = Path(__file__).with_name("int4_x86.c")
+ISAS = ("avx512", "avx2")  # the builds of SOURCE, widest first
 SWITCH = "SPECLANE_INT4_KERNEL"
 LANES = 16  # output columns per packed tile (the C file's LANES)
 GROUP = 32  # input columns per (scale, minimum) pair
@@ -41,21 +43,22 @@ _loaded: ctypes.CDLL | None = None  # once loaded, weights packed for it keep wo
 
 
 @cache
-def _library() -> ctypes.CDLL | None:
+def _kernel() -> build.Kernel | None:
     """The loaded kernel, or None when torch's kernel is to be used."""
     global _loaded
-    lib = build.load(SOURCE, SWITCH, _declare)
-    _loaded = lib or _loaded
-    return lib
+    kernel = build.load(SOURCE, SWITCH, _declare, ISAS)
+    _loaded = kernel.library if kernel else _loaded
+    return kernel
 
 
 def available() -> bool:
-    return _library() is not None
+    return _kernel() is not None
 
 
 def kernel_name() -> str:
-    """'avx2' or 'torch': which kernel Int4Weight uses in this process."""
-    return "avx2" if available() else "torch"
+    """'avx512', 'avx2' or 'torch': which kernel Int4Weight uses in this process."""
+    kernel = _kernel()
+    return kernel.isa if kernel else "torch"
 
 
 def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -79,7 +82,7 @@ def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> tuple[t
 
 def matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
     """x [M, K] bfloat16 -> [M, N] bfloat16 (every row computed alike whatever M is)."""
-    lib = _loaded or _library()
+    lib = _loaded or _kernel().library
     x = x.to(torch.bfloat16).contiguous()  # no-ops for the model's own activations
     rows, k = x.shape
     n = packed.shape[0] * LANES

@@ -36,7 +36,7 @@ def quantize_int4_groups(weight: torch.Tensor, group: int = INT4_GROUP) -> tuple
 
 
 class Int4Weight:
-    """An int4 weight with its kernel: ours (``kernels/int4_avx2.c``) where it builds, else
+    """An int4 weight with its kernel: ours (``kernels/int4_x86.c``) where it builds, else
     torch's ``_weight_int4pack_mm_for_cpu`` (``kernels/int4_cpu.py`` decides, once).
 
     Ours computes w = q * scale + minimum in float32 (the file's Q4_1 values exactly).
@@ -53,7 +53,7 @@ class Int4Weight:
         self.group = group
         self.out_features = out_features
         if group == int4_cpu.GROUP and out_features % int4_cpu.LANES == 0 and int4_cpu.available():
-            self.kernel = "avx2"
+            self.kernel = int4_cpu.kernel_name()  # "avx512" or "avx2": the same bits
             self.tensors: tuple[torch.Tensor, ...] = int4_cpu.pack(q, scale, minimum)
         else:
             self.kernel = "torch"
@@ -68,7 +68,7 @@ class Int4Weight:
         return sum(t.numel() * t.element_size() for t in self.tensors)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x: [M, K] bfloat16
-        if self.kernel == "avx2":
+        if self.kernel != "torch":
             return int4_cpu.matmul(x, *self.tensors)
         rows = x.shape[0]
         tail = rows % INT4_ROW_BLOCK
@@ -85,7 +85,7 @@ class Int4Weight:
 
     def graph_matmul(self, x: torch.Tensor, *tensors: torch.Tensor) -> torch.Tensor:
         """``matmul`` over explicit ``tensors`` (graph inputs), traceable by torch.compile."""
-        if self.kernel == "avx2":
+        if self.kernel != "torch":
             return torch.ops.speclane.int4_matmul(x, *tensors)
         return INT4_MM(x, tensors[0], self.group, tensors[1])
 

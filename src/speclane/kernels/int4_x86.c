@@ -1,0 +1,211 @@
+// Weight-only int4 matmul for x86-64: bfloat16 activations, float32 accumulation,
+// bfloat16 output. Built twice by build.py, for AVX2 + FMA + F16C (8-float vectors) and
+// for AVX-512F (16-float vectors), and loaded by int4_cpu.py.
+//
+// Why our own: torch's CPU int4 kernel dequantizes its weights again for every block of
+// 4 rows, so a 5-row call costs two 4-row calls and 16 rows cost ~6x one row. A
+// speculative round verifies K+1 rows of one sequence and a mixed tick holds every
+// stream's row: here the cost of rows should be the FMAs, not the dequantization.
+// Few rows dequantize into registers and use each weight at once; more rows dequantize a
+// 128-column block of a 16-column tile into L1 once and run all rows over it with a
+// register tile of MR rows x 16 columns.
+//
+// Batch invariance: every output element is computed by the same sequence of operations
+// whatever the number of rows M: w = fma(q, scale, minimum) in float32, then
+// acc = fma(x[m][k], w, acc) for k = 0, 1, ..., K-1 with one accumulator per (row, column).
+// Both paths below (direct for few rows, buffered for many) keep that sequence, so a row's
+// result does not depend on how many rows share the call. Each column is one vector lane
+// doing exactly those operations, so the AVX2 and AVX-512 builds give the same bits too.
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "bf16.h"
+
+#define LANES 16   // output columns per packed tile
+#define GROUP 32   // input columns per (scale, minimum) pair
+#define KB 128     // input columns per dequantized block in the buffered path (8 KiB)
+#define MCHUNK 64  // rows per accumulator block in the buffered path
+#define UNROLL _Pragma("GCC unroll 16")
+
+// The vector type and its few operations, so both builds share every loop below.
+#ifdef __AVX512F__
+#define VW 16  // floats per vector: one vector covers a tile's 16 columns
+// Rows up to which the direct path runs (7 rows: buffered 0.97x direct's time, 5-6 rows:
+// direct 0.9x buffered's), and the buffered path's register tile (32 vector registers
+// hold 12 accumulators with room to spare). Measured over the default model's 120 layer
+// matmuls, weights streaming from memory (benchmarks/kernels.py), on a 2-core Xeon.
+#define DIRECT_MAX_ROWS 6
+#define MR 12
+// The direct path reads one weight stream; a software prefetch this many bytes ahead made
+// 1-2 rows 0.88x the time here (no gain measured in the AVX2 build, which has none).
+#define PREFETCH_AHEAD 2048
+typedef __m512 vec;
+INLINE vec v_zero(void) { return _mm512_setzero_ps(); }
+INLINE vec v_bcast(const float *p) { return _mm512_set1_ps(*p); }
+INLINE vec v_fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+INLINE vec v_load(const float *p) { return _mm512_loadu_ps(p); }
+INLINE void v_store(float *p, vec v) { _mm512_storeu_ps(p, v); }
+INLINE vec v_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+// Columns' values at input columns 2p (lo) and 2p+1 (hi) from their VW packed bytes.
+INLINE void v_dequant_pair(const uint8_t *bytes, vec s, vec m, vec *lo, vec *hi) {
+    __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)bytes));
+    *lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(15))), s, m);
+    *hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)), s, m);
+}
+#else
+#define VW 8
+// AVX2 has 16 vector registers: 4 rows x 2 vectors of accumulators in the direct path
+// (measured: direct 4 rows 17.6 ms vs buffered 22.3 ms, 5 rows even, 6 rows slower).
+#define DIRECT_MAX_ROWS 4
+#define MR 6
+#define PREFETCH_AHEAD 0
+typedef __m256 vec;
+INLINE vec v_zero(void) { return _mm256_setzero_ps(); }
+INLINE vec v_bcast(const float *p) { return _mm256_broadcast_ss(p); }
+INLINE vec v_fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+INLINE vec v_load(const float *p) { return _mm256_loadu_ps(p); }
+INLINE void v_store(float *p, vec v) { _mm256_storeu_ps(p, v); }
+INLINE vec v_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+INLINE void v_dequant_pair(const uint8_t *bytes, vec s, vec m, vec *lo, vec *hi) {
+    __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)bytes));
+    *lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q, _mm256_set1_epi32(15))), s, m);
+    *hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4)), s, m);
+}
+#endif
+#define NV (LANES / VW)  // vectors per tile
+
+// packed: [N/16][K/2][16] bytes, byte j of pair p = q[n0+j][2p] | q[n0+j][2p+1] << 4.
+// scale, minimum: [N/16][K/32][16] float16 (GGUF's Q4_1 keeps them in float16, so they
+// are the file's values exactly; float32 copies would add a fifth to the bytes a
+// one-row step streams from memory).
+typedef struct {
+    const uint8_t *packed;
+    const uint16_t *scale, *minimum;
+    int n, k;
+} q4_weight;
+
+// A group's scales and minimums for one tile, converted once per group.
+INLINE void group_scales(const q4_weight *w, size_t tile, int g, vec *s, vec *m) {
+    UNROLL for (int v = 0; v < NV; v++) {
+        const size_t at = (tile * (w->k / GROUP) + g) * LANES + VW * v;
+        s[v] = v_f16(w->scale + at);
+        m[v] = v_f16(w->minimum + at);
+    }
+}
+
+INLINE void store_row(const vec *acc, uint16_t *y) {  // one row's 16 columns -> bfloat16
+    float out[LANES];
+    UNROLL for (int v = 0; v < NV; v++) v_store(out + VW * v, acc[v]);
+    for (int j = 0; j < LANES; j++) y[j] = to_bf16(out[j]);
+}
+
+// Few rows: dequantize into registers and use each vector at once, one 16-column tile at
+// a time with its group's scales and minimums held in registers (wider tiles spill them,
+// measured slower).
+INLINE void direct(const int R, const q4_weight *w, const float *x, int tile, uint16_t *y) {
+    const int K = w->k, N = w->n;
+    vec acc[R][NV];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) acc[r][v] = v_zero();
+    for (int g = 0; g < K / GROUP; g++) {
+        vec s[NV], m[NV];
+        group_scales(w, (size_t)tile, g, s, m);
+        for (int p = g * GROUP / 2; p < (g + 1) * GROUP / 2; p++) {
+            const uint8_t *b = w->packed + ((size_t)tile * (K / 2) + p) * LANES;
+            if (PREFETCH_AHEAD && (p & 3) == 0) _mm_prefetch((const char *)b + PREFETCH_AHEAD, _MM_HINT_T0);  // once per line
+            UNROLL for (int v = 0; v < NV; v++) {
+                vec lo, hi;
+                v_dequant_pair(b + VW * v, s[v], m[v], &lo, &hi);
+                UNROLL for (int r = 0; r < R; r++) {
+                    acc[r][v] = v_fma(v_bcast(x + r * K + 2 * p), lo, acc[r][v]);
+                    acc[r][v] = v_fma(v_bcast(x + r * K + 2 * p + 1), hi, acc[r][v]);
+                }
+            }
+        }
+    }
+    UNROLL for (int r = 0; r < R; r++) store_row(acc[r], y + (size_t)r * N + tile * LANES);
+}
+
+static void dequant_block(const q4_weight *w, size_t tile, int k0, int kb, float *block) {
+    const int K = w->k;  // k0 and kb are multiples of GROUP
+    for (int g = k0 / GROUP; g < (k0 + kb) / GROUP; g++) {
+        vec s[NV], m[NV];
+        group_scales(w, tile, g, s, m);
+        for (int k = g * GROUP; k < (g + 1) * GROUP; k += 2) {
+            const uint8_t *b = w->packed + (tile * (K / 2) + k / 2) * LANES;
+            UNROLL for (int v = 0; v < NV; v++) {
+                vec lo, hi;
+                v_dequant_pair(b + VW * v, s[v], m[v], &lo, &hi);
+                v_store(block + (k - k0) * LANES + VW * v, lo);
+                v_store(block + (k - k0 + 1) * LANES + VW * v, hi);
+            }
+        }
+    }
+}
+
+// R rows (R <= MR) against one dequantized block: an R x 16 register tile.
+INLINE void micro(const int R, const float *x, int ldx, const float *block, int kb, float *acc) {
+    vec a[MR][NV];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) a[r][v] = v_load(acc + r * LANES + VW * v);
+    for (int k = 0; k < kb; k++) {
+        vec wv[NV];
+        UNROLL for (int v = 0; v < NV; v++) wv[v] = v_load(block + k * LANES + VW * v);
+        UNROLL for (int r = 0; r < R; r++) {
+            const vec xv = v_bcast(x + r * ldx + k);
+            UNROLL for (int v = 0; v < NV; v++) a[r][v] = v_fma(xv, wv[v], a[r][v]);
+        }
+    }
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) v_store(acc + r * LANES + VW * v, a[r][v]);
+}
+
+static void micro_any(int R, const float *x, int ldx, const float *block, int kb, float *acc) {
+    switch (R) {  // a compile-time R per case: the tile stays in registers
+#define CASE(r) case r: micro(r, x, ldx, block, kb, acc); break;
+    CASE(1) CASE(2) CASE(3) CASE(4) CASE(5)
+#if MR > 6
+    CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11)
+#endif
+#undef CASE
+    default: micro(MR, x, ldx, block, kb, acc); break;
+    }
+}
+
+// Many rows: dequantize a block of one tile once into L1, then run every row over it.
+static void buffered_tile(const q4_weight *w, const float *x, int M, int tile, uint16_t *y) {
+    const int K = w->k, N = w->n;
+    float block[KB * LANES] __attribute__((aligned(64)));
+    float acc[MCHUNK * LANES];
+    for (int m0 = 0; m0 < M; m0 += MCHUNK) {
+        const int rows = M - m0 < MCHUNK ? M - m0 : MCHUNK;
+        memset(acc, 0, sizeof(float) * rows * LANES);
+        for (int k0 = 0; k0 < K; k0 += KB) {
+            const int kb = K - k0 < KB ? K - k0 : KB;
+            dequant_block(w, (size_t)tile, k0, kb, block);
+            for (int r = 0; r < rows; r += MR)
+                micro_any(rows - r < MR ? rows - r : MR, x + (size_t)(m0 + r) * K + k0, K, block, kb, acc + r * LANES);
+        }
+        for (int r = 0; r < rows; r++)
+            for (int j = 0; j < LANES; j++) y[(size_t)(m0 + r) * N + tile * LANES + j] = to_bf16(acc[r * LANES + j]);
+    }
+}
+
+// y = x @ W^T. x: [M][K] bfloat16, y: [M][N] bfloat16, x32: scratch [M][K] float32.
+// The caller checks N % 16 == 0 and K % 32 == 0 and passes contiguous tensors.
+void int4_matmul(const uint16_t *x, const uint8_t *packed, const uint16_t *scale, const uint16_t *minimum,
+                 uint16_t *y, int M, int N, int K, float *x32) {
+    for (long i = 0; i < (long)M * K; i += 8) _mm256_storeu_ps(x32 + i, load_bf16(x + i));
+    const q4_weight w = {packed, scale, minimum, N, K};
+    const int tiles = N / LANES;
+    #pragma omp parallel for schedule(static)
+    for (int t = 0; t < tiles; t++) {
+        switch (M <= DIRECT_MAX_ROWS ? M : 0) {
+#define CASE(r) case r: direct(r, &w, x32, t, y); break;
+        CASE(1) CASE(2) CASE(3) CASE(4)
+#if DIRECT_MAX_ROWS > 4
+        CASE(5) CASE(6)
+#endif
+#undef CASE
+        default: buffered_tile(&w, x32, M, t, y); break;
+        }
+    }
+}
