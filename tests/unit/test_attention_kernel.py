@@ -1,9 +1,9 @@
-"""Our row-by-row attention kernel (kernels/attention_avx2.c): maths and row invariance."""
+"""Our row-by-row attention kernel (kernels/attention_x86.c): maths, row invariance, its two builds."""
 
 import pytest
 import torch
 
-from speclane.kernels import attention_cpu
+from speclane.kernels import attention_cpu, build
 
 pytestmark = pytest.mark.skipif(not attention_cpu.supports(torch.bfloat16, 9, 3, 64),
                                 reason="no AVX2 CPU or no C compiler here")
@@ -64,7 +64,39 @@ def test_keys_past_the_length_are_never_read():
 
 def test_only_bfloat16_models_use_it():
     assert not attention_cpu.supports(torch.float32, HEADS, KV_HEADS, HEAD_DIM)
-    assert not attention_cpu.supports(torch.bfloat16, HEADS, KV_HEADS, 60)  # head_dim % 8
+    assert not attention_cpu.supports(torch.bfloat16, HEADS, KV_HEADS, 48)  # head_dim % 32
+    assert attention_cpu.supports(torch.bfloat16, HEADS, KV_HEADS, 128)
+
+
+def test_a_head_dim_of_128_matches_the_reference():
+    """Four 32-dimension blocks: the interleaved lanes are put back in order."""
+    torch.manual_seed(4)
+    keys, values = torch.randn(2, 2, 50, 128).bfloat16(), torch.randn(2, 2, 50, 128).bfloat16()
+    q = torch.randn(1, 4, 128).bfloat16()
+    got = attention_cpu.attention(q, keys, values, torch.tensor([1], dtype=torch.int32),
+                                  torch.tensor([37], dtype=torch.int32), 0.1)
+    k, v = keys[1, :, :37].double().repeat_interleave(2, 0), values[1, :, :37].double().repeat_interleave(2, 0)
+    weights = torch.softmax((k @ q[0].double().unsqueeze(-1)).squeeze(-1) * 0.1, dim=-1)
+    torch.testing.assert_close(got[0].double(), (weights.unsqueeze(-1) * v).sum(1).reshape(-1), rtol=2**-7, atol=2e-3)
+
+
+@pytest.mark.skipif(build.missing_cpu_flags("avx512") != set(), reason="no AVX-512 CPU here")
+def test_the_avx512_and_avx2_builds_give_the_same_bits(monkeypatch):
+    keys, values = _cache(5)
+    rows = [(0, 1), (1, 9), (2, 300), (0, 77)]
+    q = torch.randn(len(rows), HEADS, HEAD_DIM).bfloat16()
+    args = (torch.tensor([s for s, _ in rows], dtype=torch.int32), torch.tensor([n for _, n in rows], dtype=torch.int32), 0.125)
+    out = {}
+    try:
+        for isa in ("avx2", "avx512"):
+            monkeypatch.setenv("SPECLANE_ATTENTION_KERNEL", isa)
+            attention_cpu._kernel.cache_clear()
+            assert attention_cpu.kernel_name() == isa
+            out[isa] = attention_cpu.attention(q, keys, values, *args)
+    finally:
+        monkeypatch.delenv("SPECLANE_ATTENTION_KERNEL")
+        attention_cpu._kernel.cache_clear()
+    assert torch.equal(out["avx2"], out["avx512"])
 
 
 def test_a_nan_query_gives_nan_not_a_silent_average():

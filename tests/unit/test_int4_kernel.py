@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from speclane.kernels import attention_cpu, build, int4_cpu
+from speclane.kernels import build, int4_cpu
 from speclane.models.linear import Int4Weight, quantize_int4_groups
 
 needs_kernel = pytest.mark.skipif(not int4_cpu.available(), reason="no AVX2 CPU or no C compiler here")
@@ -93,9 +93,9 @@ def test_the_avx512_and_avx2_builds_give_the_same_bits(monkeypatch):
 
 
 def test_a_build_the_source_does_not_have_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv("SPECLANE_ATTENTION_KERNEL", "avx512")
-    with pytest.raises(build.KernelUnavailable, match="attention_avx2.c has no avx512 build"):
-        build.load(attention_cpu.SOURCE, attention_cpu.SWITCH, lambda lib: None, ("avx2",))
+    monkeypatch.setenv("SPECLANE_INT4_KERNEL", "avx512")
+    with pytest.raises(build.KernelUnavailable, match="int4_x86.c has no avx512 build"):
+        build.load(int4_cpu.SOURCE, int4_cpu.SWITCH, lambda lib: None, ("avx2",))
 
 
 def test_unknown_kernel_name_is_a_clear_error(monkeypatch):

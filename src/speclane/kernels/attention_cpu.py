@@ -1,6 +1,8 @@
-"""Our row-by-row attention over the KV cache (``attention_avx2.c``), built by ``build.py``.
+"""Our row-by-row attention over the KV cache (``attention_x86.c``, AVX-512 or AVX2 build),
+built by ``build.py``.
 
-``SPECLANE_ATTENTION_KERNEL=auto|avx2|torch`` (it has an AVX2 build only) picks it or torch's SDPA (see ``build.py``).
+``SPECLANE_ATTENTION_KERNEL=auto|avx512|avx2|torch`` picks it or torch's SDPA (see
+``build.py``); both builds give the same bits.
 Used for bfloat16 models only: that is where SDPA's kernels round a verify round's
 queries differently from a decode step's (float32 models keep SDPA, whose differences
 stay below what greedy decoding can see in the tests).
@@ -16,9 +18,11 @@ import torch
 
 from speclane.kernels import build
 
-SOURCE = Path(__file__).with_name("attention_avx2.c")
+SOURCE = Path(__file__).with_name("attention_x86.c")
+ISAS = ("avx512", "avx2")  # the builds of SOURCE, widest first
 SWITCH = "SPECLANE_ATTENTION_KERNEL"
 MAX_HEAD_DIM = 256  # the C file's MAX_HEAD_DIM
+BLOCK = 32  # the C file's BLOCK: head_dim must be a multiple
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -28,8 +32,12 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 
 @cache
+def _kernel() -> build.Kernel | None:
+    return build.load(SOURCE, SWITCH, _declare, ISAS)
+
+
 def _library() -> ctypes.CDLL | None:
-    kernel = build.load(SOURCE, SWITCH, _declare, ("avx2",))
+    kernel = _kernel()
     return kernel.library if kernel else None
 
 
@@ -38,13 +46,14 @@ def source_digest() -> str:
 
 
 def kernel_name() -> str:
-    """'avx2' or 'torch' (SDPA): which attention bfloat16 models use in this process."""
-    return "avx2" if _library() is not None else "torch"
+    """'avx512', 'avx2' or 'torch' (SDPA): which attention bfloat16 models use in this process."""
+    kernel = _kernel()
+    return kernel.isa if kernel else "torch"
 
 
 def supports(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
     """Whether ours runs for this model (and is available on this machine)."""
-    shape_ok = head_dim % 8 == 0 and head_dim <= MAX_HEAD_DIM and num_heads % num_kv_heads == 0
+    shape_ok = head_dim % BLOCK == 0 and head_dim <= MAX_HEAD_DIM and num_heads % num_kv_heads == 0
     return dtype == torch.bfloat16 and shape_ok and _library() is not None
 
 

@@ -1,4 +1,4 @@
-// bfloat16 <-> float32 for our C kernels (included by int4_avx2.c and attention_avx2.c).
+// bfloat16 <-> float32 for our C kernels (included by int4_x86.c and attention_x86.c).
 #ifndef SPECLANE_BF16_H
 #define SPECLANE_BF16_H
 

@@ -37,8 +37,8 @@ log = logging.getLogger(__name__)
 # kernels promise the same operations for every row, whatever the compiler).
 FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 # Instruction sets, widest first: the compiler flags of each build and the CPU flags it needs.
-ISA_FLAGS = {"avx512": ["-mavx512f", "-mavx2", "-mfma", "-mf16c"], "avx2": ["-mavx2", "-mfma", "-mf16c"]}
-ISA_CPU_FLAGS = {"avx512": {"avx512f", "avx2", "fma", "f16c"}, "avx2": {"avx2", "fma", "f16c"}}
+ISA_FLAGS = {"avx512": ["-mavx512f", "-mavx512bw", "-mavx2", "-mfma", "-mf16c"], "avx2": ["-mavx2", "-mfma", "-mf16c"]}
+ISA_CPU_FLAGS = {"avx512": {"avx512f", "avx512bw", "avx2", "fma", "f16c"}, "avx2": {"avx2", "fma", "f16c"}}
 CHOICES = ("auto", *ISA_FLAGS, "torch")
 CACHE_DIR = Path.home() / ".cache" / "speclane" / "kernels"
 

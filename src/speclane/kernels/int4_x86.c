@@ -1,6 +1,6 @@
 // Weight-only int4 matmul for x86-64: bfloat16 activations, float32 accumulation,
 // bfloat16 output. Built twice by build.py, for AVX2 + FMA + F16C (8-float vectors) and
-// for AVX-512F (16-float vectors), and loaded by int4_cpu.py.
+// for AVX-512 (16-float vectors), and loaded by int4_cpu.py.
 //
 // Why our own: torch's CPU int4 kernel dequantizes its weights again for every block of
 // 4 rows, so a 5-row call costs two 4-row calls and 16 rows cost ~6x one row. A

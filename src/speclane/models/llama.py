@@ -5,7 +5,7 @@ verifications: each sequence brings its own new tokens and its own cached length
 (``RaggedBatch``). New keys/values are written into the ``KVCache`` slot of each
 sequence; attention reads each slot's ``[0, start + num_new)`` positions.
 
-Attention: bfloat16 models use our row-by-row kernel (``kernels/attention_avx2.c``:
+Attention: bfloat16 models use our row-by-row kernel (``kernels/attention_x86.c``:
 every query row alone, so a position's result does not depend on its neighbours in the
 batch). Elsewhere SDPA, with the query heads that share a KV head folded into extra
 query rows (measured faster here than ``enable_gqa`` or a per-sequence loop), so it runs
@@ -227,7 +227,7 @@ class _AttentionPlan:
         self.write_slots = slot_of_token  # [T]
         self.write_positions = batch.positions  # [T]
         self.single = self.num_seqs == 1
-        # bfloat16: our row-by-row kernel (kernels/attention_avx2.c), so that a position's
+        # bfloat16: our row-by-row kernel (kernels/attention_x86.c), so that a position's
         # attention does not depend on the rows beside it; it needs no mask or padding.
         self.ours = attention_cpu.supports(dtype, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
         if self.ours:

@@ -1,0 +1,173 @@
+// Attention over the KV cache for bfloat16 models, x86-64. Built twice by build.py, for
+// AVX2 + FMA and for AVX-512 (F + BW), and loaded by attention_cpu.py.
+//
+// Why our own: a row's result must not depend on which other rows share the forward.
+// SDPA computes a verify round's K+1 queries (masked) with other kernels than a decode
+// step's single query, so in bfloat16 the same position got slightly different
+// attention outputs with and without speculation and a near-tie could flip a greedy
+// token. Here every (query row, head) is computed alone, by the same operations in the
+// same order, from its own query and the first `len` cached keys and values:
+//   score_j = scale * (q . k_j)   (float32; the dot product in 16 lanes, then a fixed tree)
+//   p_j     = exp(score_j - max)  (float32)
+//   out     = sum_j p_j v_j / sum_j p_j
+// so a decode step and a verify round give the same bits for the same position. It is
+// also cheaper per call than SDPA at these sizes (one call per layer, no masks, no
+// permuted copies).
+//
+// bfloat16 -> float32 is a 16-bit shift; interleaving a zero word below each value
+// (unpacklo/unpackhi) does it in one instruction per vector but leaves the dimensions in
+// the order the interleave takes them. Keys, values and the query are all read that way,
+// so the dot products pair the right dimensions; the output is put back in order at the
+// end. A "wide" vector is 16 floats: one AVX-512 register, or two AVX2 registers holding
+// the same lanes, so both builds do the same operations on the same lanes (same bits).
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16.h"
+
+#define MAX_HEAD_DIM 256
+
+// exp for x <= 0 (scores minus their maximum): Cephes' single-precision polynomial.
+INLINE __m256 exp_nonpositive(__m256 x) {
+    x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);  // operands in this order keep a NaN
+    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i pow2n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(pow2n));
+}
+
+INLINE float hsum(__m256 v) {  // a fixed tree: lanes (0+4, 1+5, 2+6, 3+7), then pairs
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+#define BLOCK 32  // dimensions per pair of wide vectors (32 bfloat16 = 64 bytes)
+
+#ifdef __AVX512F__
+typedef __m512 wide;
+// 32 bfloat16 -> lo: dims 0-3, 8-11, 16-19, 24-27; hi: dims 4-7, 12-15, 20-23, 28-31 (float32).
+INLINE void load_block(const uint16_t *p, wide *lo, wide *hi) {
+    const __m512i x = _mm512_loadu_si512(p), zero = _mm512_setzero_si512();
+    *lo = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, x));
+    *hi = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, x));
+}
+INLINE wide w_zero(void) { return _mm512_setzero_ps(); }
+INLINE wide w_set1(float f) { return _mm512_set1_ps(f); }
+INLINE wide w_mul(wide a, wide b) { return _mm512_mul_ps(a, b); }
+INLINE wide w_fma(wide a, wide b, wide c) { return _mm512_fmadd_ps(a, b, c); }
+INLINE void w_store(float *p, wide a) { _mm512_storeu_ps(p, a); }
+INLINE __m256 w_fold(wide a) {  // lanes 0-7 + lanes 8-15
+    return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+#else
+typedef struct { __m256 a, b; } wide;  // lanes 0-7, lanes 8-15
+INLINE void load_block(const uint16_t *p, wide *lo, wide *hi) {
+    const __m256i x0 = _mm256_loadu_si256((const __m256i *)p), x1 = _mm256_loadu_si256((const __m256i *)(p + 16));
+    const __m256i zero = _mm256_setzero_si256();
+    lo->a = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, x0));
+    lo->b = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, x1));
+    hi->a = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, x0));
+    hi->b = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, x1));
+}
+INLINE wide w_zero(void) { return (wide){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+INLINE wide w_set1(float f) { return (wide){_mm256_set1_ps(f), _mm256_set1_ps(f)}; }
+INLINE wide w_mul(wide x, wide y) { return (wide){_mm256_mul_ps(x.a, y.a), _mm256_mul_ps(x.b, y.b)}; }
+INLINE wide w_fma(wide x, wide y, wide z) { return (wide){_mm256_fmadd_ps(x.a, y.a, z.a), _mm256_fmadd_ps(x.b, y.b, z.b)}; }
+INLINE void w_store(float *p, wide x) { _mm256_storeu_ps(p, x.a); _mm256_storeu_ps(p + 8, x.b); }
+INLINE __m256 w_fold(wide x) { return _mm256_add_ps(x.a, x.b); }
+#endif
+
+// The dimension (within its block) of lane j of a block's lo (j < 16) or hi (j >= 16) vector.
+INLINE int block_dim(int j) { return j < 16 ? (j / 4) * 8 + j % 4 : ((j - 16) / 4) * 8 + 4 + j % 4; }
+
+// One (query row, head): q [D] bfloat16, keys/values [len][D] bfloat16 -> out [D] bfloat16.
+static void attend_one(const uint16_t *q, const uint16_t *keys, const uint16_t *values, int len, int D, float scale,
+                       float *scores, uint16_t *out) {
+    const int blocks = D / BLOCK;
+    wide qlo[MAX_HEAD_DIM / BLOCK], qhi[MAX_HEAD_DIM / BLOCK];
+    for (int b = 0; b < blocks; b++) load_block(q + BLOCK * b, &qlo[b], &qhi[b]);
+    float maximum = -INFINITY;
+    for (int j = 0; j < len; j++) {
+        const uint16_t *k = keys + (size_t)j * D;
+        wide lo, hi;
+        load_block(k, &lo, &hi);
+        wide acc = w_fma(qhi[0], hi, w_mul(qlo[0], lo));
+        for (int b = 1; b < blocks; b++) {
+            load_block(k + BLOCK * b, &lo, &hi);
+            acc = w_fma(qhi[b], hi, w_fma(qlo[b], lo, acc));
+        }
+        scores[j] = hsum(w_fold(acc)) * scale;
+        maximum = scores[j] > maximum ? scores[j] : maximum;
+    }
+    __m256 top = _mm256_set1_ps(maximum), total = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 8 <= len; j += 8) {
+        __m256 p = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(scores + j), top));
+        _mm256_storeu_ps(scores + j, p);
+        total = _mm256_add_ps(total, p);
+    }
+    float sum = hsum(total);
+    if (j < len) {  // the last partial block, padded with -inf (exp = 0)
+        float tail[8];
+        for (int i = 0; i < 8; i++) tail[i] = j + i < len ? scores[j + i] : -INFINITY;
+        __m256 p = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(tail), top));
+        p = _mm256_and_ps(p, _mm256_cmp_ps(_mm256_loadu_ps(tail), _mm256_set1_ps(-INFINITY), _CMP_NEQ_UQ));
+        _mm256_storeu_ps(tail, p);
+        for (int i = 0; j + i < len; i++) scores[j + i] = tail[i];
+        sum += hsum(p);
+    }
+    wide alo[MAX_HEAD_DIM / BLOCK], ahi[MAX_HEAD_DIM / BLOCK];
+    for (int b = 0; b < blocks; b++) alo[b] = ahi[b] = w_zero();
+    for (int i = 0; i < len; i++) {
+        const wide p = w_set1(scores[i]);
+        const uint16_t *val = values + (size_t)i * D;
+        for (int b = 0; b < blocks; b++) {
+            wide lo, hi;
+            load_block(val + BLOCK * b, &lo, &hi);
+            alo[b] = w_fma(p, lo, alo[b]);
+            ahi[b] = w_fma(p, hi, ahi[b]);
+        }
+    }
+    const wide inverse = w_set1(1.0f / sum);
+    for (int b = 0; b < blocks; b++) {
+        float o[BLOCK];
+        w_store(o, w_mul(alo[b], inverse));
+        w_store(o + 16, w_mul(ahi[b], inverse));
+        for (int i = 0; i < BLOCK; i++) out[BLOCK * b + block_dim(i)] = to_bf16(o[i]);
+    }
+}
+
+// q: [T][H][D] bfloat16; k_cache, v_cache: one layer's [slots][KVH][max_len][D] bfloat16;
+// row_slot[t], row_len[t]: the cache row of query t and how many keys it sees (its
+// position + 1, 1 <= len <= max_len). out: [T][H][D] bfloat16. D % 32 == 0, D <= 256,
+// H % KVH == 0 (checked by the caller).
+void attention(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *row_slot,
+               const int32_t *row_len, uint16_t *out, int T, int H, int KVH, int D, int max_len, float scale) {
+    const int group = H / KVH;
+    const size_t head_stride = (size_t)max_len * D, slot_stride = (size_t)KVH * head_stride;
+    #pragma omp parallel
+    {
+        // Scores on the heap, one buffer per thread: max_len floats can exceed a worker's stack.
+        float *scores = malloc(sizeof(float) * (size_t)max_len);
+        #pragma omp for schedule(dynamic, 1)
+        for (int item = 0; item < T * H; item++) {
+            const int t = item / H, h = item % H, len = row_len[t];
+            const size_t at = (size_t)row_slot[t] * slot_stride + (size_t)(h / group) * head_stride;
+            attend_one(q + (size_t)item * D, k_cache + at, v_cache + at, len, D, scale, scores, out + (size_t)item * D);
+        }
+        free(scores);
+    }
+}
