@@ -33,7 +33,7 @@ def main() -> None:
     # through Int4Weight._torch_kernel (Linear holds a bound Int4Weight.matmul).
     real_kernel = (int4_cpu.matmul, linear.Int4Weight._torch_kernel)
 
-    def no_int4(x, packed, *_):
+    def no_int4(x, packed, *_, **__):
         return torch.zeros(x.shape[0], packed.shape[0] * int4_cpu.LANES, dtype=torch.bfloat16)
 
     def no_torch(self, x):

@@ -80,9 +80,16 @@ def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> tuple[t
     return packed, per_tile(scale), per_tile(minimum)
 
 
-def matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
-    """x [M, K] bfloat16 -> [M, N] bfloat16 (every row computed alike whatever M is)."""
-    lib = _loaded or _kernel().library
+def library() -> ctypes.CDLL:
+    """The build loaded last (an Int4Weight keeps the one it was made with)."""
+    return _loaded or _kernel().library
+
+
+def matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor,
+           lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """x [M, K] bfloat16 -> [M, N] bfloat16 (every row computed alike whatever M is), by
+    ``lib`` (a build of the kernel; default: the one loaded last)."""
+    lib = lib or library()
     x = x.to(torch.bfloat16).contiguous()  # no-ops for the model's own activations
     rows, k = x.shape
     n = packed.shape[0] * LANES

@@ -54,6 +54,7 @@ class Int4Weight:
         self.out_features = out_features
         if group == int4_cpu.GROUP and out_features % int4_cpu.LANES == 0 and int4_cpu.available():
             self.kernel = int4_cpu.kernel_name()  # "avx512" or "avx2": the same bits
+            self._library = int4_cpu.library()  # this build, even if another is loaded later
             self.tensors: tuple[torch.Tensor, ...] = int4_cpu.pack(q, scale, minimum)
         else:
             self.kernel = "torch"
@@ -69,7 +70,7 @@ class Int4Weight:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x: [M, K] bfloat16
         if self.kernel != "torch":
-            return int4_cpu.matmul(x, *self.tensors)
+            return int4_cpu.matmul(x, *self.tensors, lib=self._library)
         rows = x.shape[0]
         tail = rows % INT4_ROW_BLOCK
         if rows > INT4_ROW_BLOCK and tail:
