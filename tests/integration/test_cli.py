@@ -53,7 +53,7 @@ def test_cli_rejects_an_unknown_kernel_switch():
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SPECLANE_ATTENTION_KERNEL": "cuda"}
     result = subprocess.run([str(script), "generate", "hi", "--spec-mode", "off", "--max-model-len", "256"],
                             capture_output=True, text=True, timeout=300, env=env)
-    assert_one_line_error(result, "SPECLANE_ATTENTION_KERNEL='cuda': expected one of auto, avx2, torch")
+    assert_one_line_error(result, "SPECLANE_ATTENTION_KERNEL='cuda': expected one of auto, avx512, avx2, torch")
 
 
 def test_cli_models_lists_the_default_and_where_it_resolves():
