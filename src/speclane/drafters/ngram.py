@@ -4,12 +4,21 @@ Searches, longest n-gram first, for the request's last ``n`` tokens earlier in i
 own tokens (prompt + output) and in its ``prediction`` (OpenAI Predicted Outputs),
 and proposes up to ``k`` tokens that followed the most recent match. Deterministic:
 its draft distribution is one-hot, so verification needs no draft probabilities.
+
+Resync: a copy often differs from its source by one inserted token ("In winter, the
+storms" for "In winter the storms"). Then no n-gram ending at the newest token matches,
+but the ``RESYNC_NGRAM``+ tokens before it do, and what followed them in the source is
+what the copy goes on with. Without this, the copy decodes classically until two new
+tokens match again (two rounds without drafts in the copy benchmark's paragraph). Only
+long matches resync: a short one is chance in free text.
 """
 
 from __future__ import annotations
 
 from speclane.drafters.base import Draft
 from speclane.request import Request
+
+RESYNC_NGRAM = 3  # shortest match before an inserted token that proposes a resync
 
 
 class NgramDrafter:
@@ -34,17 +43,25 @@ class NgramDrafter:
         done = request.num_output_tokens
         prediction = request.prediction_token_ids[max(0, done - self.search_window // 2) : done + self.search_window // 2]
         for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
-            pattern = tokens[-n:]
-            # The prediction is the text the user expects; prefer it, then our own history.
-            found = _follow(prediction, pattern, k, len(prediction))
-            if not found:
-                found = _follow(tokens, pattern, k, len(tokens) - 1)
+            found = _lookup(prediction, tokens, tokens[-n:], k, len(tokens) - 1)
+            if found:
+                return Draft(found)
+        # No match ends at the newest token: was it inserted into a copy? (module docstring)
+        for n in range(min(self.max_ngram, len(tokens) - 2), RESYNC_NGRAM - 1, -1):
+            found = _lookup(prediction, tokens, tokens[-n - 1 : -1], k, len(tokens) - 2)
             if found:
                 return Draft(found)
         return Draft([])
 
     def release(self, request_id: str) -> None:  # stateless
         return None
+
+
+def _lookup(prediction: tuple[int, ...], tokens: tuple[int, ...], pattern: tuple[int, ...], k: int,
+            history_limit: int) -> list[int]:
+    """What followed ``pattern``: in the prediction (the text the user expects) first, then
+    in the request's own tokens, where the pattern must end before ``history_limit``."""
+    return _follow(prediction, pattern, k, len(prediction)) or _follow(tokens, pattern, k, history_limit)
 
 
 def _follow(haystack: tuple[int, ...], pattern: tuple[int, ...], k: int, limit: int) -> list[int]:
