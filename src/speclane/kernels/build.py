@@ -1,7 +1,7 @@
 """Build our C kernels with the system compiler, once per source version, and load them.
 
-A kernel source may build for several instruction sets (``ISAS``: the int4 matmul for
-AVX-512 and AVX2, attention for AVX2); the vector width is the build's only difference.
+A kernel source may build for several instruction sets (each module's ``ISAS``: AVX-512
+and AVX2 for both kernels); the vector width is the build's only difference.
 Each kernel has an environment switch (``SPECLANE_INT4_KERNEL``, ``SPECLANE_ATTENTION_KERNEL``):
 
 - ``auto`` (default): ours, for the widest instruction set of the source this CPU has,

@@ -70,7 +70,7 @@ def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> tuple[t
     """
     n, k = q.shape
     if n % LANES or k % GROUP:
-        raise ValueError(f"the AVX2 int4 kernel needs N % {LANES} == 0 and K % {GROUP} == 0; got [{n}, {k}]")
+        raise ValueError(f"our int4 kernel needs N % {LANES} == 0 and K % {GROUP} == 0; got [{n}, {k}]")
     pairs = q.to(torch.uint8).reshape(n // LANES, LANES, k // 2, 2)
     packed = (pairs[..., 0] | (pairs[..., 1] << 4)).permute(0, 2, 1).contiguous()
 
