@@ -83,17 +83,24 @@ def parts():
     return base, build_model(weights, base.model), load_tokenizer(weights.tokenizer_source)
 
 
+# float32 runs the modes the default configuration below does not (burst and every request
+# holding the MTP lane run there): together the two matrices cover every mode, and the suite
+# stays under CI's 15 minutes on a slow 2-core machine.
+FLOAT32_MODES = ("off", "slice-rotating", "slice-everyone", "mtp-rotating")
+
+
 @pytest.fixture(scope="module")
 def results(parts):
     base, model, tokenizer = parts
     out = {}
-    for mode, options in MODES.items():
+    for mode in FLOAT32_MODES:
+        options = MODES[mode]
         engine = LLMEngine.from_parts(base.replace(**options), model, tokenizer)
         out[mode] = (run_cases(engine), engine.counters)
     return out
 
 
-@pytest.mark.parametrize("mode", ["slice-rotating", "slice-everyone", "burst", "mtp-rotating", "mtp-everyone"])
+@pytest.mark.parametrize("mode", FLOAT32_MODES[1:])
 def test_greedy_identical_to_speculation_off(results, mode):
     off, _ = results["off"]
     on, counters = results[mode]
@@ -102,10 +109,7 @@ def test_greedy_identical_to_speculation_off(results, mode):
         assert on[name][1] == off[name][1], f"{name}: text differs in {mode}"
         assert on[name][2] == off[name][2], f"{name}: finish reason differs in {mode}"
     # The code path under test really ran.
-    if mode == "burst":
-        assert counters.burst_rounds > 0 and counters.slice_rounds == 0
-    else:
-        assert counters.slice_rounds > 0 and counters.burst_rounds == 0
+    assert counters.slice_rounds > 0 and counters.burst_rounds == 0
     assert counters.accepted_tokens > 0
 
 
@@ -196,4 +200,9 @@ def test_default_config_greedy_identical_to_speculation_off(default_results, mod
     on, counters = default_results[mode]
     for name, *_ in CASES:
         assert on[name][0] == off[name][0], f"{name}: token ids differ in {mode}"
-    assert counters.accepted_tokens > 0 and counters.slice_rounds + counters.burst_rounds > 0
+    assert counters.accepted_tokens > 0
+    # The code path under test really ran.
+    if mode == "burst":
+        assert counters.burst_rounds > 0 and counters.slice_rounds == 0
+    else:
+        assert counters.slice_rounds > 0 and counters.burst_rounds == 0

@@ -30,7 +30,7 @@ from speclane.server.protocol import (
 
 pytestmark = pytest.mark.slow
 
-MAX_EXAMPLES = 150
+MAX_EXAMPLES = 120
 REQUEST_TIMEOUT_S = 60.0  # an answer slower than this is a hang
 RESPONSE_MODELS: dict[str, Any] = {"/v1/chat/completions": ChatCompletionResponse,
                                    "/v1/completions": CompletionResponse, "/v1/models": ModelList}

@@ -1,4 +1,4 @@
-"""Soak: 200 requests from 20 concurrent clients, a quarter of them cancelled at random
+"""Soak: 150 requests from 20 concurrent clients, a quarter of them cancelled at random
 points: streams after a random number of events (0: as soon as the headers arrive),
 everything after a random time (while queued, prefilling, decoding, or racing the end).
 
@@ -31,7 +31,7 @@ from speclane.engine.async_engine import AsyncEngine
 
 pytestmark = pytest.mark.slow
 
-NUM_REQUESTS = 200
+NUM_REQUESTS = 150
 NUM_CLIENTS = 20
 CANCEL_EVERY = 4  # a quarter
 REQUEST_TIMEOUT_S = 180.0  # a request slower than this counts as a hang
