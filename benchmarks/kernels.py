@@ -17,7 +17,6 @@ against our int4 (the build ``auto`` picks) and attention kernels. Both arms alt
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -38,13 +37,8 @@ FORWARDS = [(1, 1), (2, 1), (4, 1), (5, 1), (9, 1), (96, 1), (1, 4), (1, 8)]  # 
 
 
 def with_int4_kernel(kernel: str, make: Callable):
-    os.environ["SPECLANE_INT4_KERNEL"] = kernel
-    int4_cpu._kernel.cache_clear()
-    try:
+    with int4_cpu.using(kernel):
         return make()
-    finally:
-        del os.environ["SPECLANE_INT4_KERNEL"]
-        int4_cpu._kernel.cache_clear()
 
 
 def alternated_medians(measure: Callable[[str, object], float], kernels: list[str], cases: list,

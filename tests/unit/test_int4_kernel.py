@@ -52,11 +52,9 @@ def test_graph_operator_is_the_same_kernel():
     assert torch.equal(weight.graph_matmul(x, *weight.tensors), weight.matmul(x))
 
 
-def test_torch_fallback_is_selectable(monkeypatch):
+def test_torch_fallback_is_selectable():
     """SPECLANE_INT4_KERNEL=torch (and a machine without the kernel) use torch's int4 op."""
-    monkeypatch.setenv("SPECLANE_INT4_KERNEL", "torch")
-    int4_cpu._kernel.cache_clear()
-    try:
+    with int4_cpu.using("torch"):
         q, scale, minimum, dense = _weight(192, 576)
         weight = Int4Weight(q, scale, minimum)
         assert weight.kernel == "torch" and int4_cpu.kernel_name() == "torch"
@@ -64,30 +62,22 @@ def test_torch_fallback_is_selectable(monkeypatch):
         # torch's kernel keeps scales in bfloat16: close to the reference, not exact.
         expected = x.float() @ dense.T
         assert (weight.matmul(x).float() - expected).norm() / expected.norm() < 0.01
-    finally:
-        monkeypatch.delenv("SPECLANE_INT4_KERNEL")
-        int4_cpu._kernel.cache_clear()
 
 
 @pytest.mark.skipif(build.missing_cpu_flags("avx512") != set() or not int4_cpu.available(),
                     reason="no AVX-512 CPU or no C compiler here")
-def test_the_avx512_and_avx2_builds_give_the_same_bits(monkeypatch):
+def test_the_avx512_and_avx2_builds_give_the_same_bits():
     """Each output column is one vector lane doing the same operations in either build, and
     the AVX-512 build's direct path takes up to 6 rows (AVX2's: 4), so 1-13 rows cover
     both paths of both builds."""
     q, scale, minimum, _ = _weight(1536, 576)
     x = torch.randn(13, 576).bfloat16()
     results = {}
-    try:
-        for isa in ("avx2", "avx512"):
-            monkeypatch.setenv("SPECLANE_INT4_KERNEL", isa)
-            int4_cpu._kernel.cache_clear()
+    for isa in ("avx2", "avx512"):
+        with int4_cpu.using(isa):
             weight = Int4Weight(q, scale, minimum)
             assert weight.kernel == isa == int4_cpu.kernel_name()
             results[isa] = [weight.matmul(x[:rows]) for rows in range(1, 14)]
-    finally:
-        monkeypatch.delenv("SPECLANE_INT4_KERNEL")
-        int4_cpu._kernel.cache_clear()
     for rows, (a, b) in enumerate(zip(results["avx2"], results["avx512"], strict=True), start=1):
         assert torch.equal(a, b), rows
 

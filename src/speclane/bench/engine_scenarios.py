@@ -105,6 +105,17 @@ def speedup(factory: EngineFactory, new_tokens: int = 128, repeats: int = 3, qui
     return [table, _draft_depth_table(factory, off, new_tokens, 1 if quick else repeats)]
 
 
+def _tokens_per_round(spec: dict) -> float:
+    """Tokens a round yielded on average: its accepted drafts plus the bonus token."""
+    return (spec.get("accepted_tokens", 0) + spec.get("rounds", 0)) / max(1, spec.get("rounds", 0))
+
+
+def _measured_median(values: list[float], runs: list[float]) -> float:
+    """Median of the samples ``alternate`` kept: it discards each arm's warm-up call, so
+    samples recorded on the side keep only their last ``len(runs)``."""
+    return median(values[-len(runs):])
+
+
 def _draft_depth_table(factory: EngineFactory, off, new_tokens: int, repeats: int) -> Table:
     """The copy task by --num-draft-tokens: what a deployment serving copy/edit traffic can
     set (the default, 4, is the contract's). Its own alternation against the off arm."""
@@ -124,14 +135,13 @@ def _draft_depth_table(factory: EngineFactory, off, new_tokens: int, repeats: in
     runs = alternate({name: (lambda name=name: run(name)) for name in engines}, repeats)
     table = Table("Copy-heavy task by draft depth (--num-draft-tokens), greedy",
                   ["K", "tok/s", "vs off", "decode-phase vs off", "tokens/round"])
-    off_rate, off_decode = median(runs["off"]), median(decode["off"][-len(runs["off"]):])
+    off_rate, off_decode = median(runs["off"]), _measured_median(decode["off"], runs["off"])
     for name in engines:
         if name == "off":
             continue
         spec = rounds[name]
-        per_round = (spec.get("accepted_tokens", 0) + spec.get("rounds", 0)) / max(1, spec.get("rounds", 0))
-        rate, rate_decode = median(runs[name]), median(decode[name][-len(runs[name]):])
-        table.add(name, rate, f"{rate / off_rate:.2f}x", f"{rate_decode / off_decode:.2f}x", f"{per_round:.2f}")
+        rate, rate_decode = median(runs[name]), _measured_median(decode[name], runs[name])
+        table.add(name, rate, f"{rate / off_rate:.2f}x", f"{rate_decode / off_decode:.2f}x", f"{_tokens_per_round(spec):.2f}")
     table.notes.append("Adaptive K up to the depth; the same prompt, arms alternating after a warm-up. A round's extra "
                        "rows are not free on a CPU (each costs its FMAs), so deeper drafts pay only where they are accepted.")
     return table
@@ -260,9 +270,8 @@ def _speedup_row(factory: EngineFactory, engines, ids: list[int], pred: list[int
                       "plain": reference}, repeats)
     spec = usage_box.get("speculative", {})
     acc = spec.get("accepted_tokens", 0) / max(1, spec.get("draft_tokens", 0))
-    per_round = (spec.get("accepted_tokens", 0) + spec.get("rounds", 0)) / max(1, spec.get("rounds", 0))
+    per_round = _tokens_per_round(spec)
     a, b, c, d = (median(runs[k]) for k in ("on", "off", "assisted", "plain"))
-    # alternate() discards each arm's warm-up call: so do the decode rates.
-    d_on, d_off = (median(decode_rates[k][-len(runs["on"]):]) for k in ("on", "off"))
+    d_on, d_off = (_measured_median(decode_rates[k], runs[k]) for k in ("on", "off"))
     return [a, b, f"{a / b:.2f}x", f"{d_on / d_off:.2f}x ({d_on:.1f} / {d_off:.1f})", f"{acc:.0%}", f"{per_round:.2f}",
             c, d, f"{a / c:.2f}x"]

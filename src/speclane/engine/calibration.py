@@ -61,7 +61,10 @@ def forward_ms(model: LlamaModel, cache: KVCache, *, batch: int = 1, positions: 
     return elapsed
 
 
-def measure_step_cost(model: LlamaModel, cache: KVCache, max_rows: int, repeats: int = 5) -> StepCost:
+SWEEPS = 5  # sweeps of 1..max_rows rows; the table keeps each width's fastest
+
+
+def measure_step_cost(model: LlamaModel, cache: KVCache, max_rows: int, repeats: int = SWEEPS) -> StepCost:
     """Fastest of ``repeats`` interleaved sweeps of 1..max_rows rows (one sequence, its
     rows as positions: the linears, which dominate, see rows, not sequences).
 
@@ -85,7 +88,7 @@ def _key(model: LlamaModel, max_rows: int) -> str:
     parts = [repr(model.config), str(getattr(model, "quantization", "")), str(model.dtype), str(torch.get_num_threads()),
              str(os.cpu_count()), torch.__version__, str(max_rows), hashlib.sha1(code.encode()).hexdigest(),
              f"compiled={model.decode_compiled}",  # --compile makes the one-row step ~30% cheaper
-             "fastest-of-5",  # how the table is measured (measure_step_cost)
+             f"fastest-of-{SWEEPS}",  # how the table is measured (measure_step_cost)
              f"int4={int4_cpu.kernel_name()}:{int4_cpu.source_digest()}",  # which kernels, which versions
              f"attention={attention_cpu.kernel_name() if model.dtype == torch.bfloat16 else 'sdpa'}:"
              f"{attention_cpu.source_digest()}"]

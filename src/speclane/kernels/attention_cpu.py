@@ -11,6 +11,7 @@ stay below what greedy decoding can see in the tests).
 from __future__ import annotations
 
 import ctypes
+from contextlib import AbstractContextManager
 from functools import cache
 from pathlib import Path
 
@@ -34,6 +35,11 @@ def _declare(lib: ctypes.CDLL) -> None:
 @cache
 def _kernel() -> build.Kernel | None:
     return build.load(SOURCE, SWITCH, _declare, ISAS)
+
+
+def using(value: str) -> AbstractContextManager[None]:
+    """``with using("avx2"): ...``: the block runs with ``SPECLANE_ATTENTION_KERNEL=value`` (``build.switched``)."""
+    return build.switched(SWITCH, value, _kernel)
 
 
 def _library() -> ctypes.CDLL | None:

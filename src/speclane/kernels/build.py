@@ -25,8 +25,10 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -70,14 +72,23 @@ def digest(source: Path) -> str:
     return hashlib.sha1(b"".join(parts) + flags.encode()).hexdigest()[:16]
 
 
-def missing_cpu_flags(isa: str) -> set[str]:
-    """The CPU flags the ``isa`` build needs and this CPU lacks."""
+@cache
+def _cpu_flags() -> frozenset[str] | None:
+    """The CPU's flags from /proc/cpuinfo (read once), or None where there is none."""
     try:
         flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):  # not Linux: torch's own probe (AVX2 CPUs have FMA and F16C in practice)
+    except (OSError, StopIteration):
+        return None
+    return frozenset(flags.split(":", 1)[1].split())
+
+
+def missing_cpu_flags(isa: str) -> set[str]:
+    """The CPU flags the ``isa`` build needs and this CPU lacks."""
+    flags = _cpu_flags()
+    if flags is None:  # not Linux: torch's own probe (AVX2 CPUs have FMA and F16C in practice)
         has = {"AVX512": {"avx512", "avx2"}, "AVX2": {"avx2"}}.get(torch.backends.cpu.get_cpu_capability(), set())
         return set() if isa in has else {isa}
-    return ISA_CPU_FLAGS[isa] - set(flags.split(":", 1)[1].split())
+    return ISA_CPU_FLAGS[isa] - flags
 
 
 def _compile(source: Path, isa: str, out: Path) -> None:
@@ -136,6 +147,24 @@ def load(source: Path, switch: str, declare: Callable[[ctypes.CDLL], None], isas
         log.warning("%s runs on a second OpenMP runtime beside torch's (%s): two thread pools share the cores",
                     source.stem, ", ".join(sorted(_openmp_runtimes())))
     return Kernel(lib, isa)
+
+
+@contextmanager
+def switched(switch: str, value: str, kernel: Callable[[], Kernel | None]) -> Iterator[None]:
+    """Run with ``switch`` set to ``value`` and ``kernel`` (a module's cached lookup) forgotten
+    before and after, so the block loads that choice and the code after it the usual one:
+    how A/B benchmarks and tests pick a build. Weights made inside keep their build."""
+    before = os.environ.get(switch)
+    os.environ[switch] = value
+    kernel.cache_clear()  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[switch]
+        else:
+            os.environ[switch] = before
+        kernel.cache_clear()  # type: ignore[attr-defined]
 
 
 def _openmp_runtimes() -> set[str]:

@@ -8,6 +8,7 @@ builds give the same bits (each output column is one vector lane doing the same 
 from __future__ import annotations
 
 import ctypes
+from contextlib import AbstractContextManager
 from functools import cache
 from pathlib import Path
 
@@ -49,6 +50,11 @@ def _kernel() -> build.Kernel | None:
     kernel = build.load(SOURCE, SWITCH, _declare, ISAS)
     _loaded = kernel.library if kernel else _loaded
     return kernel
+
+
+def using(value: str) -> AbstractContextManager[None]:
+    """``with using("avx2"): ...``: the block runs with ``SPECLANE_INT4_KERNEL=value`` (``build.switched``)."""
+    return build.switched(SWITCH, value, _kernel)
 
 
 def available() -> bool:
