@@ -23,7 +23,7 @@ import torch
 
 from speclane.engine import kv_cache
 from speclane.engine.kv_cache import KVCache
-from speclane.kernels import attention_cpu, int4_cpu
+from speclane.kernels import attention_cpu, int4_cpu, norm_cpu
 from speclane.models import compiled_decode
 from speclane.models import linear as linear_module
 from speclane.models import llama as llama_module
@@ -91,7 +91,8 @@ def _key(model: LlamaModel, max_rows: int) -> str:
              f"fastest-of-{SWEEPS}",  # how the table is measured (measure_step_cost)
              f"int4={int4_cpu.kernel_name()}:{int4_cpu.source_digest()}",  # which kernels, which versions
              f"attention={attention_cpu.kernel_name() if model.dtype == torch.bfloat16 else 'sdpa'}:"
-             f"{attention_cpu.source_digest()}"]
+             f"{attention_cpu.source_digest()}",
+             f"norm={norm_cpu.kernel_name() if model.dtype == torch.bfloat16 else 'torch'}:{norm_cpu.source_digest()}"]
     return hashlib.sha1("|".join(parts).encode()).hexdigest()[:20]
 
 

@@ -2,7 +2,8 @@
 
 A kernel source may build for several instruction sets (each module's ``ISAS``: AVX-512
 and AVX2 for both kernels); the vector width is the build's only difference.
-Each kernel has an environment switch (``SPECLANE_INT4_KERNEL``, ``SPECLANE_ATTENTION_KERNEL``):
+Each kernel has an environment switch (``SPECLANE_INT4_KERNEL``, ``SPECLANE_ATTENTION_KERNEL``,
+``SPECLANE_NORM_KERNEL``):
 
 - ``auto`` (default): ours, for the widest instruction set of the source this CPU has,
   when a C compiler (``cc``/``gcc``) is on PATH, else torch's op (logged once);

@@ -16,7 +16,7 @@ import logging
 import torch
 
 from speclane.config import ModelConfig
-from speclane.kernels import attention_cpu, int4_cpu
+from speclane.kernels import attention_cpu, int4_cpu, norm_cpu
 from speclane.models.linear import INT4_GROUP, Int4Weight, Int8Weight, Linear, quantize_int4_groups
 from speclane.models.llama import Layer, LlamaModel
 from speclane.models.loader import ModelLoadError, WeightSet
@@ -38,12 +38,14 @@ def build_model(weights: WeightSet, config: ModelConfig) -> LlamaModel:
     dtype = torch.float32 if config.dtype == "float32" else torch.bfloat16
     mode = effective_quantization(config, weights)
     cfg = weights.config
-    # Resolve the kernel switches now (SPECLANE_INT4_KERNEL, SPECLANE_ATTENTION_KERNEL): a bad
-    # value is a start-up error, not a failure at the first forward in the engine thread.
+    # Resolve the kernel switches now (SPECLANE_INT4_KERNEL, SPECLANE_ATTENTION_KERNEL,
+    # SPECLANE_NORM_KERNEL): a bad value is a start-up error, not a failure at the first
+    # forward in the engine thread.
     if mode == "int4":
         int4_cpu.available()
     if dtype == torch.bfloat16:
         attention_cpu.kernel_name()
+        norm_cpu.kernel_name()
     w = weights.dense
 
     def take(name: str) -> torch.Tensor:

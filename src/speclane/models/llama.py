@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from speclane.engine.kv_cache import KVCache
-from speclane.kernels import attention_cpu
+from speclane.kernels import attention_cpu, norm_cpu
 from speclane.models.linear import Linear
 
 REFINE_TOP = 32  # logits recomputed in float32 after a quantized head (see LlamaModel.logits)
@@ -164,19 +164,19 @@ class LlamaModel(nn.Module):
         # The residual stream stays in float32 (it is only [T, hidden]); the linears run in
         # self.dtype. In bfloat16 this keeps near-tied logits in the float32 order.
         x = F.embedding(batch.input_ids, self.embed).float()  # [T, hidden]
-        dt = self.dtype
+        ops = norm_cpu.LayerOps.for_dtype(self.dtype)
+        branch = None  # the last MLP's output, added to x by the next norm
         for i, layer in enumerate(self.layers):
-            h = F.rms_norm(x, (cfg.hidden_size,), layer.attn_norm, layer.eps).to(dt)
+            h = ops.add_rms_norm(x, branch, layer.attn_norm, layer.eps)
             qkv = layer.qkv(h)  # [T, q + 2 kv]
             # q and k heads sit side by side in the fused projection: rotate them in one go.
             qk = _rotate(qkv[:, : layer.q_size + layer.kv_size].view(-1, layer.num_heads + layer.num_kv_heads, layer.head_dim), cos, sin)
             q, k = qk.split([layer.num_heads, layer.num_kv_heads], dim=1)
             v = qkv[:, layer.q_size + layer.kv_size :].view(-1, layer.num_kv_heads, layer.head_dim)
             out = attn.attend(q, k, v, cache.keys[i], cache.values[i], self.scale)  # [T, q_size]
-            x = x + layer.o(out)
-            h = F.rms_norm(x, (cfg.hidden_size,), layer.mlp_norm, layer.eps).to(dt)
-            gate, up = layer.gate_up(h).split(layer.intermediate, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            h = ops.add_rms_norm(x, layer.o(out), layer.mlp_norm, layer.eps)
+            branch = layer.down(ops.silu_mul(layer.gate_up(h), layer.intermediate))
+        x = x + branch
         for slot, start, n in zip(batch.slots, batch.starts, batch.num_new, strict=True):
             cache.advance(slot, start, n)
         return F.rms_norm(x, (cfg.hidden_size,), self.final_norm, cfg.rms_norm_eps)  # float32

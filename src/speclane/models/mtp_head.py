@@ -98,6 +98,8 @@ class MTPHead(nn.Module):
         self.register_buffer("vocab_ids", torch.zeros(config.draft_vocab, dtype=torch.long))
         inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, config.head_dim, 2, dtype=torch.float64) / config.head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._cos_table: torch.Tensor | None = None  # drafting's rotation tables (``_rotation``)
+        self._sin_table: torch.Tensor | None = None
         # Shared with the target, never trained or saved: its embedding and head rows.
         self.embed: torch.Tensor | None = None  # [vocab, hidden]
         self.head_weight: torch.Tensor | None = None  # [draft_vocab, hidden]
@@ -134,13 +136,30 @@ class MTPHead(nn.Module):
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.config.rms_norm_eps)
 
+    def _angles(self, positions: torch.Tensor) -> torch.Tensor:
+        """[..., T] -> float32 rotation angles [..., T, d] (computed in float64, then rounded)."""
+        angles = positions.double()[..., None] * self.inv_freq
+        return torch.cat([angles, angles], dim=-1).float()
+
+    def _rotation(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [..., T, 1, d] at ``positions``. Drafting reads them from a table
+        that grows by doubling (the same float32 values as computing them each time)."""
+        if torch.is_grad_enabled() or self.training:
+            angles = self._angles(positions).unsqueeze(-2)
+            return angles.cos(), angles.sin()
+        needed = int(positions.max()) + 1
+        if self._cos_table is None or self._cos_table.shape[0] < needed:
+            size = max(needed, 2 * (0 if self._cos_table is None else self._cos_table.shape[0]), 1024)
+            angles = self._angles(torch.arange(size))
+            self._cos_table, self._sin_table = angles.cos(), angles.sin()
+        return self._cos_table[positions].unsqueeze(-2), self._sin_table[positions].unsqueeze(-2)
+
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: [..., T, heads, d] rotated at ``positions`` [..., T] (rotate-half layout)."""
-        angles = positions.double()[..., None] * self.inv_freq
-        angles = torch.cat([angles, angles], dim=-1).float().unsqueeze(-2)  # [..., T, 1, d]
+        cos, sin = self._rotation(positions)
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * angles.cos() + rotated * angles.sin()
+        return x * cos + rotated * sin
 
     def inputs(self, hidden: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
         """Entry inputs from hidden states [..., H] and the ids of the tokens after them."""
@@ -167,9 +186,30 @@ class MTPHead(nn.Module):
         if mask.dim() == 3:
             mask = mask[:, None]
         attn = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=1.0 / math.sqrt(self.config.head_dim))
-        x = x + self._linear("o", attn.transpose(-3, -2).flatten(-2))
+        return self._after_attention(x, attn.transpose(-3, -2).flatten(-2))
+
+    def _after_attention(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The output projection and the MLP, with their residuals: the block's output."""
+        x = x + self._linear("o", attn)
         gate, up = self._linear("gate_up", self._norm(x, self.mlp_norm)).chunk(2, dim=-1)
         return x + self._linear("down", F.silu(gate) * up)
+
+    def _attend_new(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """Attention of the n newest entries' q [n, heads, d] over all S entries' keys and
+        values [S, kv_heads, d], each new entry seeing the entries up to itself: [n, heads * d].
+
+        ``finish``'s computation for one request, without its general machinery: the query
+        heads of a kv group become rows of one matrix product (no repeated K/V, no mask
+        tensor for SDPA's fallback path), so a draft step's attention is two small bmm's."""
+        n, heads, d = q.shape
+        kv_heads, group, total = keys.shape[1], heads // keys.shape[1], keys.shape[0]
+        qg = q.reshape(n, kv_heads, group, d).permute(1, 0, 2, 3).reshape(kv_heads, n * group, d)
+        scores = torch.bmm(qg, keys.permute(1, 2, 0)) * (1.0 / math.sqrt(d))  # [kv, n * group, S]
+        if n > 1:  # entry i (query rows i * group ..) may not see the entries after it
+            later = torch.arange(total)[None, :] > (total - n + torch.arange(n))[:, None]  # [n, S]
+            scores = scores.masked_fill(later.repeat_interleave(group, dim=0), float("-inf"))
+        out = torch.bmm(torch.softmax(scores, dim=-1), values.transpose(0, 1))  # [kv, n * group, d]
+        return out.reshape(kv_heads, n, group, d).permute(1, 0, 2, 3).reshape(n, heads * d)
 
     def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
         """Block outputs [.., H] -> logits over the draft vocabulary [.., draft_vocab]."""
@@ -185,10 +225,7 @@ class MTPHead(nn.Module):
         """
         x = self.inputs(hidden, next_tokens)
         q, k, v = self.project(x, positions)
-        keys = torch.cat([cache.keys, k])
-        values = torch.cat([cache.values, v])
-        n, total = x.shape[0], keys.shape[0]
+        cache.keys = torch.cat([cache.keys, k])
+        cache.values = torch.cat([cache.values, v])
         # Entry i (position end + i) sees every cached entry and new entries <= i.
-        mask = torch.arange(total)[None, :] <= (total - n + torch.arange(n))[:, None]
-        cache.keys, cache.values = keys, values
-        return self.finish(x, q, keys, values, mask)
+        return self._after_attention(x, self._attend_new(q, cache.keys, cache.values))

@@ -1,0 +1,94 @@
+"""Our fused add + RMSNorm and SiLU * up (kernels/norm_x86.c): torch's maths, row invariance, its two builds."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from speclane.kernels import build, norm_cpu
+
+pytestmark = pytest.mark.skipif(norm_cpu.kernel_name() == "torch", reason="no AVX2 CPU or no C compiler here")
+
+HIDDEN, INTER, EPS = 576, 1536, 1e-5
+
+
+def _ops() -> norm_cpu.LayerOps:
+    ops = norm_cpu.LayerOps.for_dtype(torch.bfloat16)
+    assert ops._lib is not None
+    return ops
+
+
+def _inputs(rows: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, HIDDEN, generator=g) * 3
+    delta = torch.randn(rows, HIDDEN, generator=g).bfloat16()
+    weight = torch.rand(HIDDEN, generator=g) + 0.5
+    return x, delta, weight
+
+
+def _ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Distance in bfloat16 steps (same-sign values)."""
+    return (a.view(torch.int16).int() - b.view(torch.int16).int()).abs()
+
+
+@pytest.mark.parametrize("with_delta", [True, False])
+def test_add_rms_norm_is_torchs_add_then_rms_norm(with_delta):
+    x, delta, weight = _inputs(5)
+    expected_x = x + delta if with_delta else x.clone()
+    expected = F.rms_norm(expected_x, (HIDDEN,), weight, EPS).bfloat16()
+    got = _ops().add_rms_norm(x, delta if with_delta else None, weight, EPS)
+    assert torch.equal(x, expected_x)  # the residual add is the same float32 add
+    assert got.dtype == torch.bfloat16 and got.shape == (5, HIDDEN)
+    # Only the sum of squares' order differs: at most one bfloat16 step, almost always none.
+    assert _ulps(got, expected).max() <= 1
+    assert (got == expected).float().mean() > 0.99
+
+
+def test_silu_mul_rounds_as_torchs_bfloat16_ops():
+    g = torch.Generator().manual_seed(1)
+    gate_up = (torch.randn(4, 2 * INTER, generator=g) * 4).bfloat16()
+    gate, up = gate_up.split(INTER, dim=-1)
+    expected = F.silu(gate) * up
+    got = _ops().silu_mul(gate_up, INTER)
+    assert got.shape == (4, INTER) and got.dtype == torch.bfloat16
+    assert _ulps(got, expected).max() <= 1
+    assert (got == expected).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("rows", [2, 9, 40])  # 9 and 40: past the kernel's PARALLEL_ROWS, split across threads
+def test_a_row_gives_the_same_bits_alone_or_among_others(rows):
+    ops = _ops()
+    x, delta, weight = _inputs(rows, seed=rows)
+    together_x = x.clone()
+    together = ops.add_rms_norm(together_x, delta, weight, EPS)
+    gate_up = torch.cat([together, together.flip(-1)], dim=-1)  # any bfloat16 [rows, 2 * HIDDEN]
+    mlp_together = ops.silu_mul(gate_up, HIDDEN)
+    for r in range(rows):
+        alone_x = x[r : r + 1].clone()
+        assert torch.equal(ops.add_rms_norm(alone_x, delta[r : r + 1], weight, EPS), together[r : r + 1])
+        assert torch.equal(alone_x, together_x[r : r + 1])
+        assert torch.equal(ops.silu_mul(gate_up[r : r + 1], HIDDEN), mlp_together[r : r + 1])
+
+
+@pytest.mark.skipif(build.missing_cpu_flags("avx512") != set(), reason="no AVX-512 CPU here")
+def test_the_avx512_and_avx2_builds_give_the_same_bits():
+    x, delta, weight = _inputs(3, seed=7)
+    gate_up = (torch.randn(3, 2 * INTER) * 4).bfloat16()
+    out = {}
+    for isa in ("avx2", "avx512"):
+        with norm_cpu.using(isa):
+            assert norm_cpu.kernel_name() == isa
+            ops = norm_cpu.LayerOps.for_dtype(torch.bfloat16)
+            out[isa] = (ops.add_rms_norm(x.clone(), delta, weight, EPS), ops.silu_mul(gate_up, INTER))
+    assert torch.equal(out["avx2"][0], out["avx512"][0]) and torch.equal(out["avx2"][1], out["avx512"][1])
+
+
+def test_torch_switch_and_float32_models_use_torchs_ops():
+    x, delta, weight = _inputs(2)
+    with norm_cpu.using("torch"):
+        ops = norm_cpu.LayerOps.for_dtype(torch.bfloat16)
+        assert ops._lib is None
+        got = ops.add_rms_norm(x.clone(), delta, weight, EPS)
+    assert torch.equal(got, F.rms_norm(x + delta, (HIDDEN,), weight, EPS).bfloat16())
+    f32 = norm_cpu.LayerOps.for_dtype(torch.float32)
+    assert f32._lib is None
+    assert f32.add_rms_norm(x.clone(), None, weight, EPS).dtype == torch.float32
