@@ -1,6 +1,6 @@
 """Our CPU kernels (kernels/*.c) against torch's: the int4 matmuls alone, then whole forwards.
 
-    .venv/bin/python benchmarks/kernels.py [--rounds 7]
+    .venv/bin/python benchmarks/kernels.py [--rounds 7] [--forwards-only]
 
 Table 1: the 120 layer matmuls of one SmolLM2-135M forward (30 layers of qkv, o, gate_up,
 down; random int4 weights, ~66 MB, so they stream from memory as in the model) by rows,
@@ -10,8 +10,9 @@ the linears: 1 for a lone decode step, K+1 for a verify round, one per stream in
 tick, the prompt's tokens in a prefill.
 
 Table 2: one eager forward + logits of the default model (KV length 200) by positions of
-one sequence and by batch of one-token sequences, with torch's int4 kernel and SDPA
-against our int4 (the build ``auto`` picks) and attention kernels. Both arms alternate in one process; medians.
+one sequence and by batch of one-token sequences: torch's int4 kernel, SDPA and norm / SiLU
+ops; our int4 (the build ``auto`` picks) and attention kernels with torch's norm / SiLU
+ops; all three of ours. The arms alternate in one process; medians.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 from speclane.bench.common import alternate
 from speclane.bench.decode import forward_time_ms
 from speclane.config import EngineConfig
-from speclane.kernels import attention_cpu, build, int4_cpu
+from speclane.kernels import attention_cpu, build, int4_cpu, norm_cpu
 from speclane.llm import LLM
 from speclane.models.linear import Int4Weight, quantize_int4_groups
 
@@ -80,30 +81,38 @@ def forward_table(rounds: int) -> None:
     config = EngineConfig().replace(spec_mode="off", compile=False, max_num_seqs=8)
     llms = {kernel: with_int4_kernel(kernel, lambda: LLM(config=config)) for kernel in ("torch", "auto")}
     ours_supports = attention_cpu.supports
+    # Arms: torch's ops throughout; our int4 and attention kernels with torch's norm / SiLU
+    # ops between them; all ours.
+    arms = {"torch": ("torch", False, "torch"), "ours, torch's glue": ("auto", True, "torch"), "ours": ("auto", True, "auto")}
 
-    def measure(kernel: str, case: tuple[int, int]) -> float:
-        attention_cpu.supports = ours_supports if kernel == "auto" else (lambda *_: False)  # SDPA
+    def measure(arm: str, case: tuple[int, int]) -> float:
+        int4, our_attention, norm = arms[arm]
+        attention_cpu.supports = ours_supports if our_attention else (lambda *_: False)  # SDPA
         try:
-            return forward_time_ms(llms[kernel], batch=case[1], positions=case[0], kv_len=200, repeats=4)
+            with norm_cpu.using(norm):
+                return forward_time_ms(llms[int4], batch=case[1], positions=case[0], kv_len=200, repeats=4)
         finally:
             attention_cpu.supports = ours_supports
 
-    ms = alternated_medians(measure, ["torch", "auto"], FORWARDS, rounds)
+    ms = alternated_medians(measure, list(arms), FORWARDS, rounds)
     print(f"\n### One forward + logits of the default model (eager, KV length 200), median of {rounds} rounds\n")
-    print("| positions x batch | torch's int4 + SDPA ms | ours ms | ours / torch's | ours vs ours at 1 x 1 |\n"
-          "|---|---|---|---|---|")
+    print("| positions x batch | torch's int4 + SDPA + ops ms | ours with torch's norm / SiLU ms | all ours ms | "
+          "all ours / torch's | all ours / ours with torch's glue | all ours vs all ours at 1 x 1 |\n"
+          "|---|---|---|---|---|---|---|")
     for case in FORWARDS:
-        theirs, ours = ms[("torch", case)], ms[("auto", case)]
-        print(f"| {case[0]} x {case[1]} | {theirs:.1f} | {ours:.1f} | {ours / theirs:.2f}x | "
-              f"{ours / ms[('auto', FORWARDS[0])]:.2f}x |")
+        theirs, mixed, ours = (ms[(arm, case)] for arm in arms)
+        print(f"| {case[0]} x {case[1]} | {theirs:.1f} | {mixed:.1f} | {ours:.1f} | {ours / theirs:.2f}x | "
+              f"{ours / mixed:.2f}x | {ours / ms[('ours', FORWARDS[0])]:.2f}x |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--forwards-only", action="store_true", help="skip table 1 (the int4 matmuls alone)")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    matmul_table(args.rounds)
+    if not args.forwards_only:
+        matmul_table(args.rounds)
     forward_table(args.rounds)
 
 
