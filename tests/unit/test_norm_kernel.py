@@ -96,3 +96,11 @@ def test_torch_switch_and_float32_models_use_torchs_ops():
     f32 = norm_cpu.LayerOps.for_dtype(torch.float32)
     assert f32._lib is None
     assert f32.add_rms_norm(x.clone(), None, weight, EPS).dtype == torch.float32
+
+
+def test_a_residual_stream_the_kernel_cannot_read_is_refused_not_misread():
+    x, delta, weight = _inputs(2)
+    with pytest.raises(ValueError, match="float32"):
+        _ops().add_rms_norm(x.bfloat16(), delta, weight, EPS)
+    with pytest.raises(ValueError, match="float32"):
+        _ops().add_rms_norm(x.t().contiguous().t(), delta, weight, EPS)  # not contiguous

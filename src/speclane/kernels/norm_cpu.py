@@ -71,6 +71,8 @@ class LayerOps:
             if delta is not None:
                 x.add_(delta)
             return F.rms_norm(x, (x.shape[-1],), weight, eps).to(self._dtype)
+        if x.dtype != torch.float32 or not x.is_contiguous() or weight.dtype != torch.float32:
+            raise ValueError("add_rms_norm: a contiguous float32 residual stream and float32 norm weights only")
         rows, hidden = x.shape
         if delta is not None:
             delta = delta.to(torch.bfloat16).contiguous()
@@ -84,7 +86,7 @@ class LayerOps:
         if self._lib is None:
             gate, up = gate_up.split(intermediate, dim=-1)
             return F.silu(gate) * up
-        gate_up = gate_up.contiguous()
+        gate_up = gate_up.to(torch.bfloat16).contiguous()  # no-ops for the int4 kernel's output
         out = torch.empty(gate_up.shape[0], intermediate, dtype=torch.bfloat16)
         self._lib.silu_mul(gate_up.data_ptr(), out.data_ptr(), gate_up.shape[0], intermediate)
         return out
