@@ -34,14 +34,36 @@ def test_matches_float64_reference(rows, shape):
 
 
 @needs_kernel
-def test_a_rows_result_does_not_depend_on_its_neighbours():
+@pytest.mark.parametrize("out_features", [1536, 1552])  # 1552: 97 tiles, the last buffered group has one
+def test_a_rows_result_does_not_depend_on_its_neighbours(out_features):
     """Every path (direct for few rows, buffered for more, blocks of 128 rows) gives the same bits per row."""
-    q, scale, minimum, _ = _weight(1536, 576)
+    q, scale, minimum, _ = _weight(out_features, 576)
     weight = Int4Weight(q, scale, minimum)
     x = torch.randn(140, 576).bfloat16()
     alone = torch.cat([weight.matmul(x[i : i + 1]) for i in range(140)])
     for rows in (2, 3, 4, 6, 7, 13, 64, 128, 129, 140):
         assert torch.equal(weight.matmul(x[:rows]), alone[:rows]), rows
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 9])  # the direct and the buffered path's stores
+def test_outputs_round_to_nearest_even_and_keep_nan(rows):
+    """The kernel's bfloat16 rounding is torch's: one output column's weights are all zero but
+    one input column, so the float32 sum is a single product that .to(bfloat16) rounds."""
+    q, scale, minimum, _ = _weight(16, 64)
+    q.zero_()
+    minimum.zero_()
+    scale.fill_(1.0)
+    q[:, 0] = torch.arange(16)  # column n: w[n][0] = n, every other weight 0
+    weight = Int4Weight(q, scale, minimum)
+    x = torch.zeros(rows, 64)
+    x[:, 0] = 1.0 + torch.arange(rows) / 256 + 1 / 512  # halfway cases among them
+    x = x.bfloat16()
+    x[-1, 0] = float("nan")
+    expected = (x[:, :1].float() * torch.arange(16).float()).to(torch.bfloat16)
+    got = weight.matmul(x)
+    assert torch.equal(got[:-1], expected[:-1])
+    assert got[-1].isnan().all()
 
 
 @needs_kernel

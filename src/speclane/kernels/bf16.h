@@ -27,4 +27,20 @@ INLINE uint16_t to_bf16(float f) {  // round to nearest even, as torch does; NaN
     return (uint16_t)(u >> 16);
 }
 
+// to_bf16 for 8 floats, in the low 16 bits of each 32-bit lane (NaN stays NaN).
+INLINE __m256i to_bf16_8(__m256 f) {
+    const __m256i u = _mm256_castps_si256(f);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+    const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    const __m256 is_nan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
+    return _mm256_blendv_epi8(rounded, nan, _mm256_castps_si256(is_nan));
+}
+
+INLINE void store_bf16(uint16_t *p, __m256 f) {  // 8 float32 -> 8 bfloat16 at p (to_bf16's bits)
+    const __m256i h = to_bf16_8(f);
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0x08);  // 8 x u16 in the low half
+    _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(packed));
+}
+
 #endif

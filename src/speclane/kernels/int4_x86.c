@@ -7,8 +7,8 @@
 // speculative round verifies K+1 rows of one sequence and a mixed tick holds every
 // stream's row: here the cost of rows should be the FMAs, not the dequantization.
 // Few rows dequantize into registers and use each weight at once; more rows dequantize a
-// 128-column block of a 16-column tile into L1 once and run all rows over it with a
-// register tile of MR rows x 16 columns.
+// 128-input-column block of NT 16-column tiles into L1 once and run all rows over it with
+// a register tile of MR rows x 16 NT columns.
 //
 // Batch invariance: every output element is computed by the same sequence of operations
 // whatever the number of rows M: w = fma(q, scale, minimum) in float32, then
@@ -24,19 +24,22 @@
 
 #define LANES 16   // output columns per packed tile
 #define GROUP 32   // input columns per (scale, minimum) pair
-#define KB 128     // input columns per dequantized block in the buffered path (8 KiB)
+#define KB 128     // input columns per dequantized block in the buffered path (8 NT KiB)
 #define MCHUNK 128  // rows per accumulator block in the buffered path (a 96-token prefill: one block, 0.94x the time of 64)
 #define UNROLL _Pragma("GCC unroll 16")
 
 // The vector type and its few operations, so both builds share every loop below.
 #ifdef __AVX512F__
 #define VW 16  // floats per vector: one vector covers a tile's 16 columns
-// Rows up to which the direct path runs (7 rows: buffered 0.97x direct's time, 5-6 rows:
-// direct 0.9x buffered's), and the buffered path's register tile (32 vector registers
-// hold 12 accumulators with room to spare). Measured over the default model's 120 layer
-// matmuls, weights streaming from memory (benchmarks/kernels.py), on a 2-core Xeon.
+// Rows up to which the direct path runs (3-7 rows: direct and buffered within the noise),
+// and the buffered path's register tile: 6 rows x 4 tiles, 24 accumulators, 4 weight
+// vectors and a broadcast of the 32 registers; per input column 10 loads feed 24 FMAs.
+// 12 x 1 tiles (the first version: 13 loads for 12 FMAs) reached 70 GFLOPS at 96 rows,
+// 12 x 2 90, 8 x 3 99, 6 x 4 106 (the default model's four layer shapes, /tmp A/B in one
+// process on a 2-core Xeon, 2026-12-01; torch's float32 GEMM: ~94 at 96 rows).
 #define DIRECT_MAX_ROWS 6
-#define MR 12
+#define MR 6
+#define NT 4
 // The direct path reads one weight stream; a software prefetch this many bytes ahead made
 // 1-2 rows 0.88x the time here (no gain measured in the AVX2 build, which has none).
 #define PREFETCH_AHEAD 2048
@@ -66,6 +69,7 @@ INLINE void v_dequant_pair(const uint8_t *bytes, vec s, vec m, vec *lo, vec *hi)
 // (measured: direct 4 rows 17.6 ms vs buffered 22.3 ms, 5 rows even, 6 rows slower).
 #define DIRECT_MAX_ROWS 4
 #define MR 6
+#define NT 1  // a tile is two vectors here: 6 x 2 accumulators of the 16 registers
 #define PREFETCH_AHEAD 0
 #define TILES_PER_CALL 1  // a tile is two vectors here: two chains already (2 measured no better)
 typedef __m256 vec;
@@ -105,7 +109,7 @@ INLINE void group_scales(const q4_weight *w, size_t tile, int g, vec *s, vec *m)
 INLINE void store_row(const vec *acc, uint16_t *y) {  // one row's 16 columns -> bfloat16
     float out[LANES];
     UNROLL for (int v = 0; v < NV; v++) v_store(out + VW * v, acc[v]);
-    for (int j = 0; j < LANES; j++) y[j] = to_bf16(out[j]);
+    UNROLL for (int j = 0; j < LANES; j += 8) store_bf16(y + j, _mm256_loadu_ps(out + j));
 }
 
 // Few rows: dequantize into registers and use each vector at once, TT 16-column tiles at
@@ -138,7 +142,9 @@ INLINE void direct(const int R, const int TT, const q4_weight *w, const float *x
     UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) store_row(acc[t][r], y + (size_t)r * N + (tile0 + t) * LANES);
 }
 
-static void dequant_block(const q4_weight *w, size_t tile, int k0, int kb, float *block) {
+// Input columns k0 .. k0+kb of tile `tile`, dequantized into its 16 columns of a block whose
+// rows (one per input column) hold `width` floats.
+static void dequant_block(const q4_weight *w, size_t tile, int k0, int kb, float *block, int width) {
     const int K = w->k;  // k0 and kb are multiples of GROUP
     for (int g = k0 / GROUP; g < (k0 + kb) / GROUP; g++) {
         vec s[NV], m[NV];
@@ -148,56 +154,62 @@ static void dequant_block(const q4_weight *w, size_t tile, int k0, int kb, float
             UNROLL for (int v = 0; v < NV; v++) {
                 vec lo, hi;
                 v_dequant_pair(b + VW * v, s[v], m[v], &lo, &hi);
-                v_store(block + (k - k0) * LANES + VW * v, lo);
-                v_store(block + (k - k0 + 1) * LANES + VW * v, hi);
+                v_store(block + (size_t)(k - k0) * width + VW * v, lo);
+                v_store(block + (size_t)(k - k0 + 1) * width + VW * v, hi);
             }
         }
     }
 }
 
-// R rows (R <= MR) against one dequantized block: an R x 16 register tile.
+// R rows (R <= MR) against a dequantized block of NT tiles: an R x 16 NT register tile,
+// each accumulator one (row, column) chain in k order.
 INLINE void micro(const int R, const float *x, int ldx, const float *block, int kb, float *acc) {
-    vec a[MR][NV];
-    UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) a[r][v] = v_load(acc + r * LANES + VW * v);
+    const int width = NT * LANES;
+    vec a[MR][NT * NV];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int j = 0; j < NT * NV; j++) a[r][j] = v_load(acc + r * width + VW * j);
     for (int k = 0; k < kb; k++) {
-        vec wv[NV];
-        UNROLL for (int v = 0; v < NV; v++) wv[v] = v_load(block + k * LANES + VW * v);
+        vec wv[NT * NV];
+        UNROLL for (int j = 0; j < NT * NV; j++) wv[j] = v_load(block + k * width + VW * j);
         UNROLL for (int r = 0; r < R; r++) {
             const vec xv = v_bcast(x + r * ldx + k);
-            UNROLL for (int v = 0; v < NV; v++) a[r][v] = v_fma(xv, wv[v], a[r][v]);
+            UNROLL for (int j = 0; j < NT * NV; j++) a[r][j] = v_fma(xv, wv[j], a[r][j]);
         }
     }
-    UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) v_store(acc + r * LANES + VW * v, a[r][v]);
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int j = 0; j < NT * NV; j++) v_store(acc + r * width + VW * j, a[r][j]);
 }
+
+_Static_assert(MR == 6, "micro_any's cases cover 1 .. MR - 1 rows");
 
 static void micro_any(int R, const float *x, int ldx, const float *block, int kb, float *acc) {
     switch (R) {  // a compile-time R per case: the tile stays in registers
 #define CASE(r) case r: micro(r, x, ldx, block, kb, acc); break;
     CASE(1) CASE(2) CASE(3) CASE(4) CASE(5)
-#if MR > 6
-    CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11)
-#endif
 #undef CASE
     default: micro(MR, x, ldx, block, kb, acc); break;
     }
 }
 
-// Many rows: dequantize a block of one tile once into L1, then run every row over it.
-static void buffered_tile(const q4_weight *w, const float *x, int M, int tile, uint16_t *y) {
-    const int K = w->k, N = w->n;
-    float block[KB * LANES] __attribute__((aligned(64)));
-    float acc[MCHUNK * LANES];
+// Many rows: dequantize a block of NT tiles once into L1, then run every row over it.
+// A last group with fewer than NT tiles (N not a multiple of 16 NT) computes zeros in the
+// missing columns and drops them.
+static void buffered_group(const q4_weight *w, const float *x, int M, int tile0, uint16_t *y) {
+    const int K = w->k, N = w->n, width = NT * LANES;
+    const int tiles = N / LANES - tile0 < NT ? N / LANES - tile0 : NT;
+    float block[KB * NT * LANES] __attribute__((aligned(64)));
+    float acc[MCHUNK * NT * LANES] __attribute__((aligned(64)));
+    if (tiles < NT) memset(block, 0, sizeof(block));
     for (int m0 = 0; m0 < M; m0 += MCHUNK) {
         const int rows = M - m0 < MCHUNK ? M - m0 : MCHUNK;
-        memset(acc, 0, sizeof(float) * rows * LANES);
+        memset(acc, 0, sizeof(float) * rows * width);
         for (int k0 = 0; k0 < K; k0 += KB) {
             const int kb = K - k0 < KB ? K - k0 : KB;
-            dequant_block(w, (size_t)tile, k0, kb, block);
+            for (int t = 0; t < tiles; t++) dequant_block(w, (size_t)tile0 + t, k0, kb, block + t * LANES, width);
             for (int r = 0; r < rows; r += MR)
-                micro_any(rows - r < MR ? rows - r : MR, x + (size_t)(m0 + r) * K + k0, K, block, kb, acc + r * LANES);
+                micro_any(rows - r < MR ? rows - r : MR, x + (size_t)(m0 + r) * K + k0, K, block, kb, acc + r * width);
         }
         for (int r = 0; r < rows; r++)
-            for (int j = 0; j < LANES; j++) y[(size_t)(m0 + r) * N + tile * LANES + j] = to_bf16(acc[r * LANES + j]);
+            for (int j = 0; j < tiles * LANES; j += 8)
+                store_bf16(y + (size_t)(m0 + r) * N + tile0 * LANES + j, _mm256_loadu_ps(acc + r * width + j));
     }
 }
 
@@ -208,6 +220,11 @@ void int4_matmul(const uint16_t *x, const uint8_t *packed, const uint16_t *scale
     for (long i = 0; i < (long)M * K; i += 8) _mm256_storeu_ps(x32 + i, load_bf16(x + i));
     const q4_weight w = {packed, scale, minimum, N, K};
     const int tiles = N / LANES;
+    if (M > DIRECT_MAX_ROWS) {
+        #pragma omp parallel for schedule(static)
+        for (int t = 0; t < tiles; t += NT) buffered_group(&w, x32, M, t, y);
+        return;
+    }
     // One or two rows: TILES_PER_CALL tiles interleaved per direct() call (see direct).
     const int step = M <= 2 ? TILES_PER_CALL : 1;
     #pragma omp parallel for schedule(static)
@@ -218,14 +235,14 @@ void int4_matmul(const uint16_t *x, const uint8_t *packed, const uint16_t *scale
             continue;
         }
         for (int u = t; u < t + step && u < tiles; u++) {
-            switch (M <= DIRECT_MAX_ROWS ? M : 0) {
+            switch (M) {
 #define CASE(r) case r: direct(r, 1, &w, x32, u, y); break;
-            CASE(1) CASE(2) CASE(3) CASE(4)
+            CASE(1) CASE(2) CASE(3)
 #if DIRECT_MAX_ROWS > 4
-            CASE(5) CASE(6)
+            CASE(4) CASE(5)
 #endif
 #undef CASE
-            default: buffered_tile(&w, x32, M, u, y); break;
+            default: direct(DIRECT_MAX_ROWS, 1, &w, x32, u, y); break;
             }
         }
     }

@@ -95,16 +95,6 @@ INLINE __m256 exp_poly8(__m256 x) {
     return _mm256_blendv_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), _mm256_set1_ps(INFINITY), overflow);
 }
 
-// to_bf16 for 8 floats, in the low 16 bits of each 32-bit lane (NaN stays NaN).
-INLINE __m256i to_bf16_8(__m256 f) {
-    const __m256i u = _mm256_castps_si256(f);
-    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
-    const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-    const __m256 is_nan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
-    return _mm256_blendv_epi8(rounded, nan, _mm256_castps_si256(is_nan));
-}
-
 INLINE __m256 bf16_round8(__m256 f) {  // float -> nearest bfloat16 -> float
     return _mm256_castsi256_ps(_mm256_slli_epi32(to_bf16_8(f), 16));
 }
@@ -120,9 +110,7 @@ void silu_mul(const uint16_t *gate_up, uint16_t *out, int rows, int inter) {
             const __m256 g = load_bf16(gate + i);
             const __m256 e = exp_poly8(_mm256_sub_ps(_mm256_setzero_ps(), g));
             const __m256 silu = bf16_round8(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
-            const __m256i h = to_bf16_8(_mm256_mul_ps(silu, load_bf16(up + i)));
-            const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0x08);  // 8 x u16 in the low half
-            _mm_storeu_si128((__m128i *)(y + i), _mm256_castsi256_si128(packed));
+            store_bf16(y + i, _mm256_mul_ps(silu, load_bf16(up + i)));
         }
         for (; i < inter; i++) y[i] = silu_times(from_bf16(gate[i]), from_bf16(up[i]));
     }
