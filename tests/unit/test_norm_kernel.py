@@ -17,11 +17,11 @@ def _ops() -> norm_cpu.LayerOps:
     return ops
 
 
-def _inputs(rows: int, seed: int = 0):
+def _inputs(rows: int, seed: int = 0, hidden: int = HIDDEN):
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, HIDDEN, generator=g) * 3
-    delta = torch.randn(rows, HIDDEN, generator=g).bfloat16()
-    weight = torch.rand(HIDDEN, generator=g) + 0.5
+    x = torch.randn(rows, hidden, generator=g) * 3
+    delta = torch.randn(rows, hidden, generator=g).bfloat16()
+    weight = torch.rand(hidden, generator=g) + 0.5
     return x, delta, weight
 
 
@@ -30,20 +30,23 @@ def _ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.view(torch.int16).int() - b.view(torch.int16).int()).abs()
 
 
+@pytest.mark.parametrize("hidden", [HIDDEN, 40])  # 40: not a multiple of 16, the element-by-element row
 @pytest.mark.parametrize("with_delta", [True, False])
-def test_add_rms_norm_is_torchs_add_then_rms_norm(with_delta):
-    x, delta, weight = _inputs(5)
+def test_add_rms_norm_is_torchs_add_then_rms_norm(with_delta, hidden):
+    x, delta, weight = _inputs(5, hidden=hidden)
     expected_x = x + delta if with_delta else x.clone()
-    expected = F.rms_norm(expected_x, (HIDDEN,), weight, EPS).bfloat16()
+    expected = F.rms_norm(expected_x, (hidden,), weight, EPS).bfloat16()
     got = _ops().add_rms_norm(x, delta if with_delta else None, weight, EPS)
     assert torch.equal(x, expected_x)  # the residual add is the same float32 add
-    assert got.dtype == torch.bfloat16 and got.shape == (5, HIDDEN)
+    assert got.dtype == torch.bfloat16 and got.shape == (5, hidden)
     # Only the sum of squares' order differs: at most one bfloat16 step, almost always none.
     assert _ulps(got, expected).max() <= 1
     assert (got == expected).float().mean() > 0.99
 
 
-@pytest.mark.parametrize("inter", [INTER, 13])  # 13: the scalar tail after the 8-wide loop
+# 13: the scalar tail alone (AVX-512) or after one vector (AVX2); 91: the four-vector loop,
+# then single vectors, then the scalar tail, in both builds.
+@pytest.mark.parametrize("inter", [INTER, 13, 91])
 def test_silu_mul_rounds_as_torchs_bfloat16_ops(inter):
     g = torch.Generator().manual_seed(1)
     gate_up = (torch.randn(4, 2 * inter, generator=g) * 4).bfloat16()
@@ -74,15 +77,16 @@ def test_a_row_gives_the_same_bits_alone_or_among_others(rows):
 
 
 @pytest.mark.skipif(build.missing_cpu_flags("avx512") != set(), reason="no AVX-512 CPU here")
-def test_the_avx512_and_avx2_builds_give_the_same_bits():
-    x, delta, weight = _inputs(3, seed=7)
-    gate_up = (torch.randn(3, 2 * INTER) * 4).bfloat16()
+@pytest.mark.parametrize(("hidden", "inter"), [(HIDDEN, INTER), (40, 91)])
+def test_the_avx512_and_avx2_builds_give_the_same_bits(hidden, inter):
+    x, delta, weight = _inputs(3, seed=7, hidden=hidden)
+    gate_up = (torch.randn(3, 2 * inter) * 4).bfloat16()
     out = {}
     for isa in ("avx2", "avx512"):
         with norm_cpu.using(isa):
             assert norm_cpu.kernel_name() == isa
             ops = norm_cpu.LayerOps.for_dtype(torch.bfloat16)
-            out[isa] = (ops.add_rms_norm(x.clone(), delta, weight, EPS), ops.silu_mul(gate_up, INTER))
+            out[isa] = (ops.add_rms_norm(x.clone(), delta, weight, EPS), ops.silu_mul(gate_up, inter))
     assert torch.equal(out["avx2"][0], out["avx512"][0]) and torch.equal(out["avx2"][1], out["avx512"][1])
 
 
