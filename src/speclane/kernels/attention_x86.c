@@ -68,7 +68,19 @@ INLINE wide w_zero(void) { return _mm512_setzero_ps(); }
 INLINE wide w_set1(float f) { return _mm512_set1_ps(f); }
 INLINE wide w_mul(wide a, wide b) { return _mm512_mul_ps(a, b); }
 INLINE wide w_fma(wide a, wide b, wide c) { return _mm512_fmadd_ps(a, b, c); }
-INLINE void w_store(float *p, wide a) { _mm512_storeu_ps(p, a); }
+INLINE __m256i w_to_bf16(wide f) {  // to_bf16 of 16 lanes, packed to 16 x 16 bits
+    const __m512i u = _mm512_castps_si512(f);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+    const __m512i nan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(_mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), rounded, nan));
+}
+// A block's lo and hi (load_block's lane order) -> its 32 dimensions in order, bfloat16:
+// 4-dimension runs of lo and hi alternate (0-3 lo, 4-7 hi, 8-11 lo, ...).
+INLINE void store_block(uint16_t *out, wide lo, wide hi) {
+    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(w_to_bf16(lo)), w_to_bf16(hi), 1);
+    _mm512_storeu_si512(out, _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 4, 1, 5, 2, 6, 3, 7), both));
+}
 INLINE __m256 w_fold(wide a) {  // lanes 0-7 + lanes 8-15
     return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
 }
@@ -86,12 +98,19 @@ INLINE wide w_zero(void) { return (wide){_mm256_setzero_ps(), _mm256_setzero_ps(
 INLINE wide w_set1(float f) { return (wide){_mm256_set1_ps(f), _mm256_set1_ps(f)}; }
 INLINE wide w_mul(wide x, wide y) { return (wide){_mm256_mul_ps(x.a, y.a), _mm256_mul_ps(x.b, y.b)}; }
 INLINE wide w_fma(wide x, wide y, wide z) { return (wide){_mm256_fmadd_ps(x.a, y.a, z.a), _mm256_fmadd_ps(x.b, y.b, z.b)}; }
-INLINE void w_store(float *p, wide x) { _mm256_storeu_ps(p, x.a); _mm256_storeu_ps(p + 8, x.b); }
+INLINE __m128i bf16x8(__m256 f) {  // to_bf16 of 8 floats, packed to 8 x 16 bits
+    const __m256i h = to_bf16_8(f);
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0x08));
+}
+INLINE void store_block(uint16_t *out, wide lo, wide hi) {  // see the AVX-512 store_block
+    const __m128i la = bf16x8(lo.a), lb = bf16x8(lo.b), ha = bf16x8(hi.a), hb = bf16x8(hi.b);
+    _mm_storeu_si128((__m128i *)out, _mm_unpacklo_epi64(la, ha));
+    _mm_storeu_si128((__m128i *)(out + 8), _mm_unpackhi_epi64(la, ha));
+    _mm_storeu_si128((__m128i *)(out + 16), _mm_unpacklo_epi64(lb, hb));
+    _mm_storeu_si128((__m128i *)(out + 24), _mm_unpackhi_epi64(lb, hb));
+}
 INLINE __m256 w_fold(wide x) { return _mm256_add_ps(x.a, x.b); }
 #endif
-
-// The dimension (within its block) of lane j of a block's lo (j < 16) or hi (j >= 16) vector.
-INLINE int block_dim(int j) { return j < 16 ? (j / 4) * 8 + j % 4 : ((j - 16) / 4) * 8 + 4 + j % 4; }
 
 // One (query row, head): q [D] bfloat16, keys/values [len][D] bfloat16 -> out [D] bfloat16.
 static void attend_one(const uint16_t *q, const uint16_t *keys, const uint16_t *values, int len, int D, float scale,
@@ -142,12 +161,7 @@ static void attend_one(const uint16_t *q, const uint16_t *keys, const uint16_t *
         }
     }
     const wide inverse = w_set1(1.0f / sum);
-    for (int b = 0; b < blocks; b++) {
-        float o[BLOCK];
-        w_store(o, w_mul(alo[b], inverse));
-        w_store(o + 16, w_mul(ahi[b], inverse));
-        for (int i = 0; i < BLOCK; i++) out[BLOCK * b + block_dim(i)] = to_bf16(o[i]);
-    }
+    for (int b = 0; b < blocks; b++) store_block(out + BLOCK * b, w_mul(alo[b], inverse), w_mul(ahi[b], inverse));
 }
 
 // q: [T][H][D] bfloat16; k_cache, v_cache: one layer's [slots][KVH][max_len][D] bfloat16;
