@@ -271,3 +271,44 @@ def test_int4_drafting_kernels_keep_greedy_output_and_mostly_the_drafts():
     engine = toy_engine(model, MTPDrafter(fast, VOCAB), drafter="mtp", spec_mode="slice", spec_slots=3, num_draft_tokens=3)
     assert generate(engine, prompts) == off
     assert engine.counters.draft_tokens > 0
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_min_draft_prob_ends_a_round_at_the_first_unsure_draft(quantized):
+    """--mtp-min-draft-prob: a draft whose probability under the head is below the floor is
+    not proposed, nor anything after it; with no floor every draft is the head's argmax."""
+    from speclane.drafters.mtp import draft_recursively
+
+    model = toy_model(toy_config(vocab_size=VOCAB))
+    head = random_head(model, draft_vocab=16, seed=3)  # int4 needs rows in multiples of 16
+    if quantized:
+        head.quantize_for_drafting()
+    gen = torch.Generator().manual_seed(5)
+    hidden = torch.randn(6, model.config.hidden_size, generator=gen)
+    tokens = torch.randint(1, VOCAB, (7,), generator=gen)
+
+    def run(floor: float):
+        cache = MTPCache.empty(head.config, 0)
+        out = head.extend(cache, hidden, tokens[1:], torch.arange(6))[-1:]
+        return draft_recursively(head, cache, out, 5, 3, min_draft_prob=floor).token_ids
+
+    # The confidence of each draft of the unfloored round, recomputed step by step.
+    drafts = run(0.0)
+    cache = MTPCache.empty(head.config, 0)
+    out = head.extend(cache, hidden, tokens[1:], torch.arange(6))[-1:]
+    confidences = []
+    for j, token in enumerate(drafts):
+        probs = torch.softmax(head.draft_logits(out)[0], dim=-1)
+        index = int(probs.argmax())
+        assert int(head.vocab_ids[index]) == token
+        confidences.append(float(probs[index]))
+        out = head.extend(cache, out, torch.tensor([token]), torch.tensor([6 + j]))
+    assert len(drafts) == 3
+    assert run(1.01) == []
+    for floor in (confidences[0] * 0.999, min(confidences) * 0.999, max(confidences) * 1.001):
+        expected = []
+        for token, confidence in zip(drafts, confidences, strict=True):
+            if confidence < floor:
+                break
+            expected.append(token)
+        assert run(floor) == expected, floor

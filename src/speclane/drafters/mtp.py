@@ -63,17 +63,19 @@ def draft_recursively(head: MTPHead, cache: MTPCache, out: torch.Tensor, last_po
     qs: list[torch.Tensor] = []
     for j in range(k):
         logits = head.draft_logits(out)[0]
+        q = None
         if temperature > 0:
             q = torch.softmax(logits / temperature, dim=-1)
             index = int(torch.multinomial(q, 1, generator=generator))
             qs.append(q)
         else:
-            q = torch.softmax(logits, dim=-1)
-            index = int(torch.argmax(q))
-        if float(q[index]) < min_draft_prob:
-            if qs:
-                qs.pop()
-            break
+            index = int(torch.argmax(logits))  # the softmax's argmax, without the softmax
+        if min_draft_prob > 0:
+            confidence = float((q if q is not None else torch.softmax(logits, dim=-1))[index])
+            if confidence < min_draft_prob:
+                if qs:
+                    qs.pop()
+                break
         token = int(head.vocab_ids[index])
         tokens.append(token)
         if j + 1 < k:

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from speclane.kernels import norm_cpu
 from speclane.models.linear import Int4Weight, Linear, quantize_int4_groups
 
 
@@ -103,8 +104,11 @@ class MTPHead(nn.Module):
         # Shared with the target, never trained or saved: its embedding and head rows.
         self.embed: torch.Tensor | None = None  # [vocab, hidden]
         self.head_weight: torch.Tensor | None = None  # [draft_vocab, hidden]
-        # Inference kernels (``quantize_for_drafting``): name -> Linear over int4 weights.
+        # Inference kernels (``quantize_for_drafting``): name -> Linear over int4 weights,
+        # and the fused norm / SiLU the target's layers use (bfloat16 outputs, which the
+        # int4 matmuls take anyway).
         self.kernels: dict[str, Linear] = {}
+        self._ops: norm_cpu.LayerOps | None = None
 
     def attach_target(self, embed: torch.Tensor, head: torch.Tensor) -> None:
         """Share the target's (frozen, float32) embedding and output head."""
@@ -122,18 +126,24 @@ class MTPHead(nn.Module):
             weights = {name: getattr(self, name).weight for name in ("fc", "qkv", "o", "gate_up", "down")}
             weights["head"] = self.head_weight
             self.kernels = {name: Linear(None, Int4Weight(*quantize_int4_groups(w.float()))) for name, w in weights.items()}
+        # A draft step is ~20 small ops; F.rms_norm alone is ~60-90 µs of dispatch here.
+        self._ops = norm_cpu.LayerOps.for_dtype(torch.bfloat16)
         return self
 
     def _linear(self, name: str, x: torch.Tensor) -> torch.Tensor:
         kernel = self.kernels.get(name)
         if kernel is not None:
-            return kernel(x).to(x.dtype)  # the int4 kernel answers in bfloat16
+            return kernel(x).float()  # the int4 kernel answers in bfloat16; the block runs in float32
         if name == "head":
             return x @ self.head_weight.T
         return getattr(self, name)(x)
 
     # -- pieces ---------------------------------------------------------------------------
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMSNorm; drafting with int4 kernels (inference only) rounds it to bfloat16, the
+        matmul's input, in one fused call."""
+        if self._ops is not None and not torch.is_grad_enabled() and x.dim() == 2:
+            return self._ops.add_rms_norm(x.float().contiguous(), None, weight.detach(), self.config.rms_norm_eps)
         return F.rms_norm(x, (x.shape[-1],), weight, self.config.rms_norm_eps)
 
     def _angles(self, positions: torch.Tensor) -> torch.Tensor:
@@ -191,7 +201,10 @@ class MTPHead(nn.Module):
     def _after_attention(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """The output projection and the MLP, with their residuals: the block's output."""
         x = x + self._linear("o", attn)
-        gate, up = self._linear("gate_up", self._norm(x, self.mlp_norm)).chunk(2, dim=-1)
+        h = self._norm(x, self.mlp_norm)
+        if self._ops is not None and h.dim() == 2:  # drafting: the fused SiLU * up on the bfloat16 output
+            return x + self._linear("down", self._ops.silu_mul(self.kernels["gate_up"](h), self.config.intermediate_size))
+        gate, up = self._linear("gate_up", h).chunk(2, dim=-1)
         return x + self._linear("down", F.silu(gate) * up)
 
     def _attend_new(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
