@@ -111,3 +111,58 @@ def test_bad_row_arguments_are_refused():
     with pytest.raises(ValueError, match="bfloat16"):
         attention_cpu.attention(q.float(), keys, values, torch.tensor([0, 0], dtype=torch.int32),
                                 torch.tensor([3, 4], dtype=torch.int32), 0.1)
+
+
+def _rope_tables(positions: int = MAX_LEN):
+    """llama.py's bfloat16 cos and signed-sin tables (rotate-half layout)."""
+    from speclane.models.llama import LlamaConfig, rope_inv_freq
+
+    config = LlamaConfig(hidden_size=HEADS * HEAD_DIM, intermediate_size=64, num_layers=1, num_heads=HEADS,
+                         num_kv_heads=KV_HEADS, vocab_size=32, max_position_embeddings=positions)
+    angles = torch.outer(torch.arange(positions, dtype=torch.float64), rope_inv_freq(config))
+    angles = torch.cat([angles, angles], dim=-1)
+    half = HEAD_DIM // 2
+    signed_sin = torch.cat([-angles[:, :half].sin(), angles[:, half:].sin()], dim=-1)
+    return angles.cos().bfloat16(), signed_sin.bfloat16()
+
+
+def test_fused_rope_write_attention_is_the_torch_ops_and_the_kernel_bit_for_bit():
+    """rope_write_attention == llama.py's _rotate on the fused projection, the two cache
+    writes and attention(): the same rotated queries, the same cache, the same output."""
+    from speclane.models.llama import _rotate
+
+    cos, signed_sin = _rope_tables()
+    rows = [(0, 40), (0, 41), (0, 42), (2, 0), (1, 299)]  # (slot, position): a verify's run, a first token, the end
+    slot = torch.tensor([s for s, _ in rows], dtype=torch.int32)
+    position = torch.tensor([p for _, p in rows])
+    qkv = (torch.randn(len(rows), (HEADS + 2 * KV_HEADS) * HEAD_DIM) * 2).bfloat16()
+    keys, values = _cache(3)
+    expected_keys, expected_values = keys.clone(), values.clone()
+    qk = _rotate(qkv[:, : (HEADS + KV_HEADS) * HEAD_DIM].view(-1, HEADS + KV_HEADS, HEAD_DIM),
+                 cos[position].unsqueeze(1), signed_sin[position].unsqueeze(1))
+    q, k = qk.split([HEADS, KV_HEADS], dim=1)
+    v = qkv[:, (HEADS + KV_HEADS) * HEAD_DIM :].view(-1, KV_HEADS, HEAD_DIM)
+    expected_keys[slot.long(), :, position] = k
+    expected_values[slot.long(), :, position] = v
+    row_len = (position + 1).to(torch.int32)
+    expected = attention_cpu.attention(q, expected_keys, expected_values, slot, row_len, 0.125)
+
+    scratch = torch.empty(len(rows), HEADS, HEAD_DIM, dtype=torch.bfloat16)
+    got = attention_cpu.rope_write_attention(qkv, cos, signed_sin, keys, values, slot, row_len, HEADS, 0.125, scratch)
+    assert torch.equal(scratch, q.contiguous())
+    assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)
+    assert torch.equal(got, expected)
+
+
+def test_fused_rope_write_attention_refuses_what_it_cannot_read():
+    cos, signed_sin = _rope_tables()
+    keys, values = _cache()
+    slot, row_len = torch.tensor([0], dtype=torch.int32), torch.tensor([5], dtype=torch.int32)
+    qkv = torch.randn(1, (HEADS + 2 * KV_HEADS) * HEAD_DIM).bfloat16()
+    scratch = torch.empty(1, HEADS, HEAD_DIM, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="qkv must be contiguous"):
+        attention_cpu.rope_write_attention(qkv[:, :-HEAD_DIM], cos, signed_sin, keys, values, slot, row_len, HEADS, 0.1, scratch)
+    with pytest.raises(ValueError, match="bfloat16"):
+        attention_cpu.rope_write_attention(qkv, cos.float(), signed_sin, keys, values, slot, row_len, HEADS, 0.1, scratch)
+    with pytest.raises(ValueError, match="one row_slot"):
+        attention_cpu.rope_write_attention(qkv, cos, signed_sin, keys, values, slot, row_len, HEADS, 0.1, scratch[:0])

@@ -30,6 +30,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     pointer, integer = ctypes.c_void_p, ctypes.c_int
     lib.attention.argtypes = [pointer] * 6 + [integer] * 5 + [ctypes.c_float]
     lib.attention.restype = None
+    lib.rope_write_attention.argtypes = [pointer] * 9 + [integer] * 5 + [ctypes.c_float]
+    lib.rope_write_attention.restype = None
 
 
 @cache
@@ -80,4 +82,32 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, row
     out = torch.empty(rows, heads * head_dim, dtype=torch.bfloat16)
     _library().attention(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), row_slot.data_ptr(),
                          row_len.data_ptr(), out.data_ptr(), rows, heads, kv_heads, head_dim, max_len, scale)
+    return out
+
+
+def rope_write_attention(qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, k_cache: torch.Tensor,
+                         v_cache: torch.Tensor, row_slot: torch.Tensor, row_len: torch.Tensor, num_heads: int,
+                         scale: float, q_scratch: torch.Tensor) -> torch.Tensor:
+    """One layer's RoPE, cache write and attention in one call, from the fused projection.
+
+    qkv [T, (heads + 2 kv_heads) * d] bfloat16 (query, key, value heads); cos, signed_sin
+    [positions, d] bfloat16 tables (llama.py's, rotate-half layout); the caller has checked
+    every row's position (row_len - 1) against the tables and the cache. Writes the rotated
+    keys and the values at each row's position, returns the attention [T, heads * d] as
+    ``attention`` computes it; q_scratch [T, heads, d] bfloat16 receives the rotated queries.
+    """
+    rows, width = qkv.shape
+    _, kv_heads, max_len, head_dim = k_cache.shape
+    if width != (num_heads + 2 * kv_heads) * head_dim or not qkv.is_contiguous():
+        raise ValueError(f"rope_write_attention: qkv must be contiguous [T, {(num_heads + 2 * kv_heads) * head_dim}]")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and cos.is_contiguous() and signed_sin.is_contiguous()):
+        raise ValueError("rope_write_attention: caches and rotation tables must be contiguous")
+    if {qkv.dtype, cos.dtype, signed_sin.dtype, k_cache.dtype, v_cache.dtype, q_scratch.dtype} != {torch.bfloat16}:
+        raise ValueError("rope_write_attention: bfloat16 tensors only")
+    if q_scratch.shape != (rows, num_heads, head_dim) or row_slot.numel() != rows or row_len.numel() != rows:
+        raise ValueError("rope_write_attention: one row_slot, row_len and q_scratch row per qkv row")
+    out = torch.empty(rows, num_heads * head_dim, dtype=torch.bfloat16)
+    _library().rope_write_attention(qkv.data_ptr(), cos.data_ptr(), signed_sin.data_ptr(), k_cache.data_ptr(),
+                                    v_cache.data_ptr(), row_slot.data_ptr(), row_len.data_ptr(), q_scratch.data_ptr(),
+                                    out.data_ptr(), rows, num_heads, kv_heads, head_dim, max_len, scale)
     return out

@@ -164,24 +164,70 @@ static void attend_one(const uint16_t *q, const uint16_t *keys, const uint16_t *
     for (int b = 0; b < blocks; b++) store_block(out + BLOCK * b, w_mul(alo[b], inverse), w_mul(ahi[b], inverse));
 }
 
+// The attention of every (query row, head) in `items` over the cache: q [T][H][D].
+static void attend_rows(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *row_slot,
+                        const int32_t *row_len, uint16_t *out, int T, int H, int KVH, int D, int max_len, float scale) {
+    const int group = H / KVH;
+    const size_t head_stride = (size_t)max_len * D, slot_stride = (size_t)KVH * head_stride;
+    // Scores on the heap, one buffer per thread: max_len floats can exceed a worker's stack.
+    float *scores = malloc(sizeof(float) * (size_t)max_len);
+    #pragma omp for schedule(dynamic, 1)
+    for (int item = 0; item < T * H; item++) {
+        const int t = item / H, h = item % H, len = row_len[t];
+        const size_t at = (size_t)row_slot[t] * slot_stride + (size_t)(h / group) * head_stride;
+        attend_one(q + (size_t)item * D, k_cache + at, v_cache + at, len, D, scale, scores, out + (size_t)item * D);
+    }
+    free(scores);
+}
+
 // q: [T][H][D] bfloat16; k_cache, v_cache: one layer's [slots][KVH][max_len][D] bfloat16;
 // row_slot[t], row_len[t]: the cache row of query t and how many keys it sees (its
 // position + 1, 1 <= len <= max_len). out: [T][H][D] bfloat16. D % 32 == 0, D <= 256,
 // H % KVH == 0 (checked by the caller).
 void attention(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *row_slot,
                const int32_t *row_len, uint16_t *out, int T, int H, int KVH, int D, int max_len, float scale) {
-    const int group = H / KVH;
+    #pragma omp parallel
+    attend_rows(q, k_cache, v_cache, row_slot, row_len, out, T, H, KVH, D, max_len, scale);
+}
+
+// RoPE in the rotate-half layout on one head, in bfloat16 as torch computes llama.py's
+// _rotate on bfloat16 tensors: y = bf16(bf16(x * cos) + roll(x, D/2) * signed_sin). The
+// product of two bfloat16 values is exact in float32, so a fused or a separate multiply-add
+// rounds alike: these are the bits of the torch ops this replaces.
+static void rotate_head(const uint16_t *x, const uint16_t *cos, const uint16_t *signed_sin, int D, uint16_t *y) {
+    const int half = D / 2;  // a multiple of 16 (D % 32 == 0): 8-float steps never straddle it
+    for (int i = 0; i < D; i += 8) {
+        const __m256 rolled = load_bf16(x + (i < half ? i + half : i - half));
+        const __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(to_bf16_8(_mm256_mul_ps(load_bf16(x + i), load_bf16(cos + i))), 16));
+        store_bf16(y + i, _mm256_add_ps(a, _mm256_mul_ps(rolled, load_bf16(signed_sin + i))));
+    }
+}
+
+// One layer's attention straight from its fused projection: qkv [T][(H + 2 KVH) D]
+// bfloat16 (query heads, key heads, value heads). Rotates the queries into q_out [T][H][D]
+// and the keys, at each row's position (row_len[t] - 1), into the cache beside the values,
+// then attends as attention() does. cos, signed_sin: [positions][D] bfloat16 tables.
+// Why fused: in a one-token step the RoPE, the split, the copies and the two cache writes
+// were ~6 torch ops per layer, each mostly dispatch on a 2-core CPU.
+void rope_write_attention(const uint16_t *qkv, const uint16_t *cos, const uint16_t *signed_sin, uint16_t *k_cache,
+                          uint16_t *v_cache, const int32_t *row_slot, const int32_t *row_len, uint16_t *q_out,
+                          uint16_t *out, int T, int H, int KVH, int D, int max_len, float scale) {
     const size_t head_stride = (size_t)max_len * D, slot_stride = (size_t)KVH * head_stride;
+    const int width = (H + 2 * KVH) * D;
     #pragma omp parallel
     {
-        // Scores on the heap, one buffer per thread: max_len floats can exceed a worker's stack.
-        float *scores = malloc(sizeof(float) * (size_t)max_len);
-        #pragma omp for schedule(dynamic, 1)
-        for (int item = 0; item < T * H; item++) {
-            const int t = item / H, h = item % H, len = row_len[t];
-            const size_t at = (size_t)row_slot[t] * slot_stride + (size_t)(h / group) * head_stride;
-            attend_one(q + (size_t)item * D, k_cache + at, v_cache + at, len, D, scale, scores, out + (size_t)item * D);
-        }
-        free(scores);
+        #pragma omp for schedule(static)
+        for (int t = 0; t < T; t++) {
+            const uint16_t *row = qkv + (size_t)t * width;
+            const int position = row_len[t] - 1;
+            const uint16_t *c = cos + (size_t)position * D, *s = signed_sin + (size_t)position * D;
+            for (int h = 0; h < H; h++) rotate_head(row + h * D, c, s, D, q_out + ((size_t)t * H + h) * D);
+            for (int h = 0; h < KVH; h++) {
+                const size_t at = (size_t)row_slot[t] * slot_stride + (size_t)h * head_stride + (size_t)position * D;
+                rotate_head(row + (H + h) * D, c, s, D, k_cache + at);
+                memcpy(v_cache + at, row + (H + KVH + h) * D, sizeof(uint16_t) * D);
+            }
+        }  // the implicit barrier: every row's keys are in the cache before any row attends
+        attend_rows(q_out, k_cache, v_cache, row_slot, row_len, out, T, H, KVH, D, max_len, scale);
     }
 }

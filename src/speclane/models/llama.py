@@ -159,8 +159,9 @@ class LlamaModel(nn.Module):
         if step is not None and len(batch.slots) == 1 and step.takes(batch.starts[0], batch.num_new[0]):
             return step(batch.input_ids, batch.starts[0], batch.slots[0], cache)
         attn = _AttentionPlan(batch, cfg, self.dtype)
-        cos = self.cos[batch.positions].unsqueeze(1)  # [T, 1, head_dim]
-        sin = self.signed_sin[batch.positions].unsqueeze(1)
+        if not attn.ours:  # our kernel rotates inside (rope_write_attention)
+            cos = self.cos[batch.positions].unsqueeze(1)  # [T, 1, head_dim]
+            sin = self.signed_sin[batch.positions].unsqueeze(1)
         # The residual stream stays in float32 (it is only [T, hidden]); the linears run in
         # self.dtype. In bfloat16 this keeps near-tied logits in the float32 order.
         x = F.embedding(batch.input_ids, self.embed).float()  # [T, hidden]
@@ -169,11 +170,14 @@ class LlamaModel(nn.Module):
         for i, layer in enumerate(self.layers):
             h = ops.add_rms_norm(x, branch, layer.attn_norm, layer.eps)
             qkv = layer.qkv(h)  # [T, q + 2 kv]
-            # q and k heads sit side by side in the fused projection: rotate them in one go.
-            qk = _rotate(qkv[:, : layer.q_size + layer.kv_size].view(-1, layer.num_heads + layer.num_kv_heads, layer.head_dim), cos, sin)
-            q, k = qk.split([layer.num_heads, layer.num_kv_heads], dim=1)
-            v = qkv[:, layer.q_size + layer.kv_size :].view(-1, layer.num_kv_heads, layer.head_dim)
-            out = attn.attend(q, k, v, cache.keys[i], cache.values[i], self.scale)  # [T, q_size]
+            if attn.ours:
+                out = attn.rope_attend(qkv, self.cos, self.signed_sin, cache.keys[i], cache.values[i], self.scale)
+            else:
+                # q and k heads sit side by side in the fused projection: rotate them in one go.
+                qk = _rotate(qkv[:, : layer.q_size + layer.kv_size].view(-1, layer.num_heads + layer.num_kv_heads, layer.head_dim), cos, sin)
+                q, k = qk.split([layer.num_heads, layer.num_kv_heads], dim=1)
+                v = qkv[:, layer.q_size + layer.kv_size :].view(-1, layer.num_kv_heads, layer.head_dim)
+                out = attn.attend(q, k, v, cache.keys[i], cache.values[i], self.scale)  # [T, q_size]
             h = ops.add_rms_norm(x, layer.o(out), layer.mlp_norm, layer.eps)
             branch = layer.down(ops.silu_mul(layer.gate_up(h), layer.intermediate))
         x = x + branch
@@ -233,6 +237,8 @@ class _AttentionPlan:
         if self.ours:
             self.row_slot = slot_of_token.to(torch.int32).contiguous()
             self.row_len = (batch.positions + 1).to(torch.int32).contiguous()  # position p sees keys 0..p
+            self.num_heads = cfg.num_heads
+            self.q_scratch = torch.empty(total, cfg.num_heads, cfg.head_dim, dtype=dtype)  # shared by the layers
             return
         if self.single:
             n, start = batch.num_new[0], batch.starts[0]
@@ -281,6 +287,13 @@ class _AttentionPlan:
         out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=self.mask, scale=scale)
         out = out.view(b, kvh, m, g, d).permute(0, 2, 1, 3, 4).reshape(b * m, kvh * g * d)
         return out[self.pad_index]
+
+    def rope_attend(self, qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, scale: float) -> torch.Tensor:
+        """Our kernel only: RoPE on the fused projection's q and k, the cache write and the
+        attention in one call (``attention_cpu.rope_write_attention``). -> [T, heads * d]"""
+        return attention_cpu.rope_write_attention(qkv, cos, signed_sin, k_cache, v_cache, self.row_slot, self.row_len,
+                                                  self.num_heads, scale, self.q_scratch)
 
     def _write(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         """This forward's keys and values into the cache (k, v: [T, kv_heads, d])."""
