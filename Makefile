@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/speclane serve --compile $(ARGS)
+	$(BIN)/speclane serve $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
