@@ -5,7 +5,10 @@ int4 matmuls and ~15 ms of everything else: about a thousand small ops (norms, c
 RoPE, SiLU, residual adds, KV-cache views, SDPA's own set-up) at ~10 µs of dispatch
 each (``benchmarks/decode_breakdown.py``). ``torch.compile`` turns the whole step, every
 layer and its attention, into one graph of fused C++ loops and int4 kernel calls, run
-without Python in between: ~30% faster than eager here (docs/benchmarks.md).
+without Python in between: ~30% faster than eager here until our C kernels took over the
+glue too (fused norm / SiLU, RoPE + cache write + attention); since the eighth session the
+eager step is faster (bench decode: 3.69x vs 3.26x transformers), so ``make run`` serves
+eagerly and this path stays for CPUs where our kernels do not build (docs/benchmarks.md).
 
 Shapes: the only size that changes from step to step is the sequence's cached length
 ``L``, marked dynamic, so one compile serves every position (``MIN_CACHED`` and up:
