@@ -244,7 +244,9 @@ def test_drafting_time_counts_against_the_grant_ms_budget():
     drafter = SlowDrafter(random_head(model), VOCAB)
     engine = toy_engine(model, drafter, drafter="mtp", spec_mode="slice", spec_slots=1, spec_grant_rounds=0,
                         spec_grant_ms=60.0, num_draft_tokens=2)
-    sp = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    # 20 tokens each: enough ticks that 8 rounds happen however the grants fall (at 12, a
+    # slow machine now and then saw 7 rounds in 10 ticks).
+    sp = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
     for i in range(2):
         engine.add_request(f"r{i}", [1 + i, 2, 3], sp)
     engine.run_until_done()
@@ -298,7 +300,8 @@ def test_min_draft_prob_ends_a_round_at_the_first_unsure_draft(quantized):
     out = head.extend(cache, hidden, tokens[1:], torch.arange(6))[-1:]
     confidences = []
     for j, token in enumerate(drafts):
-        probs = torch.softmax(head.draft_logits(out)[0], dim=-1)
+        with torch.inference_mode():  # as drafting runs (the int4 head's fused norms need it)
+            probs = torch.softmax(head.draft_logits(out)[0], dim=-1)
         index = int(probs.argmax())
         assert int(head.vocab_ids[index]) == token
         confidences.append(float(probs[index]))
