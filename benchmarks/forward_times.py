@@ -28,6 +28,9 @@ from speclane.models.llama import RaggedBatch
 FORWARDS = {"prefill 96": (96, 0), "verify 5 @100": (5, 100), "step 1 @100": (1, 100)}
 
 
+# Not engine.calibration.forward_ms: that one computes every new row's logits (a prefill
+# samples from its last row only), and this script must also run against checkouts older
+# than any option added to it.
 def forward_ms(model, cache, rows: int, cached: int) -> float:
     cache.lengths[0] = cached
     batch = RaggedBatch(input_ids=torch.randint(0, 1000, (rows,)), positions=torch.arange(cached, cached + rows),

@@ -68,17 +68,11 @@ INLINE wide w_zero(void) { return _mm512_setzero_ps(); }
 INLINE wide w_set1(float f) { return _mm512_set1_ps(f); }
 INLINE wide w_mul(wide a, wide b) { return _mm512_mul_ps(a, b); }
 INLINE wide w_fma(wide a, wide b, wide c) { return _mm512_fmadd_ps(a, b, c); }
-INLINE __m256i w_to_bf16(wide f) {  // to_bf16 of 16 lanes, packed to 16 x 16 bits
-    const __m512i u = _mm512_castps_si512(f);
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
-    const __m512i nan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(_mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), rounded, nan));
-}
 // A block's lo and hi (load_block's lane order) -> its 32 dimensions in order, bfloat16:
 // 4-dimension runs of lo and hi alternate (0-3 lo, 4-7 hi, 8-11 lo, ...).
 INLINE void store_block(uint16_t *out, wide lo, wide hi) {
-    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(w_to_bf16(lo)), w_to_bf16(hi), 1);
+    const __m256i l = _mm512_cvtepi32_epi16(to_bf16_16(lo)), h = _mm512_cvtepi32_epi16(to_bf16_16(hi));
+    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(l), h, 1);
     _mm512_storeu_si512(out, _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 4, 1, 5, 2, 6, 3, 7), both));
 }
 INLINE __m256 w_fold(wide a) {  // lanes 0-7 + lanes 8-15
@@ -98,12 +92,8 @@ INLINE wide w_zero(void) { return (wide){_mm256_setzero_ps(), _mm256_setzero_ps(
 INLINE wide w_set1(float f) { return (wide){_mm256_set1_ps(f), _mm256_set1_ps(f)}; }
 INLINE wide w_mul(wide x, wide y) { return (wide){_mm256_mul_ps(x.a, y.a), _mm256_mul_ps(x.b, y.b)}; }
 INLINE wide w_fma(wide x, wide y, wide z) { return (wide){_mm256_fmadd_ps(x.a, y.a, z.a), _mm256_fmadd_ps(x.b, y.b, z.b)}; }
-INLINE __m128i bf16x8(__m256 f) {  // to_bf16 of 8 floats, packed to 8 x 16 bits
-    const __m256i h = to_bf16_8(f);
-    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0x08));
-}
 INLINE void store_block(uint16_t *out, wide lo, wide hi) {  // see the AVX-512 store_block
-    const __m128i la = bf16x8(lo.a), lb = bf16x8(lo.b), ha = bf16x8(hi.a), hb = bf16x8(hi.b);
+    const __m128i la = pack_bf16_8(lo.a), lb = pack_bf16_8(lo.b), ha = pack_bf16_8(hi.a), hb = pack_bf16_8(hi.b);
     _mm_storeu_si128((__m128i *)out, _mm_unpacklo_epi64(la, ha));
     _mm_storeu_si128((__m128i *)(out + 8), _mm_unpackhi_epi64(la, ha));
     _mm_storeu_si128((__m128i *)(out + 16), _mm_unpacklo_epi64(lb, hb));
@@ -198,7 +188,7 @@ static void rotate_head(const uint16_t *x, const uint16_t *cos, const uint16_t *
     const int half = D / 2;  // a multiple of 16 (D % 32 == 0): 8-float steps never straddle it
     for (int i = 0; i < D; i += 8) {
         const __m256 rolled = load_bf16(x + (i < half ? i + half : i - half));
-        const __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(to_bf16_8(_mm256_mul_ps(load_bf16(x + i), load_bf16(cos + i))), 16));
+        const __m256 a = round_bf16_8(_mm256_mul_ps(load_bf16(x + i), load_bf16(cos + i)));
         store_bf16(y + i, _mm256_add_ps(a, _mm256_mul_ps(rolled, load_bf16(signed_sin + i))));
     }
 }

@@ -37,10 +37,26 @@ INLINE __m256i to_bf16_8(__m256 f) {
     return _mm256_blendv_epi8(rounded, nan, _mm256_castps_si256(is_nan));
 }
 
-INLINE void store_bf16(uint16_t *p, __m256 f) {  // 8 float32 -> 8 bfloat16 at p (to_bf16's bits)
+INLINE __m128i pack_bf16_8(__m256 f) {  // 8 float32 -> 8 bfloat16 (to_bf16's bits), packed
     const __m256i h = to_bf16_8(f);
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0x08);  // 8 x u16 in the low half
-    _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(packed));
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0x08));
 }
+
+INLINE void store_bf16(uint16_t *p, __m256 f) { _mm_storeu_si128((__m128i *)p, pack_bf16_8(f)); }
+
+INLINE __m256 round_bf16_8(__m256 f) {  // float32 -> nearest bfloat16 -> float32
+    return _mm256_castsi256_ps(_mm256_slli_epi32(to_bf16_8(f), 16));
+}
+
+#ifdef __AVX512F__
+// to_bf16 for 16 floats, in the low 16 bits of each 32-bit lane (NaN stays NaN).
+INLINE __m512i to_bf16_16(__m512 f) {
+    const __m512i u = _mm512_castps_si512(f);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+    const __m512i nan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    return _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), rounded, nan);
+}
+#endif
 
 #endif

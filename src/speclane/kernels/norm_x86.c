@@ -48,15 +48,8 @@ INLINE vec v_inf_where_above(vec value, vec x, float limit) {  // value, or +inf
 INLINE vec v_load_bf16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
-INLINE __m512i v_to_bf16(vec f) {  // to_bf16 in the low 16 bits of each lane (NaN stays NaN)
-    const __m512i u = _mm512_castps_si512(f);
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
-    const __m512i nan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-    return _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), rounded, nan);
-}
-INLINE vec v_round_bf16(vec f) { return _mm512_castsi512_ps(_mm512_slli_epi32(v_to_bf16(f), 16)); }
-INLINE void v_store_bf16(uint16_t *p, vec f) { _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(v_to_bf16(f))); }
+INLINE vec v_round_bf16(vec f) { return _mm512_castsi512_ps(_mm512_slli_epi32(to_bf16_16(f), 16)); }
+INLINE void v_store_bf16(uint16_t *p, vec f) { _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(to_bf16_16(f))); }
 #else
 #define VW 8
 typedef __m256 vec;
@@ -77,7 +70,7 @@ INLINE vec v_inf_where_above(vec value, vec x, float limit) {
     return _mm256_blendv_ps(value, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, _mm256_set1_ps(limit), _CMP_GT_OQ));
 }
 INLINE vec v_load_bf16(const uint16_t *p) { return load_bf16(p); }
-INLINE vec v_round_bf16(vec f) { return _mm256_castsi256_ps(_mm256_slli_epi32(to_bf16_8(f), 16)); }
+INLINE vec v_round_bf16(vec f) { return round_bf16_8(f); }
 INLINE void v_store_bf16(uint16_t *p, vec f) { store_bf16(p, f); }
 #endif
 _Static_assert(PARTIALS % VW == 0, "a vector holds whole partial sums");
