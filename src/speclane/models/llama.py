@@ -260,11 +260,9 @@ class _AttentionPlan:
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                v_cache: torch.Tensor, scale: float) -> torch.Tensor:
-        """q: [T, heads, d]; k, v: [T, kv_heads, d]. Writes k/v, returns [T, heads * d]."""
+        """SDPA (where our kernel does not run; it has ``rope_attend``). q: [T, heads, d];
+        k, v: [T, kv_heads, d]. Writes k/v, returns [T, heads * d]."""
         g, kvh, d = self.group, self.num_kv_heads, self.head_dim
-        if self.ours:
-            self._write(k, v, k_cache, v_cache)
-            return attention_cpu.attention(q, k_cache, v_cache, self.row_slot, self.row_len, scale)
         if self.single:
             slot, n = self.slots[0], self.num_new[0]
             self._write(k, v, k_cache, v_cache)
