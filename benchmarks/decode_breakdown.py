@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import speclane.models.linear as linear
 from speclane.config import EngineConfig
 from speclane.engine.calibration import forward_ms
-from speclane.kernels import attention_cpu, int4_cpu
+from speclane.kernels import attention_cpu
 from speclane.llm import LLM
 
 
@@ -29,17 +29,25 @@ def main() -> None:
     llm = LLM(config=EngineConfig().replace(spec_mode="off"))
     model, cache = llm.engine.model, llm.engine.cache
     real_sdpa = F.scaled_dot_product_attention
-    # Both int4 kernels are looked up at call time: ours as int4_cpu.matmul, torch's
-    # through Int4Weight._torch_kernel (Linear holds a bound Int4Weight.matmul).
-    real_kernel = (int4_cpu.matmul, linear.Int4Weight._torch_kernel)
+    # Each int4 weight calls ours through its bound kernel (Int4Weight._ours, one per weight)
+    # and torch's through Int4Weight._torch_kernel: swap both.
+    weights = [lin.quantized for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    weights = [w for w in [*weights, model.lm_head.quantized] if isinstance(w, linear.Int4Weight)]
+    real_kernel = ([getattr(w, "_ours", None) for w in weights], linear.Int4Weight._torch_kernel)
 
-    def no_int4(x, packed, *_, **__):
-        return torch.zeros(x.shape[0], packed.shape[0] * int4_cpu.LANES, dtype=torch.bfloat16)
+    def no_int4(w):
+        return lambda x: torch.zeros(x.shape[0], w.out_features, dtype=torch.bfloat16)
 
     def no_torch(self, x):
         return torch.zeros(x.shape[0], self.out_features, dtype=torch.bfloat16)
 
-    no_matmul = (no_int4, no_torch)
+    no_matmul = ([no_int4(w) for w in weights], no_torch)
+
+    def use_int4(kernel) -> None:
+        ours, torch_kernel = kernel
+        for w, call in zip(weights, ours, strict=True):
+            w._ours = call
+        linear.Int4Weight._torch_kernel = torch_kernel
 
     def no_sdpa(q, k, v, attn_mask=None, scale=None):
         return torch.zeros_like(q)
@@ -62,12 +70,12 @@ def main() -> None:
     try:
         for _ in range(args.rounds):
             for name, (kernel, attention) in variants.items():
-                (int4_cpu.matmul, linear.Int4Weight._torch_kernel) = kernel
+                use_int4(kernel)
                 attention_cpu.rope_write_attention, F.scaled_dot_product_attention = attention
                 times = [forward_ms(model, cache, kv_len=200) for _ in range(12)]
                 samples[name].append(statistics.median(times[2:]))
     finally:
-        (int4_cpu.matmul, linear.Int4Weight._torch_kernel) = real_kernel
+        use_int4(real_kernel)
         attention_cpu.rope_write_attention, F.scaled_dot_product_attention = real_attention
     print("| variant | ms per step (median) |\n|---|---|")
     for name, values in samples.items():

@@ -184,13 +184,22 @@ def test_a_new_holder_probes_even_where_the_prior_says_no():
     assert choose([("old", 3)], 8, 8, BLOCKY, est) == {"old": 0}
 
 
-def test_a_new_holder_probes_before_it_drafts_deep_even_where_the_prior_says_yes():
-    # A copy stream has held the engine-wide rate near 1; a new chat holder must not buy a
-    # deep round on that alone (it did: 0.93x on chat after the copy task in bench speedup).
+def test_a_new_holder_probes_before_it_drafts_deep_in_a_shared_tick_even_where_the_prior_says_yes():
+    # A copy stream has held the engine-wide rate near 1; a new chat holder beside other
+    # streams must not buy a deep round on that alone (every co-batched stream would wait).
+    est = estimate(0.98, "copy")
+    assert choose([("copy", 4)], 4, 4, ROWWISE, est) == {"copy": 3}  # its evidence buys what the guard allows
+    assert choose([("chat", 4)], 4, 4, ROWWISE, est) == {"chat": 1}
+    assert choose([("chat", 4)], 8, 8, BLOCKY, est) == {"chat": 1}
+
+
+def test_a_new_lone_holder_drafts_as_deep_as_the_prior_pays_and_backs_off_when_it_fails():
+    # Alone, a wrong first guess costs only the stream's own tick, once: a copy request's
+    # first round yields 5 tokens instead of a probe's 2 (bench speedup).
     est = estimate(0.98, "copy")
     assert choose([("copy", 4)], 1, 1, BLOCKY, est) == {"copy": 3}
-    assert choose([("chat", 4)], 1, 1, BLOCKY, est) == {"chat": 1}
-    est.observe("chat", 1, 0)  # its probe failed: the prior (one token's weight) does not undo that
+    assert choose([("chat", 4)], 1, 1, BLOCKY, est) == {"chat": 3}
+    est.observe("chat", 3, 0)  # its deep first round failed: the prior (one token's weight) does not undo that
     assert est.rate("chat") < 0.5
     failed = 1
     while choose([("chat", 4)], 1, 1, BLOCKY, est) != {"chat": 0}:
@@ -199,6 +208,8 @@ def test_a_new_holder_probes_before_it_drafts_deep_even_where_the_prior_says_yes
         est.observe("chat", k, 0)
         failed += 1
     assert failed <= 3
+    low = estimate(0.1, "chat-heavy")  # an engine-wide prior that does not pay: still one probe
+    assert choose([("new", 4)], 1, 1, BLOCKY, low) == {"new": 1}
 
 
 def test_a_holder_at_k0_probes_once_every_probe_every_held_ticks():

@@ -18,6 +18,7 @@
 // doing exactly those operations, so the AVX2 and AVX-512 builds give the same bits too.
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bf16.h"
@@ -213,12 +214,10 @@ static void buffered_group(const q4_weight *w, const float *x, int M, int tile0,
     }
 }
 
-// y = x @ W^T. x: [M][K] bfloat16, y: [M][N] bfloat16, x32: scratch [M][K] float32.
-// The caller checks N % 16 == 0 and K % 32 == 0 and passes contiguous tensors.
-void int4_matmul(const uint16_t *x, const uint8_t *packed, const uint16_t *scale, const uint16_t *minimum,
-                 uint16_t *y, int M, int N, int K, float *x32) {
-    for (long i = 0; i < (long)M * K; i += 8) _mm256_storeu_ps(x32 + i, load_bf16(x + i));
-    const q4_weight w = {packed, scale, minimum, N, K};
+// y = x32 @ W^T for M rows of float32 inputs.
+static void matmul_f32(const float *x32, const q4_weight *wp, uint16_t *y, int M) {
+    const q4_weight w = *wp;
+    const int N = w.n;
     const int tiles = N / LANES;
     if (M > DIRECT_MAX_ROWS) {
         #pragma omp parallel for schedule(static)
@@ -246,4 +245,26 @@ void int4_matmul(const uint16_t *x, const uint8_t *packed, const uint16_t *scale
             }
         }
     }
+}
+
+// The inputs as float32, in a buffer of the calling thread's that grows to the largest call
+// and is kept (a fresh allocation per call cost a prefill ~8%: every call faulted its pages in).
+static __thread float *inputs32;
+static __thread size_t inputs32_floats;
+
+// y = x @ W^T. x: [M][K] bfloat16, y: [M][N] bfloat16. The caller checks N % 16 == 0 and
+// K % 32 == 0 and passes contiguous tensors. (8 arguments: each one costs the caller's
+// ctypes a conversion, and a one-row call is mostly that overhead.)
+void int4_matmul(const uint16_t *x, const uint8_t *packed, const uint16_t *scale, const uint16_t *minimum,
+                 uint16_t *y, int M, int N, int K) {
+    const size_t n = (size_t)M * K;
+    if (n > inputs32_floats) {
+        free(inputs32);
+        inputs32_floats = (n + 15) / 16 * 16;
+        inputs32 = aligned_alloc(64, inputs32_floats * sizeof(float));
+        if (!inputs32) abort();  // out of memory: no way to report it through this call
+    }
+    for (size_t i = 0; i < n; i += 8) _mm256_storeu_ps(inputs32 + i, load_bf16(x + i));
+    const q4_weight w = {packed, scale, minimum, N, K};
+    matmul_f32(inputs32, &w, y, M);
 }

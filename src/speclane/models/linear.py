@@ -57,6 +57,7 @@ class Int4Weight:
             self.kernel = int4_cpu.kernel_name()  # "avx512" or "avx2": the same bits
             self._library = int4_cpu.library()  # this build, even if another is loaded later
             self.tensors: tuple[torch.Tensor, ...] = int4_cpu.pack(q, scale, minimum)
+            self._ours = int4_cpu.bind(*self.tensors, lib=self._library)
         else:
             self.kernel = "torch"
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
@@ -71,7 +72,7 @@ class Int4Weight:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x: [M, K] bfloat16
         if self.kernel != "torch":
-            return int4_cpu.matmul(x, *self.tensors, lib=self._library)
+            return self._ours(x)
         rows = x.shape[0]
         tail = rows % INT4_ROW_BLOCK
         if rows > INT4_ROW_BLOCK and tail:

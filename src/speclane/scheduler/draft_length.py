@@ -29,10 +29,13 @@ are the holder's). When other rows share the tick, the drafts may lengthen it by
 ``MAX_SLOWDOWN`` x the tick without them; a lone stream has no such limit.
 
 Exploration: a holder at K = 0 learns nothing about its drafts. A holder that has never
-drafted probes first (``PROBE_K`` drafts, whatever the prior says: the prior alone never
-buys a deep round), and a holder kept at K = 0 probes again after ``PROBE_EVERY`` held
-ticks without drafts: a stream whose text turns predictable is found again, at the price
-of one extra row now and then. Held ticks without drafts leave the counts alone (letting
+drafted probes first: in a shared tick with ``PROBE_K`` drafts, whatever the prior says (the
+prior alone never buys a deep round that every co-batched stream waits for); alone, with
+as many as the prior pays for (at least ``PROBE_K``), since a wrong guess costs only its own
+tick, once, and a right one saves a round (a copy request's first round: 5 tokens, not 2).
+A holder kept at K = 0 probes again after ``PROBE_EVERY`` held ticks without drafts: a
+stream whose text turns predictable is found again, at the price of one extra row now and
+then. Held ticks without drafts leave the counts alone (letting
 them fade would pull a poor drafter back to an engine-wide prior that a copy stream can
 hold near 1, and it would draft and fail again every few ticks).
 """
@@ -181,8 +184,8 @@ def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, c
             goodput = (tokens - 1 + expected_tokens(rate, k)) / tick_ms(rows + k, k)
             if goodput > best:
                 best_k, best = k, goodput
-        if not acceptance.has_drafted(request_id):
-            best_k = min(k_max, PROBE_K)  # never drafted: probe, do not go deep on the prior
+        if not acceptance.has_drafted(request_id):  # never drafted: probe (see Exploration)
+            best_k = max(best_k, min(k_max, PROBE_K)) if not shared else min(k_max, PROBE_K)
         elif best_k == 0 and k_max > 0 and acceptance.due_for_probe(request_id):
             best_k = PROBE_K  # a periodic probe: has the text turned predictable?
         chosen[request_id] = best_k
