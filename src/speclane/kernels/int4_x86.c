@@ -248,7 +248,8 @@ static void matmul_f32(const float *x32, const q4_weight *wp, uint16_t *y, int M
 }
 
 // The inputs as float32, in a buffer of the calling thread's that grows to the largest call
-// and is kept (a fresh allocation per call cost a prefill ~8%: every call faulted its pages in).
+// and is kept: a prefill's calls would otherwise each map and fault in a fresh ~0.5 MB, and
+// a one-row call would pay an allocation that is a good part of its own cost.
 static __thread float *inputs32;
 static __thread size_t inputs32_floats;
 
@@ -262,7 +263,7 @@ void int4_matmul(const uint16_t *x, const uint8_t *packed, const uint16_t *scale
         free(inputs32);
         inputs32_floats = (n + 15) / 16 * 16;
         inputs32 = aligned_alloc(64, inputs32_floats * sizeof(float));
-        if (!inputs32) abort();  // out of memory: no way to report it through this call
+        if (!inputs32) abort();  // out of memory for a few MB: the process could not go on anyway
     }
     for (size_t i = 0; i < n; i += 8) _mm256_storeu_ps(inputs32 + i, load_bf16(x + i));
     const q4_weight w = {packed, scale, minimum, N, K};
