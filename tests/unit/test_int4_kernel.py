@@ -137,3 +137,31 @@ def test_the_custom_operator_passes_torchs_opcheck():
     x = torch.randn(3, 576).bfloat16()
     torch.library.opcheck(torch.ops.speclane.int4_matmul.default, (x, *weight.tensors),
                           test_utils=("test_schema", "test_faketensor"))
+
+
+@needs_kernel
+def test_a_threads_input_buffer_is_freed_when_the_thread_exits():
+    """The kernel keeps its float32 copy of the inputs per calling thread (int4_x86.c): 40
+    short-lived threads, each leaving a 256 x 1536 buffer (1.5 MB), must not grow the
+    process by their sum (60 MB) once they have exited."""
+    import threading
+
+    psutil = pytest.importorskip("psutil")
+    q, scale, minimum, dense = _weight(16, 1536)
+    weight = Int4Weight(q, scale, minimum)
+    x = torch.randn(256, 1536).bfloat16()
+    expected = weight.matmul(x)
+
+    def run_in_a_thread() -> None:
+        results = []
+        thread = threading.Thread(target=lambda: results.append(weight.matmul(x)))
+        thread.start()
+        thread.join()
+        assert torch.equal(results[0], expected)
+
+    run_in_a_thread()  # warm-up: the allocator's first large blocks
+    before = psutil.Process().memory_info().rss
+    for _ in range(40):
+        run_in_a_thread()
+    grown_mb = (psutil.Process().memory_info().rss - before) / 2**20
+    assert grown_mb < 20, f"the process grew by {grown_mb:.0f} MB"

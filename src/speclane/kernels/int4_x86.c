@@ -17,6 +17,7 @@
 // result does not depend on how many rows share the call. Each column is one vector lane
 // doing exactly those operations, so the AVX2 and AVX-512 builds give the same bits too.
 #include <immintrin.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -249,9 +250,41 @@ static void matmul_f32(const float *x32, const q4_weight *wp, uint16_t *y, int M
 
 // The inputs as float32, in a buffer of the calling thread's that grows to the largest call
 // and is kept: a prefill's calls would otherwise each map and fault in a fresh ~0.5 MB, and
-// a one-row call would pay an allocation that is a good part of its own cost.
-static __thread float *inputs32;
-static __thread size_t inputs32_floats;
+// a one-row call would pay an allocation that is a good part of its own cost. A thread's
+// buffer is freed when the thread exits (a thread-specific key's destructor).
+typedef struct {
+    float *data;
+    size_t floats;
+} input_buffer;
+
+static pthread_key_t buffer_key;
+static pthread_once_t buffer_key_once = PTHREAD_ONCE_INIT;
+
+static void free_buffer(void *p) {
+    input_buffer *buffer = p;
+    free(buffer->data);
+    free(buffer);
+}
+
+static void create_buffer_key(void) {
+    if (pthread_key_create(&buffer_key, free_buffer)) abort();
+}
+
+// Out of memory for a few MB aborts: the process could not go on anyway, and this call
+// has no way to report it.
+static float *input_buffer_for(size_t floats) {
+    pthread_once(&buffer_key_once, create_buffer_key);
+    input_buffer *buffer = pthread_getspecific(buffer_key);
+    if (!buffer) {
+        if (!(buffer = calloc(1, sizeof *buffer)) || pthread_setspecific(buffer_key, buffer)) abort();
+    }
+    if (floats > buffer->floats) {
+        free(buffer->data);
+        buffer->floats = (floats + 15) / 16 * 16;
+        if (!(buffer->data = aligned_alloc(64, buffer->floats * sizeof(float)))) abort();
+    }
+    return buffer->data;
+}
 
 // y = x @ W^T. x: [M][K] bfloat16, y: [M][N] bfloat16. The caller checks N % 16 == 0 and
 // K % 32 == 0 and passes contiguous tensors. (8 arguments: each one costs the caller's
@@ -259,13 +292,8 @@ static __thread size_t inputs32_floats;
 void int4_matmul(const uint16_t *x, const uint8_t *packed, const uint16_t *scale, const uint16_t *minimum,
                  uint16_t *y, int M, int N, int K) {
     const size_t n = (size_t)M * K;
-    if (n > inputs32_floats) {
-        free(inputs32);
-        inputs32_floats = (n + 15) / 16 * 16;
-        inputs32 = aligned_alloc(64, inputs32_floats * sizeof(float));
-        if (!inputs32) abort();  // out of memory for a few MB: the process could not go on anyway
-    }
-    for (size_t i = 0; i < n; i += 8) _mm256_storeu_ps(inputs32 + i, load_bf16(x + i));
+    float *x32 = input_buffer_for(n);
+    for (size_t i = 0; i < n; i += 8) _mm256_storeu_ps(x32 + i, load_bf16(x + i));
     const q4_weight w = {packed, scale, minimum, N, K};
-    matmul_f32(inputs32, &w, y, M);
+    matmul_f32(x32, &w, y, M);
 }
