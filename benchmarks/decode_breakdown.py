@@ -29,11 +29,11 @@ def main() -> None:
     llm = LLM(config=EngineConfig().replace(spec_mode="off"))
     model, cache = llm.engine.model, llm.engine.cache
     real_sdpa = F.scaled_dot_product_attention
-    # Each int4 weight calls ours through its bound kernel (Int4Weight._ours, one per weight)
-    # and torch's through Int4Weight._torch_kernel: swap both.
+    # An int4 weight on our kernel calls its bound kernel (Int4Weight._ours, one per weight),
+    # one on torch's calls Int4Weight._torch_kernel: swap both.
     weights = [lin.quantized for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-    weights = [w for w in [*weights, model.lm_head.quantized] if isinstance(w, linear.Int4Weight)]
-    real_kernel = ([getattr(w, "_ours", None) for w in weights], linear.Int4Weight._torch_kernel)
+    weights = [w for w in [*weights, model.lm_head.quantized] if isinstance(w, linear.Int4Weight) and w.kernel != "torch"]
+    real_kernel = ([w._ours for w in weights], linear.Int4Weight._torch_kernel)
 
     def no_int4(w):
         return lambda x: torch.zeros(x.shape[0], w.out_features, dtype=torch.bfloat16)

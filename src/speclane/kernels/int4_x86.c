@@ -216,13 +216,11 @@ static void buffered_group(const q4_weight *w, const float *x, int M, int tile0,
 }
 
 // y = x32 @ W^T for M rows of float32 inputs.
-static void matmul_f32(const float *x32, const q4_weight *wp, uint16_t *y, int M) {
-    const q4_weight w = *wp;
-    const int N = w.n;
-    const int tiles = N / LANES;
+static void matmul_f32(const float *x32, const q4_weight *w, uint16_t *y, int M) {
+    const int tiles = w->n / LANES;
     if (M > DIRECT_MAX_ROWS) {
         #pragma omp parallel for schedule(static)
-        for (int t = 0; t < tiles; t += NT) buffered_group(&w, x32, M, t, y);
+        for (int t = 0; t < tiles; t += NT) buffered_group(w, x32, M, t, y);
         return;
     }
     // One or two rows: TILES_PER_CALL tiles interleaved per direct() call (see direct).
@@ -230,19 +228,19 @@ static void matmul_f32(const float *x32, const q4_weight *wp, uint16_t *y, int M
     #pragma omp parallel for schedule(static)
     for (int t = 0; t < tiles; t += step) {
         if (step > 1 && t + step <= tiles) {
-            if (M == 1) direct(1, TILES_PER_CALL, &w, x32, t, y);
-            else direct(2, TILES_PER_CALL, &w, x32, t, y);
+            if (M == 1) direct(1, TILES_PER_CALL, w, x32, t, y);
+            else direct(2, TILES_PER_CALL, w, x32, t, y);
             continue;
         }
         for (int u = t; u < t + step && u < tiles; u++) {
             switch (M) {
-#define CASE(r) case r: direct(r, 1, &w, x32, u, y); break;
+#define CASE(r) case r: direct(r, 1, w, x32, u, y); break;
             CASE(1) CASE(2) CASE(3)
 #if DIRECT_MAX_ROWS > 4
             CASE(4) CASE(5)
 #endif
 #undef CASE
-            default: direct(DIRECT_MAX_ROWS, 1, &w, x32, u, y); break;
+            default: direct(DIRECT_MAX_ROWS, 1, w, x32, u, y); break;
             }
         }
     }

@@ -185,7 +185,8 @@ def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, c
             if goodput > best:
                 best_k, best = k, goodput
         if not acceptance.has_drafted(request_id):  # never drafted: probe (see Exploration)
-            best_k = max(best_k, min(k_max, PROBE_K)) if not shared else min(k_max, PROBE_K)
+            probe = min(k_max, PROBE_K)
+            best_k = probe if shared else max(best_k, probe)
         elif best_k == 0 and k_max > 0 and acceptance.due_for_probe(request_id):
             best_k = PROBE_K  # a periodic probe: has the text turned predictable?
         chosen[request_id] = best_k
