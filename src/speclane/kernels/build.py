@@ -1,13 +1,13 @@
 """Build our C kernels with the system compiler, once per source version, and load them.
 
 A kernel source may build for several instruction sets (each module's ``ISAS``: AVX-512
-and AVX2 for both kernels); the vector width is the build's only difference.
+and AVX2 for every kernel, and AVX-512 with its bfloat16 dot product for the int4 matmul).
 Each kernel has an environment switch (``SPECLANE_INT4_KERNEL``, ``SPECLANE_ATTENTION_KERNEL``,
 ``SPECLANE_NORM_KERNEL``):
 
 - ``auto`` (default): ours, for the widest instruction set of the source this CPU has,
   when a C compiler (``cc``/``gcc``) is on PATH, else torch's op (logged once);
-- ``avx512`` / ``avx2``: ours for that instruction set, and an error if it cannot be built
+- ``avx512bf16`` / ``avx512`` / ``avx2``: ours for that instruction set, and an error if it cannot be built
   or run here;
 - ``torch``: torch's op (for A/B benchmarks).
 
@@ -40,9 +40,16 @@ log = logging.getLogger(__name__)
 # kernels promise the same operations for every row, whatever the compiler).
 FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 # Instruction sets, widest first: the compiler flags of each build and the CPU flags it needs.
-ISA_FLAGS = {"avx512": ["-mavx512f", "-mavx512bw", "-mavx2", "-mfma", "-mf16c"], "avx2": ["-mavx2", "-mfma", "-mf16c"]}
-ISA_CPU_FLAGS = {"avx512": {"avx512f", "avx512bw", "avx2", "fma", "f16c"}, "avx2": {"avx2", "fma", "f16c"}}
-CHOICES = ("auto", *ISA_FLAGS, "torch")
+ISA_FLAGS = {
+    "avx512bf16": ["-mavx512f", "-mavx512bw", "-mavx512bf16", "-mavx2", "-mfma", "-mf16c"],
+    "avx512": ["-mavx512f", "-mavx512bw", "-mavx2", "-mfma", "-mf16c"],
+    "avx2": ["-mavx2", "-mfma", "-mf16c"],
+}
+ISA_CPU_FLAGS = {
+    "avx512bf16": {"avx512f", "avx512bw", "avx512_bf16", "avx2", "fma", "f16c"},
+    "avx512": {"avx512f", "avx512bw", "avx2", "fma", "f16c"},
+    "avx2": {"avx2", "fma", "f16c"},
+}
 CACHE_DIR = Path.home() / ".cache" / "speclane" / "kernels"
 
 
@@ -51,10 +58,12 @@ class KernelUnavailable(ValueError):
     the command line reports it as a user error, without a traceback)."""
 
 
-def requested(switch: str) -> str:
+def requested(switch: str, isas: tuple[str, ...]) -> str:
+    """The switch's value, checked against a source's builds (``isas``)."""
     value = os.environ.get(switch, "auto").strip().lower() or "auto"
-    if value not in CHOICES:
-        raise KernelUnavailable(f"{switch}={value!r}: expected one of {', '.join(CHOICES)}")
+    choices = ("auto", *isas, "torch")
+    if value not in choices:
+        raise KernelUnavailable(f"{switch}={value!r}: expected one of {', '.join(choices)}")
     return value
 
 
@@ -109,10 +118,8 @@ def _compile(source: Path, isa: str, out: Path) -> None:
         os.replace(partial, out)  # atomic: a concurrent process sees the whole file or none
 
 
-def _pick_isa(choice: str, source: Path, isas: tuple[str, ...]) -> str:
+def _pick_isa(choice: str, isas: tuple[str, ...]) -> str:
     if choice != "auto":
-        if choice not in isas:
-            raise KernelUnavailable(f"{source.name} has no {choice} build (it has {', '.join(isas)})")
         missing = missing_cpu_flags(choice)
         if missing:
             raise KernelUnavailable(f"the CPU lacks {', '.join(sorted(missing))}")
@@ -127,12 +134,12 @@ def load(source: Path, switch: str, declare: Callable[[ctypes.CDLL], None], isas
     """The built library of ``source`` with its functions declared, or None where torch's
     op is to be used instead (see the module docstring for ``switch``). ``isas``: the
     instruction sets the source builds for, widest first."""
-    choice = requested(switch)
+    choice = requested(switch, isas)
     if choice == "torch":
         log.info("%s: torch's (%s=torch)", source.stem, switch)
         return None
     try:
-        isa = _pick_isa(choice, source, isas)
+        isa = _pick_isa(choice, isas)
         path = CACHE_DIR / f"{source.stem}-{isa}-{digest(source)}.so"
         if not path.exists():
             _compile(source, isa, path)

@@ -1,7 +1,8 @@
-"""Our int4 matmul (``int4_x86.c``, AVX-512 or AVX2 build), built and loaded by ``build.py``.
+"""Our int4 matmul (``int4_x86.c``: AVX-512 with bfloat16 dot products, AVX-512 or AVX2
+build), built and loaded by ``build.py``.
 
-``SPECLANE_INT4_KERNEL=auto|avx512|avx2|torch`` picks it or torch's
-``_weight_int4pack_mm_for_cpu`` (see ``build.py``); ``Int4Weight`` asks here once. Both
+``SPECLANE_INT4_KERNEL=auto|avx512bf16|avx512|avx2|torch`` picks it or torch's
+``_weight_int4pack_mm_for_cpu`` (see ``build.py``); ``Int4Weight`` asks here once. All
 builds give the same bits (each output column is one vector lane doing the same operations).
 """
 
@@ -21,14 +22,14 @@ from speclane.kernels.build import KernelUnavailable
 __all__ = ["KernelUnavailable", "available", "bind", "kernel_name", "matmul", "pack", "source_digest"]
 
 SOURCE = Path(__file__).with_name("int4_x86.c")
-ISAS = ("avx512", "avx2")  # the builds of SOURCE, widest first
+ISAS = ("avx512bf16", "avx512", "avx2")  # the builds of SOURCE, widest first
 SWITCH = "SPECLANE_INT4_KERNEL"
 LANES = 16  # output columns per packed tile (the C file's LANES)
 GROUP = 32  # input columns per (scale, minimum) pair
 
 
 def requested_kernel() -> str:
-    return build.requested(SWITCH)
+    return build.requested(SWITCH, ISAS)
 
 
 def source_digest() -> str:
@@ -63,7 +64,7 @@ def available() -> bool:
 
 
 def kernel_name() -> str:
-    """'avx512', 'avx2' or 'torch': which kernel Int4Weight uses in this process."""
+    """'avx512bf16', 'avx512', 'avx2' or 'torch': which kernel Int4Weight uses in this process."""
     kernel = _kernel()
     return kernel.isa if kernel else "torch"
 
@@ -73,7 +74,7 @@ def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> tuple[t
 
     packed [N/16, K/2, 16] uint8 (byte j of pair p holds column n0+j's values at input
     columns 2p and 2p+1, low nibble first); scale and minimum [N/16, K/32, 16] float16
-    (GGUF's Q4_1 stores them so), and the kernel computes w = q * scale + minimum in float32.
+    (GGUF's Q4_1 stores them so), and the kernel computes with w = q * scale + minimum (see int4_x86.c).
     """
     n, k = q.shape
     if n % LANES or k % GROUP:

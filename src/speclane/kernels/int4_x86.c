@@ -1,21 +1,36 @@
 // Weight-only int4 matmul for x86-64: bfloat16 activations, float32 accumulation,
-// bfloat16 output. Built twice by build.py, for AVX2 + FMA + F16C (8-float vectors) and
-// for AVX-512 (16-float vectors), and loaded by int4_cpu.py.
+// bfloat16 output. Built three times by build.py and loaded by int4_cpu.py: for AVX-512 with
+// its bfloat16 dot product (AVX512_BF16: AMD Zen 4/5, Intel Sapphire Rapids on), for plain
+// AVX-512 and for AVX2 + FMA + F16C.
 //
 // Why our own: torch's CPU int4 kernel dequantizes its weights again for every block of
 // 4 rows, so a 5-row call costs two 4-row calls and 16 rows cost ~6x one row. A
 // speculative round verifies K+1 rows of one sequence and a mixed tick holds every
-// stream's row: here the cost of rows should be the FMAs, not the dequantization.
-// Few rows dequantize into registers and use each weight at once; more rows dequantize a
+// stream's row: here the cost of rows should be the multiply-adds, not the dequantization.
+// Few rows unpack weights into registers and use each one at once; more rows unpack a
 // 128-input-column block of NT 16-column tiles into L1 once and run all rows over it with
 // a register tile of MR rows x 16 NT columns.
 //
-// Batch invariance: every output element is computed by the same sequence of operations
-// whatever the number of rows M: w = fma(q, scale, minimum) in float32, then
-// acc = fma(x[m][k], w, acc) for k = 0, 1, ..., K-1 with one accumulator per (row, column).
-// Both paths below (direct for few rows, buffered for many) keep that sequence, so a row's
-// result does not depend on how many rows share the call. Each column is one vector lane
-// doing exactly those operations, so the AVX2 and AVX-512 builds give the same bits too.
+// The arithmetic: a weight is w = q * scale + minimum (GGUF's Q4_1: q in 0..15, one scale
+// and minimum per 32 input columns, a "group"), so a group's share of an output is
+//     scale * sum(x[k] * q[k]) + minimum * sum(x[k]).
+// The kernel never forms w: it multiplies the bfloat16 inputs by the small integers q,
+// which is exact in float32, and applies scale and minimum once per group. That is what
+// lets AVX512_BF16's vdpbf16ps (two multiply-adds per float32 lane in one instruction) do
+// the inner loop on bfloat16 inputs and integer weights without rounding either.
+//
+// Batch invariance and the same bits in every build: each output element is computed by
+// one sequence of operations whatever the number of rows M and whatever the build:
+//     per group:  d = 0;  for each pair of input columns (2p, 2p+1) in order:
+//                     d = d + x[2p+1] q[2p+1];  d = d + x[2p] q[2p]    (products exact, sums rounded)
+//                 acc = fma(scale, d, acc);  acc = fma(minimum, sum_x, acc)
+// with acc starting at 0 and sum_x the group's input sum in the fixed order of group_sum.
+// vdpbf16ps does exactly the pair step (its documented order: the odd element first, each
+// sum rounded to float32; checked bit for bit on Zen 5 over 2^20 random lanes), and the
+// other builds do it with two FMAs, which round an exact product's sum the same way. Every
+// column is one vector lane, so the path (direct or buffered) and the build do not change
+// a row's result. (Inputs below float32's normal range, which vdpbf16ps flushes to zero,
+// are beyond any activation a model produces.)
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -26,27 +41,29 @@
 
 #define LANES 16   // output columns per packed tile
 #define GROUP 32   // input columns per (scale, minimum) pair
-#define KB 128     // input columns per dequantized block in the buffered path (8 NT KiB)
-#define MCHUNK 128  // rows per accumulator block in the buffered path (a 96-token prefill: one block, 0.94x the time of 64)
+#define PAIRS (GROUP / 2)  // pairs of input columns per group: one packed byte per column
+#define KB 128     // input columns per unpacked block in the buffered path
+#define MCHUNK 128  // rows per accumulator block in the buffered path
 #define UNROLL _Pragma("GCC unroll 16")
 
-// The vector type and its few operations, so both builds share every loop below.
+// The vector type and its few operations, so every build shares the loops below.
 #ifdef __AVX512F__
 #define VW 16  // floats per vector: one vector covers a tile's 16 columns
-// Rows up to which the direct path runs (3-7 rows: direct and buffered within the noise),
-// and the buffered path's register tile: 6 rows x 4 tiles, 24 accumulators, 4 weight
-// vectors and a broadcast of the 32 registers; per input column 10 loads feed 24 FMAs.
-// 12 x 1 tiles (the first version: 13 loads for 12 FMAs) reached 70 GFLOPS at 96 rows,
-// 12 x 2 90, 8 x 3 99, 6 x 4 106 (the default model's four layer shapes, /tmp A/B in one
-// process on a 2-core Xeon, 2026-12-01; torch's float32 GEMM: ~94 at 96 rows).
+// Rows up to which the direct path runs, and the buffered path's register tile: 6 rows x 4
+// tiles, 24 accumulators of a group's partial sums beside 4 weight vectors and a broadcast.
 #define DIRECT_MAX_ROWS 6
 #define MR 6
 #define NT 4
 // The direct path reads one weight stream; a software prefetch this many bytes ahead made
-// 1-2 rows 0.88x the time here (no gain measured in the AVX2 build, which has none).
+// 1-2 rows 0.88x the time on a Skylake-SP Xeon. On Zen 5 (the AVX512_BF16 build's CPU here)
+// it cost: without it 1 row took 0.89x the time and 5 rows 0.80x (all four layer shapes).
+#ifdef __AVX512BF16__
+#define PREFETCH_AHEAD 0
+#else
 #define PREFETCH_AHEAD 2048
-// 1-2 rows: tiles interleaved per direct() call (1 row: 0.85x the time of one tile at a
-// time; 3 and 4 tiles measured no better than 2).
+#endif
+// 1-2 rows: tiles interleaved per direct() call, so that independent chains of multiply-
+// adds hide each other's latency (1 row: 0.85x the time of one tile at a time).
 #define TILES_PER_CALL 2
 typedef __m512 vec;
 INLINE vec v_zero(void) { return _mm512_setzero_ps(); }
@@ -55,25 +72,17 @@ INLINE vec v_fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
 INLINE vec v_load(const float *p) { return _mm512_loadu_ps(p); }
 INLINE void v_store(float *p, vec v) { _mm512_storeu_ps(p, v); }
 INLINE vec v_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
-// Columns' values at input columns 2p (lo) and 2p+1 (hi) from their VW packed bytes.
-INLINE void v_dequant_pair(const uint8_t *bytes, vec s, vec m, vec *lo, vec *hi) {
-    // int -> float by a table lookup, not a conversion: a permute reads only an index's low
-    // 4 bits (so it masks the low nibble for free) and runs on the shuffle port, leaving
-    // the FMA port to the FMAs. The same exact values as a conversion: the same bits.
-    const __m512 values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)bytes));
-    *lo = _mm512_fmadd_ps(_mm512_permutexvar_ps(q, values), s, m);
-    *hi = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), values), s, m);
-}
 #else
 #define VW 8
-// AVX2 has 16 vector registers: 4 rows x 2 vectors of accumulators in the direct path
-// (measured: direct 4 rows 17.6 ms vs buffered 22.3 ms, 5 rows even, 6 rows slower).
+// AVX2 has 16 vector registers, and a group's partial sums and the running sums both live
+// in them in the direct path: measured on Zen 5 (all four layer shapes of the default
+// model, one process), a 4-row direct path and a 6 x 1-tile buffered one were fastest
+// (3 rows 0.78x the time of a 2-row direct path; 5 rows 0.87x the time of 4 x 1 tiles).
 #define DIRECT_MAX_ROWS 4
 #define MR 6
-#define NT 1  // a tile is two vectors here: 6 x 2 accumulators of the 16 registers
+#define NT 1
 #define PREFETCH_AHEAD 0
-#define TILES_PER_CALL 1  // a tile is two vectors here: two chains already (2 measured no better)
+#define TILES_PER_CALL 1  // a tile is two vectors here: two chains already
 typedef __m256 vec;
 INLINE vec v_zero(void) { return _mm256_setzero_ps(); }
 INLINE vec v_bcast(const float *p) { return _mm256_broadcast_ss(p); }
@@ -81,13 +90,65 @@ INLINE vec v_fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
 INLINE vec v_load(const float *p) { return _mm256_loadu_ps(p); }
 INLINE void v_store(float *p, vec v) { _mm256_storeu_ps(p, v); }
 INLINE vec v_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
-INLINE void v_dequant_pair(const uint8_t *bytes, vec s, vec m, vec *lo, vec *hi) {
-    __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)bytes));
-    *lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q, _mm256_set1_epi32(15))), s, m);
-    *hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4)), s, m);
-}
 #endif
 #define NV (LANES / VW)  // vectors per tile
+
+// A "pair" is VW columns' q at input columns 2p and 2p+1, unpacked from their VW packed
+// bytes; dot_pair is the pair step of the arithmetic above for one row.
+#ifdef __AVX512BF16__
+typedef uint16_t xin;   // the inner loops read the caller's bfloat16 inputs as they are
+typedef __m512i wpair;  // per lane: q[2p] (low half) and q[2p+1] as bfloat16
+// 0..15 as bfloat16 (exact), twice: vpermw reads an index's low 5 bits (see unpack_pair).
+static const uint16_t Q_BF16[32] __attribute__((aligned(64))) = {
+    0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0, 0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170,
+    0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0, 0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170};
+INLINE wpair unpack_pair(const uint8_t *bytes) {
+    // Byte b = q0 | q1 << 4 in each lane; b | b << 12 holds q1 in its high word and q0 (with
+    // q1's low bit above it, at bit 4: hence the table's second copy) in its low word.
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)bytes));
+    return _mm512_permutexvar_epi16(_mm512_or_si512(b, _mm512_slli_epi32(b, 12)), _mm512_load_si512(Q_BF16));
+}
+INLINE vec dot_pair(vec d, const xin *x, int p, wpair w) {
+    int32_t pair;  // x[2p] and x[2p+1], side by side in memory as in a lane of w
+    memcpy(&pair, x + 2 * p, sizeof pair);
+    return _mm512_dpbf16_ps(d, (__m512bh)_mm512_set1_epi32(pair), (__m512bh)w);
+}
+#else
+typedef float xin;  // the inputs converted to float32 once per call
+typedef struct {
+    vec lo, hi;  // q at input columns 2p and 2p+1, as float32
+} wpair;
+INLINE wpair unpack_pair(const uint8_t *bytes) {
+    wpair w;
+#ifdef __AVX512F__
+    // int -> float by a table lookup: a permute reads only an index's low 4 bits, so it
+    // masks the low nibble for free. The same exact values as a conversion.
+    const __m512 values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)bytes));
+    w.lo = _mm512_permutexvar_ps(q, values);
+    w.hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), values);
+#else
+    const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)bytes));
+    w.lo = _mm256_cvtepi32_ps(_mm256_and_si256(q, _mm256_set1_epi32(15)));
+    w.hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4));
+#endif
+    return w;
+}
+INLINE vec dot_pair(vec d, const xin *x, int p, wpair w) {  // vdpbf16ps's order: 2p+1 first
+    d = v_fma(v_bcast(x + 2 * p + 1), w.hi, d);
+    return v_fma(v_bcast(x + 2 * p), w.lo, d);
+}
+#endif
+
+// The sum of 32 bfloat16 inputs in one fixed order (the same code in every build):
+// x[i] + x[i+16], then halves folded 8, 4, 2, 1.
+INLINE float group_sum(const uint16_t *x) {
+    const __m256 c = _mm256_add_ps(_mm256_add_ps(load_bf16(x), load_bf16(x + 16)),
+                                   _mm256_add_ps(load_bf16(x + 8), load_bf16(x + 24)));
+    const __m128 d = _mm_add_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1));
+    const __m128 e = _mm_add_ps(d, _mm_movehl_ps(d, d));
+    return _mm_cvtss_f32(_mm_add_ss(e, _mm_movehdup_ps(e)));
+}
 
 // packed: [N/16][K/2][16] bytes, byte j of pair p = q[n0+j][2p] | q[n0+j][2p+1] << 4.
 // scale, minimum: [N/16][K/32][16] float16 (GGUF's Q4_1 keeps them in float16, so they
@@ -99,7 +160,14 @@ typedef struct {
     int n, k;
 } q4_weight;
 
-// A group's scales and minimums for one tile, converted once per group.
+// A call's inputs as the inner loops read them, and each row's group sums [M][K/32].
+typedef struct {
+    const xin *x;
+    const float *sums;
+    int ld, groups;  // x's row stride and the sums' (K and K/32)
+} q4_input;
+
+// A group's scales and minimums for one tile, as float32.
 INLINE void group_scales(const q4_weight *w, size_t tile, int g, vec *s, vec *m) {
     UNROLL for (int v = 0; v < NV; v++) {
         const size_t at = (tile * (w->k / GROUP) + g) * LANES + VW * v;
@@ -114,100 +182,116 @@ INLINE void store_row(const vec *acc, uint16_t *y) {  // one row's 16 columns ->
     UNROLL for (int j = 0; j < LANES; j += 8) store_bf16(y + j, _mm256_loadu_ps(out + j));
 }
 
-// Few rows: dequantize into registers and use each vector at once, TT 16-column tiles at
-// a time with their group's scales and minimums held in registers. One row has a single
-// chain of dependent FMAs per column (acc = fma(x, w, acc), K long): interleaving the
-// independent chains of TT tiles hides the FMA's latency without changing any column's
-// operations. (More rows are more chains already.)
-INLINE void direct(const int R, const int TT, const q4_weight *w, const float *x, int tile0, uint16_t *y) {
+// Few rows: unpack into registers and use each pair at once, TT 16-column tiles at a time.
+// One row has a single chain of dependent steps per column: interleaving the independent
+// chains of TT tiles hides their latency without changing any column's operations.
+INLINE void direct(const int R, const int TT, const q4_weight *w, const q4_input *in, int tile0, uint16_t *y) {
     const int K = w->k, N = w->n;
     vec acc[TT][R][NV];
     UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) acc[t][r][v] = v_zero();
     for (int g = 0; g < K / GROUP; g++) {
-        vec s[TT][NV], m[TT][NV];
-        UNROLL for (int t = 0; t < TT; t++) group_scales(w, (size_t)tile0 + t, g, s[t], m[t]);
-        for (int p = g * GROUP / 2; p < (g + 1) * GROUP / 2; p++) {
+        vec d[TT][R][NV];
+        UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) d[t][r][v] = v_zero();
+        for (int p = g * PAIRS; p < (g + 1) * PAIRS; p++) {
             UNROLL for (int t = 0; t < TT; t++) {
                 const uint8_t *b = w->packed + ((size_t)(tile0 + t) * (K / 2) + p) * LANES;
                 if (PREFETCH_AHEAD && (p & 3) == 0) _mm_prefetch((const char *)b + PREFETCH_AHEAD, _MM_HINT_T0);  // once per line
                 UNROLL for (int v = 0; v < NV; v++) {
-                    vec lo, hi;
-                    v_dequant_pair(b + VW * v, s[t][v], m[t][v], &lo, &hi);
-                    UNROLL for (int r = 0; r < R; r++) {
-                        acc[t][r][v] = v_fma(v_bcast(x + r * K + 2 * p), lo, acc[t][r][v]);
-                        acc[t][r][v] = v_fma(v_bcast(x + r * K + 2 * p + 1), hi, acc[t][r][v]);
-                    }
+                    const wpair q = unpack_pair(b + VW * v);
+                    UNROLL for (int r = 0; r < R; r++) d[t][r][v] = dot_pair(d[t][r][v], in->x + (size_t)r * in->ld, p, q);
                 }
+            }
+        }
+        UNROLL for (int t = 0; t < TT; t++) {
+            vec s[NV], m[NV];
+            group_scales(w, (size_t)tile0 + t, g, s, m);
+            UNROLL for (int r = 0; r < R; r++) {
+                const vec sum = v_bcast(in->sums + (size_t)r * in->groups + g);
+                UNROLL for (int v = 0; v < NV; v++) acc[t][r][v] = v_fma(m[v], sum, v_fma(s[v], d[t][r][v], acc[t][r][v]));
             }
         }
     }
     UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) store_row(acc[t][r], y + (size_t)r * N + (tile0 + t) * LANES);
 }
 
-// Input columns k0 .. k0+kb of tile `tile`, dequantized into its 16 columns of a block whose
-// rows (one per input column) hold `width` floats.
-static void dequant_block(const q4_weight *w, size_t tile, int k0, int kb, float *block, int width) {
+// A block of the buffered path: KB input columns of NT tiles, unpacked, with the scales
+// and minimums of its groups as float32 (zeros for tiles past the weight's last).
+typedef struct {
+    wpair q[KB / 2][NT * NV];
+    float scale[KB / GROUP][NT * LANES], minimum[KB / GROUP][NT * LANES];
+} q4_block;
+
+static void unpack_block(const q4_weight *w, int tile0, int tiles, int k0, int kb, q4_block *block) {
     const int K = w->k;  // k0 and kb are multiples of GROUP
-    for (int g = k0 / GROUP; g < (k0 + kb) / GROUP; g++) {
-        vec s[NV], m[NV];
-        group_scales(w, tile, g, s, m);
-        for (int k = g * GROUP; k < (g + 1) * GROUP; k += 2) {
-            const uint8_t *b = w->packed + (tile * (K / 2) + k / 2) * LANES;
+    for (int t = 0; t < tiles; t++) {
+        const size_t tile = (size_t)tile0 + t;
+        for (int p = k0 / 2; p < (k0 + kb) / 2; p++) {
+            const uint8_t *b = w->packed + (tile * (K / 2) + p) * LANES;
+            UNROLL for (int v = 0; v < NV; v++) block->q[p - k0 / 2][t * NV + v] = unpack_pair(b + VW * v);
+        }
+        for (int g = k0 / GROUP; g < (k0 + kb) / GROUP; g++) {
+            vec s[NV], m[NV];
+            group_scales(w, tile, g, s, m);
             UNROLL for (int v = 0; v < NV; v++) {
-                vec lo, hi;
-                v_dequant_pair(b + VW * v, s[v], m[v], &lo, &hi);
-                v_store(block + (size_t)(k - k0) * width + VW * v, lo);
-                v_store(block + (size_t)(k - k0 + 1) * width + VW * v, hi);
+                v_store(block->scale[g - k0 / GROUP] + t * LANES + VW * v, s[v]);
+                v_store(block->minimum[g - k0 / GROUP] + t * LANES + VW * v, m[v]);
             }
         }
     }
 }
 
-// R rows (R <= MR) against a dequantized block of NT tiles: an R x 16 NT register tile,
-// each accumulator one (row, column) chain in k order.
-INLINE void micro(const int R, const float *x, int ldx, const float *block, int kb, float *acc) {
+// R rows (R <= MR) over a block: per group, an R x 16 NT register tile of partial sums,
+// then the running sums in acc (rows of NT * 16 floats) take scale and minimum.
+// x and sums point at the block's first input column and group of the first row.
+INLINE void micro(const int R, const xin *x, int ldx, const float *sums, int lds, const q4_block *block, int kb,
+                  float *acc) {
     const int width = NT * LANES;
-    vec a[MR][NT * NV];
-    UNROLL for (int r = 0; r < R; r++) UNROLL for (int j = 0; j < NT * NV; j++) a[r][j] = v_load(acc + r * width + VW * j);
-    for (int k = 0; k < kb; k++) {
-        vec wv[NT * NV];
-        UNROLL for (int j = 0; j < NT * NV; j++) wv[j] = v_load(block + k * width + VW * j);
+    for (int gb = 0; gb < kb / GROUP; gb++) {
+        vec d[MR][NT * NV];
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int j = 0; j < NT * NV; j++) d[r][j] = v_zero();
+        for (int p = gb * PAIRS; p < (gb + 1) * PAIRS; p++) {
+            wpair q[NT * NV];
+            UNROLL for (int j = 0; j < NT * NV; j++) q[j] = block->q[p][j];
+            UNROLL for (int r = 0; r < R; r++) UNROLL for (int j = 0; j < NT * NV; j++) d[r][j] = dot_pair(d[r][j], x + (size_t)r * ldx, p, q[j]);
+        }
         UNROLL for (int r = 0; r < R; r++) {
-            const vec xv = v_bcast(x + r * ldx + k);
-            UNROLL for (int j = 0; j < NT * NV; j++) a[r][j] = v_fma(xv, wv[j], a[r][j]);
+            const vec sum = v_bcast(sums + (size_t)r * lds + gb);
+            UNROLL for (int j = 0; j < NT * NV; j++) {
+                float *a = acc + r * width + VW * j;
+                v_store(a, v_fma(v_load(block->minimum[gb] + VW * j), sum, v_fma(v_load(block->scale[gb] + VW * j), d[r][j], v_load(a))));
+            }
         }
     }
-    UNROLL for (int r = 0; r < R; r++) UNROLL for (int j = 0; j < NT * NV; j++) v_store(acc + r * width + VW * j, a[r][j]);
 }
 
 _Static_assert(MR == 6, "micro_any's cases cover 1 .. MR - 1 rows");
 
-static void micro_any(int R, const float *x, int ldx, const float *block, int kb, float *acc) {
+static void micro_any(int R, const xin *x, int ldx, const float *sums, int lds, const q4_block *block, int kb, float *acc) {
     switch (R) {  // a compile-time R per case: the tile stays in registers
-#define CASE(r) case r: micro(r, x, ldx, block, kb, acc); break;
+#define CASE(r) case r: micro(r, x, ldx, sums, lds, block, kb, acc); break;
     CASE(1) CASE(2) CASE(3) CASE(4) CASE(5)
 #undef CASE
-    default: micro(MR, x, ldx, block, kb, acc); break;
+    default: micro(MR, x, ldx, sums, lds, block, kb, acc); break;
     }
 }
 
-// Many rows: dequantize a block of NT tiles once into L1, then run every row over it.
-// A last group with fewer than NT tiles (N not a multiple of 16 NT) computes zeros in the
-// missing columns and drops them.
-static void buffered_group(const q4_weight *w, const float *x, int M, int tile0, uint16_t *y) {
+// Many rows: unpack a block of NT tiles once into L1, then run every row over it. A last
+// group with fewer than NT tiles computes zeros in the missing columns and drops them.
+static void buffered_group(const q4_weight *w, const q4_input *in, int M, int tile0, uint16_t *y) {
     const int K = w->k, N = w->n, width = NT * LANES;
     const int tiles = N / LANES - tile0 < NT ? N / LANES - tile0 : NT;
-    float block[KB * NT * LANES] __attribute__((aligned(64)));
+    q4_block block __attribute__((aligned(64)));
     float acc[MCHUNK * NT * LANES] __attribute__((aligned(64)));
-    if (tiles < NT) memset(block, 0, sizeof(block));
+    if (tiles < NT) memset(&block, 0, sizeof(block));
     for (int m0 = 0; m0 < M; m0 += MCHUNK) {
         const int rows = M - m0 < MCHUNK ? M - m0 : MCHUNK;
         memset(acc, 0, sizeof(float) * rows * width);
         for (int k0 = 0; k0 < K; k0 += KB) {
             const int kb = K - k0 < KB ? K - k0 : KB;
-            for (int t = 0; t < tiles; t++) dequant_block(w, (size_t)tile0 + t, k0, kb, block + t * LANES, width);
+            unpack_block(w, tile0, tiles, k0, kb, &block);
             for (int r = 0; r < rows; r += MR)
-                micro_any(rows - r < MR ? rows - r : MR, x + (size_t)(m0 + r) * K + k0, K, block, kb, acc + r * width);
+                micro_any(rows - r < MR ? rows - r : MR, in->x + (size_t)(m0 + r) * in->ld + k0, in->ld,
+                          in->sums + (size_t)(m0 + r) * in->groups + k0 / GROUP, in->groups, &block, kb, acc + r * width);
         }
         for (int r = 0; r < rows; r++)
             for (int j = 0; j < tiles * LANES; j += 8)
@@ -215,12 +299,11 @@ static void buffered_group(const q4_weight *w, const float *x, int M, int tile0,
     }
 }
 
-// y = x32 @ W^T for M rows of float32 inputs.
-static void matmul_f32(const float *x32, const q4_weight *w, uint16_t *y, int M) {
+static void matmul_rows(const q4_input *in, const q4_weight *w, uint16_t *y, int M) {
     const int tiles = w->n / LANES;
     if (M > DIRECT_MAX_ROWS) {
         #pragma omp parallel for schedule(static)
-        for (int t = 0; t < tiles; t += NT) buffered_group(w, x32, M, t, y);
+        for (int t = 0; t < tiles; t += NT) buffered_group(w, in, M, t, y);
         return;
     }
     // One or two rows: TILES_PER_CALL tiles interleaved per direct() call (see direct).
@@ -228,26 +311,26 @@ static void matmul_f32(const float *x32, const q4_weight *w, uint16_t *y, int M)
     #pragma omp parallel for schedule(static)
     for (int t = 0; t < tiles; t += step) {
         if (step > 1 && t + step <= tiles) {
-            if (M == 1) direct(1, TILES_PER_CALL, w, x32, t, y);
-            else direct(2, TILES_PER_CALL, w, x32, t, y);
+            if (M == 1) direct(1, TILES_PER_CALL, w, in, t, y);
+            else direct(2, TILES_PER_CALL, w, in, t, y);
             continue;
         }
         for (int u = t; u < t + step && u < tiles; u++) {
             switch (M) {
-#define CASE(r) case r: direct(r, 1, w, x32, u, y); break;
+#define CASE(r) case r: direct(r, 1, w, in, u, y); break;
             CASE(1) CASE(2) CASE(3)
 #if DIRECT_MAX_ROWS > 4
             CASE(4) CASE(5)
 #endif
 #undef CASE
-            default: direct(DIRECT_MAX_ROWS, 1, w, x32, u, y); break;
+            default: direct(DIRECT_MAX_ROWS, 1, w, in, u, y); break;
             }
         }
     }
 }
 
-// The inputs as float32, in a buffer of the calling thread's that grows to the largest call
-// and is kept: a prefill's calls would otherwise each map and fault in a fresh ~0.5 MB, and
+// The inputs' group sums (and, where the inner loops read float32, the inputs converted), in
+// a buffer of the calling thread's that grows to the largest call and is kept: a prefill's calls would otherwise each map and fault in a fresh ~0.5 MB, and
 // a one-row call would pay an allocation that is a good part of its own cost. A thread's
 // buffer is freed when the thread exits (a thread-specific key's destructor).
 typedef struct {
@@ -289,9 +372,20 @@ static float *input_buffer_for(size_t floats) {
 // ctypes a conversion, and a one-row call is mostly that overhead.)
 void int4_matmul(const uint16_t *x, const uint8_t *packed, const uint16_t *scale, const uint16_t *minimum,
                  uint16_t *y, int M, int N, int K) {
+    const int groups = K / GROUP;
+#ifdef __AVX512BF16__
+    float *sums = input_buffer_for((size_t)M * groups);
+    const xin *inputs = x;
+#else
     const size_t n = (size_t)M * K;
-    float *x32 = input_buffer_for(n);
+    float *x32 = input_buffer_for(n + (size_t)M * groups);
     for (size_t i = 0; i < n; i += 8) _mm256_storeu_ps(x32 + i, load_bf16(x + i));
+    float *sums = x32 + n;
+    const xin *inputs = x32;
+#endif
+    for (int r = 0; r < M; r++)
+        for (int g = 0; g < groups; g++) sums[(size_t)r * groups + g] = group_sum(x + (size_t)r * K + g * GROUP);
+    const q4_input in = {inputs, sums, K, groups};
     const q4_weight w = {packed, scale, minimum, N, K};
-    matmul_f32(x32, &w, y, M);
+    matmul_rows(&in, &w, y, M);
 }

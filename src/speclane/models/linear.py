@@ -40,7 +40,8 @@ class Int4Weight:
     """An int4 weight with its kernel: ours (``kernels/int4_x86.c``) where it builds, else
     torch's ``_weight_int4pack_mm_for_cpu`` (``kernels/int4_cpu.py`` decides, once).
 
-    Ours computes w = q * scale + minimum in float32 (the file's Q4_1 values exactly).
+    Ours computes with the file's Q4_1 values exactly: scale * sum(x q) + minimum * sum(x)
+    per group of 32 inputs, in float32 (``int4_x86.c``).
     torch's dequantizes ``(q - 8) * scale + zero``, so ``scale = d`` and ``zero = m + 8 * d``,
     with scales and zeros kept in bfloat16 (a small rounding on top of the file's values).
     ``tensors`` are what the kernel reads; ``graph_matmul`` is the same kernel as an
@@ -54,7 +55,7 @@ class Int4Weight:
         self.group = group
         self.out_features = out_features
         if group == int4_cpu.GROUP and out_features % int4_cpu.LANES == 0 and int4_cpu.available():
-            self.kernel = int4_cpu.kernel_name()  # "avx512" or "avx2": the same bits
+            self.kernel = int4_cpu.kernel_name()  # "avx512bf16", "avx512" or "avx2": the same bits
             self._library = int4_cpu.library()  # this build, even if another is loaded later
             self.tensors: tuple[torch.Tensor, ...] = int4_cpu.pack(q, scale, minimum)
             self._ours = int4_cpu.bind(*self.tensors, lib=self._library)
