@@ -111,10 +111,23 @@ def test_drafting_time_counts_a_costly_drafter_drafts_less():
     assert choose([("a", 3)], 1, 1, BLOCKY, estimate(0.34), draft_ms_per_token=3.0) == {"a": 0}
     timing = DraftTiming()
     timing.observe(9.0, 3)
-    assert timing.ms_per_token == pytest.approx(3.0)
+    assert timing.ms_per_token == pytest.approx(3.0) and timing.ms_per_round == 0.0
     timing.observe(0.0, 0)  # a tick without drafts says nothing
     timing.observe(2.0, 2)
     assert timing.ms_per_token == pytest.approx(0.9 * 3.0 + 0.1 * 1.0)
+
+
+def test_a_rounds_catch_up_is_charged_once_per_round_not_per_token():
+    timing = DraftTiming()
+    timing.observe(0.6, 2, catch_up_ms=0.5)  # 2 drafts at 0.3 ms, after a 0.5 ms catch-up
+    assert (timing.ms_per_token, timing.ms_per_round) == pytest.approx((0.3, 0.5))
+    flat = StepCost((10.0, 10.5, 11.0, 11.5))
+    # 60% acceptance, 1 ms a draft token and 3 ms a round: K = 3 pays (2.18 tokens in 17.5 ms
+    # against 1.05 in 10). Charged as 4 ms a token, the same costs would stop it at K = 1.
+    assert choose([("a", 3)], 1, 1, flat, estimate(0.6), draft_ms_per_token=1.0, draft_ms_per_round=3.0) == {"a": 3}
+    assert choose([("a", 3)], 1, 1, flat, estimate(0.6), draft_ms_per_token=4.0) == {"a": 1}
+    # A round that costs a step's worth does not pay at all.
+    assert choose([("a", 3)], 1, 1, flat, estimate(0.6), draft_ms_per_token=1.0, draft_ms_per_round=10.0) == {"a": 0}
 
 
 def test_the_cap_is_respected_and_later_holders_see_the_rows_of_earlier_ones():

@@ -218,6 +218,28 @@ def test_drafter_catch_up_uses_only_the_last_window_positions():
     assert draft.token_ids == draft_recursively(head, cache, out, 99, 3).token_ids
 
 
+def test_a_seeding_proposal_reports_no_catch_up_time_and_a_later_one_does():
+    """Adaptive K learns a round's catch-up from the drafter's own split of its time; the
+    first round catches up on the whole context once and must not count (Draft.catch_up_ms)."""
+    from speclane.request import Request
+
+    model = toy_model(toy_config(vocab_size=VOCAB))
+    drafter = MTPDrafter(random_head(model), VOCAB)
+    gen = torch.Generator().manual_seed(3)
+    request = Request(request_id="a", prompt_token_ids=torch.randint(1, VOCAB, (20,), generator=gen).tolist(),
+                      sampling=SamplingParams(max_tokens=8, temperature=0))
+    request.output_token_ids.append(3)
+    hidden = torch.randn(22, model.config.hidden_size, generator=gen)
+    drafter.observe(request, 0, hidden[:20])
+    seeded = drafter.propose(request, 2)
+    assert len(seeded.token_ids) == 2 and seeded.catch_up_ms is None
+    request.output_token_ids.append(4)  # the round verified position 20 (and the token after it)
+    drafter.observe(request, 20, hidden[20:21])
+    later = drafter.propose(request, 2)
+    assert len(later.token_ids) == 2 and later.catch_up_ms is not None and later.catch_up_ms > 0
+    assert drafter.states["a"].cache.end == 21
+
+
 def test_held_out_chat_prompts_are_not_training_prompts():
     from speclane.bench.prompts import CHAT_PROMPTS, SPEEDUP_TASKS
 

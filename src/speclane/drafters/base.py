@@ -23,6 +23,11 @@ class Draft:
     # [len(token_ids), vocab] the drafter's distribution q for each token, or None when
     # the drafter is deterministic (q one-hot), as n-gram lookup is.
     probs: torch.Tensor | None = None
+    # Of the call's time, the ms spent catching up on positions verified since the
+    # request's last round: paid once per round whatever k (n-gram: 0). None when the call
+    # (re)built the request's drafter state from its whole context, a one-off whose time
+    # says nothing about the next rounds (adaptive K leaves such a call out of its timing).
+    catch_up_ms: float | None = 0.0
 
 
 class Drafter(Protocol):

@@ -48,6 +48,7 @@ class _RequestState:
 class DraftRun:
     token_ids: list[int]
     probs: torch.Tensor | None  # [n, draft_vocab] q of sampled drafts, else None
+    catch_up_ms: float = 0.0  # of the round's drafting, the true entries' catch-up
 
 
 @torch.inference_mode()
@@ -92,10 +93,14 @@ def catch_up_and_draft(head: MTPHead, cache: MTPCache, hidden: torch.Tensor, tok
     """One round's drafting: add the true entries for the positions ``cache.end ..`` whose
     target hidden states are ``hidden`` [n, H] (each paired with the token after it in
     ``tokens``, the request's tokens so far), then draft from the last of them."""
+    started = time.perf_counter()
     first = cache.end
     last = first + hidden.shape[0] - 1
     out = head.extend(cache, hidden, torch.tensor(tokens[first + 1 : last + 2]), torch.arange(first, last + 1))[-1:]
-    return draft_recursively(head, cache, out, last, k, min_draft_prob, temperature, generator)
+    caught_up = time.perf_counter()
+    run = draft_recursively(head, cache, out, last, k, min_draft_prob, temperature, generator)
+    run.catch_up_ms = (caught_up - started) * 1000
+    return run
 
 
 class MTPDrafter:
@@ -148,16 +153,18 @@ class MTPDrafter:
         if first + hidden.shape[0] - 1 != last:
             state.cache = None  # out of step (should not happen): re-seed at the next round
             return Draft([])
-        if state.cache is None or state.cache.end != first:
+        seeding = state.cache is None or state.cache.end != first
+        if seeding:
             state.cache = MTPCache.empty(self.head.config, first)  # first round, or waited past the window
         sp = request.sampling
         temperature = sp.temperature if self.sample_drafts and not sp.greedy else 0.0
         run = catch_up_and_draft(self.head, state.cache, hidden, tokens, k, self.min_draft_prob, temperature, self.generator)
+        catch_up_ms = None if seeding else run.catch_up_ms  # a seed's catch-up is the whole context, once
         if run.probs is None:
-            return Draft(run.token_ids)
+            return Draft(run.token_ids, catch_up_ms=catch_up_ms)
         full = torch.zeros(run.probs.shape[0], self.vocab_size)
         full[:, self.head.vocab_ids] = run.probs
-        return Draft(run.token_ids, full)
+        return Draft(run.token_ids, full, catch_up_ms=catch_up_ms)
 
     def release(self, request_id: str) -> None:
         self.states.pop(request_id, None)

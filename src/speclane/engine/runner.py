@@ -25,6 +25,7 @@ from speclane.scheduler.plan import RunnerResult, ScheduledSeq, SchedulerPlan, S
 class ModelRunner:
     def __init__(self, model: LlamaModel, cache: KVCache, drafter: Drafter | None):
         self._draft_ms = 0.0  # drafting time of the current tick
+        self._draft_timings: list[tuple[float, int, float]] = []  # its proposals' (RunnerResult.draft_timings)
         self.model = model
         self.cache = cache
         self.drafter = drafter
@@ -38,11 +39,13 @@ class ModelRunner:
     def execute(self, plan: SchedulerPlan) -> RunnerResult:
         started = time.perf_counter()
         self._draft_ms = 0.0
+        self._draft_timings = []
         if plan.burst is not None:
             seqs = [self._burst(plan.burst)]
         else:
             seqs = self._step(list(plan.seqs)) if plan.seqs else []
-        return RunnerResult(seqs=seqs, elapsed_ms=(time.perf_counter() - started) * 1000, draft_ms=self._draft_ms)
+        return RunnerResult(seqs=seqs, elapsed_ms=(time.perf_counter() - started) * 1000, draft_ms=self._draft_ms,
+                            draft_timings=self._draft_timings)
 
     def release(self, request_ids: tuple[str, ...]) -> None:
         """Forget per-request drafter state of requests that left."""
@@ -53,15 +56,19 @@ class ModelRunner:
     # -- one ragged forward -------------------------------------------------------------
     def _step(self, seqs: list[ScheduledSeq]) -> list[SeqResult]:
         drafts: list[Draft] = []
-        drafting_started = time.perf_counter()
         for seq in seqs:
             if seq.start == 0:
                 self.cache.reset(seq.slot)
             if seq.num_draft_tokens > 0 and self.drafter is not None:
-                drafts.append(self.drafter.propose(seq.request, seq.num_draft_tokens))
+                started = time.perf_counter()
+                draft = self.drafter.propose(seq.request, seq.num_draft_tokens)
+                elapsed = (time.perf_counter() - started) * 1000
+                self._draft_ms += elapsed
+                if draft.catch_up_ms is not None:  # not a (re)seeding call
+                    self._draft_timings.append((elapsed - draft.catch_up_ms, len(draft.token_ids), draft.catch_up_ms))
+                drafts.append(draft)
             else:
                 drafts.append(Draft([]))
-        self._draft_ms += (time.perf_counter() - drafting_started) * 1000
         fed = [list(seq.token_ids) + d.token_ids[: seq.num_draft_tokens] for seq, d in zip(seqs, drafts, strict=True)]
         input_ids: list[int] = []
         positions: list[int] = []

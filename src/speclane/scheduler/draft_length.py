@@ -7,7 +7,8 @@ tick waits for them. Whether that pays depends on three things this module keeps
   machine by the runner, ``engine/calibration.py``). On a CPU with weight-only int4
   kernels it is far from flat: every row costs its FMAs (5 positions ~1.5x one here,
   9 ~2.6x), and a full batch plus a verify costs more than the batch alone.
-* ``DraftTiming``: what proposing a draft token costs (an MTP head pass each; n-gram ~0).
+* ``DraftTiming``: what drafting costs per token (an MTP head pass each; n-gram ~0) and
+  per round (an MTP head's catch-up on the positions verified since its last round).
 * ``AcceptanceEstimate``: per request, the chance a draft token is accepted, from its
   recent rounds (counts decay, so it follows the text: a copy passage, then free prose).
 
@@ -141,15 +142,29 @@ class AcceptanceEstimate:
 
 @dataclass
 class DraftTiming:
-    """Milliseconds of drafting per proposed token (an MTP head costs a pass per token; the
-    n-gram drafter next to nothing): drafting is part of the round's time."""
+    """What drafting costs, learnt from the drafter's proposals: milliseconds per proposed
+    token (an MTP head costs a pass per token; the n-gram drafter next to nothing) and per
+    round (an MTP head first catches up on the positions verified since its last round,
+    whatever K). Both are part of the round's time.
+
+    Kept apart because they scale differently: charged per token, one catch-up made a
+    one-draft round look twice its per-token cost, adaptive K then drafted less, and every
+    round caught up on more positions (`bench mtp`, tenth session)."""
 
     ms_per_token: float = 0.0
+    ms_per_round: float = 0.0
 
-    def observe(self, draft_ms: float, tokens: int) -> None:
-        if tokens > 0:
-            sample = draft_ms / tokens
-            self.ms_per_token = sample if self.ms_per_token == 0.0 else 0.9 * self.ms_per_token + 0.1 * sample
+    def observe(self, draft_ms: float, tokens: int, catch_up_ms: float = 0.0) -> None:
+        """One proposal: ``draft_ms`` drafting its ``tokens``, ``catch_up_ms`` catching up."""
+        if tokens <= 0:
+            return  # nothing proposed (no n-gram match): says nothing about the next round
+        self.ms_per_token = _mean(self.ms_per_token, draft_ms / tokens)
+        self.ms_per_round = _mean(self.ms_per_round, catch_up_ms)
+
+
+def _mean(current: float, sample: float) -> float:
+    """A running mean that follows the machine (the first sample sets it)."""
+    return sample if current == 0.0 else 0.9 * current + 0.1 * sample
 
 
 def expected_tokens(rate: float, k: int) -> float:
@@ -158,17 +173,20 @@ def expected_tokens(rate: float, k: int) -> float:
 
 
 def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, cost: StepCost,
-           acceptance: AcceptanceEstimate, draft_ms_per_token: float = 0.0) -> dict[str, int]:
+           acceptance: AcceptanceEstimate, draft_ms_per_token: float = 0.0,
+           draft_ms_per_round: float = 0.0) -> dict[str, int]:
     """K for each holder (id, most drafts allowed), holders in the given order.
 
     ``base_rows``: rows of the tick without any drafts (every decode row, the holders' own
     included, plus prefill tokens); ``base_tokens``: tokens those rows produce;
-    ``draft_ms_per_token``: what proposing one draft token costs (``DraftTiming``).
+    ``draft_ms_per_token`` / ``draft_ms_per_round``: what proposing one draft token, and
+    one round whatever its K, costs (``DraftTiming``).
     """
     drafting = 0.0  # ms of the drafts chosen so far
 
     def tick_ms(total_rows: int, extra_drafts: int) -> float:
-        return cost.ms(total_rows) + drafting + extra_drafts * draft_ms_per_token
+        round_ms = draft_ms_per_round if extra_drafts else 0.0
+        return cost.ms(total_rows) + drafting + extra_drafts * draft_ms_per_token + round_ms
 
     rows, tokens = base_rows, base_tokens
     chosen: dict[str, int] = {}
@@ -191,6 +209,6 @@ def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, c
             best_k = PROBE_K  # a periodic probe: has the text turned predictable?
         chosen[request_id] = best_k
         rows += best_k
-        drafting += best_k * draft_ms_per_token
+        drafting += best_k * draft_ms_per_token + (draft_ms_per_round if best_k else 0.0)
         tokens += expected_tokens(rate, best_k) - 1
     return chosen

@@ -60,3 +60,5 @@ class RunnerResult:
     seqs: list[SeqResult] = field(default_factory=list)
     elapsed_ms: float = 0.0  # wall time of the tick's execution (forward, drafting, sampling)
     draft_ms: float = 0.0  # of which the drafter's proposals (slice ticks)
+    # Per proposal that adaptive K learns from: (ms drafting tokens, tokens, ms catching up).
+    draft_timings: list[tuple[float, int, float]] = field(default_factory=list)

@@ -137,7 +137,8 @@ class Scheduler:
         if self.step_cost is None or not self.lane_config.spec_adaptive_k:
             return dict(caps)
         return draft_length.choose(caps, base_rows=len(decoding), base_tokens=len(decoding), cost=self.step_cost,
-                                   acceptance=self.acceptance, draft_ms_per_token=self.draft_timing.ms_per_token)
+                                   acceptance=self.acceptance, draft_ms_per_token=self.draft_timing.ms_per_token,
+                                   draft_ms_per_round=self.draft_timing.ms_per_round)
 
     def take_released(self) -> tuple[str, ...]:
         """Requests that left since the last call (their drafter state can go)."""
@@ -207,8 +208,8 @@ class Scheduler:
     def update(self, result: RunnerResult, now: float) -> list[TokenEvent]:
         """Advance requests by the runner's result; account the lane; finish what ended."""
         events: list[TokenEvent] = []
-        if result.draft_ms > 0:
-            self.draft_timing.observe(result.draft_ms, sum(r.num_draft_tokens for r in result.seqs if r.spec_round))
+        for drafting_ms, tokens, catch_up_ms in result.draft_timings:
+            self.draft_timing.observe(drafting_ms, tokens, catch_up_ms)
         for res in result.seqs:
             request = self.running.get(res.request_id)
             if request is None:  # aborted while the tick ran
