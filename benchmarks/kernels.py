@@ -4,8 +4,8 @@
 
 Table 1: the 120 layer matmuls of one SmolLM2-135M forward (30 layers of qkv, o, gate_up,
 down; random int4 weights, ~66 MB, so they stream from memory as in the model) by rows,
-torch's ``_weight_int4pack_mm_for_cpu`` against our AVX2 build and, where the CPU has
-AVX-512, our AVX-512 build (the two give the same bits). Rows are what a tick puts through
+torch's ``_weight_int4pack_mm_for_cpu`` against each build of ours this CPU runs: AVX2,
+AVX-512, AVX-512 with bfloat16 dot products (all give the same bits). Rows are what a tick puts through
 the linears: 1 for a lone decode step, K+1 for a verify round, one per stream in a mixed
 tick, the prompt's tokens in a prefill.
 
@@ -54,7 +54,7 @@ def alternated_medians(measure: Callable[[str, object], float], kernels: list[st
 def matmul_table(rounds: int) -> None:
     torch.manual_seed(0)
     layers = [[quantize_int4_groups(torch.randn(n, k) * 0.02) for n, k in SHAPES] for _ in range(LAYERS)]
-    kernels = ["torch", "avx2"] + ([] if build.missing_cpu_flags("avx512") else ["avx512"])
+    kernels = ["torch"] + [isa for isa in reversed(int4_cpu.ISAS) if not build.missing_cpu_flags(isa)]
     weights = {kernel: with_int4_kernel(kernel, lambda: [[Int4Weight(*p) for p in layer] for layer in layers])
                for kernel in kernels}
     inputs = {rows: {k: torch.randn(rows, k).bfloat16() for k in (576, 1536)} for rows in ROWS}

@@ -88,21 +88,24 @@ def test_torch_fallback_is_selectable():
 
 @pytest.mark.skipif(build.missing_cpu_flags("avx512") != set() or not int4_cpu.available(),
                     reason="no AVX-512 CPU or no C compiler here")
-def test_every_build_gives_the_same_bits():
+@pytest.mark.parametrize("out_features", [1536, 1552])  # 1552: 97 tiles, a partial last buffered group
+def test_every_build_gives_the_same_bits(out_features):
     """Each output column is one vector lane doing the same operations in every build (the
-    bfloat16 dot product's pair step is two FMAs elsewhere); the direct path takes up to 6
-    rows in the AVX-512 builds and 2 in AVX2's, so 1-13 rows cover both paths of each."""
-    q, scale, minimum, _ = _weight(1536, 576)
-    x = torch.randn(13, 576).bfloat16()
+    bfloat16 dot product's pair step is two FMAs elsewhere). The direct path takes up to 12
+    rows in the bfloat16 build, 6 in the plain AVX-512 one and 4 in AVX2's; 1-18 rows and 140
+    cover both paths of each, every register tile height of the buffered one among them."""
+    q, scale, minimum, _ = _weight(out_features, 576)
+    x = torch.randn(140, 576).bfloat16()
+    rows_cases = [*range(1, 19), 140]
     isas = [isa for isa in int4_cpu.ISAS if not build.missing_cpu_flags(isa)]
     results = {}
     for isa in isas:
         with int4_cpu.using(isa):
             weight = Int4Weight(q, scale, minimum)
             assert weight.kernel == isa == int4_cpu.kernel_name()
-            results[isa] = [weight.matmul(x[:rows]) for rows in range(1, 14)]
+            results[isa] = [weight.matmul(x[:rows]) for rows in rows_cases]
     for isa in isas[1:]:
-        for rows, (a, b) in enumerate(zip(results[isas[0]], results[isa], strict=True), start=1):
+        for rows, a, b in zip(rows_cases, results[isas[0]], results[isa], strict=True):
             assert torch.equal(a, b), (isa, rows)
 
 

@@ -29,8 +29,10 @@
 // sum rounded to float32; checked bit for bit on Zen 5 over 2^20 random lanes), and the
 // other builds do it with two FMAs, which round an exact product's sum the same way. Every
 // column is one vector lane, so the path (direct or buffered) and the build do not change
-// a row's result. (Inputs below float32's normal range, which vdpbf16ps flushes to zero,
-// are beyond any activation a model produces.)
+// a row's result. Two limits of "the same bits in every build": vdpbf16ps flushes values
+// below float32's normal range to zero whatever MXCSR says, the FMAs follow MXCSR (beyond
+// any activation a model produces, but torch.set_flush_denormal changes only the FMA
+// builds); and the pair order was checked on Zen 5 only (the SDM documents it for Intel's).
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -49,11 +51,21 @@
 // The vector type and its few operations, so every build shares the loops below.
 #ifdef __AVX512F__
 #define VW 16  // floats per vector: one vector covers a tile's 16 columns
-// Rows up to which the direct path runs, and the buffered path's register tile: 6 rows x 4
-// tiles, 24 accumulators of a group's partial sums beside 4 weight vectors and a broadcast.
-#define DIRECT_MAX_ROWS 6
-#define MR 6
+// Rows up to which the direct path runs (its partial and running sums are 2 registers a
+// row), and the buffered path's register tile: MR rows x NT tiles of a group's partial sums
+// beside the tiles' weights and a broadcast. The bfloat16 build's weights are one register
+// a tile (6 x 4: 24 + 4 + 1), the plain build's two (6 x 3: 18 + 6 + 1; at 6 x 4 the
+// compiler kept two partial sums on the stack, and 8-96 rows took 1.05-1.06x the time).
+// The bfloat16 build's direct path to 12 rows: 7-12 rows 0.73-0.79x the time of the buffered
+// path (Zen 5, one process), which had made a 7-row forward 1.5x a 6-row one.
+#ifdef __AVX512BF16__
+#define DIRECT_MAX_ROWS 12
 #define NT 4
+#else
+#define DIRECT_MAX_ROWS 6
+#define NT 3
+#endif
+#define MR 6
 // The direct path reads one weight stream; a software prefetch this many bytes ahead made
 // 1-2 rows 0.88x the time on a Skylake-SP Xeon. On Zen 5 (the AVX512_BF16 build's CPU here)
 // it cost: without it 1 row took 0.89x the time and 5 rows 0.80x (all four layer shapes).
@@ -76,10 +88,11 @@ INLINE vec v_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256(
 #define VW 8
 // AVX2 has 16 vector registers, and a group's partial sums and the running sums both live
 // in them in the direct path: measured on Zen 5 (all four layer shapes of the default
-// model, one process), a 4-row direct path and a 6 x 1-tile buffered one were fastest
-// (3 rows 0.78x the time of a 2-row direct path; 5 rows 0.87x the time of 4 x 1 tiles).
+// model, one process), a 4-row direct path was fastest (3 rows 0.78x the time of a 2-row
+// one). The buffered tile: 5 rows, 10 partial sums + 4 weight vectors + a broadcast (at 6
+// rows one sum spilled to the stack; 5 and 6 measured within 3% of each other at 8-96 rows).
 #define DIRECT_MAX_ROWS 4
-#define MR 6
+#define MR 5
 #define NT 1
 #define PREFETCH_AHEAD 0
 #define TILES_PER_CALL 1  // a tile is two vectors here: two chains already
@@ -187,10 +200,12 @@ INLINE void store_row(const vec *acc, uint16_t *y) {  // one row's 16 columns ->
 // chains of TT tiles hides their latency without changing any column's operations.
 INLINE void direct(const int R, const int TT, const q4_weight *w, const q4_input *in, int tile0, uint16_t *y) {
     const int K = w->k, N = w->n;
-    vec acc[TT][R][NV];
+    // Sized by the largest call, not by R and TT: arrays sized by parameters are kept on
+    // the stack even once inlined with constants (read in the generated code).
+    vec acc[TILES_PER_CALL][DIRECT_MAX_ROWS][NV];
     UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) acc[t][r][v] = v_zero();
     for (int g = 0; g < K / GROUP; g++) {
-        vec d[TT][R][NV];
+        vec d[TILES_PER_CALL][DIRECT_MAX_ROWS][NV];
         UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) d[t][r][v] = v_zero();
         for (int p = g * PAIRS; p < (g + 1) * PAIRS; p++) {
             UNROLL for (int t = 0; t < TT; t++) {
@@ -264,12 +279,16 @@ INLINE void micro(const int R, const xin *x, int ldx, const float *sums, int lds
     }
 }
 
-_Static_assert(MR == 6, "micro_any's cases cover 1 .. MR - 1 rows");
+_Static_assert(MR == 5 || MR == 6, "micro_any's cases cover 1 .. MR - 1 rows");
+_Static_assert(DIRECT_MAX_ROWS == 4 || DIRECT_MAX_ROWS == 6 || DIRECT_MAX_ROWS == 12, "matmul_rows' cases cover 1 .. DIRECT_MAX_ROWS - 1 rows");
 
 static void micro_any(int R, const xin *x, int ldx, const float *sums, int lds, const q4_block *block, int kb, float *acc) {
     switch (R) {  // a compile-time R per case: the tile stays in registers
 #define CASE(r) case r: micro(r, x, ldx, sums, lds, block, kb, acc); break;
-    CASE(1) CASE(2) CASE(3) CASE(4) CASE(5)
+    CASE(1) CASE(2) CASE(3) CASE(4)
+#if MR > 5
+    CASE(5)
+#endif
 #undef CASE
     default: micro(MR, x, ldx, sums, lds, block, kb, acc); break;
     }
@@ -321,6 +340,9 @@ static void matmul_rows(const q4_input *in, const q4_weight *w, uint16_t *y, int
             CASE(1) CASE(2) CASE(3)
 #if DIRECT_MAX_ROWS > 4
             CASE(4) CASE(5)
+#endif
+#if DIRECT_MAX_ROWS > 6
+            CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11)
 #endif
 #undef CASE
             default: direct(DIRECT_MAX_ROWS, 1, w, in, u, y); break;
