@@ -56,8 +56,9 @@
 // beside the tiles' weights and a broadcast. The bfloat16 build's weights are one register
 // a tile (6 x 4: 24 + 4 + 1), the plain build's two (6 x 3: 18 + 6 + 1; at 6 x 4 the
 // compiler kept two partial sums on the stack, and 8-96 rows took 1.05-1.06x the time).
-// The bfloat16 build's direct path to 12 rows: 7-12 rows 0.73-0.79x the time of the buffered
-// path (Zen 5, one process), which had made a 7-row forward 1.5x a 6-row one.
+// The bfloat16 build's direct path to 12 rows: the default model's forward of 8 and of 12
+// positions took 0.63x the time of the buffered path's (Zen 5), which had made a 7-row
+// forward 1.5x a 6-row one.
 #ifdef __AVX512BF16__
 #define DIRECT_MAX_ROWS 12
 #define NT 4
@@ -67,13 +68,10 @@
 #endif
 #define MR 6
 // The direct path reads one weight stream; a software prefetch this many bytes ahead made
-// 1-2 rows 0.88x the time on a Skylake-SP Xeon. On Zen 5 (the AVX512_BF16 build's CPU here)
-// it cost: without it 1 row took 0.89x the time and 5 rows 0.80x (all four layer shapes).
-#ifdef __AVX512BF16__
-#define PREFETCH_AHEAD 0
-#else
+// 1-2 rows 0.88x the time on a Skylake-SP Xeon, and on Zen 5 the whole model's one-token
+// step 0.75-0.88x and a 5-row verify 0.85-0.9x (1024 and 4096 no better). (Four weights that
+// stay in cache ran faster without it: the model's ~70 MB stream from memory.)
 #define PREFETCH_AHEAD 2048
-#endif
 // 1-2 rows: tiles interleaved per direct() call, so that independent chains of multiply-
 // adds hide each other's latency (1 row: 0.85x the time of one tile at a time).
 #define TILES_PER_CALL 2
