@@ -1,13 +1,14 @@
 """Build our C kernels with the system compiler, once per source version, and load them.
 
 A kernel source may build for several instruction sets (each module's ``ISAS``: AVX-512
-and AVX2 for every kernel, and AVX-512 with its bfloat16 dot product for the int4 matmul).
-Each kernel has an environment switch (``SPECLANE_INT4_KERNEL``, ``SPECLANE_ATTENTION_KERNEL``,
-``SPECLANE_NORM_KERNEL``):
+and AVX2 for every kernel, and AVX-512 with its bfloat16 dot product for the int4 matmul;
+the prompt kernel, ``int4_amx.c``, builds only for AMX).
+Each kernel has an environment switch (``SPECLANE_INT4_KERNEL``, ``SPECLANE_PROMPT_KERNEL``,
+``SPECLANE_ATTENTION_KERNEL``, ``SPECLANE_NORM_KERNEL``):
 
 - ``auto`` (default): ours, for the widest instruction set of the source this CPU has,
   when a C compiler (``cc``/``gcc``) is on PATH, else torch's op (logged once);
-- ``avx512bf16`` / ``avx512`` / ``avx2``: ours for that instruction set, and an error if it cannot be built
+- ``amx`` / ``avx512bf16`` / ``avx512`` / ``avx2``: ours for that instruction set, and an error if it cannot be built
   or run here;
 - ``torch``: torch's op (for A/B benchmarks).
 
@@ -41,11 +42,13 @@ log = logging.getLogger(__name__)
 FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 # Instruction sets, widest first: the compiler flags of each build and the CPU flags it needs.
 ISA_FLAGS = {
+    "amx": ["-mavx512f", "-mavx512bw", "-mavx512bf16", "-mavx2", "-mfma", "-mf16c", "-mamx-tile", "-mamx-bf16"],
     "avx512bf16": ["-mavx512f", "-mavx512bw", "-mavx512bf16", "-mavx2", "-mfma", "-mf16c"],
     "avx512": ["-mavx512f", "-mavx512bw", "-mavx2", "-mfma", "-mf16c"],
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
 }
 ISA_CPU_FLAGS = {
+    "amx": {"avx512f", "avx512bw", "avx512_bf16", "avx2", "fma", "f16c", "amx_tile", "amx_bf16"},
     "avx512bf16": {"avx512f", "avx512bw", "avx512_bf16", "avx2", "fma", "f16c"},
     "avx512": {"avx512f", "avx512bw", "avx2", "fma", "f16c"},
     "avx2": {"avx2", "fma", "f16c"},
