@@ -191,3 +191,21 @@ def test_hol_scenario_end_to_end_on_a_toy_model(tmp_path, monkeypatch, capsys):
     assert counters["5th stream, speculation off"]["slice_rounds"] == 0  # the fifth stream decoded classically
     assert rows["slice"][6] == counters["slice"]["slice_rounds"]  # the table shows the same counters
     assert _is_png(out / "itl-cdf.png")
+
+
+def test_clients_resend_as_soon_as_an_answer_is_done_and_nothing_is_left_running():
+    """``drive_clients`` (the sustained-throughput table): a closed loop of clients over a window."""
+    from speclane.bench.driver import drive_clients
+
+    engine = ToyFactory(EngineConfig()).engine(spec_mode="off")
+    sent = []
+    add = engine.add_request
+    engine.add_request = lambda rid, *a, **k: (sent.append(rid), add(rid, *a, **k))[1]
+    prompts = [[1, 2, 3], [4, 5, 6, 7]]
+    tokens, window = drive_clients(engine, prompts, SamplingParams(max_tokens=3, ignore_eos=True), seconds=0.5)
+    assert window >= 0.5
+    per_client = Counter(rid.split("-")[0] for rid in sent)
+    assert set(per_client) == {"c0", "c1"} and min(per_client.values()) >= 3  # each resent after every answer
+    finished = len(sent) - len(prompts)  # one request per client is still open at the window's end (aborted)
+    assert tokens >= 3 * finished
+    assert not engine.has_unfinished() and engine.scheduler.slots.all_free

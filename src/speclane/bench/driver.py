@@ -103,5 +103,34 @@ def drive(engine: LLMEngine, jobs: list[Job], *, on_tick: Callable[[float], None
     return timelines, time.perf_counter() - start
 
 
+def drive_clients(engine: LLMEngine, prompts: list[list[int]], sampling: SamplingParams, seconds: float) -> tuple[int, float]:
+    """A closed loop of ``len(prompts)`` clients: each sends its prompt, and again as soon as
+    its last answer has finished, for ``seconds``. Returns the tokens every client received
+    within the window and the window's length (what is still running then is aborted)."""
+    start = time.perf_counter()
+    client_of: dict[str, int] = {}
+    sent = [0] * len(prompts)
+
+    def send(client: int) -> None:
+        rid = f"c{client}-{sent[client]}-{start}"
+        sent[client] += 1
+        client_of[rid] = client
+        engine.add_request(rid, prompts[client], sampling)
+
+    for client in range(len(prompts)):
+        send(client)
+    tokens = 0
+    while time.perf_counter() - start < seconds:
+        for out in engine.step():
+            tokens += len(out.token_ids)
+            if out.finished:
+                send(client_of.pop(out.request_id))
+    window = time.perf_counter() - start
+    for rid in client_of:
+        engine.abort_request(rid)
+    engine.run_until_done()
+    return tokens, window
+
+
 def progress(message: str) -> None:
     print(f"  .. {message}", flush=True)
