@@ -63,6 +63,10 @@ def mtp(factory: EngineFactory, new_tokens: int = 128, repeats: int = 2, quick: 
         "text == off"])
     positions = Table("Acceptance per draft position (slice rounds; position j counts rounds whose drafts 0..j-1 were accepted)",
                       ["drafter"] + [f"pos {j + 1}" for j in range(k)])
+    # Adaptive K drafts where recent acceptance pays, so these are the drafted stretches'
+    # rates, not the drafter's on the whole text (training.evaluate.acceptance_report replays that).
+    positions.notes.append("Counts only the rounds adaptive K chose to draft (a selection of the easier stretches); "
+                           "the head's rate over whole answers is the offline replay's (training.evaluate.acceptance_report).")
     for name, engine in engines.items():
         c = engine.counters
         rounds = c.slice_rounds
