@@ -2,27 +2,19 @@
 
 import pytest
 import torch
+from int4_weights import random_int4_weight
 
 from speclane.kernels import build, int4_cpu
-from speclane.models.linear import Int4Weight, quantize_int4_groups
+from speclane.models.linear import Int4Weight
 
 needs_kernel = pytest.mark.skipif(not int4_cpu.available(), reason="no AVX2 CPU or no C compiler here")
-
-
-def _weight(out_features: int, in_features: int, seed: int = 0):
-    torch.manual_seed(seed)
-    q, scale, minimum = quantize_int4_groups(torch.randn(out_features, in_features) * 0.05)
-    # float16 scales and minimums, as GGUF's Q4_1 blocks store them (and the kernel keeps them)
-    scale, minimum = scale.half().float(), minimum.half().float()
-    dense = (q.float().reshape(out_features, -1, 32) * scale[..., None] + minimum[..., None]).reshape(out_features, -1)
-    return q, scale, minimum, dense
 
 
 @needs_kernel
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 9, 16, 70])
 @pytest.mark.parametrize("shape", [(192, 576), (80, 1536)])  # 80 columns: an odd number of 16-column tiles
 def test_matches_float64_reference(rows, shape):
-    q, scale, minimum, dense = _weight(*shape)
+    q, scale, minimum, dense = random_int4_weight(*shape)
     weight = Int4Weight(q, scale, minimum)
     assert weight.kernel in int4_cpu.ISAS
     x = torch.randn(rows, shape[1]).bfloat16()
@@ -37,7 +29,7 @@ def test_matches_float64_reference(rows, shape):
 @pytest.mark.parametrize("out_features", [1536, 1552])  # 1552: 97 tiles, the last buffered group has one
 def test_a_rows_result_does_not_depend_on_its_neighbours(out_features):
     """Every path (direct for few rows, buffered for more, blocks of 128 rows) gives the same bits per row."""
-    q, scale, minimum, _ = _weight(out_features, 576)
+    q, scale, minimum, _ = random_int4_weight(out_features, 576)
     weight = Int4Weight(q, scale, minimum)
     x = torch.randn(140, 576).bfloat16()
     alone = torch.cat([weight.matmul(x[i : i + 1]) for i in range(140)])
@@ -50,7 +42,7 @@ def test_a_rows_result_does_not_depend_on_its_neighbours(out_features):
 def test_outputs_round_to_nearest_even_and_keep_nan(rows):
     """The kernel's bfloat16 rounding is torch's: one output column's weights are all zero but
     one input column, so the float32 sum is a single product that .to(bfloat16) rounds."""
-    q, scale, minimum, _ = _weight(16, 64)
+    q, scale, minimum, _ = random_int4_weight(16, 64)
     q.zero_()
     minimum.zero_()
     scale.fill_(1.0)
@@ -68,7 +60,7 @@ def test_outputs_round_to_nearest_even_and_keep_nan(rows):
 
 @needs_kernel
 def test_graph_operator_is_the_same_kernel():
-    q, scale, minimum, _ = _weight(192, 576)
+    q, scale, minimum, _ = random_int4_weight(192, 576)
     weight = Int4Weight(q, scale, minimum)
     x = torch.randn(3, 576).bfloat16()
     assert torch.equal(weight.graph_matmul(x, *weight.tensors), weight.matmul(x))
@@ -77,7 +69,7 @@ def test_graph_operator_is_the_same_kernel():
 def test_torch_fallback_is_selectable():
     """SPECLANE_INT4_KERNEL=torch (and a machine without the kernel) use torch's int4 op."""
     with int4_cpu.using("torch"):
-        q, scale, minimum, dense = _weight(192, 576)
+        q, scale, minimum, dense = random_int4_weight(192, 576)
         weight = Int4Weight(q, scale, minimum)
         assert weight.kernel == "torch" and int4_cpu.kernel_name() == "torch"
         x = torch.randn(5, 576).bfloat16()
@@ -94,7 +86,7 @@ def test_every_build_gives_the_same_bits(out_features):
     bfloat16 dot product's pair step is two FMAs elsewhere). The direct path takes up to 12
     rows in the bfloat16 build, 6 in the plain AVX-512 one and 4 in AVX2's; 1-18 rows and 140
     cover both paths of each, every register tile height of the buffered one among them."""
-    q, scale, minimum, _ = _weight(out_features, 576)
+    q, scale, minimum, _ = random_int4_weight(out_features, 576)
     x = torch.randn(140, 576).bfloat16()
     rows_cases = [*range(1, 19), 140]
     isas = [isa for isa in int4_cpu.ISAS if not build.missing_cpu_flags(isa)]
@@ -122,14 +114,14 @@ def test_unknown_kernel_name_is_a_clear_error(monkeypatch):
 
 
 def test_pack_rejects_shapes_the_kernel_cannot_tile():
-    q, scale, minimum, _ = _weight(24, 64)
+    q, scale, minimum, _ = random_int4_weight(24, 64)
     with pytest.raises(ValueError, match="N % 16"):
         int4_cpu.pack(q, scale, minimum)
 
 
 @needs_kernel
 def test_an_input_of_the_wrong_width_is_refused():
-    q, scale, minimum, _ = _weight(192, 576)
+    q, scale, minimum, _ = random_int4_weight(192, 576)
     with pytest.raises(ValueError, match="input has 512 columns, the weight 576"):
         Int4Weight(q, scale, minimum).matmul(torch.randn(2, 512).bfloat16())
 
@@ -137,7 +129,7 @@ def test_an_input_of_the_wrong_width_is_refused():
 @needs_kernel
 def test_the_custom_operator_passes_torchs_opcheck():
     """The op --compile puts in its graph: schema, fake (meta) kernel and eager kernel agree."""
-    q, scale, minimum, _ = _weight(192, 576)
+    q, scale, minimum, _ = random_int4_weight(192, 576)
     weight = Int4Weight(q, scale, minimum)
     x = torch.randn(3, 576).bfloat16()
     torch.library.opcheck(torch.ops.speclane.int4_matmul.default, (x, *weight.tensors),
@@ -152,7 +144,7 @@ def test_a_threads_input_buffer_is_freed_when_the_thread_exits():
     import threading
 
     psutil = pytest.importorskip("psutil")
-    q, scale, minimum, dense = _weight(16, 1536)
+    q, scale, minimum, dense = random_int4_weight(16, 1536)
     weight = Int4Weight(q, scale, minimum)
     x = torch.randn(256, 1536).bfloat16()
     expected = weight.matmul(x)

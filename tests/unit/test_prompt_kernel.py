@@ -3,20 +3,13 @@ invariance, and that the model gives it prompt positions only."""
 
 import pytest
 import torch
+from int4_weights import random_int4_weight
 
 from speclane.kernels import build, int4_cpu
-from speclane.models.linear import Int4Weight, quantize_int4_groups
+from speclane.models.linear import Int4Weight
 
 has_amx = int4_cpu.available() and not build.missing_cpu_flags("amx")
 needs_amx = pytest.mark.skipif(not has_amx, reason="no AMX (amx_tile, amx_bf16) on this CPU")
-
-
-def _weight(out_features: int, in_features: int, seed: int = 0):
-    torch.manual_seed(seed)
-    q, scale, minimum = quantize_int4_groups(torch.randn(out_features, in_features) * 0.05)
-    scale, minimum = scale.half().float(), minimum.half().float()  # as GGUF's Q4_1 stores them
-    dense = (q.float().reshape(out_features, -1, 32) * scale[..., None] + minimum[..., None]).reshape(out_features, -1)
-    return q, scale, minimum, dense
 
 
 @pytest.fixture
@@ -43,7 +36,7 @@ def test_asking_for_it_without_amx_says_what_is_missing(amx):
 @pytest.mark.parametrize("rows", [1, 15, 16, 17, 96])
 @pytest.mark.parametrize("shape", [(192, 576), (80, 1536)])
 def test_matches_float64_reference_and_the_int4_matmul(amx, rows, shape):
-    q, scale, minimum, dense = _weight(*shape)
+    q, scale, minimum, dense = random_int4_weight(*shape)
     weight = Int4Weight(q, scale, minimum)
     assert weight.prompt_kernel
     x = torch.randn(rows, shape[1]).bfloat16()
@@ -58,7 +51,7 @@ def test_matches_float64_reference_and_the_int4_matmul(amx, rows, shape):
 @needs_amx
 def test_a_rows_result_does_not_depend_on_its_neighbours(amx):
     """Row blocks of 16, padding, threads splitting columns: a prompt chunked any way gives the same bits."""
-    q, scale, minimum, _ = _weight(1552, 576)
+    q, scale, minimum, _ = random_int4_weight(1552, 576)
     weight = Int4Weight(q, scale, minimum)
     x = torch.randn(70, 576).bfloat16()
     whole = weight.matmul_prompt(x)

@@ -233,17 +233,22 @@ def throughput(factory: EngineFactory, quick: bool = False, repeats: int = 5) ->
     runs = alternate({k: arm(k) for k in engines}, 1 if quick else repeats)
     table = Table(f"Aggregate throughput, 8 greedy streams x {n} tokens",
                   ["mode", "tok/s (median)", "runs", "vs off (medians)", "vs off (median of paired runs)", "slice rounds (cumulative)"])
-    off = runs["speculation off"]
     for name in engines:
-        # Paired: each run against the off run of the same A B C pass, so a slow minute of
-        # the machine (±15% here) cancels instead of landing on one arm's median.
-        paired = median([a / b for a, b in zip(runs[name], off, strict=True)])
-        table.add(name, median(runs[name]), ", ".join(f"{x:.1f}" for x in runs[name]), f"{median(runs[name]) / median(off):.2f}x",
-                  f"{paired:.2f}x", counters.get(name, 0))
+        table.add(name, *_against_off(runs, name), counters.get(name, 0))
     table.notes.append("Arms alternate A B C after a warm-up; one engine per arm; 7 chat streams + 1 copy stream, all may hold the lane. "
                        "A closed batch: the seven chat streams set the run's length in every arm (the copy stream's early finish "
                        "frees its row for the rest of the run), so drafts can at best break even here.")
     return [table, _sustained_throughput(engines, prompts, n, quick)]
+
+
+def _against_off(runs: dict[str, list[float]], name: str) -> list:
+    """An arm's median tok/s, its runs, and its ratio to speculation off by medians and paired.
+
+    Paired: each run against the off run of the same A B C pass, so a slow minute of the
+    machine (±15% here) cancels instead of landing on one arm's median."""
+    mine, off = runs[name], runs["speculation off"]
+    paired = median([a / b for a, b in zip(mine, off, strict=True)])
+    return [median(mine), ", ".join(f"{x:.1f}" for x in mine), f"{median(mine) / median(off):.2f}x", f"{paired:.2f}x"]
 
 
 def _sustained_throughput(engines: dict, prompts: list[list[int]], n: int, quick: bool) -> Table:
@@ -253,16 +258,16 @@ def _sustained_throughput(engines: dict, prompts: list[list[int]], n: int, quick
     sampling = SamplingParams(max_tokens=n, ignore_eos=True)
 
     def arm(name):
-        return lambda: drive_clients(engines[name], prompts, sampling, seconds)[0] / seconds
+        def run() -> float:
+            tokens, window = drive_clients(engines[name], prompts, sampling, seconds)
+            return tokens / window  # the window ends after the tick that crossed ``seconds``
+        return run
 
     runs = alternate({k: arm(k) for k in engines}, 1 if quick else 5)
     table = Table(f"Sustained throughput, 8 clients sending back to back ({n} tokens per answer) for {seconds:.0f} s",
                   ["mode", "tok/s (median)", "runs", "vs off (medians)", "vs off (median of paired runs)"])
-    off = runs["speculation off"]
     for name in engines:
-        paired = median([a / b for a, b in zip(runs[name], off, strict=True)])
-        table.add(name, median(runs[name]), ", ".join(f"{x:.1f}" for x in runs[name]),
-                  f"{median(runs[name]) / median(off):.2f}x", f"{paired:.2f}x")
+        table.add(name, *_against_off(runs, name))
     table.notes.append("Arms alternate A B C after a warm-up; the same engines and prompts as the closed batch above (7 chat "
                        "clients + 1 copy client, all may hold the lane). Tokens counted as they reach the clients within the "
                        "window; what runs at its end is aborted.")

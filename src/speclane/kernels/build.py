@@ -3,12 +3,13 @@
 A kernel source may build for several instruction sets (each module's ``ISAS``: AVX-512
 and AVX2 for every kernel, and AVX-512 with its bfloat16 dot product for the int4 matmul;
 the prompt kernel, ``int4_amx.c``, builds only for AMX).
-Each kernel has an environment switch (``SPECLANE_INT4_KERNEL``, ``SPECLANE_PROMPT_KERNEL``,
-``SPECLANE_ATTENTION_KERNEL``, ``SPECLANE_NORM_KERNEL``):
+Each kernel has an environment switch (``SPECLANE_INT4_KERNEL``, ``SPECLANE_ATTENTION_KERNEL``,
+``SPECLANE_NORM_KERNEL``; the opt-in prompt kernel's ``SPECLANE_PROMPT_KERNEL`` takes ``off``
+or ``amx`` instead, see ``int4_cpu``):
 
 - ``auto`` (default): ours, for the widest instruction set of the source this CPU has,
   when a C compiler (``cc``/``gcc``) is on PATH, else torch's op (logged once);
-- ``amx`` / ``avx512bf16`` / ``avx512`` / ``avx2``: ours for that instruction set, and an error if it cannot be built
+- ``avx512bf16`` / ``avx512`` / ``avx2``: ours for that instruction set, and an error if it cannot be built
   or run here;
 - ``torch``: torch's op (for A/B benchmarks).
 
