@@ -35,8 +35,6 @@ def forward_ms(model, cache, rows: int, cached: int) -> float:
     cache.lengths[0] = cached
     batch = RaggedBatch(input_ids=torch.randint(0, 1000, (rows,)), positions=torch.arange(cached, cached + rows),
                         slots=[0], starts=[cached], num_new=[rows])
-    if not cached and "prompt_rows" in RaggedBatch.__dataclass_fields__:  # a prefill's rows are a prompt's
-        batch.prompt_rows = [rows]
     start = time.perf_counter()
     hidden = model(batch, cache)
     model.logits(hidden if cached else hidden[-1:])  # a prefill samples from its last row only

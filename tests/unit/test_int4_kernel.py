@@ -1,8 +1,10 @@
 """Our int4 kernel (kernels/int4_x86.c): exact maths, batch invariance, its builds, fallback."""
 
+import logging
+
 import pytest
 import torch
-from int4_weights import random_int4_weight
+from int4_weights import grid_round, random_int4_weight, wide_range_inputs
 
 from speclane.kernels import build, int4_cpu
 from speclane.models.linear import Int4Weight
@@ -84,7 +86,7 @@ def test_torch_fallback_is_selectable():
 def test_every_build_gives_the_same_bits(out_features):
     """Each output column is one vector lane doing the same operations in every build (the
     bfloat16 dot product's pair step is two FMAs elsewhere). The direct path takes up to 12
-    rows in the bfloat16 build, 6 in the plain AVX-512 one and 4 in AVX2's; 1-18 rows and 140
+    rows in the AVX-512 builds and 4 in AVX2's; 1-18 rows and 140
     cover both paths of each, every register tile height of the buffered one among them."""
     q, scale, minimum, _ = random_int4_weight(out_features, 576)
     x = torch.randn(140, 576).bfloat16()
@@ -162,3 +164,54 @@ def test_a_threads_input_buffer_is_freed_when_the_thread_exits():
         run_in_a_thread()
     grown_mb = (psutil.Process().memory_info().rss - before) / 2**20
     assert grown_mb < 20, f"the process grew by {grown_mb:.0f} MB"
+
+
+def test_auto_keeps_the_widest_build_unless_another_is_clearly_faster():
+    """auto's choice between the two AVX-512 builds (the same bits): a draw keeps the
+    incumbent, a build at most TIMING_MARGIN of its time replaces it."""
+    assert int4_cpu.faster({"avx512bf16": 1.0, "avx512": 0.97}, "avx512bf16") == "avx512bf16"
+    assert int4_cpu.faster({"avx512bf16": 1.0, "avx512": 0.7}, "avx512bf16") == "avx512"
+    assert int4_cpu.faster({"avx512bf16": 0.8, "avx512": 1.0}, "avx512bf16") == "avx512bf16"
+    assert int4_cpu.faster({"avx512bf16": 1.0, "avx512": 0.95}, "avx512bf16", margin=0.95) == "avx512"
+
+
+@pytest.mark.skipif(build.missing_cpu_flags("avx512bf16") != set() or not int4_cpu.available(),
+                    reason="no AVX512_BF16 CPU or no C compiler here")
+def test_auto_on_a_bfloat16_cpu_times_both_avx512_builds(caplog):
+    """With AVX512_BF16, auto loads both AVX-512 builds, times them and keeps the one
+    ``faster`` names, and says so in the log."""
+    with caplog.at_level(logging.INFO, logger="speclane.kernels.int4_cpu"), int4_cpu.using("auto"):
+        chosen = int4_cpu.kernel_name()
+    [message] = [r.getMessage() for r in caplog.records if "auto chose" in r.getMessage()]
+    assert message.startswith(f"int4_x86: auto chose {chosen} (")
+    assert "avx512bf16 " in message and "avx512 " in message
+    libraries = {isa: build.load_build(int4_cpu.SOURCE, isa, int4_cpu._declare).library for isa in ("avx512bf16", "avx512")}
+    ms = int4_cpu.time_builds(libraries)
+    assert set(ms) == {"avx512bf16", "avx512"} and all(value > 0 for value in ms.values())
+
+
+@needs_kernel
+def test_inputs_are_rounded_to_their_groups_grid():
+    """An input 2^10 below its group's largest keeps 2^-4 of it (q4.h's round_group): 16
+    inputs of 1 + 2^-7 beside an input of 1024 (weighted 0) sum as 16, not 16.125 (both
+    exact in bfloat16). Without the rounding the tile kernel could not give these bits."""
+    q = torch.zeros(16, 32, dtype=torch.int64)
+    q[:, 1:17] = 1
+    weight = Int4Weight(q, torch.ones(16, 1), torch.zeros(16, 1))
+    x = torch.zeros(1, 32)
+    x[0, 0], x[0, 1:17] = 1024.0, 1 + 2**-7
+    assert torch.equal(weight.matmul(x.bfloat16()), torch.full((1, 16), 16.0).bfloat16())
+    x[0, 0] = 2.0  # within 2^6 of the largest: unchanged
+    assert torch.equal(weight.matmul(x.bfloat16()), torch.full((1, 16), 16.125).bfloat16())
+
+
+@needs_kernel
+def test_the_rounding_is_the_documented_one():
+    """The kernel on x == the kernel on grid_round(x) (the torch statement of round_group),
+    and the rounding changes inputs here (else the first check could not fail)."""
+    q, scale, minimum, _ = random_int4_weight(192, 576)
+    weight = Int4Weight(q, scale, minimum)
+    x = wide_range_inputs(20, 576)
+    rounded = grid_round(x)
+    assert not torch.equal(rounded, x)
+    assert torch.equal(weight.matmul(x), weight.matmul(rounded))

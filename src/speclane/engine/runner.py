@@ -81,8 +81,6 @@ class ModelRunner:
             slots=[s.slot for s in seqs],
             starts=[s.start for s in seqs],
             num_new=[len(t) for t in fed],
-            # A prompt position is a prompt position whatever else shares the tick.
-            prompt_rows=[max(0, min(len(t), s.request.num_prompt_tokens - s.start)) for s, t in zip(seqs, fed, strict=True)],
         )
         hidden = self.model(batch, self.cache)  # [T, hidden]
 

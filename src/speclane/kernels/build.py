@@ -2,13 +2,14 @@
 
 A kernel source may build for several instruction sets (each module's ``ISAS``: AVX-512
 and AVX2 for every kernel, and AVX-512 with its bfloat16 dot product for the int4 matmul;
-the prompt kernel, ``int4_amx.c``, builds only for AMX).
+the int4 tile kernel, ``int4_amx.c``, builds only for AMX).
 Each kernel has an environment switch (``SPECLANE_INT4_KERNEL``, ``SPECLANE_ATTENTION_KERNEL``,
-``SPECLANE_NORM_KERNEL``; the opt-in prompt kernel's ``SPECLANE_PROMPT_KERNEL`` takes ``off``
-or ``amx`` instead, see ``int4_cpu``):
+``SPECLANE_NORM_KERNEL``; the tile kernel's ``SPECLANE_TILE_KERNEL`` takes ``auto``, ``amx``
+or ``off`` instead, see ``int4_cpu``):
 
 - ``auto`` (default): ours, for the widest instruction set of the source this CPU has,
-  when a C compiler (``cc``/``gcc``) is on PATH, else torch's op (logged once);
+  when a C compiler (``cc``/``gcc``) is on PATH, else torch's op (logged once); the int4
+  matmul's ``auto`` then times its two AVX-512 builds and keeps the faster (``int4_cpu``);
 - ``avx512bf16`` / ``avx512`` / ``avx2``: ours for that instruction set, and an error if it cannot be built
   or run here;
 - ``torch``: torch's op (for A/B benchmarks).
@@ -143,21 +144,31 @@ def load(source: Path, switch: str, declare: Callable[[ctypes.CDLL], None], isas
         log.info("%s: torch's (%s=torch)", source.stem, switch)
         return None
     try:
-        isa = _pick_isa(choice, isas)
-        path = CACHE_DIR / f"{source.stem}-{isa}-{digest(source)}.so"
-        if not path.exists():
-            _compile(source, isa, path)
-        lib = ctypes.CDLL(str(path))
-    except (KernelUnavailable, OSError) as err:
+        kernel = load_build(source, _pick_isa(choice, isas), declare)
+    except KernelUnavailable as err:
         if choice != "auto":
             raise KernelUnavailable(f"{switch}={choice} but {source.name} is unavailable: {err}") from err
         log.warning("%s: torch's, because ours is unavailable (%s)", source.stem, err)
         return None
-    declare(lib)
-    log.info("%s: ours, %s (%s)", source.stem, isa, path)
     if len(_openmp_runtimes()) > 1:  # e.g. a torch wheel whose libgomp has another soname
         log.warning("%s runs on a second OpenMP runtime beside torch's (%s): two thread pools share the cores",
                     source.stem, ", ".join(sorted(_openmp_runtimes())))
+    return kernel
+
+
+def load_build(source: Path, isa: str, declare: Callable[[ctypes.CDLL], None]) -> Kernel:
+    """The ``isa`` build of ``source`` (compiled on first use), its functions declared;
+    KernelUnavailable where it cannot be built or loaded. The CPU's flags are the caller's
+    to check (``missing_cpu_flags``)."""
+    path = CACHE_DIR / f"{source.stem}-{isa}-{digest(source)}.so"
+    try:
+        if not path.exists():
+            _compile(source, isa, path)
+        lib = ctypes.CDLL(str(path))
+    except OSError as err:
+        raise KernelUnavailable(str(err)) from err
+    declare(lib)
+    log.info("%s: ours, %s (%s)", source.stem, isa, path)
     return Kernel(lib, isa)
 
 

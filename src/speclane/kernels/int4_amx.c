@@ -1,23 +1,21 @@
-// The prompt kernel: the int4 matmul of int4_x86.c on Intel's AMX tiles (Sapphire Rapids
-// and later), for the rows of a prompt. Loaded by int4_cpu.py beside the int4 matmul.
+// The tile kernel: the int4 matmul of int4_x86.c on Intel's AMX tiles (Sapphire Rapids
+// and later), for calls of many rows. Loaded by int4_cpu.py beside the int4 matmul, which
+// sends it every call of TILE_MIN_ROWS rows or more.
 //
-// Why a second kernel: a prompt's rows are many (a 96-token chunk is 96 rows), and there
-// the int4 matmul is bound by its multiply-adds (vdpbf16ps: 32 a cycle per lane group).
-// One AMX TDPBF16PS multiplies a 16-row x 32-input tile of bfloat16 inputs by a 32 x 16
-// tile of weights: 8,192 multiply-adds, one group of the arithmetic below for 16 rows x
-// 16 columns at once.
+// Why a second kernel: with many rows (a 96-token prefill chunk is 96) the int4 matmul is
+// bound by its multiply-adds (32 a cycle per core on AVX-512 FMAs). One AMX TDPBF16PS
+// multiplies a 16-row x 32-input tile of bfloat16 inputs by a 32 x 16 tile of weights:
+// 8,192 multiply-adds, one group of the arithmetic below for 16 rows x 16 columns at once.
 //
-// The arithmetic is int4_x86.c's: per group of 32 inputs,
+// The arithmetic is int4_x86.c's: per group of 32 inputs, rounded to their group's grid
+// (q4.h, round_group),
 //     d = sum(x[k] q[k]);  acc = fma(scale, d, acc);  acc = fma(minimum, sum_x, acc)
-// with exact products. Only the order in which the tile unit adds a group's 32 products
-// differs, and it is not documented: measured on this project's Xeon over 2^20 outputs, it
-// is none of sequential pairs (either order), one rounding in double, or a pairwise tree.
-// So a row's bits here differ from the int4 matmul's in the last place of d, and the
-// engine keeps the two apart by what a row is: a prompt position always runs here (where
-// AMX is), a generated or verified position always in int4_x86.c. Within this kernel a
-// row's result does not depend on M or on its neighbours (the tile unit computes each row
-// of a tile alone, and the threads split columns, not rows): a prompt chunked any way
-// gives the same bits.
+// with exact products. The tile unit adds a group's 32 products in an order of its own
+// (not documented; measured on this project's Xeon, none of sequential pairs either way,
+// one rounding in double or a pairwise tree) — and on the grid every such sum is exact in
+// float32, so d and every output are the int4 matmul's bits (test: every build against
+// this one, 1-140 rows). A row's result does not depend on M or on its neighbours (the
+// tile unit computes each row of a tile alone, and the threads split columns, not rows).
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
@@ -106,7 +104,7 @@ static void row_block(const uint16_t *x, const float *sums, const __m512i *b, co
     }
 }
 
-// y = x @ W^T for the rows of a prompt, with int4_x86.c's arguments and weight layout.
+// y = x @ W^T, with int4_x86.c's arguments and weight layout.
 // The caller has had amx_init() succeed and checks N % 16 == 0 and K % 32 == 0.
 void int4_matmul_amx(const uint16_t *x, const uint8_t *packed, const uint16_t *scale, const uint16_t *minimum,
                      uint16_t *y, int M, int N, int K) {
@@ -117,10 +115,8 @@ void int4_matmul_amx(const uint16_t *x, const uint8_t *packed, const uint16_t *s
     float *scratch = input_buffer_for(x_floats + (size_t)padded * groups + 16);
     uint16_t *xp = (uint16_t *)scratch;
     float *sums = scratch + (x_floats + 15) / 16 * 16;
-    memcpy(xp, x, (size_t)M * K * sizeof(uint16_t));
+    prepare_inputs(x, xp, sums, M, K);  // as int4_x86.c reads them (q4.h)
     memset(xp + (size_t)M * K, 0, (size_t)(padded - M) * K * sizeof(uint16_t));
-    for (int r = 0; r < M; r++)
-        for (int g = 0; g < groups; g++) sums[(size_t)r * groups + g] = group_sum(xp + (size_t)r * K + g * GROUP);
     const int tiles = N / LANES;
     #pragma omp parallel
     {

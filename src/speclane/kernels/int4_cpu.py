@@ -5,14 +5,21 @@ build), built and loaded by ``build.py``.
 ``_weight_int4pack_mm_for_cpu`` (see ``build.py``); ``Int4Weight`` asks here once. All
 builds give the same bits (each output column is one vector lane doing the same operations).
 
-``SPECLANE_PROMPT_KERNEL=amx`` (opt-in; default ``off``) adds, where the CPU has AMX, a
-second kernel over the same packed weights (``int4_amx.c``, the prompt kernel) for the
-rows of prompts: many rows, where the tile unit's multiply-adds make a 96-token prefill
-~0.35x the time. Its rows round differently in the last place, so the model sends it
-prompt positions only, never a generated or verified one (``LlamaModel.forward``). Why
-opt-in: as accurate as the int4 matmul (top-1 agreement with the float32 model on 214 and
-213 of 216 prompts' first tokens), it flips other near-ties, and the default model's
-"What is the capital of France?" is one (0.08 logits apart in float32): it loses Paris.
+``auto`` on a CPU with AVX512_BF16 times the two AVX-512 builds on a few rows and keeps the
+faster (``_faster_build``): which one wins depends on the core, not on its flags. On a Zen 5
+``vdpbf16ps`` (two multiply-adds per lane) made a 5-row verify 0.68x the time; on an Intel
+Xeon with AMX it runs at half the plain build's FMA rate (5 rows 1.37x, 96 rows 1.64x the
+plain build's time). The bits are the same either way, so the choice changes only speed.
+
+``SPECLANE_TILE_KERNEL=auto|amx|off`` (default ``auto``): where the CPU has AMX (and Linux
+grants this process its tiles), a second kernel over the same packed weights
+(``int4_amx.c``, the tile kernel) takes every call of ``TILE_MIN_ROWS`` rows or more: a
+prefill's chunks, a verify round of K >= 8, a mixed tick of many streams. Its tile unit adds
+a group's products in an order of its own, and that does not change the bits: the int4
+arithmetic rounds each input to a grid of its group (``q4.h``, ``round_group``) on which
+every sum of a group's products is exact in float32, whatever the order. So a row's result
+does not depend on the kernel its call took, and the choice is by rows alone. ``amx``: an
+error where it cannot run; ``off``: never.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import statistics
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from functools import cache
@@ -30,7 +39,7 @@ import torch
 from speclane.kernels import build
 from speclane.kernels.build import KernelUnavailable
 
-__all__ = ["KernelUnavailable", "available", "bind", "kernel_name", "matmul", "pack", "prompt_library", "source_digest"]
+__all__ = ["KernelUnavailable", "available", "bind", "kernel_name", "matmul", "pack", "source_digest", "tile_library"]
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +48,15 @@ ISAS = ("avx512bf16", "avx512", "avx2")  # the builds of SOURCE, widest first
 SWITCH = "SPECLANE_INT4_KERNEL"
 LANES = 16  # output columns per packed tile (the C file's LANES)
 GROUP = 32  # input columns per (scale, minimum) pair
-PROMPT_SOURCE = Path(__file__).with_name("int4_amx.c")
-PROMPT_ISAS = ("amx",)
-PROMPT_SWITCH = "SPECLANE_PROMPT_KERNEL"
-PROMPT_CHOICES = ("off", "amx")
+TILE_SOURCE = Path(__file__).with_name("int4_amx.c")
+TILE_ISAS = ("amx",)
+TILE_SWITCH = "SPECLANE_TILE_KERNEL"
+TILE_CHOICES = ("auto", "amx", "off")
+# Calls of this many rows or more run on the tile kernel: the 120 layer matmuls of the
+# default model took 0.99x the plain AVX-512 build's time at 8 rows, 0.91x at 9, 0.58x at
+# 16 and 0.40x at 96 (Intel Xeon with AMX); below 8 its fixed cost (unpacking every
+# weight into the tile layout, ~7 ms a forward) loses (1.2-1.6x at 1-5 rows).
+TILE_MIN_ROWS = 8
 
 
 def requested_kernel() -> str:
@@ -59,7 +73,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.int4_matmul.restype = None
 
 
-def _declare_prompt(lib: ctypes.CDLL) -> None:
+def _declare_tiles(lib: ctypes.CDLL) -> None:
     lib.amx_init.argtypes = []
     lib.amx_init.restype = ctypes.c_int
     lib.int4_matmul_amx.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 3
@@ -74,8 +88,66 @@ def _kernel() -> build.Kernel | None:
     """The loaded kernel, or None when torch's kernel is to be used."""
     global _loaded
     kernel = build.load(SOURCE, SWITCH, _declare, ISAS)
+    if kernel is not None and kernel.isa == "avx512bf16" and requested_kernel() == "auto":
+        kernel = _faster_build(kernel)
     _loaded = kernel.library if kernel else _loaded
     return kernel
+
+
+# The timing behind auto's choice: a gate_up-shaped weight (~1 MB packed: it stays in
+# cache, so the timing is of the multiply-adds, where the builds differ; one row streams
+# the model's weights from memory at the same speed in both) at a verify round's rows.
+TIMING_SHAPE = (3072, 576)
+TIMING_ROWS = 8
+TIMING_ROUNDS = 7
+TIMING_CALLS = 4  # per round and build; the builds alternate round by round
+# The widest build is kept unless another takes at most this fraction of its time: on a
+# draw (noise on a shared machine), no reason to move.
+TIMING_MARGIN = 0.95
+
+
+def _faster_build(widest: build.Kernel) -> build.Kernel:
+    """``auto`` with AVX512_BF16: the bfloat16 build or the plain AVX-512 one, by a timing
+    (~10 ms; both give the same bits). The plain one unavailable: the bfloat16 one."""
+    try:
+        plain = build.load_build(SOURCE, "avx512", _declare)
+    except KernelUnavailable as err:
+        log.warning("int4_x86: the avx512 build is unavailable (%s); keeping %s", err, widest.isa)
+        return widest
+    kernels = {kernel.isa: kernel for kernel in (widest, plain)}
+    ms = time_builds({isa: kernel.library for isa, kernel in kernels.items()})
+    isa = faster(ms, widest.isa)
+    log.info("int4_x86: auto chose %s (%s ms per %d-row call)", isa,
+             ", ".join(f"{name} {value:.3f}" for name, value in ms.items()), TIMING_ROWS)
+    return kernels[isa]
+
+
+def time_builds(libraries: dict[str, ctypes.CDLL]) -> dict[str, float]:
+    """Median ms per call of each build on ``TIMING_SHAPE`` at ``TIMING_ROWS`` rows, the
+    builds alternated so that a slow moment of the machine falls on both."""
+    n, k = TIMING_SHAPE
+    generator = torch.Generator().manual_seed(0)
+    packed = torch.randint(0, 256, (n // LANES, k // 2, LANES), dtype=torch.uint8, generator=generator)
+    scale = (torch.rand(n // LANES, k // GROUP, LANES, generator=generator) * 0.01 + 0.001).half()
+    minimum = (torch.rand(n // LANES, k // GROUP, LANES, generator=generator) * -0.1).half()
+    x = torch.randn(TIMING_ROWS, k, generator=generator).bfloat16()
+    calls = {isa: bind(packed, scale, minimum, lib) for isa, lib in libraries.items()}
+    samples: dict[str, list[float]] = {isa: [] for isa in calls}
+    for round_ in range(TIMING_ROUNDS + 1):  # round 0 warms up
+        for isa, call in calls.items():
+            start = time.perf_counter()
+            for _ in range(TIMING_CALLS):
+                call(x)
+            if round_:
+                samples[isa].append((time.perf_counter() - start) * 1000 / TIMING_CALLS)
+    return {isa: statistics.median(values) for isa, values in samples.items()}
+
+
+def faster(ms: dict[str, float], incumbent: str, margin: float = TIMING_MARGIN) -> str:
+    """The build to keep: the fastest in ``ms`` if it takes at most ``margin`` of the
+    incumbent's time, else the incumbent."""
+    best = min(ms, key=ms.__getitem__)
+    return best if ms[best] <= margin * ms[incumbent] else incumbent
 
 
 def using(value: str) -> AbstractContextManager[None]:
@@ -84,32 +156,44 @@ def using(value: str) -> AbstractContextManager[None]:
 
 
 @cache
-def _prompt_kernel() -> build.Kernel | None:
-    """The prompt kernel (``SPECLANE_PROMPT_KERNEL=amx``), or None: then prompt rows run on
-    the int4 matmul like any other. Asked for where it cannot run, a clear error."""
-    choice = os.environ.get(PROMPT_SWITCH, "off").strip().lower() or "off"
-    if choice not in PROMPT_CHOICES:
-        raise KernelUnavailable(f"{PROMPT_SWITCH}={choice!r}: expected one of {', '.join(PROMPT_CHOICES)}")
+def _tile_kernel() -> build.Kernel | None:
+    """The tile kernel where it runs here (``SPECLANE_TILE_KERNEL``), or None: then every
+    call runs on the int4 matmul. ``amx`` where it cannot run: a clear error."""
+    choice = os.environ.get(TILE_SWITCH, "auto").strip().lower() or "auto"
+    if choice not in TILE_CHOICES:
+        raise KernelUnavailable(f"{TILE_SWITCH}={choice!r}: expected one of {', '.join(TILE_CHOICES)}")
     if choice == "off":
         return None
     if _kernel() is None:  # it reads our int4 layout: only beside our matmul
-        log.warning("%s=amx: not used, the int4 matmul is torch's", PROMPT_SWITCH)
+        if choice == "amx":
+            log.warning("%s=amx: not used, the int4 matmul is torch's", TILE_SWITCH)
         return None
-    kernel = build.load(PROMPT_SOURCE, PROMPT_SWITCH, _declare_prompt, PROMPT_ISAS)  # raises where it cannot build
-    if kernel.library.amx_init() != 0:
-        raise KernelUnavailable(f"{PROMPT_SWITCH}=amx but Linux refused this process the AMX tiles (arch_prctl)")
+    missing = build.missing_cpu_flags("amx")
+    if choice == "auto" and missing:
+        return None
+    try:
+        if missing:
+            raise KernelUnavailable(f"the CPU lacks {', '.join(sorted(missing))}")
+        kernel = build.load_build(TILE_SOURCE, "amx", _declare_tiles)
+        if kernel.library.amx_init() != 0:
+            raise KernelUnavailable("Linux refused this process the AMX tiles (arch_prctl)")
+    except KernelUnavailable as err:
+        if choice == "amx":
+            raise KernelUnavailable(f"{TILE_SWITCH}=amx but {TILE_SOURCE.name} is unavailable: {err}") from err
+        log.warning("int4_amx: not used (%s)", err)
+        return None
     return kernel
 
 
-def prompt_library() -> ctypes.CDLL | None:
-    """The prompt kernel's library (``int4_amx.c``) where it runs here, else None."""
-    kernel = _prompt_kernel()
+def tile_library() -> ctypes.CDLL | None:
+    """The tile kernel's library (``int4_amx.c``) where it runs here, else None."""
+    kernel = _tile_kernel()
     return kernel.library if kernel else None
 
 
-def using_prompt(value: str) -> AbstractContextManager[None]:
-    """``with using_prompt("amx"): ...``: the block runs with ``SPECLANE_PROMPT_KERNEL=value``."""
-    return build.switched(PROMPT_SWITCH, value, _prompt_kernel)
+def using_tiles(value: str) -> AbstractContextManager[None]:
+    """``with using_tiles("off"): ...``: the block runs with ``SPECLANE_TILE_KERNEL=value``."""
+    return build.switched(TILE_SWITCH, value, _tile_kernel)
 
 
 def available() -> bool:
@@ -146,16 +230,19 @@ def library() -> ctypes.CDLL:
     return _loaded or _kernel().library
 
 
-def bind(packed: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor,
-         lib: ctypes.CDLL | None = None, function: str = "int4_matmul") -> Callable[[torch.Tensor], torch.Tensor]:
+def bind(packed: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, lib: ctypes.CDLL | None = None,
+         function: str = "int4_matmul", tiles: ctypes.CDLL | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
     """``x [M, K] bfloat16 -> x @ W^T [M, N] bfloat16`` for one packed weight (every row
     computed alike whatever M is), by ``lib`` (a build of the kernel; default: the one
     loaded last). The weight's checks and pointers are taken once here: a model calls its
     121 matmuls per forward, and at one row the Python around a call cost more than the
     call (42 µs per call before, of which the C function ~13). ``function``: the library's
-    entry point (``int4_matmul_amx`` in the prompt kernel's)."""
+    entry point (``int4_matmul_amx`` in the tile kernel's). ``tiles``: the tile kernel's
+    library, for calls of ``TILE_MIN_ROWS`` rows or more (the same bits)."""
     lib = lib or library()
     entry = getattr(lib, function)
+    many_rows = tiles.int4_matmul_amx if tiles is not None else entry
+    min_rows = TILE_MIN_ROWS if tiles is not None else 1 << 30
     n, k = packed.shape[0] * LANES, packed.shape[1] * 2
     weight = (packed.data_ptr(), scale.data_ptr(), minimum.data_ptr())
     keep_alive = (packed, scale, minimum)
@@ -169,7 +256,7 @@ def bind(packed: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor,
             raise ValueError(f"int4 matmul: input has {width} columns, the weight {k}")
         y = empty(rows, n, dtype=bf16)
         if rows:
-            entry(x.data_ptr(), *weight, y.data_ptr(), rows, n, k)
+            (many_rows if rows >= min_rows else entry)(x.data_ptr(), *weight, y.data_ptr(), rows, n, k)
         return y
 
     call.keep_alive = keep_alive  # the pointers above stay valid while the call lives

@@ -19,12 +19,19 @@
 // lets AVX512_BF16's vdpbf16ps (two multiply-adds per float32 lane in one instruction) do
 // the inner loop on bfloat16 inputs and integer weights without rounding either.
 //
+// The inputs are first rounded to their group's grid (q4.h, round_group: an input more
+// than 2^6 below its group's largest loses its low bits), on which every sum of a group's
+// products is exact in float32 in any order: that is what lets the AMX tile kernel
+// (int4_amx.c), whose tile unit adds in an undocumented order, give these same bits.
+//
 // Batch invariance and the same bits in every build: each output element is computed by
 // one sequence of operations whatever the number of rows M and whatever the build:
 //     per group:  d = 0;  for each pair of input columns (2p, 2p+1) in order:
 //                     d = d + x[2p+1] q[2p+1];  d = d + x[2p] q[2p]    (products exact, sums rounded)
 //                 acc = fma(scale, d, acc);  acc = fma(minimum, sum_x, acc)
-// with acc starting at 0 and sum_x the group's input sum in the fixed order of group_sum.
+// with acc starting at 0, x the rounded inputs and sum_x the group's rounded input sum in
+// the fixed order of group_sum. (On the grid the pair steps' roundings never round: d is
+// exact, so its order is moot; the rest of the sequence is what the builds share.)
 // vdpbf16ps does exactly the pair step (its documented order: the odd element first, each
 // sum rounded to float32; checked bit for bit on Zen 5 over 2^20 random lanes), and the
 // other builds do it with two FMAs, which round an exact product's sum the same way. Every
@@ -57,14 +64,15 @@
 // beside the tiles' weights and a broadcast. The bfloat16 build's weights are one register
 // a tile (6 x 4: 24 + 4 + 1), the plain build's two (6 x 3: 18 + 6 + 1; at 6 x 4 the
 // compiler kept two partial sums on the stack, and 8-96 rows took 1.05-1.06x the time).
-// The bfloat16 build's direct path to 12 rows: the default model's forward of 8 and of 12
-// positions took 0.63x the time of the buffered path's (Zen 5), which had made a 7-row
-// forward 1.5x a 6-row one.
-#ifdef __AVX512BF16__
+// The direct path to 12 rows (24 sums + a pair's weights + a broadcast in the plain build):
+// the default model's forward of 8 and of 12 positions took 0.63x the time of the buffered
+// path's in the bfloat16 build (Zen 5), which had made a 7-row forward 1.5x a 6-row one;
+// the plain build's 120 layer matmuls at 7-12 rows 0.84-0.94x the time of a 6-row direct
+// path (Intel Xeon with AMX, where auto picks the plain build: see int4_cpu.py).
 #define DIRECT_MAX_ROWS 12
+#ifdef __AVX512BF16__
 #define NT 4
 #else
-#define DIRECT_MAX_ROWS 6
 #define NT 3
 #endif
 #define MR 6
@@ -337,18 +345,25 @@ static void matmul_rows(const q4_input *in, const q4_weight *w, uint16_t *y, int
 void int4_matmul(const uint16_t *x, const uint8_t *packed, const uint16_t *scale, const uint16_t *minimum,
                  uint16_t *y, int M, int N, int K) {
     const int groups = K / GROUP;
-#ifdef __AVX512BF16__
-    float *sums = input_buffer_for((size_t)M * groups);
-    const xin *inputs = x;
-#else
     const size_t n = (size_t)M * K;
-    float *x32 = input_buffer_for(n + (size_t)M * groups);
-    for (size_t i = 0; i < n; i += 8) _mm256_storeu_ps(x32 + i, load_bf16(x + i));
-    float *sums = x32 + n;
+    // The scratch: the rounded inputs (bfloat16, see round_group), each row's group sums,
+    // and in the FMA builds the rounded inputs as float32.
+    const size_t rounded_floats = (n / 2 + 15) / 16 * 16, sum_floats = ((size_t)M * groups + 15) / 16 * 16;
+#ifdef __AVX512BF16__
+    float *scratch = input_buffer_for(rounded_floats + sum_floats);
+#else
+    float *scratch = input_buffer_for(rounded_floats + sum_floats + n);
+#endif
+    uint16_t *rounded = (uint16_t *)scratch;
+    float *sums = scratch + rounded_floats;
+    prepare_inputs(x, rounded, sums, M, K);
+#ifdef __AVX512BF16__
+    const xin *inputs = rounded;
+#else
+    float *x32 = sums + sum_floats;
+    for (size_t i = 0; i < n; i += 8) _mm256_storeu_ps(x32 + i, load_bf16(rounded + i));
     const xin *inputs = x32;
 #endif
-    for (int r = 0; r < M; r++)
-        for (int g = 0; g < groups; g++) sums[(size_t)r * groups + g] = group_sum(x + (size_t)r * K + g * GROUP);
     const q4_input in = {inputs, sums, K, groups};
     const q4_weight w = {packed, scale, minimum, N, K};
     matmul_rows(&in, &w, y, M);

@@ -6,9 +6,50 @@
 #define SPECLANE_Q4_H
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "bf16.h"
+
+#define GROUP_BYTES 64  // a group of 32 bfloat16 inputs
+
+// The inputs as the int4 arithmetic reads them: each group of 32 rounded (to nearest, ties
+// to even) to a multiple of 2^(E - GRID_BITS), E the exponent of the group's largest
+// magnitude. Why: every product x q is then a multiple of that step (q is an integer) and
+// below 2^(E + 5), so a group's sum of 32 is an integer multiple under 2^(E + 10) — under
+// 2^24 steps, exact in float32 in any order of addition. Whatever adds the products (two
+// FMAs per pair, vdpbf16ps, an AMX tile unit whose order is not documented) gets the same
+// bits. The cost: an input more than 2^6 below its group's largest loses its low bits (an
+// error under 2^-15 of the largest; a bfloat16 input itself carries 2^-9). Inputs within
+// 2^6 of it are unchanged, and a rounded input is still a bfloat16. A group whose largest
+// is zero, subnormal, infinite, NaN or at least 2^119 (the rounding's constant would
+// overflow) is passed as it is.
+#define GRID_BITS 14
+
+INLINE void round_group(const uint16_t *x, uint16_t *out) {
+    // The largest magnitude's bits: for floats without their sign, integer order is
+    // magnitude order, and infinities and NaNs sort above every finite value.
+    const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
+    __m256 v[4];
+    __m256i m = _mm256_setzero_si256();
+    for (int i = 0; i < 4; i++) {
+        v[i] = load_bf16(x + 8 * i);
+        m = _mm256_max_epu32(m, _mm256_and_si256(_mm256_castps_si256(v[i]), magnitude));
+    }
+    m = _mm256_max_epu32(m, _mm256_permute2x128_si256(m, m, 1));
+    m = _mm256_max_epu32(m, _mm256_shuffle_epi32(m, 0x4E));
+    m = _mm256_max_epu32(m, _mm256_shuffle_epi32(m, 0xB1));
+    const int exponent = (int)((uint32_t)_mm256_cvtsi256_si32(m) >> 23);  // biased
+    if (exponent == 0 || exponent > 245) {  // zero or subnormal; 2^119 and above, Inf, NaN
+        memcpy(out, x, GROUP_BYTES);
+        return;
+    }
+    // 1.5 * 2^(E + 9): x + c lies in [2^(E+9), 2^(E+10)), where float32's step is 2^(E-14).
+    const __m256 c = _mm256_castsi256_ps(_mm256_set1_epi32((int)(((uint32_t)(exponent + 23 - GRID_BITS) << 23) | 0x400000u)));
+    for (int i = 0; i < 4; i++) store_bf16(out + 8 * i, _mm256_sub_ps(_mm256_add_ps(v[i], c), c));  // exact in bfloat16
+}
+
 
 // The sum of 32 bfloat16 inputs in one fixed order (the same code in every build):
 // x[i] + x[i+16], then halves folded 8, 4, 2, 1.
@@ -18,6 +59,20 @@ INLINE float group_sum(const uint16_t *x) {
     const __m128 d = _mm_add_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1));
     const __m128 e = _mm_add_ps(d, _mm_movehl_ps(d, d));
     return _mm_cvtss_f32(_mm_add_ss(e, _mm_movehdup_ps(e)));
+}
+
+// A call's inputs as its loops read them: rounded (round_group) into rounded [M][K], and
+// each row's group sums of the rounded inputs into sums [M][K/32]. Rows are split between
+// threads from 8 rows on (a prefill's calls; a row's results do not depend on the split).
+static void prepare_inputs(const uint16_t *x, uint16_t *rounded, float *sums, int M, int K) {
+    const int groups = K / 32;
+    #pragma omp parallel for schedule(static) if (M >= 8)
+    for (int r = 0; r < M; r++)
+        for (int g = 0; g < groups; g++) {
+            const size_t at = (size_t)r * K + (size_t)g * 32;
+            round_group(x + at, rounded + at);
+            sums[(size_t)r * groups + g] = group_sum(rounded + at);
+        }
 }
 
 // A call's scratch (the inputs' group sums, and what else a kernel keeps per row) lives in

@@ -58,11 +58,8 @@ class Int4Weight:
             self.kernel = int4_cpu.kernel_name()  # "avx512bf16", "avx512" or "avx2": the same bits
             self._library = int4_cpu.library()  # this build, even if another is loaded later
             self.tensors: tuple[torch.Tensor, ...] = int4_cpu.pack(q, scale, minimum)
-            self._ours = int4_cpu.bind(*self.tensors, lib=self._library)
-            prompt = int4_cpu.prompt_library()
-            self.prompt_kernel = prompt is not None
-            # Prompt rows: the AMX kernel over the same tensors where it runs (int4_cpu).
-            self.matmul_prompt = int4_cpu.bind(*self.tensors, lib=prompt, function="int4_matmul_amx") if prompt else self._ours
+            # Calls of many rows go to the AMX tile kernel where it runs (the same bits: int4_cpu).
+            self._ours = int4_cpu.bind(*self.tensors, lib=self._library, tiles=int4_cpu.tile_library())
         else:
             self.kernel = "torch"
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
@@ -70,8 +67,6 @@ class Int4Weight:
             # [K // group, N, 2]: the kernel's layout of (scale, zero) pairs.
             scales_and_zeros = torch.stack([scale.float(), zero], dim=-1).transpose(0, 1).contiguous()
             self.tensors = (packed, scales_and_zeros.to(torch.bfloat16))
-            self.prompt_kernel = False
-            self.matmul_prompt = self.matmul
 
     @property
     def nbytes(self) -> int:
@@ -137,9 +132,6 @@ class Linear:
         # The kernels' input dtype: the quantized ones take bfloat16.
         self.input_dtype = torch.bfloat16 if quantized is not None else dense.dtype
         self._matmul = quantized.matmul if quantized is not None else self._dense
-        # Rows of prompts (``LlamaModel.forward``): a kernel of their own where there is one.
-        self.prompt_kernel = bool(getattr(quantized, "prompt_kernel", False))
-        self._matmul_prompt = quantized.matmul_prompt if self.prompt_kernel else self._matmul
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(x, self.dense)
@@ -149,11 +141,4 @@ class Linear:
         if x.dtype != self.input_dtype:
             x = x.to(self.input_dtype)
         y = self._matmul(x)
-        return y if self.bias is None else y + self.bias
-
-    def prompt(self, x: torch.Tensor) -> torch.Tensor:
-        """``self(x)`` for rows that are all prompt positions, on the prompt kernel if any."""
-        if x.dtype != self.input_dtype:
-            x = x.to(self.input_dtype)
-        y = self._matmul_prompt(x)
         return y if self.bias is None else y + self.bias

@@ -68,45 +68,6 @@ class RaggedBatch:
     slots: list[int]  # [B] KV slot of each sequence
     starts: list[int]  # [B] cached length before this forward
     num_new: list[int]  # [B] new tokens of each sequence (sum == T)
-    # [B] how many of each sequence's new tokens (its first ones) are prompt positions, or
-    # None for none: those rows may run on the prompt kernel (``_RowKernels``).
-    prompt_rows: list[int] | None = None
-
-
-class _RowKernels:
-    """Which kernel each row of a forward's linears runs on.
-
-    A prompt position runs on the prompt kernel where the model has one (AMX:
-    ``kernels/int4_amx.c``), every other row (a decode step, a verified draft) on the
-    int4 matmul. The two round a row differently in the last place, so the choice must
-    depend on the position alone, never on the batch: a generated token's row then has
-    the same bits whether it was decoded alone, verified or batched, and a prompt's the
-    same however it was chunked. A forward with both kinds splits its rows between them.
-    """
-
-    def __init__(self, batch: RaggedBatch, enabled: bool):
-        counts = batch.prompt_rows if enabled else None
-        total = sum(batch.num_new)
-        prompt = sum(counts) if counts else 0
-        self.mode = "plain" if prompt == 0 else "prompt" if prompt == total else "split"
-        if self.mode == "split":
-            is_prompt = torch.zeros(total, dtype=torch.bool)
-            first = 0
-            for n, p in zip(batch.num_new, counts, strict=True):
-                is_prompt[first : first + p] = True
-                first += n
-            self.prompt_index = is_prompt.nonzero().squeeze(1)
-            self.other_index = (~is_prompt).nonzero().squeeze(1)
-
-    def __call__(self, linear: Linear, x: torch.Tensor) -> torch.Tensor:
-        if self.mode == "plain":
-            return linear(x)
-        if self.mode == "prompt":
-            return linear.prompt(x)
-        prompt = linear.prompt(x.index_select(0, self.prompt_index))
-        y = prompt.new_empty(x.shape[0], prompt.shape[1])
-        y.index_copy_(0, self.prompt_index, prompt)
-        return y.index_copy_(0, self.other_index, linear(x.index_select(0, self.other_index)))
 
 
 def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
@@ -169,8 +130,6 @@ class LlamaModel(nn.Module):
         half = config.head_dim // 2
         self.signed_sin = torch.cat([-angles[:, :half].sin(), angles[:, half:].sin()], dim=-1).to(dtype)
         self.compiled_step = None  # compile_decode(): a CompiledDecodeStep
-        # Prompt rows have a kernel of their own (AMX, where the CPU has it: ``_RowKernels``).
-        self.prompt_kernel = all(lin.prompt_kernel for layer in layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
 
     # -- the forward --------------------------------------------------------------
     def compile_decode(self) -> bool:
@@ -207,11 +166,10 @@ class LlamaModel(nn.Module):
         # self.dtype. In bfloat16 this keeps near-tied logits in the float32 order.
         x = F.embedding(batch.input_ids, self.embed).float()  # [T, hidden]
         ops = norm_cpu.LayerOps.for_dtype(self.dtype)
-        mm = _RowKernels(batch, self.prompt_kernel)
         branch = None  # the last MLP's output, added to x by the next norm
         for i, layer in enumerate(self.layers):
             h = ops.add_rms_norm(x, branch, layer.attn_norm, layer.eps)
-            qkv = mm(layer.qkv, h)  # [T, q + 2 kv]
+            qkv = layer.qkv(h)  # [T, q + 2 kv]
             if attn.ours:
                 out = attn.rope_attend(qkv, self.cos, self.signed_sin, cache.keys[i], cache.values[i], self.scale)
             else:
@@ -220,8 +178,8 @@ class LlamaModel(nn.Module):
                 q, k = qk.split([layer.num_heads, layer.num_kv_heads], dim=1)
                 v = qkv[:, layer.q_size + layer.kv_size :].view(-1, layer.num_kv_heads, layer.head_dim)
                 out = attn.attend(q, k, v, cache.keys[i], cache.values[i], self.scale)  # [T, q_size]
-            h = ops.add_rms_norm(x, mm(layer.o, out), layer.mlp_norm, layer.eps)
-            branch = mm(layer.down, ops.silu_mul(mm(layer.gate_up, h), layer.intermediate))
+            h = ops.add_rms_norm(x, layer.o(out), layer.mlp_norm, layer.eps)
+            branch = layer.down(ops.silu_mul(layer.gate_up(h), layer.intermediate))
         x = x + branch
         for slot, start, n in zip(batch.slots, batch.starts, batch.num_new, strict=True):
             cache.advance(slot, start, n)

@@ -1,0 +1,73 @@
+"""The default model with the tile kernel (where the CPU has AMX) against the same model
+without it: the same bits in every forward, so a prefill's chunking, the rows of a tick and
+speculation's verify calls cannot change an answer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from speclane.engine.engine import LLMEngine
+from speclane.kernels import build, int4_cpu
+from speclane.models.llama import RaggedBatch
+from speclane.request import SamplingParams
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not int4_cpu.available() or bool(build.missing_cpu_flags("amx")), reason="no AMX on this CPU"),
+]
+
+COPY = ("Repeat this sentence exactly, twice: The quick brown fox jumps over the lazy dog "
+        "while the patient farmer counts his seven sheep before sunset.")
+
+
+def _llm(tiles: str):
+    from speclane.llm import LLM
+
+    with int4_cpu.using_tiles(tiles):  # the weights keep the kernels they were made with
+        return LLM(num_threads=1, max_model_len=512)
+
+
+@pytest.fixture(scope="module")
+def llms():
+    return {"amx": _llm("amx"), "off": _llm("off")}
+
+
+def _forward(engine, slot, start, tokens):
+    batch = RaggedBatch(torch.tensor(tokens), torch.arange(start, start + len(tokens)), [slot], [start], [len(tokens)])
+    return engine.model(batch, engine.cache)
+
+
+def test_a_prompt_gives_the_same_bits_with_and_without_tiles(llms):
+    tokens = llms["off"].engine.tokenizer.encode(COPY)[:30]
+    hidden = {}
+    for name, llm in llms.items():
+        cache = llm.engine.cache
+        cache.reset(0)
+        whole = _forward(llm.engine, 0, 0, tokens)  # 30 rows: the tile kernel, where on
+        cache.reset(1)
+        chunked = torch.cat([_forward(llm.engine, 1, 0, tokens[:5]), _forward(llm.engine, 1, 5, tokens[5:])])
+        assert torch.equal(whole, chunked), name  # 5 rows: the int4 matmul in both
+        hidden[name] = whole, cache.keys[5][0, :, :30].clone()
+        cache.reset(0)
+        cache.reset(1)
+    assert torch.equal(hidden["amx"][0], hidden["off"][0])
+    assert torch.equal(hidden["amx"][1], hidden["off"][1])
+
+
+def test_speculation_stays_token_exact_with_verify_rows_on_tiles(llms):
+    """K=8: a verify round is 9 rows, on the tile kernel; the plain steps are one row."""
+    outputs = {}
+    for name, llm in llms.items():
+        base = llm.engine
+        for mode in ("off", "slice", "burst"):
+            config = base.config.replace(spec_mode=mode, drafter="ngram" if mode != "off" else "none", num_draft_tokens=8)
+            engine = LLMEngine.from_parts(config, base.model, base.tokenizer)
+            engine.add_request("r", engine.tokenizer.encode(COPY), SamplingParams(max_tokens=40))
+            tokens = []
+            for out in engine.run_until_done():
+                tokens.extend(out.token_ids)
+            outputs[name, mode] = tokens
+            if mode == "slice":
+                assert engine.counters.accepted_tokens > 10  # the copy was drafted and verified
+    assert len({tuple(tokens) for tokens in outputs.values()}) == 1, outputs
