@@ -5,7 +5,8 @@
 Table 1: the 120 layer matmuls of one SmolLM2-135M forward (30 layers of qkv, o, gate_up,
 down; random int4 weights, ~66 MB, so they stream from memory as in the model) by rows,
 torch's ``_weight_int4pack_mm_for_cpu`` against each build of ours this CPU runs: AVX2,
-AVX-512, AVX-512 with bfloat16 dot products (all give the same bits). Rows are what a tick puts through
+AVX-512, AVX-512 with bfloat16 dot products, and where the CPU has AMX the tile kernel for
+calls of 9+ rows (``amx``; all give the same bits). Rows are what a tick puts through
 the linears: 1 for a lone decode step, K+1 for a verify round, one per stream in a mixed
 tick, the prompt's tokens in a prefill.
 
@@ -38,7 +39,12 @@ FORWARDS = [(1, 1), (2, 1), (4, 1), (5, 1), (9, 1), (96, 1), (1, 4), (1, 8)]  # 
 
 
 def with_int4_kernel(kernel: str, make: Callable):
-    with int4_cpu.using(kernel):
+    """``make()`` with one int4 kernel: ``torch``, a build alone (no tile kernel), ``amx``
+    (auto's build with the tile kernel for calls of TILE_MIN_ROWS+ rows) or ``auto``."""
+    if kernel == "auto":
+        with int4_cpu.using("auto"):
+            return make()
+    with int4_cpu.using("auto" if kernel == "amx" else kernel), int4_cpu.using_tiles("amx" if kernel == "amx" else "off"):
         return make()
 
 
@@ -55,6 +61,7 @@ def matmul_table(rounds: int) -> None:
     torch.manual_seed(0)
     layers = [[quantize_int4_groups(torch.randn(n, k) * 0.02) for n, k in SHAPES] for _ in range(LAYERS)]
     kernels = ["torch"] + [isa for isa in reversed(int4_cpu.ISAS) if not build.missing_cpu_flags(isa)]
+    kernels += ["amx"] if int4_cpu.available() and not build.missing_cpu_flags("amx") else []
     weights = {kernel: with_int4_kernel(kernel, lambda: [[Int4Weight(*p) for p in layer] for layer in layers])
                for kernel in kernels}
     inputs = {rows: {k: torch.randn(rows, k).bfloat16() for k in (576, 1536)} for rows in ROWS}
@@ -67,7 +74,7 @@ def matmul_table(rounds: int) -> None:
         return (time.perf_counter() - start) * 1000
 
     ms = alternated_medians(measure, kernels, ROWS, rounds)
-    best = kernels[-1]
+    best = kernels[-1]  # the tile kernel where there is one, else the widest build
     print(f"### int4 matmuls of one forward ({LAYERS} layers x {len(SHAPES)}), median of {rounds} rounds\n")
     print("| rows | torch's kernel ms | " + " | ".join(f"ours {k} ms | {k} / torch's" for k in kernels[1:])
           + f" | {best} vs {best} at 1 row |\n|---|---|" + "---|---|" * len(kernels[1:]) + "---|")

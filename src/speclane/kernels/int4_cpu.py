@@ -53,10 +53,11 @@ TILE_ISAS = ("amx",)
 TILE_SWITCH = "SPECLANE_TILE_KERNEL"
 TILE_CHOICES = ("auto", "amx", "off")
 # Calls of this many rows or more run on the tile kernel: the 120 layer matmuls of the
-# default model took 0.99x the plain AVX-512 build's time at 8 rows, 0.91x at 9, 0.58x at
-# 16 and 0.40x at 96 (Intel Xeon with AMX); below 8 its fixed cost (unpacking every
-# weight into the tile layout, ~7 ms a forward) loses (1.2-1.6x at 1-5 rows).
-TILE_MIN_ROWS = 8
+# default model took 1.06x the plain AVX-512 build's time at 8 rows (0.99x in another run),
+# 0.98x at 9, 0.78x at 12, 0.58x at 16 and 0.41x at 96 (Intel Xeon with AMX,
+# benchmarks/kernels.py); below that its fixed cost (unpacking every weight into the tile
+# layout, ~7 ms a forward) loses (1.2-1.6x at 1-5 rows).
+TILE_MIN_ROWS = 9
 
 
 def requested_kernel() -> str:
