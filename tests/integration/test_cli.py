@@ -46,14 +46,18 @@ def test_cli_rejects_an_unknown_model():
 
 
 @pytest.mark.slow
-def test_cli_rejects_an_unknown_kernel_switch():
-    """SPECLANE_ATTENTION_KERNEL is read when the model is built: a bad value is a one-line
+@pytest.mark.parametrize(("switch", "expected"), [
+    ("SPECLANE_ATTENTION_KERNEL", "SPECLANE_ATTENTION_KERNEL='cuda': expected one of auto, avx512, avx2, torch"),
+    ("SPECLANE_TILE_KERNEL", "SPECLANE_TILE_KERNEL='cuda': expected one of auto, amx, off"),
+])
+def test_cli_rejects_an_unknown_kernel_switch(switch, expected):
+    """The kernel switches are read when the model is built: a bad value is a one-line
     start-up error, not a failure at the first forward."""
     script = Path(sys.executable).parent / "speclane"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "SPECLANE_ATTENTION_KERNEL": "cuda"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", switch: "cuda"}
     result = subprocess.run([str(script), "generate", "hi", "--spec-mode", "off", "--max-model-len", "256"],
                             capture_output=True, text=True, timeout=300, env=env)
-    assert_one_line_error(result, "SPECLANE_ATTENTION_KERNEL='cuda': expected one of auto, avx512, avx2, torch")
+    assert_one_line_error(result, expected)
 
 
 def test_cli_models_lists_the_default_and_where_it_resolves():

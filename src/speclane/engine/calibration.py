@@ -90,6 +90,7 @@ def _key(model: LlamaModel, max_rows: int) -> str:
              f"compiled={model.decode_compiled}",  # --compile makes the one-row step ~30% cheaper
              f"fastest-of-{SWEEPS}",  # how the table is measured (measure_step_cost)
              f"int4={int4_cpu.kernel_name()}:{int4_cpu.source_digest()}",  # which kernels, which versions
+             f"tiles={int4_cpu.tile_kernel_name()}:{int4_cpu.tile_source_digest()}",
              f"attention={attention_cpu.kernel_name() if model.dtype == torch.bfloat16 else 'sdpa'}:"
              f"{attention_cpu.source_digest()}",
              f"norm={norm_cpu.kernel_name() if model.dtype == torch.bfloat16 else 'torch'}:{norm_cpu.source_digest()}"]

@@ -39,7 +39,7 @@ import torch
 from speclane.kernels import build
 from speclane.kernels.build import KernelUnavailable
 
-__all__ = ["KernelUnavailable", "available", "bind", "kernel_name", "matmul", "pack", "source_digest", "tile_library"]
+__all__ = ["KernelUnavailable", "available", "bind", "kernel_name", "matmul", "pack", "source_digest", "tile_kernel_name", "tile_library", "tile_source_digest"]
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,6 @@ SWITCH = "SPECLANE_INT4_KERNEL"
 LANES = 16  # output columns per packed tile (the C file's LANES)
 GROUP = 32  # input columns per (scale, minimum) pair
 TILE_SOURCE = Path(__file__).with_name("int4_amx.c")
-TILE_ISAS = ("amx",)
 TILE_SWITCH = "SPECLANE_TILE_KERNEL"
 TILE_CHOICES = ("auto", "amx", "off")
 # Calls of this many rows or more run on the tile kernel: the 120 layer matmuls of the
@@ -190,6 +189,16 @@ def tile_library() -> ctypes.CDLL | None:
     """The tile kernel's library (``int4_amx.c``) where it runs here, else None."""
     kernel = _tile_kernel()
     return kernel.library if kernel else None
+
+
+def tile_kernel_name() -> str:
+    """'amx' where calls of ``TILE_MIN_ROWS`` rows or more run on the tile kernel in this
+    process, else 'off'."""
+    return "amx" if _tile_kernel() else "off"
+
+
+def tile_source_digest() -> str:
+    return build.digest(TILE_SOURCE)
 
 
 def using_tiles(value: str) -> AbstractContextManager[None]:

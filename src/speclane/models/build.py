@@ -38,11 +38,12 @@ def build_model(weights: WeightSet, config: ModelConfig) -> LlamaModel:
     dtype = torch.float32 if config.dtype == "float32" else torch.bfloat16
     mode = effective_quantization(config, weights)
     cfg = weights.config
-    # Resolve the kernel switches now (SPECLANE_INT4_KERNEL, SPECLANE_ATTENTION_KERNEL,
-    # SPECLANE_NORM_KERNEL): a bad value is a start-up error, not a failure at the first
-    # forward in the engine thread.
+    # Resolve the kernel switches now (SPECLANE_INT4_KERNEL, SPECLANE_TILE_KERNEL,
+    # SPECLANE_ATTENTION_KERNEL, SPECLANE_NORM_KERNEL): a bad value is a start-up error, not
+    # a failure at the first forward in the engine thread.
     if mode == "int4":
         int4_cpu.available()
+        int4_cpu.tile_library()
     if dtype == torch.bfloat16:
         attention_cpu.kernel_name()
         norm_cpu.kernel_name()
