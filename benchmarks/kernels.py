@@ -6,7 +6,7 @@ Table 1: the 120 layer matmuls of one SmolLM2-135M forward (30 layers of qkv, o,
 down; random int4 weights, ~66 MB, so they stream from memory as in the model) by rows,
 torch's ``_weight_int4pack_mm_for_cpu`` against each build of ours this CPU runs: AVX2,
 AVX-512, AVX-512 with bfloat16 dot products, and where the CPU has AMX the tile kernel for
-calls of 9+ rows (``amx``; all give the same bits). Rows are what a tick puts through
+calls of 5+ rows (``amx``; all give the same bits). Rows are what a tick puts through
 the linears: 1 for a lone decode step, K+1 for a verify round, one per stream in a mixed
 tick, the prompt's tokens in a prefill.
 

@@ -14,7 +14,7 @@ plain build's time). The bits are the same either way, so the choice changes onl
 ``SPECLANE_TILE_KERNEL=auto|amx|off`` (default ``auto``): where the CPU has AMX (and Linux
 grants this process its tiles), a second kernel over the same packed weights
 (``int4_amx.c``, the tile kernel) takes every call of ``TILE_MIN_ROWS`` rows or more: a
-prefill's chunks, a verify round of K >= 8, a mixed tick of many streams. Its tile unit adds
+prefill's chunks, a verify round of K >= 4, a tick of five streams or more. Its tile unit adds
 a group's products in an order of its own, and that does not change the bits: the int4
 arithmetic rounds each input to a grid of its group (``q4.h``, ``round_group``) on which
 every sum of a group's products is exact in float32, whatever the order. So a row's result
@@ -51,12 +51,12 @@ GROUP = 32  # input columns per (scale, minimum) pair
 TILE_SOURCE = Path(__file__).with_name("int4_amx.c")
 TILE_SWITCH = "SPECLANE_TILE_KERNEL"
 TILE_CHOICES = ("auto", "amx", "off")
-# Calls of this many rows or more run on the tile kernel: the 120 layer matmuls of the
-# default model took 1.06x the plain AVX-512 build's time at 8 rows (0.99x in another run),
-# 0.98x at 9, 0.78x at 12, 0.58x at 16 and 0.41x at 96 (Intel Xeon with AMX,
-# benchmarks/kernels.py); below that its fixed cost (unpacking every weight into the tile
-# layout, ~7 ms a forward) loses (1.2-1.6x at 1-5 rows).
-TILE_MIN_ROWS = 9
+# Calls of this many rows or more run on the tile kernel. The 120 layer matmuls of the
+# default model, tile kernel / plain AVX-512 build (Intel Xeon with AMX, two runs in one
+# process each, benchmarks/kernels.py and a /tmp script): 3 rows 0.91x / 1.01x, 4 rows
+# 1.05x / 0.90x, 5 rows 0.98x / 0.81x, 8 rows 0.84x / 0.72x, 96 rows 0.40x / 0.41x; at 1-2
+# rows, where the weights' stream from memory sets both, 1.0-1.2x. From 5 on it never lost.
+TILE_MIN_ROWS = 5
 
 
 def requested_kernel() -> str:
