@@ -12,7 +12,7 @@ tick, the prompt's tokens in a prefill.
 
 Table 2: one eager forward + logits of the default model (KV length 200) by positions of
 one sequence and by batch of one-token sequences: torch's int4 kernel, SDPA and norm / SiLU
-ops; our int4 (the build ``auto`` picks) and attention kernels with torch's norm / SiLU
+ops; our int4 (the build ``auto`` picks, and the tile kernel where the CPU has AMX) and attention kernels with torch's norm / SiLU
 ops; all three of ours. The arms alternate in one process; medians.
 """
 

@@ -29,10 +29,13 @@ def wide_range_inputs(rows: int, in_features: int, seed: int = 1) -> torch.Tenso
 
 def grid_round(x: torch.Tensor) -> torch.Tensor:
     """q4.h's round_group in torch: each group of 32 inputs to the nearest multiple (ties
-    to even) of 2^(E - GRID_BITS), E the exponent of the group's largest magnitude."""
+    to even) of 2^(E - GRID_BITS), E the exponent of the group's largest magnitude; a group
+    whose largest is below 2^-112 zeroed, one at 2^119 or more (or Inf / NaN) unchanged."""
     groups = x.float().reshape(x.shape[0], -1, 32)
-    largest = groups.abs().amax(-1, keepdim=True)
+    largest = groups.abs().amax(-1, keepdim=True)  # NaN where the group has one
     _, exponent = torch.frexp(largest)  # largest = m * 2^exponent, m in [0.5, 1)
-    step = torch.ldexp(torch.ones_like(largest), exponent - 1 - GRID_BITS)
-    rounded = torch.where(largest > 0, torch.round(groups / step) * step, groups)
+    step = torch.ldexp(torch.ones_like(largest), (exponent - 1 - GRID_BITS).clamp(min=-126))
+    rounded = torch.round(groups / step) * step
+    rounded = torch.where(largest < 2.0**-112, torch.zeros_like(groups), rounded)
+    rounded = torch.where((largest >= 2.0**119) | largest.isnan(), groups, rounded)
     return rounded.reshape(x.shape).bfloat16()

@@ -1,6 +1,7 @@
 """Our int4 kernel (kernels/int4_x86.c): exact maths, batch invariance, its builds, fallback."""
 
 import logging
+import re
 
 import pytest
 import torch
@@ -184,7 +185,7 @@ def test_auto_on_a_bfloat16_cpu_times_both_avx512_builds(caplog):
         chosen = int4_cpu.kernel_name()
     [message] = [r.getMessage() for r in caplog.records if "auto chose" in r.getMessage()]
     assert message.startswith(f"int4_x86: auto chose {chosen} (")
-    assert "avx512bf16 " in message and "avx512 " in message
+    assert re.search(r"avx512bf16 \d", message) and re.search(r"avx512 \d", message)  # both builds' times
     libraries = {isa: build.load_build(int4_cpu.SOURCE, isa, int4_cpu._declare).library for isa in ("avx512bf16", "avx512")}
     ms = int4_cpu.time_builds(libraries)
     assert set(ms) == {"avx512bf16", "avx512"} and all(value > 0 for value in ms.values())
@@ -192,7 +193,7 @@ def test_auto_on_a_bfloat16_cpu_times_both_avx512_builds(caplog):
 
 @needs_kernel
 def test_inputs_are_rounded_to_their_groups_grid():
-    """An input 2^10 below its group's largest keeps 2^-4 of it (q4.h's round_group): 16
+    """An input 2^10 below its group's largest is rounded to a multiple of 2^-4 (q4.h's round_group): 16
     inputs of 1 + 2^-7 beside an input of 1024 (weighted 0) sum as 16, not 16.125 (both
     exact in bfloat16). Without the rounding the tile kernel could not give these bits."""
     q = torch.zeros(16, 32, dtype=torch.int64)
@@ -215,3 +216,22 @@ def test_the_rounding_is_the_documented_one():
     rounded = grid_round(x)
     assert not torch.equal(rounded, x)
     assert torch.equal(weight.matmul(x), weight.matmul(rounded))
+
+
+@needs_kernel
+def test_groups_outside_the_grids_range_are_zeroed_or_passed_as_they_are():
+    """round_group's edges: a group whose largest input is below 2^-112 is zeroed (its grid
+    would be subnormal); NaN stays NaN; the torch statement agrees on every edge."""
+    q, scale, minimum, _ = random_int4_weight(16, 96)
+    weight = Int4Weight(q, scale, minimum)
+    x = torch.randn(4, 96)
+    x[0, :32] *= 2.0**-120  # only a tiny group: zeroed, so every output is 0 (not ~2^-120)
+    x[0, 32:] = 0
+    x[1, 32:64] = float("nan")  # NaN in a group: every output of the row is NaN
+    x[2, 64:96] *= 2.0**100  # large, inside the range: rounded as any group
+    x = x.bfloat16()
+    y = weight.matmul(x)
+    assert torch.equal(y[0], torch.zeros(16).bfloat16())
+    assert y[1].isnan().all() and not y[[0, 2, 3]].isnan().any()
+    assert torch.equal(grid_round(x)[0, :32], torch.zeros(32).bfloat16())
+    assert torch.equal(weight.matmul(x[[0, 2, 3]]), weight.matmul(grid_round(x)[[0, 2, 3]]))

@@ -173,13 +173,15 @@ def load_build(source: Path, isa: str, declare: Callable[[ctypes.CDLL], None]) -
 
 
 @contextmanager
-def switched(switch: str, value: str, kernel: Callable[[], Kernel | None]) -> Iterator[None]:
-    """Run with ``switch`` set to ``value`` and ``kernel`` (a module's cached lookup) forgotten
-    before and after, so the block loads that choice and the code after it the usual one:
-    how A/B benchmarks and tests pick a build. Weights made inside keep their build."""
+def switched(switch: str, value: str, *kernels: Callable[[], Kernel | None]) -> Iterator[None]:
+    """Run with ``switch`` set to ``value`` and ``kernels`` (a module's cached lookups, those
+    that depend on the switch) forgotten before and after, so the block loads that choice and
+    the code after it the usual one: how A/B benchmarks and tests pick a build. Weights made
+    inside keep their build."""
     before = os.environ.get(switch)
     os.environ[switch] = value
-    kernel.cache_clear()  # type: ignore[attr-defined]
+    for kernel in kernels:
+        kernel.cache_clear()  # type: ignore[attr-defined]
     try:
         yield
     finally:
@@ -187,7 +189,8 @@ def switched(switch: str, value: str, kernel: Callable[[], Kernel | None]) -> It
             del os.environ[switch]
         else:
             os.environ[switch] = before
-        kernel.cache_clear()  # type: ignore[attr-defined]
+        for kernel in kernels:
+            kernel.cache_clear()  # type: ignore[attr-defined]
 
 
 def _openmp_runtimes() -> set[str]:

@@ -26,7 +26,7 @@
 #include "q4.h"
 
 #define LANES 16  // output columns per packed tile (a tile's 16 float32 columns)
-#define GROUP 32  // input columns per (scale, minimum) pair: one TDPBF16PS's depth
+#define GROUP Q4_GROUP  // input columns per (scale, minimum) pair: one TDPBF16PS's depth
 #define PAIRS (GROUP / 2)
 #define ROWS 16   // rows per tile
 #define ARCH_REQ_XCOMP_PERM 0x1023

@@ -96,9 +96,10 @@ def _kernel() -> build.Kernel | None:
 
 # The timing behind auto's choice: a gate_up-shaped weight (~1 MB packed: it stays in
 # cache, so the timing is of the multiply-adds, where the builds differ; one row streams
-# the model's weights from memory at the same speed in both) at a verify round's rows.
+# the model's weights from memory at the same speed in both) at the most rows the vector
+# build serves beside the tile kernel (TILE_MIN_ROWS - 1; a K=3 verify round elsewhere).
 TIMING_SHAPE = (3072, 576)
-TIMING_ROWS = 8
+TIMING_ROWS = TILE_MIN_ROWS - 1
 TIMING_ROUNDS = 7
 TIMING_CALLS = 4  # per round and build; the builds alternate round by round
 # The widest build is kept unless another takes at most this fraction of its time: on a
@@ -152,13 +153,14 @@ def faster(ms: dict[str, float], incumbent: str, margin: float = TIMING_MARGIN) 
 
 def using(value: str) -> AbstractContextManager[None]:
     """``with using("avx2"): ...``: the block runs with ``SPECLANE_INT4_KERNEL=value`` (``build.switched``)."""
-    return build.switched(SWITCH, value, _kernel)
+    return build.switched(SWITCH, value, _kernel, _tile_kernel)  # the tile kernel runs only beside ours
 
 
 @cache
 def _tile_kernel() -> build.Kernel | None:
     """The tile kernel where it runs here (``SPECLANE_TILE_KERNEL``), or None: then every
-    call runs on the int4 matmul. ``amx`` where it cannot run: a clear error."""
+    call runs on the int4 matmul. ``amx`` where the CPU or Linux cannot run it: a clear
+    error; beside torch's int4 kernel (it reads our layout): a warning, and none."""
     choice = os.environ.get(TILE_SWITCH, "auto").strip().lower() or "auto"
     if choice not in TILE_CHOICES:
         raise KernelUnavailable(f"{TILE_SWITCH}={choice!r}: expected one of {', '.join(TILE_CHOICES)}")
@@ -211,7 +213,9 @@ def available() -> bool:
 
 
 def kernel_name() -> str:
-    """'avx512bf16', 'avx512', 'avx2' or 'torch': which kernel Int4Weight uses in this process."""
+    """'avx512bf16', 'avx512', 'avx2' or 'torch': which int4 matmul Int4Weight uses in this
+    process (calls of ``TILE_MIN_ROWS`` rows or more go to the tile kernel where there is one:
+    ``tile_kernel_name``)."""
     kernel = _kernel()
     return kernel.isa if kernel else "torch"
 

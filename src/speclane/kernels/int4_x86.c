@@ -19,8 +19,8 @@
 // lets AVX512_BF16's vdpbf16ps (two multiply-adds per float32 lane in one instruction) do
 // the inner loop on bfloat16 inputs and integer weights without rounding either.
 //
-// The inputs are first rounded to their group's grid (q4.h, round_group: an input more
-// than 2^6 below its group's largest loses its low bits), on which every sum of a group's
+// The inputs are first rounded to their group's grid (q4.h, round_group: an input whose
+// exponent is 8 or more below its group's largest loses its low bits), on which every sum of a group's
 // products is exact in float32 in any order: that is what lets the AMX tile kernel
 // (int4_amx.c), whose tile unit adds in an undocumented order, give these same bits.
 //
@@ -36,10 +36,10 @@
 // sum rounded to float32; checked bit for bit on Zen 5 over 2^20 random lanes), and the
 // other builds do it with two FMAs, which round an exact product's sum the same way. Every
 // column is one vector lane, so the path (direct or buffered) and the build do not change
-// a row's result. Two limits of "the same bits in every build": vdpbf16ps flushes values
-// below float32's normal range to zero whatever MXCSR says, the FMAs follow MXCSR (beyond
-// any activation a model produces, but torch.set_flush_denormal changes only the FMA
-// builds); and the pair order was checked on Zen 5 only (the SDM documents it for Intel's).
+// a row's result. The limit of "the same bits in every build" (and on the tile kernel):
+// groups whose largest input is outside [2^-112, 2^119) (round_group in q4.h; below, the
+// group is zeroed so no sum is subnormal, where vdpbf16ps and the tile unit flush and the
+// FMAs do not) — far outside any activation a model produces.
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -50,7 +50,7 @@
 #include "q4.h"
 
 #define LANES 16   // output columns per packed tile
-#define GROUP 32   // input columns per (scale, minimum) pair
+#define GROUP Q4_GROUP  // input columns per (scale, minimum) pair
 #define PAIRS (GROUP / 2)  // pairs of input columns per group: one packed byte per column
 #define KB 128     // input columns per unpacked block in the buffered path
 #define MCHUNK 128  // rows per accumulator block in the buffered path
@@ -116,7 +116,7 @@ INLINE vec v_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((co
 // A "pair" is VW columns' q at input columns 2p and 2p+1, unpacked from their VW packed
 // bytes; dot_pair is the pair step of the arithmetic above for one row.
 #ifdef __AVX512BF16__
-typedef uint16_t xin;   // the inner loops read the caller's bfloat16 inputs as they are
+typedef uint16_t xin;   // the inner loops read the rounded bfloat16 inputs as they are
 typedef __m512i wpair;  // per lane: q[2p] (low half) and q[2p+1] as bfloat16
 INLINE wpair unpack_pair(const uint8_t *bytes) { return unpack_pair_bf16(bytes); }
 INLINE vec dot_pair(vec d, const xin *x, int p, wpair w) {
@@ -268,7 +268,7 @@ INLINE void micro(const int R, const xin *x, int ldx, const float *sums, int lds
 }
 
 _Static_assert(MR == 5 || MR == 6, "micro_any's cases cover 1 .. MR - 1 rows");
-_Static_assert(DIRECT_MAX_ROWS == 4 || DIRECT_MAX_ROWS == 6 || DIRECT_MAX_ROWS == 12, "matmul_rows' cases cover 1 .. DIRECT_MAX_ROWS - 1 rows");
+_Static_assert(DIRECT_MAX_ROWS == 4 || DIRECT_MAX_ROWS == 12, "matmul_rows' cases cover 1 .. DIRECT_MAX_ROWS - 1 rows");
 
 static void micro_any(int R, const xin *x, int ldx, const float *sums, int lds, const q4_block *block, int kb, float *acc) {
     switch (R) {  // a compile-time R per case: the tile stays in registers
@@ -327,10 +327,7 @@ static void matmul_rows(const q4_input *in, const q4_weight *w, uint16_t *y, int
 #define CASE(r) case r: direct(r, 1, w, in, u, y); break;
             CASE(1) CASE(2) CASE(3)
 #if DIRECT_MAX_ROWS > 4
-            CASE(4) CASE(5)
-#endif
-#if DIRECT_MAX_ROWS > 6
-            CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11)
+            CASE(4) CASE(5) CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11)
 #endif
 #undef CASE
             default: direct(DIRECT_MAX_ROWS, 1, w, in, u, y); break;

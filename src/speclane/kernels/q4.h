@@ -12,7 +12,7 @@
 
 #include "bf16.h"
 
-#define GROUP_BYTES 64  // a group of 32 bfloat16 inputs
+#define Q4_GROUP 32  // input columns per (scale, minimum) pair: the .c files' GROUP
 
 // The inputs as the int4 arithmetic reads them: each group of 32 rounded (to nearest, ties
 // to even) to a multiple of 2^(E - GRID_BITS), E the exponent of the group's largest
@@ -20,11 +20,14 @@
 // below 2^(E + 5), so a group's sum of 32 is an integer multiple under 2^(E + 10) — under
 // 2^24 steps, exact in float32 in any order of addition. Whatever adds the products (two
 // FMAs per pair, vdpbf16ps, an AMX tile unit whose order is not documented) gets the same
-// bits. The cost: an input more than 2^6 below its group's largest loses its low bits (an
-// error under 2^-15 of the largest; a bfloat16 input itself carries 2^-9). Inputs within
-// 2^6 of it are unchanged, and a rounded input is still a bfloat16. A group whose largest
-// is zero, subnormal, infinite, NaN or at least 2^119 (the rounding's constant would
-// overflow) is passed as it is.
+// bits. The cost: an input whose exponent is at least E - 7 is unchanged (a bfloat16 has 8
+// significant bits); a smaller one is rounded to the step, an error of at most 2^(E - 15)
+// (a bfloat16's own rounding is up to 2^-8 of its value), and a rounded input is still a
+// bfloat16. The range where that holds: a group whose largest is below 2^-112 is set to
+// zero (its step would be below float32's normal range, where vdpbf16ps and the tile unit
+// flush and FMAs do not: the kernels would differ); one whose largest is 2^119 or more, or
+// infinite or NaN, is passed as it is (the constant below would overflow), and there the
+// kernels' sums are not exact: they may differ. Activations live far inside that range.
 #define GRID_BITS 14
 
 INLINE void round_group(const uint16_t *x, uint16_t *out) {
@@ -41,8 +44,12 @@ INLINE void round_group(const uint16_t *x, uint16_t *out) {
     m = _mm256_max_epu32(m, _mm256_shuffle_epi32(m, 0x4E));
     m = _mm256_max_epu32(m, _mm256_shuffle_epi32(m, 0xB1));
     const int exponent = (int)((uint32_t)_mm256_cvtsi256_si32(m) >> 23);  // biased
-    if (exponent == 0 || exponent > 245) {  // zero or subnormal; 2^119 and above, Inf, NaN
-        memcpy(out, x, GROUP_BYTES);
+    if (exponent < 127 - 112) {  // below 2^-112, zero and subnormals included
+        memset(out, 0, Q4_GROUP * sizeof(uint16_t));
+        return;
+    }
+    if (exponent > 127 + 118) {  // 2^119 and above, Inf, NaN
+        memcpy(out, x, Q4_GROUP * sizeof(uint16_t));
         return;
     }
     // 1.5 * 2^(E + 9): x + c lies in [2^(E+9), 2^(E+10)), where float32's step is 2^(E-14).
@@ -63,13 +70,13 @@ INLINE float group_sum(const uint16_t *x) {
 
 // A call's inputs as its loops read them: rounded (round_group) into rounded [M][K], and
 // each row's group sums of the rounded inputs into sums [M][K/32]. Rows are split between
-// threads from 8 rows on (a prefill's calls; a row's results do not depend on the split).
+// threads from 8 rows on (a row's results do not depend on the split).
 static void prepare_inputs(const uint16_t *x, uint16_t *rounded, float *sums, int M, int K) {
-    const int groups = K / 32;
+    const int groups = K / Q4_GROUP;
     #pragma omp parallel for schedule(static) if (M >= 8)
     for (int r = 0; r < M; r++)
         for (int g = 0; g < groups; g++) {
-            const size_t at = (size_t)r * K + (size_t)g * 32;
+            const size_t at = (size_t)r * K + (size_t)g * Q4_GROUP;
             round_group(x + at, rounded + at);
             sums[(size_t)r * groups + g] = group_sum(rounded + at);
         }

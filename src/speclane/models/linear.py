@@ -1,7 +1,9 @@
 """Linear layers over dense, int8 or int4 weights.
 
-A quantized layer runs one kernel at every batch width: a row's result must not depend
-on how many neighbours shared its tick (batch-invariant greedy output). On the
+A quantized layer's row has the same bits at every batch width: a row's result must not
+depend on how many neighbours shared its tick (batch-invariant greedy output). Our int4
+layers run one arithmetic on two kernels, the int4 matmul and, for calls of 5+ rows where
+the CPU has AMX, the tile kernel: the same bits (``kernels/int4_cpu.py``). On the
 project's AVX2 machine our int4 kernel was also faster than a dense float32 matmul at every
 width measured (1-96 rows); on its AVX-512 machine a 96-row float32 GEMM is ~1.2x faster
 (~140 vs ~113 GFLOPS), not worth a second, dense copy of 8x the bytes.
@@ -41,7 +43,8 @@ class Int4Weight:
     torch's ``_weight_int4pack_mm_for_cpu`` (``kernels/int4_cpu.py`` decides, once).
 
     Ours computes with the file's Q4_1 values exactly: scale * sum(x q) + minimum * sum(x)
-    per group of 32 inputs, in float32 (``int4_x86.c``).
+    per group of 32 inputs, in float32, the inputs rounded to their group's grid first
+    (``q4.h``: what makes every kernel's sums exact, in any order).
     torch's dequantizes ``(q - 8) * scale + zero``, so ``scale = d`` and ``zero = m + 8 * d``,
     with scales and zeros kept in bfloat16 (a small rounding on top of the file's values).
     ``tensors`` are what the kernel reads; ``graph_matmul`` is the same kernel as an
