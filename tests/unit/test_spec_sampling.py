@@ -218,3 +218,16 @@ def test_rejection_rule_with_mtp_head_probabilities_matches_classic_distribution
     rate = engine.counters.accepted_tokens / engine.counters.draft_tokens
     assert 0.05 < rate < 0.95, f"acceptance {rate:.2f}: the test needs both outcomes"
     assert _p_value(classic_counts, counts) > SIGNIFICANCE
+
+
+def test_greedy_verification_takes_the_ticks_argmax_when_given():
+    """The runner takes one argmax for a whole tick's rows and hands each sequence its slice:
+    the verdict is the same as the per-sequence argmax, and it is that slice that decides."""
+    logits = torch.randn(3, 50)
+    own = logits.argmax(-1).tolist()
+    greedy = SamplingParams(temperature=0.0)
+    draft = own[:2]
+    assert sampling.choose_tokens(logits, greedy, 0, 10, draft) == sampling.choose_tokens(logits, greedy, 0, 10, draft, argmax=own)
+    other = [own[0], (own[1] + 1) % 50, own[2]]  # the slice says the second draft is wrong
+    verdict = sampling.choose_tokens(logits, greedy, 0, 10, draft, argmax=other)
+    assert verdict.num_accepted == 1 and verdict.token_ids == [own[0], other[1]]

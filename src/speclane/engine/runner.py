@@ -93,6 +93,10 @@ class ModelRunner:
                 rows.extend(range(offset + len(tokens) - num_sampled, offset + len(tokens)))
             offset += len(tokens)
         logits = self.model.logits(hidden[rows]) if rows else None  # [R, vocab] float32
+        # Greedy rows' argmax in one call for the tick: per sequence it cost ~80 µs a call
+        # (8 streams: 2.6% of a closed batch's time); the first maximum either way.
+        greedy = logits is not None and any(seq.sample and seq.request.sampling.greedy for seq in seqs)
+        argmax = logits.argmax(dim=-1).tolist() if greedy else None
 
         results: list[SeqResult] = []
         cursor = 0
@@ -103,7 +107,8 @@ class ModelRunner:
                 proposed = draft.token_ids[: seq.num_draft_tokens]
                 n = len(proposed) + 1
                 probs = draft.probs[: len(proposed)] if draft.probs is not None else None
-                verdict = self._choose(seq.request, logits[cursor : cursor + n], proposed, probs, seq.start + len(seq.token_ids))
+                verdict = self._choose(seq.request, logits[cursor : cursor + n], proposed, probs, seq.start + len(seq.token_ids),
+                                       argmax[cursor : cursor + n] if argmax is not None else None)
                 cursor += n
                 res.token_ids = verdict.token_ids
                 res.num_draft_tokens = len(proposed)
@@ -127,9 +132,10 @@ class ModelRunner:
                 observer.observe(seq.request, seq.start, rows)
             offset += len(tokens)
 
-    def _choose(self, request: Request, logits: torch.Tensor, draft: list[int], draft_probs: torch.Tensor | None, first_position: int):
+    def _choose(self, request: Request, logits: torch.Tensor, draft: list[int], draft_probs: torch.Tensor | None,
+                first_position: int, argmax: list[int] | None = None):
         seed = request.sampling.seed if request.sampling.seed is not None else self._seed_of(request.request_id)
-        return choose_tokens(logits, request.sampling, seed, first_position, draft, draft_probs)
+        return choose_tokens(logits, request.sampling, seed, first_position, draft, draft_probs, argmax)
 
     def _seed_of(self, request_id: str) -> int:
         # Unseeded requests still get a stream of their own, independent of the batch.

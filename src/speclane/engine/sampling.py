@@ -78,10 +78,11 @@ def choose_tokens(
     first_position: int,  # sequence index of the token sampled from logits[0]
     draft: list[int],  # n - 1 draft tokens (empty for a classic step)
     draft_probs: torch.Tensor | None = None,  # [n - 1, V] the drafter's q, or None (one-hot)
+    argmax: list[int] | None = None,  # greedy: the n rows' argmax, if the caller took it for a whole tick
 ) -> Verdict:
     """Verify ``draft`` against the target and return the tokens to append."""
     if params.greedy:
-        targets = torch.argmax(logits, dim=-1).tolist()
+        targets = argmax if argmax is not None else torch.argmax(logits, dim=-1).tolist()
         return _accept_matching(targets, draft)
     probs = probabilities(logits, params)
     if draft_probs is None or not draft:
