@@ -12,8 +12,8 @@ tick, the prompt's tokens in a prefill.
 
 Table 2: one eager forward + logits of the default model (KV length 200) by positions of
 one sequence and by batch of one-token sequences: torch's int4 kernel, SDPA and norm / SiLU
-ops; our int4 (the build ``auto`` picks, and the tile kernel where the CPU has AMX) and attention kernels with torch's norm / SiLU
-ops; all three of ours. The arms alternate in one process; medians.
+ops; our int4 (the build ``auto`` picks, and the tile kernel where the CPU has AMX) and
+attention kernels with torch's norm / SiLU ops; all three of ours. The arms alternate in one process; medians.
 """
 
 from __future__ import annotations
@@ -41,10 +41,8 @@ FORWARDS = [(1, 1), (2, 1), (4, 1), (5, 1), (9, 1), (96, 1), (1, 4), (1, 8)]  # 
 def with_int4_kernel(kernel: str, make: Callable):
     """``make()`` with one int4 kernel: ``torch``, a build alone (no tile kernel), ``amx``
     (auto's build with the tile kernel for calls of TILE_MIN_ROWS+ rows) or ``auto``."""
-    if kernel == "auto":
-        with int4_cpu.using("auto"):
-            return make()
-    with int4_cpu.using("auto" if kernel == "amx" else kernel), int4_cpu.using_tiles("amx" if kernel == "amx" else "off"):
+    tiles = {"auto": "auto", "amx": "amx"}.get(kernel, "off")
+    with int4_cpu.using("auto" if kernel == "amx" else kernel), int4_cpu.using_tiles(tiles):
         return make()
 
 
