@@ -76,6 +76,8 @@ class LaneConfig:
     fairness: str = field(default="tenant", metadata={"help": "tenant: fair between tenants; request: round-robin between requests"})
     mtp_head: str = field(default="", metadata={"help": "path of an MTP head (default: the one shipped for the model)"})
     mtp_min_draft_prob: float = field(default=0.0, metadata={"help": "MTP stops drafting a round when its confidence falls below this"})
+    mtp_lookup: bool = field(default=True, metadata={
+        "help": "MTP drafts a round by prompt lookup (as ngram does) where the recent tokens appeared before, by its head elsewhere"})
 
     def __post_init__(self) -> None:
         from speclane.drafters import DRAFTER_NAMES  # late import: drafters import config

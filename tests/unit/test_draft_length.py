@@ -30,10 +30,11 @@ ROWWISE = StepCost(tuple(30.0 + 3.0 * i for i in range(16)))
 
 
 def estimate(rate: float, request_id: str = "a") -> AcceptanceEstimate:
-    """An estimate that has seen many rounds at ``rate`` for ``request_id``."""
+    """An estimate that has seen many tried draft positions at ``rate`` for ``request_id``
+    (and as the engine-wide rate): the steady state of rounds accepting ``rate`` of them."""
     est = AcceptanceEstimate()
-    for _ in range(50):
-        est.observe(request_id, 100, round(100 * rate))
+    est.counts[request_id] = (500.0, 500.0 * rate)
+    est.engine_drafted, est.engine_accepted = 500.0, 500.0 * rate
     return est
 
 
@@ -52,6 +53,20 @@ def test_expected_tokens_of_a_round():
     assert expected_tokens(0.5, 2) == pytest.approx(1.75)
 
 
+def test_the_rate_is_per_tried_position_not_per_drafted_token():
+    """Rounds of 2 drafts accepting 0, 1, 2: 3 accepted of 5 tried positions (the drafts
+    after a rejection were never judged), 0.6 a position, the ``a`` of 1 + a + a^2. Per
+    drafted token it would read 3 of 6, and adaptive K would undervalue the drafter."""
+    est = AcceptanceEstimate()
+    for _ in range(60):
+        for accepted in (0, 1, 2):
+            est.observe("a", 2, accepted)
+    assert est.prior() == pytest.approx(0.6, abs=0.01)
+    assert 0.55 < est.rate("a") < 0.7  # decayed counts: the last rounds weigh most
+    est.observe("b", 4, 1)  # one accepted, the second rejected, two never judged
+    assert est.counts["b"] == (2.0, 1.0)
+
+
 def test_acceptance_estimate_follows_rounds_and_counts_held_ticks_toward_a_probe():
     est = AcceptanceEstimate()
     assert est.rate("a") == pytest.approx(0.7)  # the prior before any round
@@ -60,8 +75,10 @@ def test_acceptance_estimate_follows_rounds_and_counts_held_ticks_toward_a_probe
         est.observe("a", 4, 0)
         est.observe("b", 4, 4)
     low = est.rate("a")
-    assert low < 0.2 and est.prior() == pytest.approx(0.5, abs=0.01)  # the prior is now the engine-wide rate
-    assert est.evidence("a") > 10 and est.has_drafted("a") and not est.due_for_probe("a")
+    # The prior is now the engine-wide rate per tried position: "a" tried 1 of its 4 drafts
+    # each round (rejected), "b" all 4 (accepted): 40 of 50.
+    assert low < 0.2 and est.prior() == pytest.approx(0.8, abs=0.01)
+    assert est.evidence("a") > 4 and est.has_drafted("a") and not est.due_for_probe("a")  # ~5 tried positions (decayed)
     for _ in range(PROBE_EVERY - 1):
         est.idle("a")
     assert not est.due_for_probe("a")

@@ -12,6 +12,7 @@ import torch
 
 from speclane.config import EngineConfig
 from speclane.drafters.mtp import MTPDrafter, load_mtp_drafter
+from speclane.drafters.ngram import NgramDrafter
 from speclane.engine.engine import LLMEngine
 from speclane.models.mtp_head import MTPCache, MTPConfig, MTPHead
 from speclane.models.mtp_store import MTPHeadError, load_head, save_head, target_fingerprint
@@ -166,19 +167,66 @@ def generate(engine: LLMEngine, prompts: list[list[int]], max_tokens: int = 24) 
     return tokens
 
 
+@pytest.mark.parametrize("lookup", [False, True], ids=["head", "lookup+head"])
 @pytest.mark.parametrize("grant_rounds", [0, 1])
-def test_greedy_with_mtp_equals_classic_including_forced_yields(trained, grant_rounds):
+def test_greedy_with_mtp_equals_classic_including_forced_yields(trained, grant_rounds, lookup):
     """grant_rounds=1 with one slot: every request yields after each round and waits while
-    the others draft, so each grant re-seeds the head from positions decoded classically."""
+    the others draft, so each grant re-seeds the head from positions decoded classically.
+    With lookup, rounds drafted by lookup leave the head's positions pending in between."""
     model, path, _ = trained
     prompts = [[1, 2, 3, 4], [5, 6, 7], [9, 3, 9, 3, 9], [2, 2, 8], [11, 12, 13, 14, 15]]
     off = generate(toy_engine(model, spec_mode="off"), prompts)
-    drafter = MTPDrafter(load_head(path, model, "toy"), VOCAB)
+    drafter = MTPDrafter(load_head(path, model, "toy"), VOCAB, lookup=NgramDrafter() if lookup else None)
     engine = toy_engine(model, drafter, drafter="mtp", spec_mode="slice", spec_slots=1, num_draft_tokens=3,
                         spec_grant_rounds=grant_rounds)
     assert generate(engine, prompts) == off
-    assert engine.counters.accepted_tokens > 0 and engine.counters.draft_tokens > engine.counters.accepted_tokens
+    assert engine.counters.accepted_tokens > 0
+    if not lookup:  # some drafts were rejected (lookup's on this looping text: all accepted)
+        assert engine.counters.draft_tokens > engine.counters.accepted_tokens
     assert not drafter.states, "finished requests leave no drafter state behind"
+    if lookup:  # the toy's text repeats itself: both ways of drafting were used
+        assert 0 < drafter.lookup_proposals < drafter.proposals
+
+
+def test_lookup_drafts_a_repeated_ngram_and_the_head_catches_up_after():
+    """A round whose last tokens appeared before is drafted by lookup: what followed them,
+    with the head not run (its positions stay pending; no timing for adaptive K). The next
+    round without a match catches the head up on all of them at once: the same drafts as
+    a head-only drafter that caught up round by round."""
+    from speclane.request import Request
+
+    model = toy_model(toy_config(vocab_size=VOCAB))
+    head = random_head(model)
+    with_lookup, head_only = MTPDrafter(head, VOCAB, lookup=NgramDrafter()), MTPDrafter(head, VOCAB)
+    gen = torch.Generator().manual_seed(4)
+    hidden = torch.randn(30, model.config.hidden_size, generator=gen)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    requests = {}
+    for name, drafter in (("lookup", with_lookup), ("head", head_only)):
+        request = Request(request_id=name, prompt_token_ids=prompt, sampling=SamplingParams(max_tokens=16, temperature=0))
+        request.output_token_ids.extend([11, 12, 1, 2])  # ends with "1 2": seen at the prompt's start
+        drafter.observe(request, 0, hidden[:13])
+        requests[name] = request
+    draft = with_lookup.propose(requests["lookup"], 3)
+    assert draft.token_ids == [3, 4, 5] and draft.catch_up_ms is None
+    assert with_lookup.lookup_proposals == 1
+    assert "lookup" not in with_lookup.states or with_lookup.states["lookup"].cache is None
+    head_only.propose(requests["head"], 3)  # the head-only drafter drafts this round itself
+    for name, drafter in (("lookup", with_lookup), ("head", head_only)):
+        requests[name].output_token_ids.extend([13, 14])  # no match for "13 14" anywhere
+        drafter.observe(requests[name], 13, hidden[13:15])
+    a, b = with_lookup.propose(requests["lookup"], 3), head_only.propose(requests["head"], 3)
+    assert with_lookup.lookup_proposals == 1 and len(a.token_ids) == 3
+    assert with_lookup.states["lookup"].cache.end == head_only.states["head"].cache.end == 15
+    assert a.token_ids == b.token_ids
+
+
+def test_engine_mtp_lookup_follows_the_config(trained):
+    model, path, _ = trained
+    for flag in (True, False):
+        drafter = load_mtp_drafter(model, EngineConfig().model.__class__(model="toy"), mtp_head=str(path), lookup=flag)
+        assert (drafter.lookup is not None) == flag
+    assert EngineConfig().lane.mtp_lookup  # served with lookup unless --no-mtp-lookup
 
 
 def test_drafter_reseeds_after_waiting_past_its_window():

@@ -3,6 +3,7 @@
 Ordinary chat questions that were never training prompts (``CHAT_PROMPTS``; a test
 checks they are disjoint from ``speclane.training.prompts``), greedy, default model.
 Engines over the same model — speculation off, the n-gram drafter, the MTP drafter
+as served (prompt lookup first, the head elsewhere), its head alone (``--no-mtp-lookup``)
 at K and at K=1 — answer every prompt in turn (A B C D per prompt, so machine noise
 hits each alike). Reports tok/s over all prompts, acceptance per draft position, mean
 accepted drafts per round, and whether each arm's text equals speculation off.
@@ -35,9 +36,10 @@ def mtp(factory: EngineFactory, new_tokens: int = 128, repeats: int = 2, quick: 
         "off": factory.engine(spec_mode="off"),
         "ngram": factory.engine(spec_mode="slice", drafter="ngram"),
         "mtp": factory.engine(spec_mode="slice", drafter="mtp"),
+        "mtp head only": factory.engine(spec_mode="slice", drafter="mtp", mtp_lookup=False),
         # One draft per round: on a CPU where each verified position costs (see bench
         # decode), only the first draft position pays for itself at this head's acceptance.
-        "mtp K=1": factory.engine(spec_mode="slice", drafter="mtp", num_draft_tokens=1),
+        "mtp head only K=1": factory.engine(spec_mode="slice", drafter="mtp", mtp_lookup=False, num_draft_tokens=1),
     }
     ids = [factory.chat_ids(p) for p in prompts]
     for engine in engines.values():  # warm-up
@@ -60,7 +62,7 @@ def mtp(factory: EngineFactory, new_tokens: int = 128, repeats: int = 2, quick: 
     off = median(rates["off"])
     table = Table(f"Held-out chat, greedy, {len(prompts)} prompts x up to {new_tokens} tokens, K={k}", [
         "drafter", "tok/s", "runs", "vs off", "acceptance", "accepted / round", "tokens / round", "drafting ms / round",
-        "text == off"])
+        "lookup rounds", "text == off"])
     positions = Table("Acceptance per draft position (slice rounds; position j counts rounds whose drafts 0..j-1 were accepted)",
                       ["drafter"] + [f"pos {j + 1}" for j in range(k)])
     # Adaptive K drafts where recent acceptance pays, so these are the drafted stretches'
@@ -76,7 +78,7 @@ def mtp(factory: EngineFactory, new_tokens: int = 128, repeats: int = 2, quick: 
         table.add(name, rate, ", ".join(f"{x:.1f}" for x in rates[name]), f"{rate / off:.2f}x",
                   f"{acc:.0%}" if rounds else "-", f"{c.accepted_tokens / rounds:.2f}" if rounds else "-",
                   f"{(c.accepted_tokens + rounds) / rounds:.2f}" if rounds else "-", _drafting_ms(engine),
-                  f"{same}/{len(prompts)}")
+                  _lookup_share(engine), f"{same}/{len(prompts)}")
         if rounds:
             by_pos = c.acceptance_by_position()
             positions.add(name, *[f"{by_pos[j]:.0%}" if j < len(by_pos) else "-" for j in range(k)])
@@ -85,6 +87,14 @@ def mtp(factory: EngineFactory, new_tokens: int = 128, repeats: int = 2, quick: 
                        "(all of them with our int4 and attention kernels, which compute every row alone; with "
                        "torch's kernels or --compile a verify's rows round differently and a near-tie can flip).")
     return [table, positions]
+
+
+def _lookup_share(engine) -> str:
+    """Of the MTP drafter's proposals, the share drafted by prompt lookup (not its head)."""
+    drafter = engine.drafter
+    if drafter is None or not getattr(drafter, "proposals", 0):
+        return "-"
+    return f"{drafter.lookup_proposals / drafter.proposals:.0%}"
 
 
 def _drafting_ms(engine) -> str:

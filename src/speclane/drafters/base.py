@@ -26,7 +26,8 @@ class Draft:
     # Of the call's time, the ms spent catching up on positions verified since the
     # request's last round: paid once per round whatever k (n-gram: 0). None when the call
     # (re)built the request's drafter state from its whole context, a one-off whose time
-    # says nothing about the next rounds (adaptive K leaves such a call out of its timing).
+    # says nothing about the next rounds, or drafted the round another way than its
+    # costly one (the MTP drafter's prompt lookup): adaptive K leaves it out of its timing.
     catch_up_ms: float | None = 0.0
 
 

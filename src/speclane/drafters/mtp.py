@@ -11,6 +11,13 @@ then drafts recursively. A request that waited longer than the head's attention
 window is re-seeded from the last ``window`` positions. Speculative entries are
 dropped after each round: the next round rebuilds them from the target's hidden states.
 
+Prompt lookup first (``lookup``, on by default in the engine: ``--mtp-lookup``): where the
+request's recent tokens appeared before (in its prompt, its output or its prediction),
+the round proposes what followed them, as the n-gram drafter does, and the head is not
+run; its pending positions wait for the next head round's catch-up. On held-out chat
+about one round in five finds such a match, and those drafts are accepted more often
+than the head's (an answer repeating the question's words, a list's recurring phrase).
+
 Draft tokens are the head's argmax (deterministic: verification by exact match keeps
 every request's output identical to classic decoding, seeded sampling included), or,
 with ``sample_drafts``, samples from the head's distribution q with q passed to the
@@ -29,6 +36,7 @@ from pathlib import Path
 import torch
 
 from speclane.drafters.base import Draft
+from speclane.drafters.ngram import NgramDrafter
 from speclane.models.llama import LlamaModel
 from speclane.models.mtp_head import MTPCache, MTPHead
 from speclane.request import Request
@@ -108,8 +116,9 @@ class MTPDrafter:
     needs_hidden_states = True
 
     def __init__(self, head: MTPHead, vocab_size: int, *, min_draft_prob: float = DEFAULT_MIN_DRAFT_PROB,
-                 sample_drafts: bool = False, seed: int = 0):
+                 sample_drafts: bool = False, seed: int = 0, lookup: NgramDrafter | None = None):
         self.head = head
+        self.lookup = lookup  # consulted before the head (module docstring); None: the head alone
         self.vocab_size = vocab_size
         self.min_draft_prob = min_draft_prob
         self.sample_drafts = sample_drafts
@@ -117,6 +126,7 @@ class MTPDrafter:
         self.states: dict[str, _RequestState] = {}
         self.propose_seconds = 0.0  # drafting time (catch-up + recursive drafts), for benchmarks
         self.proposals = 0
+        self.lookup_proposals = 0  # of the proposals, rounds drafted by prompt lookup
 
     @property
     def window(self) -> int:
@@ -142,8 +152,16 @@ class MTPDrafter:
             self.proposals += 1
 
     def _propose(self, request: Request, k: int) -> Draft:
+        if k <= 0:
+            return Draft([])
+        if self.lookup is not None:
+            found = self.lookup.propose(request, k)
+            if found.token_ids:
+                self.lookup_proposals += 1
+                # catch_up_ms None: adaptive K's drafting cost is the head's; a lookup costs ~0.
+                return Draft(found.token_ids, catch_up_ms=None)
         state = self.states.get(request.request_id)
-        if k <= 0 or state is None or not state.pending:
+        if state is None or not state.pending:
             return Draft([])
         tokens = request.token_ids()
         last = len(tokens) - 2  # the last position the target has computed
@@ -174,8 +192,10 @@ def default_head_path(model_name: str) -> Path:
     return HEADS_DIR / Path(model_name).name.removesuffix(".gguf")
 
 
-def load_mtp_drafter(model: LlamaModel, model_config, mtp_head: str = "", **options: object) -> MTPDrafter:
-    """``--drafter mtp``: the head at ``--mtp-head``, else the one shipped for the model."""
+def load_mtp_drafter(model: LlamaModel, model_config, mtp_head: str = "", lookup: bool = False,
+                     **options: object) -> MTPDrafter:
+    """``--drafter mtp``: the head at ``--mtp-head``, else the one shipped for the model;
+    prompt lookup before the head with ``lookup`` (``--mtp-lookup``, the engine's default)."""
     from speclane.models.mtp_store import MTPHeadError, load_head
 
     name = model_config.model
@@ -188,4 +208,4 @@ def load_mtp_drafter(model: LlamaModel, model_config, mtp_head: str = "", **opti
     head = load_head(path, model, name)
     if getattr(model, "quantization", "none") != "none":
         head.quantize_for_drafting()  # the target runs int4 kernels: so can its drafter
-    return MTPDrafter(head, model.config.vocab_size, **options)  # type: ignore[arg-type]
+    return MTPDrafter(head, model.config.vocab_size, lookup=NgramDrafter() if lookup else None, **options)  # type: ignore[arg-type]

@@ -102,7 +102,8 @@ class LLMEngine:
         self.cache = KVCache(mc.num_layers, config.scheduler.max_num_seqs, cache_len, mc.num_kv_heads, mc.head_dim, kv_dtype)
         if drafter is None and config.lane.speculation_enabled:
             drafter = create_drafter(config.lane.drafter, model=self.model, model_config=config.model,
-                                     mtp_head=config.lane.mtp_head, min_draft_prob=config.lane.mtp_min_draft_prob)
+                                     mtp_head=config.lane.mtp_head, min_draft_prob=config.lane.mtp_min_draft_prob,
+                                     lookup=config.lane.mtp_lookup)
         self.drafter = drafter if config.lane.speculation_enabled else None
         lane = config.lane if self.drafter is not None else _lane_off(config)
         self.scheduler = Scheduler(config.scheduler, lane, self.max_model_len)
