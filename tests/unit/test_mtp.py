@@ -109,6 +109,29 @@ def test_tiny_training_run_decreases_the_loss_and_writes_a_loadable_head(trained
     assert report["acceptance"]["rounds"] > 0
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_training_learns_in_either_precision_and_records_it(trained, tmp_path, precision):
+    """bfloat16 autocast (what auto picks on a CPU with native bfloat16) learns like float32."""
+    model, _, _ = trained
+    engine = toy_engine(model, spec_mode="off")
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, VOCAB, (6,), generator=gen).tolist() for _ in range(12)]
+    samples = generate_samples(engine, prompts, tmp_path / "data", max_new_tokens=30, concurrency=6, log=lambda line: None)
+    path = train_head(model, "toy", samples, tmp_path, train_args(tmp_path, steps=40, precision=precision))
+    meta = json.loads((path / "config.json").read_text())["training"]
+    assert meta["precision"] == precision
+    assert meta["final_loss"][0] < 0.8 * meta["first_loss"][0]
+    load_head(path, model, "toy")
+
+
+def test_auto_precision_is_bf16_only_with_native_bfloat16():
+    from speclane.kernels.build import missing_cpu_flags
+    from speclane.training.train_mtp import use_bf16
+
+    assert use_bf16("auto") == (not missing_cpu_flags("avx512bf16"))
+    assert use_bf16("bf16") and not use_bf16("fp32")
+
+
 def test_generate_samples_resumes_from_its_shards(tmp_path):
     model = toy_model(toy_config(vocab_size=VOCAB), seed=5)
     prompts = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
@@ -295,6 +318,22 @@ def test_held_out_chat_prompts_are_not_training_prompts():
     assert len(training) > 1000
     assert not training & set(CHAT_PROMPTS)
     assert not training & {prompt for prompt, _ in SPEEDUP_TASKS.values()}
+
+
+def test_the_chat_questions_avoid_the_held_out_prompts_subjects():
+    """Not only the held-out questions themselves: none of their subjects either (the
+    committed question list is of the same kind of short question)."""
+    from speclane.training.prompts import chat_questions, instruction_prompts
+
+    subjects = ("france", "paris", "sleep", "recursion", "haiku", "autumn", "tuple", "water cycle", "bakery", "sky",
+                "boil", "egg", "compiler", "planet", "cinderella", "photosynthesis", "metaphor", "minutes", "prime",
+                "healthy habit")
+    questions = chat_questions()
+    assert len(questions) == len({q.lower() for q in questions}) >= 2400
+    assert not set(questions) & set(instruction_prompts())  # each prompt from one source
+    assert [q for q in questions if any(subject in q.lower() for subject in subjects)] == []
+    mix = training_prompts(400)
+    assert sum(q in set(questions) for q in mix) == 200  # half of any prefix
 
 
 class SlowDrafter(MTPDrafter):

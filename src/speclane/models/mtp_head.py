@@ -147,7 +147,8 @@ class MTPHead(nn.Module):
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self._fused(x):
             return self._ops.add_rms_norm(x.float().contiguous(), None, weight.detach(), self.config.rms_norm_eps)
-        return F.rms_norm(x, (x.shape[-1],), weight, self.config.rms_norm_eps)
+        # float32 (under training's bfloat16 autocast x may be bfloat16; the norm is not).
+        return F.rms_norm(x.float(), (x.shape[-1],), weight, self.config.rms_norm_eps)
 
     def _angles(self, positions: torch.Tensor) -> torch.Tensor:
         """[..., T] -> float32 rotation angles [..., T, d] (computed in float64, then rounded)."""

@@ -22,6 +22,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-vocab", type=int, default=8192, help="tokens the head drafts over (most frequent first)")
     p.add_argument("--held-out", type=float, default=0.05, help="fraction of samples kept for the acceptance report")
     p.add_argument("--checkpoint-every", type=int, default=100)
+    p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+                   help="the head's training matmuls: bf16 autocast (auto: where the CPU multiplies bfloat16 natively) or fp32")
     p.add_argument("--data-only", action="store_true", help="stop after generating the data")
     p.add_argument("--seed", type=int, default=0)
 

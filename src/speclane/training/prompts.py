@@ -1,6 +1,8 @@
 """Training prompts built only from text already on the machine.
 
-Two sources, both deterministic:
+Three sources, all deterministic:
+- a committed list of ~2,400 short everyday chat questions (``chat_questions.txt``), of many
+  subjects and phrasings: what users ask, and what the held-out chat benchmark looks like;
 - a committed instruction list: templates crossed with topics (below), chat-like;
 - the Python standard library's own docstrings, asked about as questions.
 
@@ -13,6 +15,9 @@ from __future__ import annotations
 import importlib
 import inspect
 import random
+from pathlib import Path
+
+CHAT_QUESTIONS = Path(__file__).with_name("chat_questions.txt")
 
 TEMPLATES = (
     "Explain {topic} in simple terms.",
@@ -90,8 +95,23 @@ def docstring_prompts(max_doc_chars: int = 600) -> list[str]:
     return prompts
 
 
+def chat_questions() -> list[str]:
+    return [line.strip() for line in CHAT_QUESTIONS.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
 def training_prompts(limit: int | None = None, seed: int = 0) -> list[str]:
-    """Both sources, shuffled deterministically (so a prefix is a fair mix)."""
-    prompts = instruction_prompts() + docstring_prompts()
-    random.Random(seed).shuffle(prompts)
+    """The three sources, each shuffled deterministically, interleaved so that any prefix
+    is half chat questions and a quarter each of the other two (while they last)."""
+    rng = random.Random(seed)
+    sources = [chat_questions(), instruction_prompts(), docstring_prompts()]
+    for source in sources:
+        rng.shuffle(source)
+    pattern = (0, 1, 0, 2)  # chat, instruction, chat, docstring
+    prompts: list[str] = []
+    taken = [0, 0, 0]
+    while any(taken[i] < len(sources[i]) for i in range(3)):
+        for i in pattern:
+            if taken[i] < len(sources[i]):
+                prompts.append(sources[i][taken[i]])
+                taken[i] += 1
     return prompts[:limit] if limit else prompts

@@ -10,6 +10,12 @@ recursive entries (``recursive_mask``).
 
 Checkpoints (``checkpoint.pt``) are written every ``--checkpoint-every`` steps; a
 rerun of the same command resumes from the last one.
+
+Precision: the matmuls run under bfloat16 autocast where the CPU multiplies bfloat16
+natively (AVX512_BF16 / AMX; ``--precision auto``), the weights, their gradients and the
+optimizer staying float32. On the eleventh-thirteenth sessions' AMX Xeon a step of 4
+windows took 0.37 s instead of 0.62; elsewhere bfloat16 would be emulated, so auto keeps
+float32 there.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from speclane.kernels.build import missing_cpu_flags
 
 from speclane.models.llama import LlamaModel
 from speclane.models.mtp_head import MTPConfig, MTPHead
@@ -166,8 +174,16 @@ def recursive_loss(head: MTPHead, batch: dict[str, torch.Tensor], steps: int) ->
     return total, per_step
 
 
+def use_bf16(precision: str) -> bool:
+    """``--precision``: auto is bfloat16 autocast where the CPU has native bfloat16 dot products."""
+    if precision == "auto":
+        return not missing_cpu_flags("avx512bf16")
+    return precision == "bf16"
+
+
 def train_head(model: LlamaModel, model_name: str, samples: list[Sample], out: Path, args: argparse.Namespace) -> Path:
     started = time.perf_counter()
+    bf16 = use_bf16(getattr(args, "precision", "auto"))
     rng = random.Random(args.seed)
     torch.manual_seed(args.seed)
     held = max(1, int(len(samples) * args.held_out)) if len(samples) > 1 else 0
@@ -190,14 +206,16 @@ def train_head(model: LlamaModel, model_name: str, samples: list[Sample], out: P
         step = state["step"]
         rng.setstate(state["rng"])
         log(f"[train] resumed at step {step} from {checkpoint}")
-    log(f"[train] {len(train_set)} training samples, {len(held_out)} held out; {args.steps} steps of {args.batch_size}")
+    log(f"[train] {len(train_set)} training samples, {len(held_out)} held out; {args.steps} steps of {args.batch_size}, "
+        f"{'bfloat16 autocast' if bf16 else 'float32'}")
     head.train()
     last_log = time.perf_counter()
     smoothed: list[float] | None = None
     first_losses: list[float] | None = None
     while step < args.steps:
         batch = make_batch(rng.sample(train_set, min(args.batch_size, len(train_set))), vocab_index, rng)
-        loss, per_step = recursive_loss(head, batch, args.draft_steps)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss, per_step = recursive_loss(head, batch, args.draft_steps)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -228,6 +246,7 @@ def train_head(model: LlamaModel, model_name: str, samples: list[Sample], out: P
         "steps": args.steps,
         "batch_size": args.batch_size,
         "draft_steps": args.draft_steps,
+        "precision": "bf16" if bf16 else "fp32",
         "first_loss": first_losses,
         "final_loss": smoothed,
         "train_minutes": round((time.perf_counter() - started) / 60, 1),
