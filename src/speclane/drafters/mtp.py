@@ -15,8 +15,9 @@ Prompt lookup first (``lookup``, on by default in the engine: ``--mtp-lookup``):
 request's recent tokens appeared before (in its prompt, its output or its prediction),
 the round proposes what followed them, as the n-gram drafter does, and the head is not
 run; its pending positions wait for the next head round's catch-up. On held-out chat
-about one round in five finds such a match, and those drafts are accepted more often
-than the head's (an answer repeating the question's words, a list's recurring phrase).
+about one round in five finds such a match (a third of the drafted rounds under adaptive
+K), and those drafts are accepted more often than the head's (an answer repeating the
+question's words, a list's recurring phrase).
 
 Draft tokens are the head's argmax (deterministic: verification by exact match keeps
 every request's output identical to classic decoding, seeded sampling included), or,

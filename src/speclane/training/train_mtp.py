@@ -32,7 +32,6 @@ import torch
 import torch.nn.functional as F
 
 from speclane.kernels.build import missing_cpu_flags
-
 from speclane.models.llama import LlamaModel
 from speclane.models.mtp_head import MTPConfig, MTPHead
 from speclane.models.mtp_store import (
