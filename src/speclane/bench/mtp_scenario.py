@@ -3,8 +3,8 @@
 Ordinary chat questions that were never training prompts (``CHAT_PROMPTS``; a test
 checks they are disjoint from ``speclane.training.prompts``), greedy, default model.
 Engines over the same model — speculation off, the n-gram drafter, the MTP drafter
-as served (prompt lookup first, the head elsewhere), its head alone (``--no-mtp-lookup``)
-at K and at K=1 — answer every prompt in turn (A B C D per prompt, so machine noise
+as served (prompt lookup first, the head elsewhere, adaptive K), its head alone
+(``--no-mtp-lookup``), and as served but drafting 2 every round (fixed K) — answer every prompt in turn (A B C D per prompt, so machine noise
 hits each alike). Reports tok/s over all prompts, acceptance per draft position, mean
 accepted drafts per round, and whether each arm's text equals speculation off.
 """
@@ -37,9 +37,10 @@ def mtp(factory: EngineFactory, new_tokens: int = 128, repeats: int = 2, quick: 
         "ngram": factory.engine(spec_mode="slice", drafter="ngram"),
         "mtp": factory.engine(spec_mode="slice", drafter="mtp"),
         "mtp head only": factory.engine(spec_mode="slice", drafter="mtp", mtp_lookup=False),
-        # One draft per round: on a CPU where each verified position costs (see bench
-        # decode), only the first draft position pays for itself at this head's acceptance.
-        "mtp head only K=1": factory.engine(spec_mode="slice", drafter="mtp", mtp_lookup=False, num_draft_tokens=1),
+        # Two drafts every round, adaptive K off: what the drafter gives when it always
+        # drafts; adaptive K's per-request estimate (short memory, K=0 until a probe)
+        # leaves some of it on the table with this head (thirteenth session).
+        "mtp K=2 fixed": factory.engine(spec_mode="slice", drafter="mtp", num_draft_tokens=2, spec_adaptive_k=False),
     }
     ids = [factory.chat_ids(p) for p in prompts]
     for engine in engines.values():  # warm-up
