@@ -69,7 +69,7 @@ def test_parallel_training_forward_equals_incremental_drafting():
 
 def train_args(tmp: Path, **overrides) -> argparse.Namespace:
     values = dict(steps=80, batch_size=4, lr=3e-3, draft_steps=2, draft_vocab=12, held_out=0.2,
-                  checkpoint_every=20, seed=0)
+                  checkpoint_every=20, seed=0, precision="auto")
     values.update(overrides)
     return argparse.Namespace(**values)
 

@@ -4,9 +4,10 @@ Ordinary chat questions that were never training prompts (``CHAT_PROMPTS``; a te
 checks they are disjoint from ``speclane.training.prompts``), greedy, default model.
 Engines over the same model — speculation off, the n-gram drafter, the MTP drafter
 as served (prompt lookup first, the head elsewhere, adaptive K), its head alone
-(``--no-mtp-lookup``), and as served but drafting 2 every round (fixed K) — answer every prompt in turn (A B C D per prompt, so machine noise
-hits each alike). Reports tok/s over all prompts, acceptance per draft position, mean
-accepted drafts per round, and whether each arm's text equals speculation off.
+(``--no-mtp-lookup``), and as served but drafting 2 every round (fixed K) — answer every
+prompt in turn (A B C D E per prompt, so machine noise hits each alike). Reports tok/s
+over all prompts, acceptance per draft position, mean accepted drafts per round, the
+share of rounds drafted by lookup, and whether each arm's text equals speculation off.
 """
 
 from __future__ import annotations

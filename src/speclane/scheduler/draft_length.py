@@ -91,21 +91,22 @@ class StepCost:
 
 @dataclass
 class AcceptanceEstimate:
-    """Decayed draft/accept counts per request, shrunk toward the engine-wide rate."""
+    """Decayed tried/accepted draft positions per request (``observe``), shrunk toward the
+    engine-wide rate."""
 
-    counts: dict[str, tuple[float, float]] = field(default_factory=dict)  # id -> (drafted, accepted)
+    counts: dict[str, tuple[float, float]] = field(default_factory=dict)  # id -> (tried, accepted)
     idle_ticks: dict[str, int] = field(default_factory=dict)  # id -> held ticks at K = 0 since its last round
-    engine_drafted: float = 0.0
+    engine_tried: float = 0.0
     engine_accepted: float = 0.0
 
     def prior(self) -> float:
-        if self.engine_drafted < 1:
+        if self.engine_tried < 1:
             return PRIOR_RATE
-        return self.engine_accepted / self.engine_drafted
+        return self.engine_accepted / self.engine_tried
 
     def rate(self, request_id: str) -> float:
-        drafted, accepted = self.counts.get(request_id, (0.0, 0.0))
-        return (accepted + PRIOR_WEIGHT * self.prior()) / (drafted + PRIOR_WEIGHT)
+        tried, accepted = self.counts.get(request_id, (0.0, 0.0))
+        return (accepted + PRIOR_WEIGHT * self.prior()) / (tried + PRIOR_WEIGHT)
 
     def observe(self, request_id: str, drafted: int, accepted: int) -> None:
         """A verified round: ``accepted`` of ``drafted`` tokens.
@@ -119,14 +120,14 @@ class AcceptanceEstimate:
         if drafted <= 0:
             return
         tried = min(drafted, accepted + 1)
-        d, a = self.counts.get(request_id, (0.0, 0.0))
-        self.counts[request_id] = (d * DECAY + tried, a * DECAY + accepted)
+        t, a = self.counts.get(request_id, (0.0, 0.0))
+        self.counts[request_id] = (t * DECAY + tried, a * DECAY + accepted)
         self.idle_ticks[request_id] = 0
-        self.engine_drafted = self.engine_drafted * 0.99 + tried
+        self.engine_tried = self.engine_tried * 0.99 + tried
         self.engine_accepted = self.engine_accepted * 0.99 + accepted
 
     def evidence(self, request_id: str) -> float:
-        """Decayed number of this request's verified draft tokens (diagnostics and tests)."""
+        """Decayed number of this request's tried draft positions (diagnostics and tests)."""
         return self.counts.get(request_id, (0.0, 0.0))[0]
 
     def has_drafted(self, request_id: str) -> bool:

@@ -182,7 +182,7 @@ def use_bf16(precision: str) -> bool:
 
 def train_head(model: LlamaModel, model_name: str, samples: list[Sample], out: Path, args: argparse.Namespace) -> Path:
     started = time.perf_counter()
-    bf16 = use_bf16(getattr(args, "precision", "auto"))
+    bf16 = use_bf16(args.precision)
     rng = random.Random(args.seed)
     torch.manual_seed(args.seed)
     held = max(1, int(len(samples) * args.held_out)) if len(samples) > 1 else 0
