@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from speclane.kernels import norm_cpu
+from speclane.models import mtp_kernel_step
 from speclane.models.linear import Int4Weight, Linear, quantize_int4_groups
 
 
@@ -109,6 +110,9 @@ class MTPHead(nn.Module):
         # int4 matmuls take anyway).
         self.kernels: dict[str, Linear] = {}
         self._ops: norm_cpu.LayerOps | None = None
+        # With the kernels, where the attention kernel runs: the drafting step of
+        # ``mtp_kernel_step`` and its rotation tables (``new_cache`` hands out its caches).
+        self._kernel_tables: mtp_kernel_step.RotationTables | None = None
 
     def attach_target(self, embed: torch.Tensor, head: torch.Tensor) -> None:
         """Share the target's (frozen, float32) embedding and output head."""
@@ -128,7 +132,21 @@ class MTPHead(nn.Module):
             self.kernels = {name: Linear(None, Int4Weight(*quantize_int4_groups(w.float()))) for name, w in weights.items()}
         # A draft step is ~20 small ops; F.rms_norm alone is ~60-90 µs of dispatch here.
         self._ops = norm_cpu.LayerOps.for_dtype(torch.bfloat16)
+        if self._ops._lib is not None and mtp_kernel_step.supported(self.config):
+            self._kernel_tables = mtp_kernel_step.RotationTables(self.inv_freq)
         return self
+
+    @property
+    def kernel_step(self) -> bool:
+        """Drafting runs ``mtp_kernel_step`` (int4, norm and attention kernels all here)."""
+        return self._kernel_tables is not None
+
+    def new_cache(self, first: int) -> MTPCache | mtp_kernel_step.KernelCache:
+        """An empty cache whose first entry will be position ``first``, in the layout
+        ``extend`` runs on here."""
+        if self.kernel_step:
+            return mtp_kernel_step.KernelCache(self.config, first)
+        return MTPCache.empty(self.config, first)
 
     def _linear(self, name: str, x: torch.Tensor) -> torch.Tensor:
         kernel = self.kernels.get(name)
@@ -234,12 +252,14 @@ class MTPHead(nn.Module):
 
     # -- inference: extend one request's cache -------------------------------------------
     @torch.inference_mode()
-    def extend(self, cache: MTPCache, hidden: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def extend(self, cache: MTPCache | mtp_kernel_step.KernelCache, hidden: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Add entries for ``positions`` (consecutive, starting at ``cache.end``); returns o [n, H].
 
         The cache grows; the caller trims it to the window (``keep_last``) once a round's
         speculative entries are gone, so drafting never pushes true entries out.
         """
+        if isinstance(cache, mtp_kernel_step.KernelCache):
+            return mtp_kernel_step.extend(self, cache, hidden, next_tokens, self._kernel_tables)
         x = self.inputs(hidden, next_tokens)
         q, k, v = self.project(x, positions)
         cache.keys = torch.cat([cache.keys, k])

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from speclane.drafters.mtp import catch_up_and_draft
-from speclane.models.mtp_head import MTPCache, MTPHead
+from speclane.models.mtp_head import MTPHead
 from speclane.training.capture import Sample
 
 
@@ -28,7 +28,7 @@ def acceptance_report(head: MTPHead, samples: list[Sample], num_draft_tokens: in
         tokens = s.token_ids
         n_pos = s.hidden.shape[0]  # positions with hidden states: 0 .. n_pos - 1
         last = s.num_prompt_tokens - 1  # the first round drafts after the prompt
-        cache = MTPCache.empty(head.config, 0)
+        cache = head.new_cache(0)
         hidden = s.hidden.float()
         while last + 2 < len(tokens) and last < n_pos:
             run = catch_up_and_draft(head, cache, hidden[cache.end : last + 1], tokens, k, min_draft_prob)
