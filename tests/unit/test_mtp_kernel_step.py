@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from speclane.config import EngineConfig
-from speclane.drafters.mtp import MTPDrafter, draft_recursively
+from speclane.drafters.mtp import MTPDrafter, catch_up_and_draft, draft_recursively
 from speclane.engine.engine import LLMEngine
 from speclane.models import mtp_kernel_step
 from speclane.models.mtp_head import MTPCache, MTPConfig, MTPHead
@@ -61,6 +61,54 @@ def test_the_kernel_step_computes_what_the_torch_step_computes():
     a = head.draft_logits(torch.cat([a for a, _ in outputs]))
     b = head.draft_logits(torch.cat([b for _, b in outputs]))
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.9
+
+
+@pytest.mark.skipif(mtp_kernel_step._kernel() is None, reason="mtp_step.c does not build here")
+def test_the_fused_step_gives_the_bits_of_the_calls_one_by_one():
+    """One C call per draft step (``FusedStep``) calls the same kernels in the same order:
+    the same block outputs, cache entries, draft logits and argmax as the calls one by one
+    (``SPECLANE_MTP_STEP_KERNEL=torch``), for a catch-up (12 rows: the int4 matmul's tile
+    kernel where there is AMX, in the calls one by one) and one-row steps."""
+    model = toy_model(CONFIG)
+    fused = kernel_head(model)
+    with mtp_kernel_step.using("torch"):
+        plain = kernel_head(model)
+    assert fused.fused_step and not plain.fused_step
+    hidden, tokens = inputs(20)
+    a, b = fused.new_cache(0), plain.new_cache(0)
+    for rows in (slice(0, 12), slice(12, 13), slice(13, 16), slice(16, 17)):
+        x, y = fused.step(a, hidden[rows], tokens[rows].tolist()), plain.step(b, hidden[rows], tokens[rows].tolist())
+        assert torch.equal(x.out, y.out) and torch.equal(x.logits, y.logits) and x.best == y.best
+        assert x.best == int(torch.argmax(y.logits))
+        assert fused.step(a, x.out[-1:], [3], want_logits=False).best == plain.step(b, y.out[-1:], [3]).best
+        a.truncate(rows.stop)
+        b.truncate(rows.stop)
+    assert a.length == b.length == 17
+    assert torch.equal(a.keys[:, :, :17], b.keys[:, :, :17]) and torch.equal(a.values[:, :, :17], b.values[:, :, :17])
+
+
+@pytest.mark.skipif(mtp_kernel_step._kernel() is None, reason="mtp_step.c does not build here")
+def test_a_greedy_round_in_one_call_drafts_what_the_steps_draft():
+    """``mtp_draft_greedy`` (the catch-up and every argmax draft in one C call) against the
+    step-by-step round on the calls one by one: the same drafts, round after round, and the
+    same true entries left in the cache (its speculative ones dropped)."""
+    model = toy_model(CONFIG)
+    fused = kernel_head(model)
+    with mtp_kernel_step.using("torch"):
+        plain = kernel_head(model)
+    hidden, tokens = inputs(40)
+    ids = tokens.tolist()
+    a, b = fused.new_cache(0), plain.new_cache(0)
+    start = 0
+    for catch_up in (9, 1, 3, 2, 1):
+        rows = slice(start, start + catch_up)
+        x = catch_up_and_draft(fused, a, hidden[rows], [0] + ids, 4)
+        y = catch_up_and_draft(plain, b, hidden[rows], [0] + ids, 4)
+        assert x.token_ids == y.token_ids and len(x.token_ids) == 4
+        assert x.catch_up_ms > 0
+        start += catch_up
+        assert a.end == b.end == start
+    assert torch.equal(a.keys[:, :, : a.length], b.keys[:, :, : b.length])
 
 
 def test_dropping_old_entries_keeps_each_entrys_absolute_rotation():

@@ -40,7 +40,7 @@ from speclane.drafters.base import Draft
 from speclane.drafters.ngram import NgramDrafter
 from speclane.models.llama import LlamaModel
 from speclane.models.mtp_head import MTPCache, MTPHead
-from speclane.models.mtp_kernel_step import KernelCache
+from speclane.models.mtp_kernel_step import KernelCache, StepOutput
 from speclane.request import Request
 
 HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"  # heads shipped with the package
@@ -62,25 +62,30 @@ class DraftRun:
 
 
 @torch.inference_mode()
-def draft_recursively(head: MTPHead, cache: MTPCache | KernelCache, out: torch.Tensor, last_position: int, k: int,
-                      min_draft_prob: float = 0.0, temperature: float = 0.0,
+def draft_recursively(head: MTPHead, cache: MTPCache | KernelCache, start: torch.Tensor | StepOutput, last_position: int,
+                      k: int, min_draft_prob: float = 0.0, temperature: float = 0.0,
                       generator: torch.Generator | None = None) -> DraftRun:
-    """Draft up to ``k`` tokens after the true entry ``last_position`` whose output is ``out`` [1, H].
+    """Draft up to ``k`` tokens after the true entry ``last_position``, from its block output
+    (``start``: [1, H], or the step that made it, its draft logits included).
 
     Speculative entries are added to ``cache`` while drafting and removed at the end.
     """
     true_end = cache.end
+    if true_end != last_position + 1:
+        raise ValueError(f"drafting after position {last_position} from a cache ending at {true_end}")
+    want_logits = temperature > 0 or min_draft_prob > 0  # else the argmax is enough
+    step = start if isinstance(start, StepOutput) else head.logits_of(start)
     tokens: list[int] = []
     qs: list[torch.Tensor] = []
     for j in range(k):
-        logits = head.draft_logits(out)[0]
+        logits = step.logits
         q = None
         if temperature > 0:
             q = torch.softmax(logits / temperature, dim=-1)
             index = int(torch.multinomial(q, 1, generator=generator))
             qs.append(q)
         else:
-            index = int(logits.max(0).indices)  # the softmax's argmax, without the softmax (max: ~half argmax's time)
+            index = step.best  # the softmax's argmax, without the softmax
         if min_draft_prob > 0:
             confidence = float((q if q is not None else torch.softmax(logits, dim=-1))[index])
             if confidence < min_draft_prob:
@@ -90,8 +95,7 @@ def draft_recursively(head: MTPHead, cache: MTPCache | KernelCache, out: torch.T
         token = int(head.vocab_ids[index])
         tokens.append(token)
         if j + 1 < k:
-            position = torch.tensor([last_position + 1 + j])
-            out = head.extend(cache, out, torch.tensor([token]), position)
+            step = head.step(cache, step.out[-1:], [token], want_logits)
     cache.truncate(true_end)
     cache.keep_last(head.config.window)
     return DraftRun(tokens, torch.stack(qs) if qs else None)
@@ -106,9 +110,14 @@ def catch_up_and_draft(head: MTPHead, cache: MTPCache | KernelCache, hidden: tor
     started = time.perf_counter()
     first = cache.end
     last = first + hidden.shape[0] - 1
-    out = head.extend(cache, hidden, torch.tensor(tokens[first + 1 : last + 2]), torch.arange(first, last + 1))[-1:]
+    if temperature == 0 and min_draft_prob == 0:  # the whole round in one C call where it runs
+        greedy = head.draft_greedy(cache, hidden, list(tokens[first + 1 : last + 2]), k)
+        if greedy is not None:
+            cache.keep_last(head.config.window)
+            return DraftRun(greedy[0], None, greedy[1])
+    step = head.step(cache, hidden, list(tokens[first + 1 : last + 2]), temperature > 0 or min_draft_prob > 0)
     caught_up = time.perf_counter()
-    run = draft_recursively(head, cache, out, last, k, min_draft_prob, temperature, generator)
+    run = draft_recursively(head, cache, step, last, k, min_draft_prob, temperature, generator)
     run.catch_up_ms = (caught_up - started) * 1000
     return run
 

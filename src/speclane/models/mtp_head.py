@@ -113,6 +113,7 @@ class MTPHead(nn.Module):
         # With the kernels, where the attention kernel runs: the drafting step of
         # ``mtp_kernel_step`` and its rotation tables (``new_cache`` hands out its caches).
         self._kernel_tables: mtp_kernel_step.RotationTables | None = None
+        self._fused_step: mtp_kernel_step.FusedStep | None = None  # a whole draft step in one C call
 
     def attach_target(self, embed: torch.Tensor, head: torch.Tensor) -> None:
         """Share the target's (frozen, float32) embedding and output head."""
@@ -134,6 +135,7 @@ class MTPHead(nn.Module):
         self._ops = norm_cpu.LayerOps.for_dtype(torch.bfloat16)
         if self._ops._lib is not None and mtp_kernel_step.supported(self.config):
             self._kernel_tables = mtp_kernel_step.RotationTables(self.inv_freq)
+            self._fused_step = mtp_kernel_step.FusedStep.for_head(self)
         return self
 
     @property
@@ -249,6 +251,39 @@ class MTPHead(nn.Module):
     def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
         """Block outputs [.., H] -> logits over the draft vocabulary [.., draft_vocab]."""
         return self._linear("head", self._norm(out, self.final_norm))
+
+    @property
+    def fused_step(self) -> bool:
+        """``step`` runs as one C call (``mtp_kernel_step.FusedStep``)."""
+        return self._fused_step is not None
+
+    @torch.inference_mode()
+    def logits_of(self, out: torch.Tensor) -> mtp_kernel_step.StepOutput:
+        """The draft logits of the last of the block outputs ``out`` [n, H], and their argmax."""
+        logits = self.draft_logits(out[-1:])[0]
+        return mtp_kernel_step.StepOutput(out, int(torch.argmax(logits)), logits)
+
+    @torch.inference_mode()
+    def step(self, cache: MTPCache | mtp_kernel_step.KernelCache, hidden: torch.Tensor, next_tokens: list[int],
+             want_logits: bool = True) -> mtp_kernel_step.StepOutput:
+        """A draft step: ``extend`` the cache by the positions after ``cache.end`` (hidden
+        states [n, H] and the tokens after them), then ``logits_of`` the new entries, in one
+        C call where the fused step runs (the same bits). ``want_logits`` False: only their
+        argmax (greedy drafting), which spares the fused step a copy."""
+        if self._fused_step is not None and isinstance(cache, mtp_kernel_step.KernelCache):
+            result = self._fused_step(cache, hidden, next_tokens, self._kernel_tables, want_logits)
+            if result is not None:
+                return result
+        positions = torch.arange(cache.end, cache.end + hidden.shape[0])
+        return self.logits_of(self.extend(cache, hidden, torch.tensor(next_tokens), positions))
+
+    def draft_greedy(self, cache: MTPCache | mtp_kernel_step.KernelCache, hidden: torch.Tensor, next_tokens: list[int],
+                     k: int) -> tuple[list[int], float] | None:
+        """A greedy round (catch-up, then ``k`` argmax drafts) in one C call where the fused
+        step runs: the drafts and the catch-up's ms; else None (draft step by step)."""
+        if self._fused_step is None or not isinstance(cache, mtp_kernel_step.KernelCache):
+            return None
+        return self._fused_step.draft_greedy(cache, hidden, next_tokens, k, self._kernel_tables)
 
     # -- inference: extend one request's cache -------------------------------------------
     @torch.inference_mode()

@@ -18,15 +18,26 @@ moves the newest entries to the front and advances ``first``; nothing is re-rota
 Numerics differ from the float32 torch path (``MTPHead.extend``) by bfloat16 rounding of
 the attention's inputs, as the target's own layers round them. Drafts are drafts: the
 verify forward decides what is kept, so the output is unchanged either way.
+
+``FusedStep`` goes one further: a draft step (the block, then the last entry's draft logits
+and their argmax) in one C call (``kernels/mtp_step.c``) that calls the same kernels in the
+same order, so its bits are ``extend`` + ``MTPHead.draft_logits``'s. Right after a target
+forward the ~25 calls' glue cost about as much as their work (a round of two drafts: ~1.9 ms,
+of which ~1 ms outside the kernels). ``SPECLANE_MTP_STEP_KERNEL=auto|avx512|avx2|torch``
+(``torch``: the calls one by one, as above).
 """
 
 from __future__ import annotations
 
+import ctypes
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from speclane.kernels import attention_cpu
+from speclane.kernels import attention_cpu, build, norm_cpu
 
 if TYPE_CHECKING:
     from speclane.models.mtp_head import MTPConfig, MTPHead
@@ -87,8 +98,8 @@ class KernelCache:
         drop = self.length - window
         if drop < COMPACT_SLACK:
             return
-        for cache in (self.keys, self.values):
-            cache[:, :, :window] = cache[:, :, drop : self.length].clone()
+        for entries in (self.keys, self.values):
+            entries[:, :, :window] = entries[:, :, drop : self.length].clone()
         self.first += drop
         self.length = window
 
@@ -137,3 +148,156 @@ def extend(head: MTPHead, cache: KernelCache, hidden: torch.Tensor, next_tokens:
     cache.length += n
     h = ops.add_rms_norm(x, kernels["o"](attn), head.mlp_norm, eps)  # x += o, in place
     return x + kernels["down"](ops.silu_mul(kernels["gate_up"](h), cfg.intermediate_size)).float()
+
+
+# -- the fused step (kernels/mtp_step.c) --------------------------------------------------
+SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "mtp_step.c"
+SWITCH = "SPECLANE_MTP_STEP_KERNEL"
+ISAS = ("avx512", "avx2")  # it only calls the other kernels: any build does
+
+
+class _WeightRef(ctypes.Structure):
+    _fields_ = [("packed", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("minimum", ctypes.c_void_p)]
+
+
+class _Head(ctypes.Structure):
+    """``mtp_head`` of mtp_step.c, field for field."""
+
+    _fields_ = [(name, ctypes.c_void_p) for name in ("int4", "norm", "silu", "attention")]
+    _fields_ += [(name, ctypes.c_int) for name in ("hidden", "inter", "heads", "kv_heads", "head_dim", "vocab", "max_rows")]
+    _fields_ += [("eps", ctypes.c_float), ("scale", ctypes.c_float)]
+    _fields_ += [(name, ctypes.c_void_p) for name in ("hidden_norm", "embed_norm", "attn_norm", "mlp_norm", "final_norm", "embed")]
+    _fields_ += [(name, _WeightRef) for name in ("fc", "qkv", "o", "gate_up", "down", "head")]
+    _fields_ += [(name, ctypes.c_void_p) for name in ("joined", "wide", "act", "narrow", "narrow2", "q", "x")]
+    _fields_ += [(name, ctypes.c_void_p) for name in ("out", "carry", "logits", "vocab_ids")]
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    pointer = ctypes.c_void_p
+    lib.mtp_step.argtypes = [pointer] * 3 + [ctypes.c_int] + [pointer] * 4 + [ctypes.c_int] + [pointer] * 4
+    lib.mtp_step.restype = ctypes.c_int
+    lib.mtp_draft_greedy.argtypes = [pointer] * 3 + [ctypes.c_int] * 2 + [pointer] * 4 + [ctypes.c_int] + [pointer] * 4
+    lib.mtp_draft_greedy.restype = ctypes.c_int
+
+
+@cache
+def _kernel() -> build.Kernel | None:
+    return build.load(SOURCE, SWITCH, _declare, ISAS)
+
+
+def using(value: str):
+    """``with using("torch"): ...``: the block runs with ``SPECLANE_MTP_STEP_KERNEL=value``."""
+    return build.switched(SWITCH, value, _kernel)
+
+
+def _address(lib: ctypes.CDLL, name: str) -> int:
+    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+
+@dataclass
+class StepOutput:
+    """A draft step: the block's outputs of its new entries, and the last one's draft logits."""
+
+    out: torch.Tensor  # [n, H] float32
+    best: int  # the index of the logits' maximum (the first of equal maxima)
+    logits: torch.Tensor | None = None  # [draft_vocab] float32, where the caller asked for them
+
+
+class FusedStep:
+    """One C call per draft step over the head's int4 weights (module docstring)."""
+
+    def __init__(self, head: MTPHead, lib: ctypes.CDLL):
+        cfg, kernels = head.config, head.kernels
+        self.lib, self.config = lib, cfg
+        self.max_rows = 2 * cfg.window  # a catch-up holds at most ~2 windows (MTPDrafter.observe); more: the calls one by one
+        weights = {name: kernels[name].quantized for name in ("fc", "qkv", "o", "gate_up", "down", "head")}
+        rows, h, i = self.max_rows, cfg.hidden_size, cfg.intermediate_size
+        qkv_width = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+        bf16 = torch.bfloat16
+        self._scratch = {
+            "joined": torch.empty(rows, 2 * h, dtype=bf16), "wide": torch.empty(rows, max(2 * i, qkv_width), dtype=bf16),
+            "act": torch.empty(rows, i, dtype=bf16), "narrow": torch.empty(rows, h, dtype=bf16),
+            "narrow2": torch.empty(rows, h, dtype=bf16), "q": torch.empty(rows, cfg.num_heads, cfg.head_dim, dtype=bf16),
+            "x": torch.empty(rows, h), "out": torch.empty(rows, h), "carry": torch.empty(h),
+            "logits": torch.empty(cfg.draft_vocab, dtype=bf16),
+        }
+        self._vocab_ids = head.vocab_ids.to(torch.int64).contiguous()
+        self._norms = {name: getattr(head, name).detach().float().contiguous()
+                       for name in ("hidden_norm", "embed_norm", "attn_norm", "mlp_norm", "final_norm")}
+        self._embed = head.embed.contiguous()
+        norm_lib = norm_cpu._kernel().library
+        int4_lib = weights["fc"]._library
+        self._struct = _Head(
+            int4=_address(int4_lib, "int4_matmul"), norm=_address(norm_lib, "add_rms_norm"),
+            silu=_address(norm_lib, "silu_mul"), attention=_address(attention_cpu._library(), "rope_write_attention"),
+            hidden=h, inter=i, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+            vocab=cfg.draft_vocab, max_rows=rows, eps=cfg.rms_norm_eps, scale=cfg.head_dim**-0.5,
+            embed=self._embed.data_ptr(),
+            **{name: t.data_ptr() for name, t in self._norms.items()},
+            **{name: _WeightRef(*(t.data_ptr() for t in w.tensors)) for name, w in weights.items()},
+            **{name: t.data_ptr() for name, t in self._scratch.items()}, vocab_ids=self._vocab_ids.data_ptr(),
+        )
+        self._weights = weights  # keep the packed tensors alive while the pointers are
+        self._pointer = ctypes.addressof(self._struct)
+
+    @classmethod
+    def for_head(cls, head: MTPHead) -> FusedStep | None:
+        """The fused step where every piece runs on our kernels here, else None."""
+        kernel = _kernel()
+        ours = all(getattr(k.quantized, "kernel", "torch") != "torch" for k in head.kernels.values())
+        if kernel is None or not ours or len({k.quantized._library for k in head.kernels.values()}) != 1:
+            return None
+        return cls(head, kernel.library)
+
+    def __call__(self, cache: KernelCache, hidden: torch.Tensor, next_tokens: list[int], tables: RotationTables,
+                 want_logits: bool) -> StepOutput | None:
+        """``extend`` then the last entry's draft logits, in one call; None past ``max_rows``.
+
+        Pointers into the cache and the tables are computed here rather than sliced: right
+        after a target forward each torch op costs ~10-20 µs, and a step had a dozen."""
+        n = hidden.shape[0]
+        if n > self.max_rows:
+            return None
+        cache.reserve(n)
+        if hidden.dtype != torch.float32 or not hidden.is_contiguous():
+            hidden = hidden.float().contiguous()
+        cos, signed_sin = tables.covering(cache.end + n)
+        out = torch.empty(n, self.config.hidden_size)
+        logits = torch.empty(self.config.draft_vocab, dtype=torch.bfloat16) if want_logits else self._scratch["logits"]
+        table_offset = cache.first * self.config.head_dim * 2  # bytes: bfloat16 rows of head_dim
+        index_offset = cache.length * 4  # bytes: int32 per row
+        best = self.lib.mtp_step(
+            self._pointer, hidden.data_ptr(), (ctypes.c_int64 * n)(*next_tokens), n, cache.keys.data_ptr(),
+            cache.values.data_ptr(), cache.row_slot.data_ptr() + index_offset, cache.row_len.data_ptr() + index_offset,
+            cache.capacity, cos.data_ptr() + table_offset, signed_sin.data_ptr() + table_offset, out.data_ptr(),
+            logits.data_ptr())
+        if best < 0:
+            raise RuntimeError(f"mtp_step failed ({best})")
+        cache.length += n
+        return StepOutput(out, best, logits.float() if want_logits else None)
+
+    def draft_greedy(self, cache: KernelCache, hidden: torch.Tensor, next_tokens: list[int], k: int,
+                     tables: RotationTables) -> tuple[list[int], float] | None:
+        """A whole greedy round in one C call (``mtp_draft_greedy``): the catch-up on ``hidden``'s
+        rows, then ``k`` drafts by argmax. Returns the drafted token ids and the catch-up's
+        ms; None past ``max_rows``. The cache keeps the true entries only."""
+        n = hidden.shape[0]
+        if n > self.max_rows or k < 1:
+            return None
+        cache.reserve(n + k)
+        if hidden.dtype != torch.float32 or not hidden.is_contiguous():
+            hidden = hidden.float().contiguous()
+        cos, signed_sin = tables.covering(cache.end + n + k)
+        drafts = (ctypes.c_int64 * k)()
+        catch_up_ms = ctypes.c_double()
+        table_offset = cache.first * self.config.head_dim * 2
+        index_offset = cache.length * 4
+        done = self.lib.mtp_draft_greedy(
+            self._pointer, hidden.data_ptr(), (ctypes.c_int64 * n)(*next_tokens), n, k, cache.keys.data_ptr(),
+            cache.values.data_ptr(), cache.row_slot.data_ptr() + index_offset, cache.row_len.data_ptr() + index_offset,
+            cache.capacity, cos.data_ptr() + table_offset, signed_sin.data_ptr() + table_offset, drafts,
+            ctypes.byref(catch_up_ms))
+        if done != k:
+            raise RuntimeError(f"mtp_draft_greedy failed ({done})")
+        cache.length += n
+        return list(drafts), catch_up_ms.value
