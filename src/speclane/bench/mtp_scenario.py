@@ -39,8 +39,8 @@ def mtp(factory: EngineFactory, new_tokens: int = 128, repeats: int = 2, quick: 
         "mtp": factory.engine(spec_mode="slice", drafter="mtp"),
         "mtp head only": factory.engine(spec_mode="slice", drafter="mtp", mtp_lookup=False),
         # Two drafts every round, adaptive K off: what the drafter gives when it always
-        # drafts; adaptive K's per-request estimate (short memory, K=0 until a probe)
-        # leaves some of it on the table with this head (thirteenth session).
+        # drafts, the reference for adaptive K (which left 10-15% of it on the table in
+        # the thirteenth session, ~0 since its stopping rule in the fourteenth).
         "mtp K=2 fixed": factory.engine(spec_mode="slice", drafter="mtp", num_draft_tokens=2, spec_adaptive_k=False),
     }
     ids = [factory.chat_ids(p) for p in prompts]

@@ -25,6 +25,11 @@ with ``sample_drafts``, samples from the head's distribution q with q passed to 
 rejection rule. Drafting stops early when the head's confidence falls below
 ``min_draft_prob``: on hardware where each verified position costs, a doubtful
 draft is not worth its row.
+
+Where the head runs on our CPU kernels (an int4 target), a greedy round without a
+confidence floor (the default) is one C call, catch-up and every draft
+(``MTPHead.draft_greedy``, ``kernels/mtp_step.c``); otherwise each draft is a ``head.step``
+(one C call each where it can, else torch ops): the same drafts either way.
 """
 
 from __future__ import annotations

@@ -49,6 +49,11 @@ def _library() -> ctypes.CDLL | None:
     return kernel.library if kernel else None
 
 
+def library() -> ctypes.CDLL | None:
+    """The loaded build (``attention``, ``rope_write_attention``), or None where SDPA runs."""
+    return _library()
+
+
 def source_digest() -> str:
     return build.digest(SOURCE)
 

@@ -41,6 +41,12 @@ def using(value: str) -> AbstractContextManager[None]:
     return build.switched(SWITCH, value, _kernel)
 
 
+def library() -> ctypes.CDLL | None:
+    """The loaded build (``add_rms_norm``, ``silu_mul``), or None where torch's ops run."""
+    kernel = _kernel()
+    return kernel.library if kernel else None
+
+
 def kernel_name() -> str:
     """'avx512', 'avx2' or 'torch': what bfloat16 models use in this process."""
     kernel = _kernel()

@@ -72,6 +72,11 @@ class Int4Weight:
             self.tensors = (packed, scales_and_zeros.to(torch.bfloat16))
 
     @property
+    def library(self):
+        """The build of our kernel this weight is packed for (None: torch's kernel)."""
+        return getattr(self, "_library", None)
+
+    @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors)
 

@@ -159,13 +159,13 @@ class MTPHead(nn.Module):
         return getattr(self, name)(x)
 
     # -- pieces ---------------------------------------------------------------------------
-    def _fused(self, x: torch.Tensor) -> bool:
+    def _on_kernels(self, x: torch.Tensor) -> bool:
         """Drafting with int4 kernels (inference, one request's rows): the norm and SiLU run
         on the fused kernels, in bfloat16, the int4 matmuls' input."""
         return self._ops is not None and not torch.is_grad_enabled() and x.dim() == 2
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if self._fused(x):
+        if self._on_kernels(x):
             return self._ops.add_rms_norm(x.float().contiguous(), None, weight.detach(), self.config.rms_norm_eps)
         # float32 (under training's bfloat16 autocast x may be bfloat16; the norm is not).
         return F.rms_norm(x.float(), (x.shape[-1],), weight, self.config.rms_norm_eps)
@@ -226,7 +226,7 @@ class MTPHead(nn.Module):
         """The output projection and the MLP, with their residuals: the block's output."""
         x = x + self._linear("o", attn)
         h = self._norm(x, self.mlp_norm)
-        if self._fused(h):
+        if self._on_kernels(h):
             return x + self._linear("down", self._ops.silu_mul(self.kernels["gate_up"](h), self.config.intermediate_size))
         gate, up = self._linear("gate_up", h).chunk(2, dim=-1)
         return x + self._linear("down", F.silu(gate) * up)

@@ -225,11 +225,11 @@ class FusedStep:
         self._norms = {name: getattr(head, name).detach().float().contiguous()
                        for name in ("hidden_norm", "embed_norm", "attn_norm", "mlp_norm", "final_norm")}
         self._embed = head.embed.contiguous()
-        norm_lib = norm_cpu._kernel().library
-        int4_lib = weights["fc"]._library
+        norm_lib = norm_cpu.library()
+        int4_lib = weights["fc"].library
         self._struct = _Head(
             int4=_address(int4_lib, "int4_matmul"), norm=_address(norm_lib, "add_rms_norm"),
-            silu=_address(norm_lib, "silu_mul"), attention=_address(attention_cpu._library(), "rope_write_attention"),
+            silu=_address(norm_lib, "silu_mul"), attention=_address(attention_cpu.library(), "rope_write_attention"),
             hidden=h, inter=i, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
             vocab=cfg.draft_vocab, max_rows=rows, eps=cfg.rms_norm_eps, scale=cfg.head_dim**-0.5,
             embed=self._embed.data_ptr(),
@@ -244,8 +244,8 @@ class FusedStep:
     def for_head(cls, head: MTPHead) -> FusedStep | None:
         """The fused step where every piece runs on our kernels here, else None."""
         kernel = _kernel()
-        ours = all(getattr(k.quantized, "kernel", "torch") != "torch" for k in head.kernels.values())
-        if kernel is None or not ours or len({k.quantized._library for k in head.kernels.values()}) != 1:
+        builds = {getattr(k.quantized, "library", None) for k in head.kernels.values()}
+        if kernel is None or len(builds) != 1 or None in builds or norm_cpu.library() is None or attention_cpu.library() is None:
             return None
         return cls(head, kernel.library)
 
