@@ -34,7 +34,7 @@ def estimate(rate: float, request_id: str = "a") -> AcceptanceEstimate:
     """An estimate that has seen many tried draft positions at ``rate`` for ``request_id``
     (and as the engine-wide rate): the steady state of rounds accepting ``rate`` of them."""
     est = AcceptanceEstimate()
-    est.counts[request_id] = (500.0, 500.0 * rate)
+    est.counts[request_id] = est.record[request_id] = (500.0, 500.0 * rate)
     est.engine_tried, est.engine_accepted = 500.0, 500.0 * rate
     return est
 

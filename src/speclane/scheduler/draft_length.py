@@ -34,9 +34,10 @@ when drafting would not pay even at an optimistic rate (``STOP_CONFIDENCE`` stan
 above the estimate); otherwise it drafts the best K > 0 at the estimate. Near the break-even
 rate the estimate's noise decides: the MTP head accepts ~47% of first positions on chat, a
 K = 2 round pays from ~34%, and a few failed rounds sent a stream to K = 0 for most of its
-answer (854 of 1,151 ticks on a replay of held-out chat; 1.08x where two drafts every
-round gave 1.20x, and 1.20x with this rule; thirteenth and fourteenth sessions). A wasted
-lone round costs only the holder's own tick; in a shared tick the estimate alone decides.
+answer (`benchmarks/mtp_draft_length_replay.py`, fourteenth session). A wasted lone round
+costs only the holder's own tick; in a shared tick the estimate alone decides (a longer
+memory there, DECAY 0.9, kept a copy stream beside four chat streams at K = 4 where it
+had drafted 1, and their p99 went from 1.16x to 1.42-1.89x, `bench hol`).
 
 Exploration: a holder at K = 0 learns nothing about its drafts. A holder that has never
 drafted probes first: in a shared tick with ``PROBE_K`` drafts, whatever the prior says (the
@@ -56,10 +57,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 PRIOR_WEIGHT = 1.0  # the prior counts as this many tried positions: one failed round outweighs it
-DECAY = 0.9  # per observed round: the estimate follows the text (~10 rounds of memory)
+DECAY = 0.8  # per observed round: the estimate follows the text
 # A lone holder stops drafting only when its rate, this many standard errors optimistic,
-# says drafting does not pay either (see "Stopping" in the module docstring).
+# says drafting does not pay either (see "Stopping" in the module docstring), judged on a
+# longer record of its rounds than the estimate's: at DECAY the evidence never exceeds ~5
+# rounds' worth, which cannot rule a paying rate out, and a useless drafter drafted forever.
 STOP_CONFIDENCE = 1.5
+STOP_DECAY = 0.95
 PROBE_EVERY = 16  # held ticks at K = 0 between probes (+1 row in one tick of 17)
 PROBE_K = 1  # a probe's drafts: one verified token is evidence enough, and cheap (+1 row)
 # Drafts must beat plain decoding by this factor: the calibration times the forward only,
@@ -107,6 +111,7 @@ class AcceptanceEstimate:
     engine-wide rate."""
 
     counts: dict[str, tuple[float, float]] = field(default_factory=dict)  # id -> (tried, accepted)
+    record: dict[str, tuple[float, float]] = field(default_factory=dict)  # the same at STOP_DECAY (stopping)
     idle_ticks: dict[str, int] = field(default_factory=dict)  # id -> held ticks at K = 0 since its last round
     engine_tried: float = 0.0
     engine_accepted: float = 0.0
@@ -122,10 +127,11 @@ class AcceptanceEstimate:
 
     def optimistic_rate(self, request_id: str) -> float:
         """The upper end of the request's own rate, ``STOP_CONFIDENCE`` standard errors up:
-        what its own (decayed) rounds cannot yet rule out. The Agresti-Coull interval, so
-        a run of failures still leaves room until there are enough of them; no prior,
-        so an engine-wide rate held high by another stream (a copy) cannot keep it up."""
-        tried, accepted = self.counts.get(request_id, (0.0, 0.0))
+        what its own rounds (the longer record, ``STOP_DECAY``) cannot yet rule out. The
+        Agresti-Coull interval, so a run of failures still leaves room until there are
+        enough of them; no prior, so an engine-wide rate held high by another stream (a
+        copy) cannot keep it up."""
+        tried, accepted = self.record.get(request_id, (0.0, 0.0))
         z2 = STOP_CONFIDENCE**2
         n = tried + z2
         centre = (accepted + z2 / 2) / n
@@ -145,6 +151,8 @@ class AcceptanceEstimate:
         tried = min(drafted, accepted + 1)
         t, a = self.counts.get(request_id, (0.0, 0.0))
         self.counts[request_id] = (t * DECAY + tried, a * DECAY + accepted)
+        t, a = self.record.get(request_id, (0.0, 0.0))
+        self.record[request_id] = (t * STOP_DECAY + tried, a * STOP_DECAY + accepted)
         self.idle_ticks[request_id] = 0
         self.engine_tried = self.engine_tried * 0.99 + tried
         self.engine_accepted = self.engine_accepted * 0.99 + accepted
@@ -169,6 +177,7 @@ class AcceptanceEstimate:
 
     def forget(self, request_id: str) -> None:
         self.counts.pop(request_id, None)
+        self.record.pop(request_id, None)
         self.idle_ticks.pop(request_id, None)
 
 
