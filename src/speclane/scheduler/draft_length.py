@@ -30,13 +30,14 @@ are the holder's). When other rows share the tick, the drafts may lengthen it by
 ``MAX_SLOWDOWN`` x the tick without them; a lone stream has no such limit.
 
 Stopping: K = 0 is the one choice that ends the evidence, so a lone holder takes it only
-when drafting would not pay even at an optimistic rate (``STOP_CONFIDENCE`` standard errors
-above the estimate); otherwise it drafts the best K > 0 at the estimate. Near the break-even
+when drafting would not pay even at an optimistic rate: the upper end, ``STOP_CONFIDENCE``
+standard errors up, of its own rounds' rate over a longer record (``STOP_DECAY``) than the
+estimate's, without the prior. Otherwise it drafts the best K > 0 at the estimate. Near the break-even
 rate the estimate's noise decides: the MTP head accepts ~47% of first positions on chat, a
 K = 2 round pays from ~34%, and a few failed rounds sent a stream to K = 0 for most of its
 answer (`benchmarks/mtp_draft_length_replay.py`, fourteenth session). A wasted lone round
 costs only the holder's own tick; in a shared tick the estimate alone decides (a longer
-memory there, DECAY 0.9, kept a copy stream beside four chat streams at K = 4 where it
+memory for the estimate, DECAY 0.9, kept a copy stream beside four chat streams at K = 4 where it
 had drafted 1, and their p99 went from 1.16x to 1.42-1.89x, `bench hol`).
 
 Exploration: a holder at K = 0 learns nothing about its drafts. A holder that has never
