@@ -1,6 +1,8 @@
 """The MTP head's drafting step on the CPU kernels (``models/mtp_kernel_step.py``): it
-computes what the torch step computes, its cache keeps every entry's absolute rotation
-when it drops old entries, and the engine drafts with it without changing the output."""
+computes what the torch step computes; one C call per step or per greedy round
+(``kernels/mtp_step.c``) gives the bits of the calls one by one; its cache keeps every
+entry's absolute rotation when it drops old entries; and the engine drafts with it
+without changing the output."""
 
 from __future__ import annotations
 
