@@ -115,12 +115,15 @@ def catch_up_and_draft(head: MTPHead, cache: MTPCache | KernelCache, hidden: tor
     started = time.perf_counter()
     first = cache.end
     last = first + hidden.shape[0] - 1
+    next_tokens = list(tokens[first + 1 : last + 2])
     if temperature == 0 and min_draft_prob == 0:  # the whole round in one C call where it runs
-        greedy = head.draft_greedy(cache, hidden, list(tokens[first + 1 : last + 2]), k)
+        greedy = head.draft_greedy(cache, hidden, next_tokens, k)
         if greedy is not None:
             cache.keep_last(head.config.window)
             return DraftRun(greedy[0], None, greedy[1])
-    step = head.step(cache, hidden, list(tokens[first + 1 : last + 2]), temperature > 0 or min_draft_prob > 0)
+        step = head.step(cache, hidden, next_tokens, want_logits=False)
+    else:
+        step = head.step(cache, hidden, next_tokens)
     caught_up = time.perf_counter()
     run = draft_recursively(head, cache, step, last, k, min_draft_prob, temperature, generator)
     run.catch_up_ms = (caught_up - started) * 1000

@@ -44,14 +44,10 @@ def using(value: str) -> AbstractContextManager[None]:
     return build.switched(SWITCH, value, _kernel)
 
 
-def _library() -> ctypes.CDLL | None:
-    kernel = _kernel()
-    return kernel.library if kernel else None
-
-
 def library() -> ctypes.CDLL | None:
     """The loaded build (``attention``, ``rope_write_attention``), or None where SDPA runs."""
-    return _library()
+    kernel = _kernel()
+    return kernel.library if kernel else None
 
 
 def source_digest() -> str:
@@ -67,7 +63,7 @@ def kernel_name() -> str:
 def supports(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
     """Whether ours runs for this model (and is available on this machine)."""
     shape_ok = head_dim % BLOCK == 0 and head_dim <= MAX_HEAD_DIM and num_heads % num_kv_heads == 0
-    return dtype == torch.bfloat16 and shape_ok and _library() is not None
+    return dtype == torch.bfloat16 and shape_ok and library() is not None
 
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, row_slot: torch.Tensor,
@@ -85,7 +81,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, row
     if row_slot.dtype != torch.int32 or row_len.dtype != torch.int32 or rows not in (row_slot.numel(), row_len.numel()) or row_slot.numel() != row_len.numel():
         raise ValueError("attention: row_slot and row_len must be int32, one per query row")
     out = torch.empty(rows, heads * head_dim, dtype=torch.bfloat16)
-    _library().attention(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), row_slot.data_ptr(),
+    library().attention(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), row_slot.data_ptr(),
                          row_len.data_ptr(), out.data_ptr(), rows, heads, kv_heads, head_dim, max_len, scale)
     return out
 
@@ -112,7 +108,7 @@ def rope_write_attention(qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch
     if q_scratch.shape != (rows, num_heads, head_dim) or row_slot.numel() != rows or row_len.numel() != rows:
         raise ValueError("rope_write_attention: one row_slot, row_len and q_scratch row per qkv row")
     out = torch.empty(rows, num_heads * head_dim, dtype=torch.bfloat16)
-    _library().rope_write_attention(qkv.data_ptr(), cos.data_ptr(), signed_sin.data_ptr(), k_cache.data_ptr(),
+    library().rope_write_attention(qkv.data_ptr(), cos.data_ptr(), signed_sin.data_ptr(), k_cache.data_ptr(),
                                     v_cache.data_ptr(), row_slot.data_ptr(), row_len.data_ptr(), q_scratch.data_ptr(),
                                     out.data_ptr(), rows, num_heads, kv_heads, head_dim, max_len, scale)
     return out

@@ -67,8 +67,7 @@ class LayerOps:
 
     @classmethod
     def for_dtype(cls, dtype: torch.dtype) -> LayerOps:
-        kernel = _kernel() if dtype == torch.bfloat16 else None
-        return cls(kernel.library if kernel else None, dtype)
+        return cls(library() if dtype == torch.bfloat16 else None, dtype)
 
     def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """``x += delta`` (in place; x [T, H] float32, delta [T, H] or None), then the norm of x

@@ -59,22 +59,18 @@ class Int4Weight:
         self.out_features = out_features
         if group == int4_cpu.GROUP and out_features % int4_cpu.LANES == 0 and int4_cpu.available():
             self.kernel = int4_cpu.kernel_name()  # "avx512bf16", "avx512" or "avx2": the same bits
-            self._library = int4_cpu.library()  # this build, even if another is loaded later
+            self.library = int4_cpu.library()  # this build, even if another is loaded later
             self.tensors: tuple[torch.Tensor, ...] = int4_cpu.pack(q, scale, minimum)
             # Calls of many rows go to the AMX tile kernel where it runs (the same bits: int4_cpu).
-            self._ours = int4_cpu.bind(*self.tensors, lib=self._library, tiles=int4_cpu.tile_library())
+            self._ours = int4_cpu.bind(*self.tensors, lib=self.library, tiles=int4_cpu.tile_library())
         else:
             self.kernel = "torch"
+            self.library = None  # torch's kernel, not a build of ours
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
             zero = minimum.float() + 8 * scale.float()
             # [K // group, N, 2]: the kernel's layout of (scale, zero) pairs.
             scales_and_zeros = torch.stack([scale.float(), zero], dim=-1).transpose(0, 1).contiguous()
             self.tensors = (packed, scales_and_zeros.to(torch.bfloat16))
-
-    @property
-    def library(self):
-        """The build of our kernel this weight is packed for (None: torch's kernel)."""
-        return getattr(self, "_library", None)
 
     @property
     def nbytes(self) -> int:

@@ -133,7 +133,7 @@ class MTPHead(nn.Module):
             self.kernels = {name: Linear(None, Int4Weight(*quantize_int4_groups(w.float()))) for name, w in weights.items()}
         # A draft step is ~20 small ops; F.rms_norm alone is ~60-90 µs of dispatch here.
         self._ops = norm_cpu.LayerOps.for_dtype(torch.bfloat16)
-        if self._ops._lib is not None and mtp_kernel_step.supported(self.config):
+        if norm_cpu.library() is not None and mtp_kernel_step.supported(self.config):
             self._kernel_tables = mtp_kernel_step.RotationTables(self.inv_freq)
             self._fused_step = mtp_kernel_step.FusedStep.for_head(self)
         return self

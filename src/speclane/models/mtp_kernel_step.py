@@ -242,35 +242,45 @@ class FusedStep:
 
     @classmethod
     def for_head(cls, head: MTPHead) -> FusedStep | None:
-        """The fused step where every piece runs on our kernels here, else None."""
+        """The fused step for a head whose kernel step runs (``MTPHead.kernel_step``: the
+        norm and attention kernels are ours) where mtp_step.c builds and every matmul is on
+        one build of our int4 kernel, else None."""
         kernel = _kernel()
-        builds = {getattr(k.quantized, "library", None) for k in head.kernels.values()}
-        if kernel is None or len(builds) != 1 or None in builds or norm_cpu.library() is None or attention_cpu.library() is None:
+        builds = {k.quantized.library for k in head.kernels.values()}
+        if kernel is None or len(builds) != 1 or None in builds:
             return None
         return cls(head, kernel.library)
 
-    def __call__(self, cache: KernelCache, hidden: torch.Tensor, next_tokens: list[int], tables: RotationTables,
-                 want_logits: bool) -> StepOutput | None:
-        """``extend`` then the last entry's draft logits, in one call; None past ``max_rows``.
+    def _cache_arguments(self, cache: KernelCache, hidden: torch.Tensor, next_tokens: list[int],
+                         tables: RotationTables, ahead: int) -> tuple[torch.Tensor, ctypes.Array, tuple]:
+        """What both C entry points take for ``hidden``'s rows and ``ahead`` more entries
+        after them: the rows as float32 (keep it alive through the call), the tokens, and
+        the cache and rotation tables' pointers.
 
         Pointers into the cache and the tables are computed here rather than sliced: right
         after a target forward each torch op costs ~10-20 µs, and a step had a dozen."""
         n = hidden.shape[0]
-        if n > self.max_rows:
-            return None
-        cache.reserve(n)
+        cache.reserve(n + ahead)
         if hidden.dtype != torch.float32 or not hidden.is_contiguous():
             hidden = hidden.float().contiguous()
-        cos, signed_sin = tables.covering(cache.end + n)
-        out = torch.empty(n, self.config.hidden_size)
-        logits = torch.empty(self.config.draft_vocab, dtype=torch.bfloat16) if want_logits else self._scratch["logits"]
+        cos, signed_sin = tables.covering(cache.end + n + ahead)
         table_offset = cache.first * self.config.head_dim * 2  # bytes: bfloat16 rows of head_dim
         index_offset = cache.length * 4  # bytes: int32 per row
-        best = self.lib.mtp_step(
-            self._pointer, hidden.data_ptr(), (ctypes.c_int64 * n)(*next_tokens), n, cache.keys.data_ptr(),
-            cache.values.data_ptr(), cache.row_slot.data_ptr() + index_offset, cache.row_len.data_ptr() + index_offset,
-            cache.capacity, cos.data_ptr() + table_offset, signed_sin.data_ptr() + table_offset, out.data_ptr(),
-            logits.data_ptr())
+        return hidden, (ctypes.c_int64 * n)(*next_tokens), (
+            cache.keys.data_ptr(), cache.values.data_ptr(), cache.row_slot.data_ptr() + index_offset,
+            cache.row_len.data_ptr() + index_offset, cache.capacity, cos.data_ptr() + table_offset,
+            signed_sin.data_ptr() + table_offset)
+
+    def __call__(self, cache: KernelCache, hidden: torch.Tensor, next_tokens: list[int], tables: RotationTables,
+                 want_logits: bool) -> StepOutput | None:
+        """``extend`` then the last entry's draft logits, in one call; None past ``max_rows``."""
+        n = hidden.shape[0]
+        if n > self.max_rows:
+            return None
+        hidden, tokens, at_cache = self._cache_arguments(cache, hidden, next_tokens, tables, 0)
+        out = torch.empty(n, self.config.hidden_size)
+        logits = torch.empty(self.config.draft_vocab, dtype=torch.bfloat16) if want_logits else self._scratch["logits"]
+        best = self.lib.mtp_step(self._pointer, hidden.data_ptr(), tokens, n, *at_cache, out.data_ptr(), logits.data_ptr())
         if best < 0:
             raise RuntimeError(f"mtp_step failed ({best})")
         cache.length += n
@@ -284,19 +294,11 @@ class FusedStep:
         n = hidden.shape[0]
         if n > self.max_rows or k < 1:
             return None
-        cache.reserve(n + k)
-        if hidden.dtype != torch.float32 or not hidden.is_contiguous():
-            hidden = hidden.float().contiguous()
-        cos, signed_sin = tables.covering(cache.end + n + k)
+        hidden, tokens, at_cache = self._cache_arguments(cache, hidden, next_tokens, tables, k)
         drafts = (ctypes.c_int64 * k)()
         catch_up_ms = ctypes.c_double()
-        table_offset = cache.first * self.config.head_dim * 2
-        index_offset = cache.length * 4
-        done = self.lib.mtp_draft_greedy(
-            self._pointer, hidden.data_ptr(), (ctypes.c_int64 * n)(*next_tokens), n, k, cache.keys.data_ptr(),
-            cache.values.data_ptr(), cache.row_slot.data_ptr() + index_offset, cache.row_len.data_ptr() + index_offset,
-            cache.capacity, cos.data_ptr() + table_offset, signed_sin.data_ptr() + table_offset, drafts,
-            ctypes.byref(catch_up_ms))
+        done = self.lib.mtp_draft_greedy(self._pointer, hidden.data_ptr(), tokens, n, k, *at_cache, drafts,
+                                         ctypes.byref(catch_up_ms))
         if done != k:
             raise RuntimeError(f"mtp_draft_greedy failed ({done})")
         cache.length += n
