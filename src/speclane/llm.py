@@ -24,7 +24,7 @@ class Completion:
 class LLM:
     """Load a model once, then generate for many prompts (batched, continuously).
 
-    Options are the engine options of CONTRACT.md by field name, e.g.
+    Options are the engine options (docs/api.md) by field name, e.g.
     ``LLM(dtype="float32", spec_mode="off")``.
     """
 

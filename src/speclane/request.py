@@ -2,7 +2,7 @@
 
 No torch here. A request is "computed up to ``num_computed_tokens``, wants up to
 ``num_tokens``": a prefill chunk, a decode step and a verified draft are all just
-token counts (see DESIGN.md, "One tick").
+token counts (docs/design.md, "One tick").
 """
 
 from __future__ import annotations

@@ -253,7 +253,6 @@ class FakeRunner:
         self.rng = rng
         self.token_ids = list(token_ids)
         self.eos = eos
-        self.seeds: dict[str, int] = {}
         self.released: set[str] = set()
         self.ran: set[str] = set()
 
@@ -264,11 +263,9 @@ class FakeRunner:
         results = []
         self.ran.update(seq.request_id for seq in plan.seqs)
         for seq in plan.seqs:
-            res = SeqResult(seq.request_id, num_computed_tokens=seq.start + len(seq.token_ids))
-            if seq.sample:
-                res.token_ids = [self.eos if self.rng.random() < 0.05 else self.rng.choice(self.token_ids)]
-            results.append(res)
-        return RunnerResult(results)
+            token = self.eos if self.rng.random() < 0.05 else self.rng.choice(self.token_ids)
+            results.append(SeqResult(seq.request_id, (token,) if seq.sample else ()))
+        return RunnerResult(tuple(results))
 
 
 def test_1000_random_events_through_the_engine_leave_nothing_behind(llm_f32):

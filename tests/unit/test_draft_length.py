@@ -169,18 +169,13 @@ class VerifyingRunner:
         for seq in plan.seqs:
             accepted = seq.num_draft_tokens if self.accept else 0
             n = accepted + 1 if seq.sample else 0
-            res = SeqResult(seq.request_id, num_computed_tokens=seq.start + len(seq.token_ids) + accepted,
-                            token_ids=[500] * n, spec_round=seq.num_draft_tokens > 0,
-                            num_draft_tokens=seq.num_draft_tokens, num_accepted_tokens=accepted,
-                            num_rounds=int(seq.num_draft_tokens > 0))
-            results.append(res)
-        return RunnerResult(results, elapsed_ms=10.0)
+            results.append(SeqResult(seq.request_id, (500,) * n, seq.num_draft_tokens))
+        return RunnerResult(tuple(results), elapsed_ms=10.0)
 
 
 def run_batch(accept: bool, ticks: int, grant_rounds: int = 0) -> tuple[Scheduler, list[SchedulerPlan]]:
     lane = LaneConfig(spec_mode="slice", num_draft_tokens=4, spec_grant_rounds=grant_rounds)
-    scheduler = Scheduler(SchedulerConfig(max_num_seqs=8), lane, 4096)
-    scheduler.step_cost = ROWWISE
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=8), lane, 4096, step_cost=ROWWISE)
     for i in range(8):
         scheduler.add_request(Request(request_id=f"r{i}", prompt_token_ids=[1, 2, 3],
                                       sampling=SamplingParams(max_tokens=1000, ignore_eos=True)), 0.0)
@@ -188,7 +183,7 @@ def run_batch(accept: bool, ticks: int, grant_rounds: int = 0) -> tuple[Schedule
     for t in range(ticks):
         plan = scheduler.schedule(t * 0.01)
         plans.append(plan)
-        scheduler.update(runner.execute(plan), t * 0.01)
+        scheduler.update(plan, runner.execute(plan), t * 0.01)
     return scheduler, plans
 
 
@@ -316,5 +311,5 @@ def test_without_a_step_cost_every_holder_drafts_its_full_budget():
     for t in range(6):
         plan = scheduler.schedule(t * 0.01)
         plans.append(plan)
-        scheduler.update(runner.execute(plan), t * 0.01)
+        scheduler.update(plan, runner.execute(plan), t * 0.01)
     assert all(drafts(p) == 4 for p in plans[1:])

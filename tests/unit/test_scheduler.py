@@ -66,11 +66,9 @@ class FakeRunner:
         results = []
         for seq in plan.seqs:
             computed = seq.start + len(seq.token_ids)
-            res = SeqResult(seq.request_id, num_computed_tokens=computed)
-            if seq.sample:
-                res.token_ids = [self.token(seq, computed - seq.request.num_prompt_tokens)]
-            results.append(res)
-        return RunnerResult(results)
+            token_ids = (self.token(seq, computed - seq.request.num_prompt_tokens),) if seq.sample else ()
+            results.append(SeqResult(seq.request_id, token_ids))
+        return RunnerResult(tuple(results))
 
 
 class Story:
@@ -87,7 +85,7 @@ class Story:
 
     def tick(self) -> tuple[SchedulerPlan, dict[str, TokenEvent]]:
         plan = self.scheduler.schedule(self.now)
-        events = self.scheduler.update(self.runner.execute(plan), self.now)
+        events = self.scheduler.update(plan, self.runner.execute(plan), self.now)
         self.now += 0.010
         return plan, {e.request.request_id: e for e in events}
 
@@ -259,7 +257,7 @@ def test_abort_while_the_tick_runs_drops_its_result():
     story.tick()
     plan = story.scheduler.schedule(story.now)
     story.scheduler.abort_request("a", story.now)  # e.g. the client went away mid-forward
-    events = story.scheduler.update(story.runner.execute(plan), story.now)
+    events = story.scheduler.update(plan, story.runner.execute(plan), story.now)
     assert events == [] and a.output_token_ids == [1000]
     assert story.scheduler.slots.all_free
 
@@ -315,11 +313,12 @@ def test_several_tokens_in_one_tick_stop_exactly_at_the_stop_point():
     a = story.add(make_request("a", 3))
     b = story.add(make_request("b", 3, max_tokens=3))
     story.tick()
-    result = RunnerResult([
-        SeqResult("a", token_ids=[5, EOS, 6, 7], num_computed_tokens=6),
-        SeqResult("b", token_ids=[5, 6, 7, 8], num_computed_tokens=6),
-    ])
-    events = {e.request.request_id: e for e in story.scheduler.update(result, story.now)}
+    plan = story.scheduler.schedule(story.now)
+    result = RunnerResult((
+        SeqResult("a", token_ids=(5, EOS, 6, 7)),
+        SeqResult("b", token_ids=(5, 6, 7, 8)),
+    ))
+    events = {e.request.request_id: e for e in story.scheduler.update(plan, result, story.now)}
     assert events["a"].new_token_ids == [5, EOS] and a.status == RequestStatus.FINISHED_STOPPED
     assert events["b"].new_token_ids == [5, 6] and b.num_output_tokens == 3
     assert b.status == RequestStatus.FINISHED_LENGTH and story.scheduler.slots.all_free
@@ -330,9 +329,79 @@ def test_stop_string_finish_from_the_engine_trims_the_output():
     a = story.add(make_request("a", 3))
     for _ in range(4):
         story.tick()
-    story.scheduler.finish_request("a", RequestStatus.FINISHED_STOPPED, story.now, num_output_tokens=2)
+    story.scheduler.stop_at(a, 2, story.now)
     assert a.output_token_ids == [1000, 1001] and a.status == RequestStatus.FINISHED_STOPPED
-    assert story.scheduler.slots.all_free
+    assert story.scheduler.slots.all_free and story.scheduler.take_released() == ("a",)
+
+
+def test_stop_string_in_the_tick_that_ended_a_request_for_length():
+    """A stop string in a request's last tick turns its finish reason into "stop" and trims
+    the output: the same call whether or not the scheduler already finished it."""
+    story = Story(make_scheduler())
+    a = story.add(make_request("a", 3, max_tokens=3))
+    while not a.is_finished:
+        story.tick()
+    assert a.status == RequestStatus.FINISHED_LENGTH
+    story.scheduler.stop_at(a, 1, story.now)
+    assert a.output_token_ids == [1000] and a.status == RequestStatus.FINISHED_STOPPED
+    assert story.scheduler.slots.all_free and not story.scheduler.has_unfinished()
+
+
+def test_update_rejects_a_result_that_does_not_answer_the_plan():
+    story = Story(make_scheduler())
+    story.add(make_request("a", 3))
+    plan = story.scheduler.schedule(story.now)
+    with pytest.raises(ValueError, match="answered 0 sequences of a plan of 1"):
+        story.scheduler.update(plan, RunnerResult(()), story.now)
+    with pytest.raises(ValueError, match="answered 'b' for 'a'"):
+        story.scheduler.update(plan, RunnerResult((SeqResult("b"),)), story.now)
+
+
+class AcceptingRunner(FakeRunner):
+    """Every draft is accepted: a round of k drafts emits k + 1 tokens."""
+
+    def execute(self, plan: SchedulerPlan) -> RunnerResult:
+        results = []
+        for seq in plan.seqs:
+            n = seq.num_draft_tokens + 1 if seq.sample else 0
+            results.append(SeqResult(seq.request_id, (7,) * n, seq.num_draft_tokens))
+        return RunnerResult(tuple(results), elapsed_ms=5.0)
+
+
+def test_speculation_is_counted_once_by_the_scheduler_and_clipped_at_the_stop_point():
+    lane = LaneConfig(spec_mode="slice", num_draft_tokens=4, spec_adaptive_k=False)
+    story = Story(make_scheduler(lane=lane), AcceptingRunner())
+    a = run_to_end(story, make_request("a", 3, max_tokens=12))
+    counts = story.scheduler.counts
+    # Prefill emits 1 token; then rounds of 4 drafts emit 5: 1 + 5 + 5 = 11, and the last
+    # round's budget is max_tokens - 11 - 1 = 0 drafts, a plain decode step.
+    assert a.num_output_tokens == 12
+    assert (a.spec.rounds, a.spec.draft_tokens, a.spec.accepted_tokens) == (2, 8, 8)
+    assert (counts.slice_rounds, counts.draft_tokens, counts.accepted_tokens) == (2, 8, 8)
+    assert counts.rounds_by_tenant == {"anonymous": 2} and counts.prefill_tokens == 3
+    assert counts.acceptance_by_position() == [1.0] * 4
+
+    eos = run_to_end(Story(make_scheduler(lane=lane), FakeRunner()), make_request("b", 3, max_tokens=2))
+    assert eos.spec.rounds == 0  # too short to leave room for a draft
+
+
+def test_burst_holder_runs_alone_one_round_per_tick_until_it_finishes():
+    lane = LaneConfig(spec_mode="burst", num_draft_tokens=2, spec_grant_rounds=1)
+    story = Story(make_scheduler(lane=lane), AcceptingRunner())
+    a = story.add(make_request("a", 3, max_tokens=10))
+    b = story.add(make_request("b", 3, max_tokens=10))
+    plan, _ = story.tick()  # both prefill (nobody is in the lane yet)
+    assert set(rows(plan)) == {"a", "b"}
+    alone = []
+    while not a.is_finished:
+        plan, _ = story.tick()
+        alone.append(tuple(rows(plan)))
+    # a holds the burst from its grant to its end, whatever its grant budget, and b waits.
+    assert set(alone) == {("a",)} and len(alone) == 3 and b.num_output_tokens == 1
+    plan, _ = story.tick()
+    assert tuple(rows(plan)) == ("b",) and rows(plan)["b"].num_draft_tokens == 2
+    counts = story.scheduler.counts
+    assert counts.burst_rounds == 4 and counts.slice_rounds == 0
 
 
 def test_status_order_and_the_one_finish_reason_map():
@@ -361,16 +430,13 @@ class RandomRunner(FakeRunner):
     def execute(self, plan: SchedulerPlan) -> RunnerResult:
         results = []
         for seq in plan.seqs:
-            res = SeqResult(seq.request_id, num_computed_tokens=seq.start + len(seq.token_ids))
             if seq.sample:
                 accepted = self.rng.randint(0, seq.num_draft_tokens)
-                res.token_ids = [self.rng.choice([EOS, 7, 8, 9, 10]) for _ in range(accepted + 1)]
-                res.num_computed_tokens += accepted
-                if seq.num_draft_tokens:
-                    res.spec_round, res.num_rounds = True, 1
-                    res.num_draft_tokens, res.num_accepted_tokens = seq.num_draft_tokens, accepted
-            results.append(res)
-        return RunnerResult(results, elapsed_ms=5.0)
+                token_ids = tuple(self.rng.choice([EOS, 7, 8, 9, 10]) for _ in range(accepted + 1))
+                results.append(SeqResult(seq.request_id, token_ids, seq.num_draft_tokens))
+            else:
+                results.append(SeqResult(seq.request_id))
+        return RunnerResult(tuple(results), elapsed_ms=5.0)
 
 
 def check_invariants(scheduler: Scheduler, plan: SchedulerPlan) -> None:
@@ -426,7 +492,7 @@ def test_1000_random_events_leave_nothing_behind(seed: int, spec_mode: str):
         else:
             plan = scheduler.schedule(now)
             check_invariants(scheduler, plan)
-            events = scheduler.update(runner.execute(plan), now)
+            events = scheduler.update(plan, runner.execute(plan), now)
             counts["finished"] += sum(e.finished for e in events)
             counts["tick"] += 1
             del plan, events

@@ -138,7 +138,7 @@ def _run_engine(model, reference, config: EngineConfig, script):
 
     def execute_and_tick(plan):  # each forward takes one clock unit (ONE_TICK's cost model)
         result = execute(plan)
-        clock[0] += float(result.seqs[0].num_rounds) if plan.burst is not None else 1.0
+        clock[0] += 1.0
         return result
 
     engine.runner.execute = execute_and_tick
@@ -204,19 +204,18 @@ def _seq(request: Request, start: int, tokens: tuple[int, ...], sample: bool, k:
 def test_runner_fills_results_as_the_model_runner_does():
     req = Request("r", [1] * 10, SamplingParams(max_tokens=20))
     runner = CostModelRunner(CostModel(base_ms=2, decode_token_ms=1, prefill_token_ms=0.5, verify_row_ms=3),
-                             ScriptedAcceptance({"r": [2]}), max_model_len=64, num_draft_tokens=4)
+                             ScriptedAcceptance({"r": [2]}))
     chunk = runner.execute(SchedulerPlan(seqs=(_seq(req, 0, (1,) * 8, sample=False),)))
-    assert chunk.seqs[0].token_ids == [] and chunk.seqs[0].num_computed_tokens == 8
+    assert chunk.seqs[0].token_ids == () and chunk.seqs[0].num_draft_tokens == 0
     assert chunk.elapsed_ms == 2 + 0.5 * 8
     last = runner.execute(SchedulerPlan(seqs=(_seq(req, 8, (1, 1), sample=True),)))
-    assert len(last.seqs[0].token_ids) == 1 and last.seqs[0].num_computed_tokens == 10
+    assert len(last.seqs[0].token_ids) == 1 and last.seqs[0].num_accepted_tokens == 0
     req.num_computed_tokens = 10
     req.output_token_ids.append(1)
     spec = runner.execute(SchedulerPlan(seqs=(_seq(req, 10, (1,), sample=True, k=4),)))
     res = spec.seqs[0]
-    # 2 of 4 drafts accepted: 3 new tokens; the cache keeps the fed token and the 2 drafts.
-    assert (len(res.token_ids), res.num_accepted_tokens, res.num_draft_tokens, res.num_computed_tokens) == (3, 2, 4, 13)
-    assert res.spec_round and res.num_rounds == 1
+    # 2 of 4 drafts accepted: 3 new tokens (the accepted drafts and the target's own).
+    assert (len(res.token_ids), res.num_accepted_tokens, res.num_draft_tokens) == (3, 2, 4)
     assert spec.elapsed_ms == 2 + 1 * 5 + 3
 
 

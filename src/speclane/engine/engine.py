@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -28,7 +29,7 @@ from speclane.models.build import build_model
 from speclane.models.llama import LlamaModel
 from speclane.models.loader import read_weights
 from speclane.models.tokenizer import Tokenizer
-from speclane.request import Request, RequestStatus, SamplingParams, finish_reason
+from speclane.request import Request, SamplingParams, finish_reason
 from speclane.scheduler.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -105,17 +106,18 @@ class LLMEngine:
                                      mtp_head=config.lane.mtp_head, min_draft_prob=config.lane.mtp_min_draft_prob,
                                      lookup=config.lane.mtp_lookup)
         self.drafter = drafter if config.lane.speculation_enabled else None
-        lane = config.lane if self.drafter is not None else _lane_off(config)
-        self.scheduler = Scheduler(config.scheduler, lane, self.max_model_len)
+        lane = config.lane if self.drafter is not None else dataclasses.replace(config.lane, spec_mode="off")
         if self.model.decode_compiled:
             log.info("compiling the one-token decode step (--compile): minutes the first time on a small CPU, "
                      "seconds after (inductor cache: %s)", os.environ.get("TORCHINDUCTOR_CACHE_DIR", "torch's default"))
             with _progress_log("compiling the decode step"):
                 calibration.forward_ms(self.model, self.cache)  # compile now, not in the first request
+        step_cost = None
         if self.drafter is not None and lane.spec_mode == "slice" and lane.spec_adaptive_k:
             # Widest tick: every slot decoding plus every lane slot verifying K drafts.
             max_rows = config.scheduler.max_num_seqs + lane.spec_slots * lane.num_draft_tokens
-            self.scheduler.step_cost = calibration.step_cost(self.model, self.cache, max_rows)
+            step_cost = calibration.step_cost(self.model, self.cache, max_rows)
+        self.scheduler = Scheduler(config.scheduler, lane, self.max_model_len, step_cost=step_cost)
         self.runner = ModelRunner(self.model, self.cache, self.drafter)
         self.counters = EngineCounters()
         self.observer = observer
@@ -194,13 +196,13 @@ class LLMEngine:
         result = self.runner.execute(plan)
         with self._lock:
             now = self.clock()
-            events = self.scheduler.update(result, now)
+            events = self.scheduler.update(plan, result, now)
             outputs.extend(self._emit(events, now))
-            self.counters.record_tick(plan, result, self.scheduler, time.perf_counter() - started)
+            self.counters.record_tick(self.scheduler, time.perf_counter() - started)
             released = self.scheduler.take_released()  # finished this tick: free drafter state now
         self.runner.release(released)
         if self.observer is not None:
-            self.observer.on_tick(time.perf_counter() - started, self)
+            self.observer.on_tick(time.perf_counter() - started)
         return outputs
 
     def _emit(self, events, now: float) -> list[RequestOutput]:
@@ -213,11 +215,8 @@ class LLMEngine:
             step = detok.extend(event.new_token_ids)
             text = step.text
             new_ids = event.new_token_ids[: step.num_tokens]
-            if step.stopped and not event.finished:
-                self.scheduler.finish_request(rid, RequestStatus.FINISHED_STOPPED, now, kept_before + step.num_tokens)
-            elif step.stopped:
-                request.status = RequestStatus.FINISHED_STOPPED
-                del request.output_token_ids[kept_before + step.num_tokens :]
+            if step.stopped:
+                self.scheduler.stop_at(request, kept_before + step.num_tokens, now)
             finished = request.is_finished
             if finished and not step.stopped:
                 text += detok.flush().text
@@ -250,7 +249,6 @@ class LLMEngine:
     def _final_output(self, request: Request, text: str, new_ids: list[int] | None = None) -> RequestOutput:
         self._detoks.pop(request.request_id, None)
         self._last_token_s.pop(request.request_id, None)
-        self.runner.seeds.pop(request.request_id, None)
         if self.observer is not None:
             self.observer.on_finish(request)
         return self._output(request, text, new_ids or [], True)
@@ -261,12 +259,6 @@ class LLMEngine:
         while self.has_unfinished():
             outputs.extend(self.step())
         return outputs
-
-
-def _lane_off(config: EngineConfig):
-    import dataclasses
-
-    return dataclasses.replace(config.lane, spec_mode="off")
 
 
 @contextmanager

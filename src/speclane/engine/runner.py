@@ -1,6 +1,7 @@
 """The runner: executes a ``SchedulerPlan`` as one ragged forward, samples, verifies drafts.
 
-Every tensor lives here. Lane holders draft ``K`` tokens and their ``K + 1`` verify
+Every tensor lives here. It returns, per sequence, the tokens it chose and the number of
+drafts it verified (``scheduler/plan.py``); the scheduler advances the requests. Lane holders draft ``K`` tokens and their ``K + 1`` verify
 positions ride in the same batched forward as everyone else's decode rows and
 prefill chunks, so the weights are read once for the whole tick. After
 verification, rejected positions are truncated from the KV cache; the target's own
@@ -29,7 +30,7 @@ class ModelRunner:
         self.model = model
         self.cache = cache
         self.drafter = drafter
-        self.seeds: dict[str, int] = {}
+        self._seeds: dict[str, int] = {}  # unseeded requests' own sampling streams
         # Who receives the target's final hidden states of every kept position: a drafter
         # that drafts from them (MTP), or a recorder (``speclane train-mtp``).
         self.hidden_observers: list[HiddenObserver] = []
@@ -40,18 +41,21 @@ class ModelRunner:
         started = time.perf_counter()
         self._draft_ms = 0.0
         self._draft_timings = []
-        if plan.burst is not None:
-            seqs = [self._burst(plan.burst)]
-        else:
-            seqs = self._step(list(plan.seqs)) if plan.seqs else []
-        return RunnerResult(seqs=seqs, elapsed_ms=(time.perf_counter() - started) * 1000, draft_ms=self._draft_ms,
-                            draft_timings=self._draft_timings)
+        seqs = self._step(list(plan.seqs)) if plan.seqs else []
+        return RunnerResult(seqs=tuple(seqs), elapsed_ms=(time.perf_counter() - started) * 1000,
+                            draft_ms=self._draft_ms, draft_timings=tuple(self._draft_timings))
 
     def release(self, request_ids: tuple[str, ...]) -> None:
-        """Forget per-request drafter state of requests that left."""
-        if self.drafter is not None:
-            for rid in request_ids:
+        """Forget the per-request state (sampling stream, drafter state) of requests that left."""
+        for rid in request_ids:
+            self._seeds.pop(rid, None)
+            if self.drafter is not None:
                 self.drafter.release(rid)
+
+    @property
+    def num_tracked_requests(self) -> int:
+        """Requests the runner holds per-request state for (a leak check for tests)."""
+        return len(self._seeds)
 
     # -- one ragged forward -------------------------------------------------------------
     def _step(self, seqs: list[ScheduledSeq]) -> list[SeqResult]:
@@ -99,35 +103,33 @@ class ModelRunner:
         argmax = logits.argmax(dim=-1).tolist() if greedy else None
 
         results: list[SeqResult] = []
+        kept: list[int] = []  # per sequence: positions that stay in the cache
         cursor = 0
         for seq, tokens, draft in zip(seqs, fed, drafts, strict=True):
-            computed = seq.start + len(tokens)
-            res = SeqResult(seq.request_id, num_computed_tokens=computed, spec_round=seq.num_draft_tokens > 0, num_rounds=int(seq.num_draft_tokens > 0))
-            if seq.sample:
-                proposed = draft.token_ids[: seq.num_draft_tokens]
-                n = len(proposed) + 1
-                probs = draft.probs[: len(proposed)] if draft.probs is not None else None
-                verdict = self._choose(seq.request, logits[cursor : cursor + n], proposed, probs, seq.start + len(seq.token_ids),
-                                       argmax[cursor : cursor + n] if argmax is not None else None)
-                cursor += n
-                res.token_ids = verdict.token_ids
-                res.num_draft_tokens = len(proposed)
-                res.num_accepted_tokens = verdict.num_accepted
-                # Keep the fed tokens and the accepted drafts; drop the rejected ones.
-                res.num_computed_tokens = seq.start + len(seq.token_ids) + verdict.num_accepted
-                if res.num_computed_tokens < computed:
-                    self.cache.truncate(seq.slot, res.num_computed_tokens)
-            results.append(res)
+            if not seq.sample:  # a chunk in the middle of a prompt
+                results.append(SeqResult(seq.request_id))
+                kept.append(len(tokens))
+                continue
+            proposed = draft.token_ids[: seq.num_draft_tokens]
+            n = len(proposed) + 1
+            probs = draft.probs[: len(proposed)] if draft.probs is not None else None
+            verdict = self._choose(seq.request, logits[cursor : cursor + n], proposed, probs, seq.start + len(seq.token_ids),
+                                   argmax[cursor : cursor + n] if argmax is not None else None)
+            cursor += n
+            results.append(SeqResult(seq.request_id, tuple(verdict.token_ids), len(proposed)))
+            # Keep the fed tokens and the accepted drafts; drop the rejected ones.
+            kept.append(len(seq.token_ids) + verdict.num_accepted)
+            if kept[-1] < len(tokens):
+                self.cache.truncate(seq.slot, seq.start + kept[-1])
         if self.hidden_observers:
-            self._share_hidden(seqs, fed, results, hidden)
+            self._share_hidden(seqs, fed, kept, hidden)
         return results
 
-    def _share_hidden(self, seqs: list[ScheduledSeq], fed: list[list[int]], results: list[SeqResult], hidden: torch.Tensor) -> None:
+    def _share_hidden(self, seqs: list[ScheduledSeq], fed: list[list[int]], kept: list[int], hidden: torch.Tensor) -> None:
         """Hand each observer the hidden states of the positions that stay in the cache."""
         offset = 0
-        for seq, tokens, res in zip(seqs, fed, results, strict=True):
-            kept = res.num_computed_tokens - seq.start  # rejected draft positions are dropped
-            rows = hidden[offset : offset + kept]
+        for seq, tokens, num_kept in zip(seqs, fed, kept, strict=True):
+            rows = hidden[offset : offset + num_kept]  # rejected draft positions are dropped
             for observer in self.hidden_observers:
                 observer.observe(seq.request, seq.start, rows)
             offset += len(tokens)
@@ -139,41 +141,6 @@ class ModelRunner:
 
     def _seed_of(self, request_id: str) -> int:
         # Unseeded requests still get a stream of their own, independent of the batch.
-        if request_id not in self.seeds:
-            self.seeds[request_id] = int(torch.randint(0, 2**62, (1,)).item())
-        return self.seeds[request_id]
-
-    # -- the legacy burst ---------------------------------------------------------------
-    def _burst(self, seq: ScheduledSeq) -> SeqResult:
-        """Run one request's whole generation inside this tick (``--spec-mode burst``)."""
-        request = seq.request
-        sp = request.sampling
-        total = SeqResult(seq.request_id, num_computed_tokens=seq.start, spec_round=True)
-        tokens = list(request.output_token_ids)
-        start, fed = seq.start, list(seq.token_ids)
-        max_len = min(self.cache.max_len, request.num_prompt_tokens + sp.max_tokens)
-        while True:
-            left = min(sp.max_tokens - len(tokens), max_len - (request.num_prompt_tokens + len(tokens)))
-            k = max(0, min(seq.num_draft_tokens, left - 1)) if seq.num_draft_tokens else 0
-            view = _BurstView(request, tokens)
-            step = ScheduledSeq(request=view, slot=seq.slot, start=start, token_ids=tuple(fed), sample=True, num_draft_tokens=k)
-            res = self._step([step])[0]
-            total.num_rounds += 1
-            total.num_draft_tokens += res.num_draft_tokens
-            total.num_accepted_tokens += res.num_accepted_tokens
-            total.token_ids.extend(res.token_ids)
-            tokens.extend(res.token_ids)
-            total.num_computed_tokens = res.num_computed_tokens
-            produced = len(tokens) - request.num_output_tokens
-            stop = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(request.eos_token_ids))
-            if (stop & set(res.token_ids)) or len(tokens) >= sp.max_tokens or request.num_prompt_tokens + len(tokens) >= max_len or produced <= 0:
-                return total
-            start, fed = res.num_computed_tokens, [tokens[-1]]
-
-
-class _BurstView(Request):
-    """The request as it stands mid-burst (its output grows inside one tick)."""
-
-    def __init__(self, request: Request, output: list[int]):  # noqa: D107 - a cheap view, no validation
-        self.__dict__.update(request.__dict__)
-        self.output_token_ids = output
+        if request_id not in self._seeds:
+            self._seeds[request_id] = int(torch.randint(0, 2**62, (1,)).item())
+        return self._seeds[request_id]

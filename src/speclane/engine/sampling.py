@@ -8,7 +8,7 @@ share its batch, nor on whether it decoded classically or inside a speculative r
 Sampling uses the exponential race (``argmax p / E`` with ``E ~ Exp(1)``), the same
 distribution as multinomial sampling from ``p`` but a pure function of the noise.
 
-Verification (DESIGN.md, "Losslessness"):
+Verification (docs/design.md, "Losslessness"):
 - a deterministic drafter (n-gram: draft probability q is one-hot) — accept a draft
   token while it equals the token the target samples (or its argmax when greedy) at
   that position, then emit the target's own token there. Equivalent in distribution

@@ -34,11 +34,12 @@ when drafting would not pay even at an optimistic rate: the upper end, ``STOP_CO
 standard errors up, of its own rounds' rate over a longer record (``STOP_DECAY``) than the
 estimate's, without the prior. Otherwise it drafts the best K > 0 at the estimate. Near the break-even
 rate the estimate's noise decides: the MTP head accepts ~47% of first positions on chat, a
-K = 2 round pays from ~34%, and a few failed rounds sent a stream to K = 0 for most of its
-answer (`benchmarks/mtp_draft_length_replay.py`, fourteenth session). A wasted lone round
-costs only the holder's own tick; in a shared tick the estimate alone decides (a longer
-memory for the estimate, DECAY 0.9, kept a copy stream beside four chat streams at K = 4 where it
-had drafted 1, and their p99 went from 1.16x to 1.42-1.89x, `bench hol`).
+K = 2 round pays from ~34%, and on the estimate alone a few failed rounds send a stream to
+K = 0 for most of its answer (`benchmarks/mtp_draft_length_replay.py` replays both rules).
+A wasted lone round costs only the holder's own tick; in a shared tick the estimate alone
+decides (a longer memory for the estimate, DECAY 0.9, keeps a copy stream beside four chat
+streams at K = 4 where DECAY 0.8 drafts 1, and puts their p99 at 1.4-1.9x against 1.2x,
+`bench hol`).
 
 Exploration: a holder at K = 0 learns nothing about its drafts. A holder that has never
 drafted probes first: in a shared tick with ``PROBE_K`` drafts, whatever the prior says (the
@@ -73,8 +74,8 @@ PROBE_K = 1  # a probe's drafts: one verified token is evidence enough, and chea
 MIN_GAIN = 1.05
 # A tick shared with other streams: drafts may cost at most +30%. Below the head-of-line
 # target (co-batched streams' p99 within 1.5x) because a tick's mean is not its tail: at
-# 1.5 a copy stream beside four chat streams put their p99 at 1.63x (`bench hol`, eighth
-# session, with cheaper glue kernels making the extra rows a larger share); at 1.25, 1.05x.
+# 1.5 a copy stream beside four chat streams puts their p99 at ~1.6x (`bench hol`: cheap glue
+# kernels make the extra rows a large share of a tick); at 1.25, ~1.05x.
 MAX_SLOWDOWN = 1.3
 PRIOR_RATE = 0.7  # engine-wide prior before any round has been seen
 
@@ -144,9 +145,9 @@ class AcceptanceEstimate:
         The rate is per *tried* position, the chance a draft is accepted given the ones
         before it were (``expected_tokens``' ``a``): a round tried its accepted drafts and
         the first rejected one; the drafts after a rejection were never judged. Counted
-        per drafted token, a head accepting 37% of first positions read as ~25% at K=2
-        (0.37 + 0.37^2 accepted of 2 drafted), and adaptive K left it at K=0 for most of
-        a chat answer (`bench mtp`, thirteenth session)."""
+        per drafted token, a head accepting 37% of first positions would read as ~25% at
+        K=2 (0.37 + 0.37^2 accepted of 2 drafted), and adaptive K would leave it at K=0 for
+        most of a chat answer (`bench mtp`)."""
         if drafted <= 0:
             return
         tried = min(drafted, accepted + 1)
@@ -189,9 +190,9 @@ class DraftTiming:
     round (an MTP head first catches up on the positions verified since its last round,
     whatever K). Both are part of the round's time.
 
-    Kept apart because they scale differently: charged per token, one catch-up made a
-    one-draft round look twice its per-token cost, adaptive K then drafted less, and every
-    round caught up on more positions (`bench mtp`, tenth session)."""
+    Kept apart because they scale differently: charged per token, one catch-up makes a
+    one-draft round look twice its per-token cost, adaptive K then drafts less, and every
+    round catches up on more positions (`bench mtp`)."""
 
     ms_per_token: float = 0.0
     ms_per_round: float = 0.0

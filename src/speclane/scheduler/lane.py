@@ -1,6 +1,6 @@
 """The speculative lane: which requests run a speculative round this tick. Pure policy.
 
-This is the one place the lane's rules live (DESIGN.md, "The lane, exactly"). A request
+This is the one place the lane's rules live (docs/design.md, "The lane, exactly"). A request
 is *eligible* from ``add`` to ``remove``; it is then either a *holder* (runs one round
 per tick) or a *waiter*. ``schedule(now)`` is called at every round boundary and applies,
 in this order:
@@ -42,8 +42,8 @@ Accounting: a grant adds ``stats.grants``, a yield ``stats.yields``, a preemptio
 holder's ``stats.preemptions``; ``stats.wait_ms`` gains the time spent waiting when the
 wait ends (grant or removal). ``round_done`` charges the holder's budget (rounds and ms)
 and its tenant's lane service; call it before ``remove`` for a request that finished in
-its round. ``stats.rounds`` and the token counts belong to the scheduler. The bounds
-DESIGN.md asks for are stated and checked in tests/unit/test_lane_properties.py.
+its round. ``stats.rounds`` and the token counts belong to the scheduler. The lane's
+bounds (docs/design.md) are stated and checked in tests/unit/test_lane_properties.py.
 
 Cost: with n waiters, s slots and P distinct priorities among the waiters (a handful in
 practice), ``schedule`` is O(s * P * log n) amortized, ``add`` O(log n), ``remove``

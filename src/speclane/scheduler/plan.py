@@ -1,4 +1,12 @@
-"""The messages between the scheduler and the runner: plain dataclasses, no torch."""
+"""The tick's contract: what the scheduler asks for and what the runner hands back.
+
+Plain frozen dataclasses, no torch. The scheduler's ``SchedulerPlan`` says, per
+sequence, which tokens to feed and how many drafts to verify; the runner's
+``RunnerResult`` says, per sequence, which tokens it chose and how many drafts it
+verified. Everything else (how far a request's cache reaches, what was accepted, what
+a round counts for) the scheduler derives from the two, in one place
+(``Scheduler.update``), so no other module advances a request or counts speculation.
+"""
 
 from __future__ import annotations
 
@@ -22,15 +30,18 @@ class ScheduledSeq:
     def request_id(self) -> str:
         return self.request.request_id
 
+    @property
+    def is_round(self) -> bool:
+        """A speculative round runs for this sequence (even if the drafter proposes nothing)."""
+        return self.num_draft_tokens > 0
+
 
 @dataclass(frozen=True)
 class SchedulerPlan:
     """What to compute in one tick."""
 
     seqs: tuple[ScheduledSeq, ...] = ()
-    # --spec-mode burst: this sequence alone runs its whole generation this tick.
-    burst: ScheduledSeq | None = None
-    # Requests that left since the last plan: the runner drops their drafter state.
+    # Requests that left since the last plan: the runner drops their per-request state.
     released_request_ids: tuple[str, ...] = ()
 
     @property
@@ -39,26 +50,33 @@ class SchedulerPlan:
 
     @property
     def is_empty(self) -> bool:
-        return not self.seqs and self.burst is None
+        return not self.seqs
 
 
-@dataclass
+@dataclass(frozen=True)
 class SeqResult:
-    """What the runner computed for one sequence."""
+    """What the runner chose for one sequence of the plan.
+
+    ``token_ids``: for a sampling sequence, the accepted drafts followed by the target's
+    own next token (so ``len(token_ids) - 1`` drafts were accepted); empty for a chunk in
+    the middle of a prompt. ``num_draft_tokens``: drafts proposed and verified, at most
+    the plan's ``num_draft_tokens`` (a drafter may find fewer). The runner has already
+    dropped the rejected drafts' positions from its KV cache.
+    """
 
     request_id: str
-    token_ids: list[int] = field(default_factory=list)  # new tokens (empty for a mid-prompt chunk)
-    num_computed_tokens: int = 0  # tokens in the KV cache after this tick
-    spec_round: bool = False  # a lane round ran (even if the drafter found nothing to propose)
-    num_draft_tokens: int = 0  # drafts proposed and verified
-    num_accepted_tokens: int = 0
-    num_rounds: int = 0  # rounds run (burst mode runs many in one tick)
+    token_ids: tuple[int, ...] = ()
+    num_draft_tokens: int = 0
+
+    @property
+    def num_accepted_tokens(self) -> int:
+        return max(0, len(self.token_ids) - 1)
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunnerResult:
-    seqs: list[SeqResult] = field(default_factory=list)
+    seqs: tuple[SeqResult, ...] = ()  # one per plan sequence, in the plan's order
     elapsed_ms: float = 0.0  # wall time of the tick's execution (forward, drafting, sampling)
-    draft_ms: float = 0.0  # of which the drafter's proposals (slice ticks)
+    draft_ms: float = 0.0  # of which the drafter's proposals
     # Per proposal that adaptive K learns from: (ms drafting tokens, tokens, ms catching up).
-    draft_timings: list[tuple[float, int, float]] = field(default_factory=list)
+    draft_timings: tuple[tuple[float, int, float], ...] = field(default_factory=tuple)

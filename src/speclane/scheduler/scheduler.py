@@ -12,6 +12,14 @@ Per tick (``schedule``):
 3. prompts being prefilled get chunks from what is left of the token budget;
 4. waiting requests are admitted (most urgent priority, then arrival) while a KV
    slot is free, and get their first chunk.
+
+Per tick (``update``), from the plan and the runner's chosen tokens: each request's
+computed length, its output (stopping exactly at EOS, a stop token, ``max_tokens`` or
+the context), its speculative accounting and the lane's. This is the only place a
+request advances and the only place speculation is counted (``counts.py``).
+
+``--spec-mode burst`` is the baseline the benchmarks compare the lane against: a holder
+runs alone, one round per tick, until it finishes, and nobody else is scheduled.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from dataclasses import dataclass
 from speclane.config import LaneConfig, SchedulerConfig
 from speclane.request import Request, RequestStatus
 from speclane.scheduler import draft_length
+from speclane.scheduler.counts import ScheduleCounts
 from speclane.scheduler.kv_slots import SlotAllocator
 from speclane.scheduler.lane import SpecLane
 from speclane.scheduler.plan import RunnerResult, ScheduledSeq, SchedulerPlan, SeqResult
@@ -40,7 +49,8 @@ class TokenEvent:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, lane_config: LaneConfig, max_model_len: int, *, record_lane_events: bool = True):
+    def __init__(self, config: SchedulerConfig, lane_config: LaneConfig, max_model_len: int, *,
+                 step_cost: draft_length.StepCost | None = None, record_lane_events: bool = True):
         self.config = config
         self.lane_config = lane_config
         self.max_model_len = max_model_len
@@ -51,9 +61,11 @@ class Scheduler:
         self.slot_of: dict[str, int] = {}
         self._released: list[str] = []
         self._in_lane: set[str] = set()
-        # Adaptive K (draft_length.py): the runner's measured step cost, set by the engine
-        # after calibration; None = every holder drafts its full budget.
-        self.step_cost: draft_length.StepCost | None = None
+        # Adaptive K (draft_length.py): the runner's measured step cost (the engine
+        # calibrates it); None = every holder drafts its full budget.
+        self.step_cost = step_cost
+        self.counts = ScheduleCounts()
+        self._burst_holder: str | None = None  # --spec-mode burst: the holder running alone
         self.acceptance = draft_length.AcceptanceEstimate()
         self.draft_timing = draft_length.DraftTiming()
         self._held_without_drafts: set[str] = set()  # holders given K = 0 in the current tick
@@ -96,15 +108,16 @@ class Scheduler:
             return self._finish(self.running[request_id], status, now)
         return None
 
-    def finish_request(self, request_id: str, status: RequestStatus, now: float, num_output_tokens: int | None = None) -> None:
-        """Finish from outside the scheduler (a stop string found by the detokenizer)."""
-        request = self.running.get(request_id)
-        if request is None:
-            return
-        if num_output_tokens is not None:
-            del request.output_token_ids[num_output_tokens:]
-            request.spec.accepted_tokens = min(request.spec.accepted_tokens, request.num_output_tokens)
-        self._finish(request, status, now)
+    def stop_at(self, request: Request, num_output_tokens: int, now: float) -> None:
+        """A stop string ends ``request`` after ``num_output_tokens`` tokens (the detokenizer
+        found it): keep those, count its speculation only up to them, and finish it with
+        ``FINISHED_STOPPED`` (also when it already finished this tick for another reason)."""
+        del request.output_token_ids[num_output_tokens:]
+        request.spec.accepted_tokens = min(request.spec.accepted_tokens, request.num_output_tokens)
+        if request.request_id in self.running:
+            self._finish(request, RequestStatus.FINISHED_STOPPED, now)
+        else:
+            request.status = RequestStatus.FINISHED_STOPPED
 
     def _finish(self, request: Request, status: RequestStatus, now: float) -> Request:
         request.status = status
@@ -116,6 +129,8 @@ class Scheduler:
             self.lane.remove(rid, now)
         self._released.append(rid)
         self.acceptance.forget(rid)
+        if self._burst_holder == rid:
+            self._burst_holder = None
         return request
 
     # -- one tick -----------------------------------------------------------------------
@@ -147,18 +162,16 @@ class Scheduler:
 
     def schedule(self, now: float) -> SchedulerPlan:
         released = self.take_released()
-        holders = set(self.lane.schedule(now)) if self._lane_active() else set()
-
-        if self.lane_config.spec_mode == "burst" and holders:
-            # Legacy burst: the holder runs its whole generation inside this tick, alone.
-            rid = min(holders, key=lambda r: list(self.running).index(r))
-            return SchedulerPlan(burst=self._decode_seq(self.running[rid], self._draft_budget(self.running[rid])),
-                                 released_request_ids=released)
+        if self.lane_config.spec_mode == "burst":
+            burst = self._burst_seq(now)
+            if burst is not None:
+                return SchedulerPlan(seqs=(burst,), released_request_ids=released)
+        holders = set(self.lane.schedule(now)) if self._lane_active() and self.lane_config.spec_mode == "slice" else set()
 
         budget = self.config.max_num_batched_tokens
         seqs: list[ScheduledSeq] = []
         decoding = [r for r in self.running.values() if r.prefill_done]
-        draft_lengths = self._draft_lengths(decoding, holders if self.lane_config.spec_mode == "slice" else set())
+        draft_lengths = self._draft_lengths(decoding, holders)
         self._held_without_drafts = {rid for rid, k in draft_lengths.items() if k == 0}
         for request in decoding:
             k = draft_lengths.get(request.request_id, 0)
@@ -181,6 +194,18 @@ class Scheduler:
             seqs.append(seq)
             budget -= len(seq.token_ids)
         return SchedulerPlan(seqs=tuple(seqs), released_request_ids=released)
+
+    def _burst_seq(self, now: float) -> ScheduledSeq | None:
+        """The burst holder's next round, granting the lane first if nobody holds a burst.
+        The lane is not consulted again until the holder finishes: it runs to completion."""
+        if self._burst_holder is None and self._lane_active():
+            holders = self.lane.schedule(now)
+            if holders:
+                self._burst_holder = min(holders, key=list(self.running).index)
+        if self._burst_holder is None:
+            return None
+        request = self.running[self._burst_holder]
+        return self._decode_seq(request, self._draft_budget(request))
 
     def _decode_seq(self, request: Request, num_draft_tokens: int) -> ScheduledSeq:
         start = request.num_computed_tokens
@@ -205,41 +230,52 @@ class Scheduler:
             sample=start + chunk == request.num_prompt_tokens,
         )
 
-    def update(self, result: RunnerResult, now: float) -> list[TokenEvent]:
-        """Advance requests by the runner's result; account the lane; finish what ended."""
+    def update(self, plan: SchedulerPlan, result: RunnerResult, now: float) -> list[TokenEvent]:
+        """Advance requests by what the runner chose for ``plan``; account the lane and
+        speculation; finish what ended."""
+        if len(result.seqs) != len(plan.seqs):
+            raise ValueError(f"the runner answered {len(result.seqs)} sequences of a plan of {len(plan.seqs)}")
         events: list[TokenEvent] = []
         for drafting_ms, tokens, catch_up_ms in result.draft_timings:
             self.draft_timing.observe(drafting_ms, tokens, catch_up_ms)
-        for res in result.seqs:
-            request = self.running.get(res.request_id)
+        for seq, res in zip(plan.seqs, result.seqs, strict=True):
+            if res.request_id != seq.request_id:
+                raise ValueError(f"the runner answered {res.request_id!r} for {seq.request_id!r}")
+            rid = seq.request_id
+            if seq.start < seq.request.num_prompt_tokens:
+                self.counts.prefill_tokens += len(seq.token_ids)
+            request = self.running.get(rid)
             if request is None:  # aborted while the tick ran
                 continue
-            request.num_computed_tokens = res.num_computed_tokens
+            # The fed tokens and the accepted drafts stay in the cache; rejected drafts do not.
+            request.num_computed_tokens = seq.start + len(seq.token_ids) + res.num_accepted_tokens
             appended, status = self._append(request, res.token_ids)
             if res.token_ids and request.first_token_s is None:
                 request.first_token_s = now
-            self._account_round(request, res, appended)
-            held = request.request_id in self._held_without_drafts
-            if res.spec_round:
-                self.acceptance.observe(request.request_id, res.num_draft_tokens, res.num_accepted_tokens)
+            held = rid in self._held_without_drafts
+            if seq.is_round:
+                drafted, accepted = self._account_round(request, res, appended)
+                self.acceptance.observe(rid, drafted, accepted)
             elif held:
-                self.acceptance.idle(request.request_id)
-            if (res.spec_round or held) and request.request_id in self._in_lane:
-                # A holder that drafted nothing this tick still spent a tick of its grant:
-                # otherwise a holder kept at K = 0 would hold the lane for ever.
-                self.lane.round_done(request.request_id, elapsed_ms=result.elapsed_ms, now=now)
+                self.acceptance.idle(rid)
+            # A holder that drafted nothing this tick still spent a tick of its grant:
+            # otherwise a holder kept at K = 0 would hold the lane for ever. A burst spends
+            # one round of its grant, when it ends.
+            spends_grant = (seq.is_round or held) and (self._burst_holder != rid or status is not None)
+            if spends_grant and rid in self._in_lane:
+                self.lane.round_done(rid, elapsed_ms=result.elapsed_ms, now=now)
             if status is not None:
                 self._finish(request, status, now)
             elif (request.prefill_done and request.speculative and self._lane_active()
-                  and request.request_id not in self._in_lane):
-                self._in_lane.add(request.request_id)
-                self.lane.add(request.request_id, tenant=request.tenant, priority=request.priority, now=now,
+                  and rid not in self._in_lane):
+                self._in_lane.add(rid)
+                self.lane.add(rid, tenant=request.tenant, priority=request.priority, now=now,
                               stats=request.spec, weight=request.tenant_weight)
             if appended or status is not None:
                 events.append(TokenEvent(request, appended, status is not None))
         return events
 
-    def _append(self, request: Request, token_ids: list[int]) -> tuple[list[int], RequestStatus | None]:
+    def _append(self, request: Request, token_ids: tuple[int, ...]) -> tuple[list[int], RequestStatus | None]:
         """Append tokens one by one, stopping exactly at EOS, a stop token, max_tokens or the context."""
         sp = request.sampling
         appended: list[int] = []
@@ -252,18 +288,18 @@ class Scheduler:
                 return appended, RequestStatus.FINISHED_LENGTH
         return appended, None
 
-    @staticmethod
-    def _account_round(request: Request, res: SeqResult, appended: list[int]) -> None:
-        if not res.spec_round:
-            return
-        stats = request.spec
-        stats.rounds += res.num_rounds
+    def _account_round(self, request: Request, res: SeqResult, appended: list[int]) -> tuple[int, int]:
+        """Count one round for the request and the totals; returns (drafted, accepted)."""
         if len(appended) < len(res.token_ids):
-            # Finished inside the round: nothing past the stop point is counted.
-            accepted = min(res.num_accepted_tokens, len(appended))
-            drafted = accepted + (1 if len(appended) > res.num_accepted_tokens else 0) * (res.num_draft_tokens - res.num_accepted_tokens)
+            # Finished inside the round: nothing past the stop point is counted, and every
+            # draft before it was accepted.
+            drafted = accepted = len(appended)
         else:
-            accepted, drafted = res.num_accepted_tokens, res.num_draft_tokens
-        stats.accepted_tokens += accepted
+            drafted, accepted = res.num_draft_tokens, res.num_accepted_tokens
+        stats = request.spec
+        stats.rounds += 1
         stats.draft_tokens += drafted
-        res.num_accepted_tokens, res.num_draft_tokens = accepted, drafted
+        stats.accepted_tokens += accepted
+        self.counts.record_round(request.tenant, burst=self._burst_holder == request.request_id,
+                                 drafted=drafted, accepted=accepted)
+        return drafted, accepted

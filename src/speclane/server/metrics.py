@@ -49,7 +49,7 @@ class ServerMetrics:
         r.register(_EngineCollector(engine))
 
     # -- EngineObserver (engine thread) ----------------------------------------------------
-    def on_tick(self, seconds: float, engine: LLMEngine) -> None:
+    def on_tick(self, seconds: float) -> None:
         self.tick.observe(seconds)
 
     def on_first_token(self, seconds: float) -> None:

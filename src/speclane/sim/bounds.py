@@ -185,14 +185,14 @@ class BoundsMonitor:
                 self.report.max_overrun = max(self.report.max_overrun, g.overrun)
 
     # -- after update ---------------------------------------------------------------
-    def after_update(self, tick: int, now: float, scheduler: Scheduler, result: RunnerResult,
+    def after_update(self, tick: int, now: float, scheduler: Scheduler, plan: SchedulerPlan, result: RunnerResult,
                      lane_events: list[LaneEvent]) -> None:
         rounds: dict[Key, float] = {}
         running = scheduler.running
         eligible = self._eligible
-        for res in result.seqs:
-            rid = res.request_id
-            if res.spec_round:
+        for seq in plan.seqs:
+            rid = seq.request_id
+            if seq.is_round:
                 g = self._grants.get(rid)
                 if g is not None:
                     g.rounds += 1
@@ -200,7 +200,7 @@ class BoundsMonitor:
                 owner = eligible.get(rid)
                 if owner is not None:
                     key = (owner[0], owner[1])
-                    rounds[key] = rounds.get(key, 0.0) + res.num_rounds
+                    rounds[key] = rounds.get(key, 0.0) + 1
             r = running.get(rid)
             if r is None:  # finished this tick
                 if eligible.pop(rid, None) is not None:

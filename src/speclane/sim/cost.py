@@ -40,7 +40,7 @@ class CostModel:
                 + self.verify_row_ms * verify_rows)
 
     def tick_ms(self, plan: SchedulerPlan) -> float:
-        """Cost of a slice-mode plan (a burst is costed round by round by the runner)."""
+        """Cost of one tick's plan."""
         decode = prefill = rows = 0
         for seq in plan.seqs:
             if seq.start < seq.request.num_prompt_tokens:

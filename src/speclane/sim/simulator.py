@@ -6,7 +6,7 @@ One tick is the engine's tick (DESIGN.md, "One tick") with the runner replaced:
     plan   = scheduler.schedule(now)
     result = runner.execute(plan)          # elapsed_ms from the cost model
     now   += result.elapsed_ms / 1000
-    events = scheduler.update(result, now)
+    events = scheduler.update(plan, result, now)
 
 When nothing is left to run, the clock jumps to the next arrival. Observers (the
 bounds monitor) see the scheduler after each ``schedule`` and each ``update``, with the
@@ -38,7 +38,7 @@ class Observer(Protocol):
     def after_schedule(self, tick: int, now: float, scheduler: Scheduler, plan: SchedulerPlan,
                        lane_events: list[LaneEvent]) -> None: ...
 
-    def after_update(self, tick: int, now: float, scheduler: Scheduler, result: RunnerResult,
+    def after_update(self, tick: int, now: float, scheduler: Scheduler, plan: SchedulerPlan, result: RunnerResult,
                      lane_events: list[LaneEvent]) -> None: ...
 
 
@@ -81,7 +81,7 @@ class Simulator:
                  cost: CostModel, acceptance: AcceptanceSource, *, observers: Sequence[Observer] = (),
                  keep_events: bool = False, retry_s: float = 1.0):
         self.scheduler = Scheduler(scheduler_config, lane_config, max_model_len, record_lane_events=True)
-        self.runner = CostModelRunner(cost, acceptance, max_model_len, lane_config.num_draft_tokens)
+        self.runner = CostModelRunner(cost, acceptance)
         self.observers = list(observers)
         self.keep_events = keep_events
         self.retry_s = retry_s
@@ -118,12 +118,11 @@ class Simulator:
             result = self.runner.execute(plan)
             now += result.elapsed_ms / 1000.0
             out.busy_s += result.elapsed_ms / 1000.0
-            token_events = scheduler.update(result, now)
+            token_events = scheduler.update(plan, result, now)
             events = lane.drain_events()
             for obs in self.observers:
-                obs.after_update(tick, now, scheduler, result, events)
+                obs.after_update(tick, now, scheduler, plan, result, events)
             self._keep(out, events)
-            self._count(out, plan, result)
             finished = 0
             for ev in token_events:
                 out.generated_tokens += len(ev.new_token_ids)
@@ -137,6 +136,9 @@ class Simulator:
                 on_finished(finished)
             tick += 1
         out.ticks, out.sim_time_s = tick, now
+        counts = scheduler.counts
+        out.slice_rounds, out.burst_rounds = counts.slice_rounds, counts.burst_rounds
+        out.draft_tokens, out.accepted_tokens = counts.draft_tokens, counts.accepted_tokens
         out.lane_grants, out.lane_yields, out.lane_preemptions = lane.grants_total, lane.yields_total, lane.preemptions_total
         out.wall_s = time.perf_counter() - started
         return out
@@ -144,17 +146,6 @@ class Simulator:
     def _keep(self, out: SimResult, events: list[LaneEvent]) -> None:
         if self.keep_events and events:
             out.lane_events.extend(events)
-
-    @staticmethod
-    def _count(out: SimResult, plan: SchedulerPlan, result: RunnerResult) -> None:
-        for res in result.seqs:
-            if res.spec_round:
-                if plan.burst is not None:
-                    out.burst_rounds += res.num_rounds
-                else:
-                    out.slice_rounds += res.num_rounds
-                out.draft_tokens += res.num_draft_tokens
-                out.accepted_tokens += res.num_accepted_tokens
 
 
 def _request(job: SimJob, now: float) -> Request:

@@ -1,0 +1,51 @@
+"""What the scheduler has advanced requests by, over the engine's life.
+
+The one tally of prefill tokens and speculative rounds: ``Scheduler.update`` records
+each round once, here and in the request's own ``SpecStats``; ``/metrics``, the
+benchmarks and the simulator read these totals and never count rounds themselves.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ScheduleCounts:
+    prefill_tokens: int = 0  # prompt tokens fed to the model
+    slice_rounds: int = 0  # rounds of --spec-mode slice (one per holder per tick)
+    burst_rounds: int = 0  # rounds of --spec-mode burst (a holder alone until it finishes)
+    draft_tokens: int = 0  # drafts verified (up to a request's stop point)
+    accepted_tokens: int = 0
+    rounds_by_tenant: Counter[str] = field(default_factory=Counter)
+    # Rounds by draft position j (0-based): drafts verified at j (all before it accepted),
+    # and accepted at j. Their ratio is the acceptance per draft position.
+    tried_by_position: Counter[int] = field(default_factory=Counter)
+    accepted_by_position: Counter[int] = field(default_factory=Counter)
+
+    def record_round(self, tenant: str, *, burst: bool, drafted: int, accepted: int) -> None:
+        if burst:
+            self.burst_rounds += 1
+        else:
+            self.slice_rounds += 1
+        self.rounds_by_tenant[tenant] += 1
+        self.draft_tokens += drafted
+        self.accepted_tokens += accepted
+        for j in range(min(drafted, accepted + 1)):
+            self.tried_by_position[j] += 1
+        for j in range(accepted):
+            self.accepted_by_position[j] += 1
+
+    @property
+    def rounds(self) -> int:
+        return self.slice_rounds + self.burst_rounds
+
+    def acceptance_by_position(self) -> list[float]:
+        return acceptance_by_position(self.tried_by_position, self.accepted_by_position)
+
+
+def acceptance_by_position(tried: Counter[int], accepted: Counter[int]) -> list[float]:
+    """Acceptance rate at each draft position, given every earlier draft was accepted."""
+    n = max(tried, default=-1) + 1
+    return [accepted[j] / tried[j] if tried[j] else 0.0 for j in range(n)]
