@@ -39,8 +39,6 @@ class ModelConfig:
     quantization: str = field(default="auto", metadata={"help": "auto: keep a GGUF's 4-bit blocks as int4; int8; int4; none"})
     max_model_len: int = field(default=2048, metadata={"help": "prompt + completion tokens"})
     num_threads: int = field(default=0, metadata={"help": "torch CPU threads; 0 = torch's default"})
-    compile: bool = field(default=False, metadata={
-        "help": "torch.compile the one-token decode step of the int4 model (2-4 min at the first start, seconds after; with our CPU kernels the eager step is now faster: 0.88x in bench decode, eighth session)"})
 
     def __post_init__(self) -> None:
         _choice("dtype", self.dtype, DTYPES)

@@ -24,7 +24,6 @@ import torch
 from speclane.engine import kv_cache
 from speclane.engine.kv_cache import KVCache
 from speclane.kernels import attention_cpu, int4_cpu, norm_cpu
-from speclane.models import compiled_decode
 from speclane.models import linear as linear_module
 from speclane.models import llama as llama_module
 from speclane.models.llama import LlamaModel, RaggedBatch
@@ -84,10 +83,9 @@ def measure_step_cost(model: LlamaModel, cache: KVCache, max_rows: int, repeats:
 def _key(model: LlamaModel, max_rows: int) -> str:
     # The forward's own source is part of the key: a kernel or attention change moves the
     # costs, and a stale table would steer K by the old ones.
-    code = "".join(inspect.getsource(module) for module in (llama_module, linear_module, compiled_decode, kv_cache))
+    code = "".join(inspect.getsource(module) for module in (llama_module, linear_module, kv_cache))
     parts = [repr(model.config), str(getattr(model, "quantization", "")), str(model.dtype), str(torch.get_num_threads()),
              str(os.cpu_count()), torch.__version__, str(max_rows), hashlib.sha1(code.encode()).hexdigest(),
-             f"compiled={model.decode_compiled}",  # --compile makes the one-row step ~30% cheaper
              f"fastest-of-{SWEEPS}",  # how the table is measured (measure_step_cost)
              f"int4={int4_cpu.kernel_name()}:{int4_cpu.source_digest()}",  # which kernels, which versions
              f"tiles={int4_cpu.tile_kernel_name()}:{int4_cpu.tile_source_digest()}",

@@ -8,11 +8,9 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -107,11 +105,6 @@ class LLMEngine:
         self.drafter = drafter if config.lane.speculation_enabled else None
         lane = config.lane if self.drafter is not None else _lane_off(config)
         self.scheduler = Scheduler(config.scheduler, lane, self.max_model_len)
-        if self.model.decode_compiled:
-            log.info("compiling the one-token decode step (--compile): minutes the first time on a small CPU, "
-                     "seconds after (inductor cache: %s)", os.environ.get("TORCHINDUCTOR_CACHE_DIR", "torch's default"))
-            with _progress_log("compiling the decode step"):
-                calibration.forward_ms(self.model, self.cache)  # compile now, not in the first request
         if self.drafter is not None and lane.spec_mode == "slice" and lane.spec_adaptive_k:
             # Widest tick: every slot decoding plus every lane slot verifying K drafts.
             max_rows = config.scheduler.max_num_seqs + lane.spec_slots * lane.num_draft_tokens
@@ -267,28 +260,3 @@ def _lane_off(config: EngineConfig):
     import dataclasses
 
     return dataclasses.replace(config.lane, spec_mode="off")
-
-
-@contextmanager
-def _progress_log(what: str, every_s: float = 30.0):
-    """Log ``what`` every ``every_s`` seconds until the block ends, then its total time:
-    long start-up work (a cold compile) shows it is alive."""
-    started = time.perf_counter()
-    done = threading.Event()
-
-    def report() -> None:
-        while not done.wait(every_s):
-            log.info("%s: %.0f s so far", what, time.perf_counter() - started)
-
-    thread = threading.Thread(target=report, name="speclane-progress", daemon=True)
-    thread.start()
-    try:
-        yield
-    except BaseException:
-        log.error("%s: failed after %.1f s", what, time.perf_counter() - started)
-        raise
-    else:
-        log.info("%s: done in %.1f s", what, time.perf_counter() - started)
-    finally:
-        done.set()
-        thread.join()

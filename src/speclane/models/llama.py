@@ -129,23 +129,8 @@ class LlamaModel(nn.Module):
         # sin with the first half negated: rotate-half becomes roll(x) * signed_sin (see _rotate).
         half = config.head_dim // 2
         self.signed_sin = torch.cat([-angles[:, :half].sin(), angles[:, half:].sin()], dim=-1).to(dtype)
-        self.compiled_step = None  # compile_decode(): a CompiledDecodeStep
 
     # -- the forward --------------------------------------------------------------
-    def compile_decode(self) -> bool:
-        """Compile the one-token step (``compiled_decode.py``); False where unsupported."""
-        from speclane.models import compiled_decode
-
-        if not compiled_decode.supports(self):
-            return False
-        self.compiled_step = compiled_decode.CompiledDecodeStep(self)
-        return True
-
-    @property
-    def decode_compiled(self) -> bool:
-        """A single sequence's one-token step runs compiled (``compile_decode``)."""
-        return self.compiled_step is not None
-
     @torch.inference_mode()
     def forward(self, batch: RaggedBatch, cache: KVCache) -> torch.Tensor:
         """Run the batch, write its K/V into the cache, return hidden states [T, hidden]."""
@@ -155,9 +140,6 @@ class LlamaModel(nn.Module):
             raise ValueError(f"position {max_kv} is beyond the model's {cfg.max_position_embeddings} positions")
         if max_kv > cache.max_len:  # before any kernel reads or writes past a slot's end
             raise ValueError(f"position {max_kv} is beyond the KV cache's {cache.max_len} positions")
-        step = self.compiled_step
-        if step is not None and len(batch.slots) == 1 and step.takes(batch.starts[0], batch.num_new[0]):
-            return step(batch.input_ids, batch.starts[0], batch.slots[0], cache)
         attn = _AttentionPlan(batch, cfg, self.dtype)
         if not attn.ours:  # our kernel rotates inside (rope_write_attention)
             cos = self.cos[batch.positions].unsqueeze(1)  # [T, 1, head_dim]
