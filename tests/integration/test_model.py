@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from speclane.engine.kv_cache import KVCache
+from speclane.models.kv_cache import KVCache
 from speclane.models.llama import LlamaModel, RaggedBatch
 from speclane.models.loader import resolve_model
 from speclane.request import SamplingParams

@@ -8,7 +8,7 @@ import json
 import torch
 
 from speclane.engine import calibration
-from speclane.engine.kv_cache import KVCache
+from speclane.models.kv_cache import KVCache
 from speclane.models.toy import toy_config, toy_model
 
 

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from speclane.engine import kv_cache
-from speclane.engine.kv_cache import KVCache
 from speclane.kernels import attention_cpu, int4_cpu, norm_cpu
+from speclane.models import kv_cache
 from speclane.models import linear as linear_module
 from speclane.models import llama as llama_module
+from speclane.models.kv_cache import KVCache
 from speclane.models.llama import LlamaModel, RaggedBatch
 from speclane.scheduler.draft_length import StepCost
 

@@ -19,10 +19,10 @@ from speclane.config import EngineConfig
 from speclane.drafters.base import Drafter, create_drafter
 from speclane.engine import calibration
 from speclane.engine.detokenizer import IncrementalDetokenizer
-from speclane.engine.kv_cache import KVCache
 from speclane.engine.runner import ModelRunner
 from speclane.engine.stats import EngineCounters, EngineObserver
 from speclane.models.build import build_model
+from speclane.models.kv_cache import KVCache
 from speclane.models.llama import LlamaModel
 from speclane.models.loader import read_weights
 from speclane.models.tokenizer import Tokenizer

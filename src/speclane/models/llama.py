@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from speclane.engine.kv_cache import KVCache
 from speclane.kernels import attention_cpu, norm_cpu
+from speclane.models.kv_cache import KVCache
 from speclane.models.linear import Linear
 
 REFINE_TOP = 32  # logits recomputed in float32 after a quantized head (see LlamaModel.logits)
