@@ -20,6 +20,8 @@ DTYPES = ("bfloat16", "float32")
 QUANTIZATIONS = ("auto", "int8", "int4", "none")
 SPEC_MODES = ("slice", "burst", "off")
 FAIRNESS_MODES = ("tenant", "request")
+# ``--drafter`` names; ``drafters/registry.py`` builds each (and asserts it covers these).
+DRAFTERS = ("none", "ngram", "mtp")
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -78,9 +80,7 @@ class LaneConfig:
         "help": "MTP drafts a round by prompt lookup (as ngram does) where the recent tokens appeared before, by its head elsewhere"})
 
     def __post_init__(self) -> None:
-        from speclane.drafters import DRAFTER_NAMES  # late import: drafters import config
-
-        _choice("drafter", self.drafter, DRAFTER_NAMES)
+        _choice("drafter", self.drafter, DRAFTERS)
         _choice("spec_mode", self.spec_mode, SPEC_MODES)
         _choice("fairness", self.fairness, FAIRNESS_MODES)
         _at_least("num_draft_tokens", self.num_draft_tokens, 1)

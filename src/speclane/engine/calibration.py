@@ -84,7 +84,7 @@ def _key(model: LlamaModel, max_rows: int) -> str:
     # The forward's own source is part of the key: a kernel or attention change moves the
     # costs, and a stale table would steer K by the old ones.
     code = "".join(inspect.getsource(module) for module in (llama_module, linear_module, kv_cache))
-    parts = [repr(model.config), str(getattr(model, "quantization", "")), str(model.dtype), str(torch.get_num_threads()),
+    parts = [repr(model.config), model.quantization, str(model.dtype), str(torch.get_num_threads()),
              str(os.cpu_count()), torch.__version__, str(max_rows), hashlib.sha1(code.encode()).hexdigest(),
              f"fastest-of-{SWEEPS}",  # how the table is measured (measure_step_cost)
              f"int4={int4_cpu.kernel_name()}:{int4_cpu.source_digest()}",  # which kernels, which versions

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import torch
 
 from speclane.config import EngineConfig
-from speclane.drafters.base import Drafter, create_drafter
+from speclane.drafters.base import Drafter
+from speclane.drafters.registry import create_drafter
 from speclane.engine import calibration
 from speclane.engine.detokenizer import IncrementalDetokenizer
 from speclane.engine.runner import ModelRunner

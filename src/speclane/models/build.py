@@ -101,6 +101,6 @@ def build_model(weights: WeightSet, config: ModelConfig) -> LlamaModel:
     # The quantized head always runs coarse + float32 refinement of its top candidates
     # (LlamaModel.logits), at every width, for the same reason as above.
     lm_head = Linear(head.to(head_dtype).contiguous(), head_quant)
-    model = LlamaModel(cfg, embed.to(dtype).contiguous(), layers, take("model.norm.weight"), lm_head, dtype)
-    model.quantization = mode
+    model = LlamaModel(cfg, embed.to(dtype).contiguous(), layers, take("model.norm.weight"), lm_head, dtype,
+                       quantization=mode)
     return model

@@ -112,10 +112,13 @@ class Layer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(self, config: LlamaConfig, embed: torch.Tensor, layers: list[Layer], final_norm: torch.Tensor,
-                 lm_head: Linear, dtype: torch.dtype):
+                 lm_head: Linear, dtype: torch.dtype, *, quantization: str = "none"):
         super().__init__()
         self.config = config
         self.dtype = dtype
+        # The linears' effective quantization (build.effective_quantization: none, int8,
+        # int4): the MTP drafter quantizes its head to match, calibration keys on it.
+        self.quantization = quantization
         self.embed = embed  # [vocab, hidden]
         self.layers = layers
         self.final_norm = final_norm  # [hidden]
