@@ -5,8 +5,9 @@ guessed: each row through a weight-only int4 kernel on a CPU costs its share of 
 FMAs (torch's kernel worked in blocks of 4 rows), dense kernels are nearly flat,
 attention grows with the context. Measured once per (model shape,
 quantization, dtype, threads, rows) and kept as JSON under
-``~/.cache/speclane/calibration`` (``SPECLANE_CALIBRATION_DIR``); a few seconds the first
-time for the default model, nothing after.
+``~/.cache/speclane/calibration`` (``RuntimeEnv.calibration_dir``:
+``SPECLANE_CALIBRATION_DIR``); a few seconds the first time for the default model, nothing
+after.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from speclane.config import runtime_env
 from speclane.kernels import attention_cpu, int4_cpu, norm_cpu
 from speclane.models import kv_cache
 from speclane.models import linear as linear_module
@@ -31,11 +33,6 @@ from speclane.scheduler.draft_length import StepCost
 
 log = logging.getLogger(__name__)
 CONTEXT = 128  # cached tokens of the measured sequence: a short chat turn
-
-
-def calibration_dir() -> Path:
-    default = Path.home() / ".cache" / "speclane" / "calibration"
-    return Path(os.environ.get("SPECLANE_CALIBRATION_DIR", default))
 
 
 def forward_ms(model: LlamaModel, cache: KVCache, *, batch: int = 1, positions: int = 1, kv_len: int = CONTEXT,
@@ -95,9 +92,11 @@ def _key(model: LlamaModel, max_rows: int) -> str:
     return hashlib.sha1("|".join(parts).encode()).hexdigest()[:20]
 
 
-def step_cost(model: LlamaModel, cache: KVCache, max_rows: int) -> StepCost:
-    """The cached calibration for this model and machine, measured (and saved) if missing."""
-    path = calibration_dir() / f"step-cost-{_key(model, max_rows)}.json"
+def step_cost(model: LlamaModel, cache: KVCache, max_rows: int, directory: Path | None = None) -> StepCost:
+    """The cached calibration for this model and machine, measured (and saved) if missing,
+    in ``directory`` (default: ``RuntimeEnv.calibration_dir``, read now)."""
+    directory = runtime_env().calibration_dir if directory is None else directory
+    path = directory / f"step-cost-{_key(model, max_rows)}.json"
     try:
         return StepCost(tuple(json.loads(path.read_text())["ms_by_rows"]))
     except (OSError, ValueError, KeyError, TypeError):

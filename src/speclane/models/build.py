@@ -17,7 +17,8 @@ from speclane.config import ModelConfig
 from speclane.kernels import attention_cpu, int4_cpu, norm_cpu
 from speclane.models.linear import INT4_GROUP, Int4Weight, Int8Weight, Linear, quantize_int4_groups
 from speclane.models.llama import Layer, LlamaModel
-from speclane.models.loader import ModelLoadError, WeightSet
+from speclane.models.loader import ModelLoadError
+from speclane.models.weights import WeightSet
 
 
 def effective_quantization(config: ModelConfig, weights: WeightSet) -> str:
