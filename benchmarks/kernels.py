@@ -83,7 +83,7 @@ def matmul_table(rounds: int) -> None:
 
 
 def forward_table(rounds: int) -> None:
-    config = EngineConfig().replace(spec_mode="off", compile=False, max_num_seqs=8)
+    config = EngineConfig().replace(spec_mode="off", max_num_seqs=8)
     llms = {kernel: with_int4_kernel(kernel, lambda: LLM(config=config)) for kernel in ("torch", "auto")}
     ours_supports = attention_cpu.supports
     # Arms: torch's ops throughout; our int4 and attention kernels with torch's norm / SiLU

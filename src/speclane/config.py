@@ -1,10 +1,12 @@
-"""One tree of frozen configuration dataclasses.
+"""One tree of frozen configuration dataclasses, and every ``SPECLANE_*`` variable.
 
-Every engine option of CONTRACT.md is a field here, validated in ``__post_init__``
+Every engine option (``docs/api.md``) is a field here, validated in ``__post_init__``
 with a ``ValueError`` that names the field and the allowed values. Command-line
 flags and ``SPECLANE_*`` environment variables are generated from these fields
-(``add_arguments`` / ``from_namespace``), never written twice. Nothing here reads
-the environment at import time.
+(``add_arguments`` / ``from_namespace``), never written twice. The deployment
+settings without a flag (cache folders, the shutdown grace) are ``RuntimeEnv``, read
+by ``runtime_env``. Nothing here reads the environment at import time, and this
+module imports nothing of speclane: it is the bottom layer.
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, get_type_hints
 
 DTYPES = ("bfloat16", "float32")
 QUANTIZATIONS = ("auto", "int8", "int4", "none")
 SPEC_MODES = ("slice", "burst", "off")
 FAIRNESS_MODES = ("tenant", "request")
+# ``--drafter`` names; ``drafters/registry.py`` builds each (and asserts it covers these).
+DRAFTERS = ("none", "ngram", "mtp")
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -39,8 +44,6 @@ class ModelConfig:
     quantization: str = field(default="auto", metadata={"help": "auto: keep a GGUF's 4-bit blocks as int4; int8; int4; none"})
     max_model_len: int = field(default=2048, metadata={"help": "prompt + completion tokens"})
     num_threads: int = field(default=0, metadata={"help": "torch CPU threads; 0 = torch's default"})
-    compile: bool = field(default=False, metadata={
-        "help": "torch.compile the one-token decode step of the int4 model (2-4 min at the first start, seconds after; with our CPU kernels the eager step is now faster: 0.88x in bench decode, eighth session)"})
 
     def __post_init__(self) -> None:
         _choice("dtype", self.dtype, DTYPES)
@@ -80,9 +83,7 @@ class LaneConfig:
         "help": "MTP drafts a round by prompt lookup (as ngram does) where the recent tokens appeared before, by its head elsewhere"})
 
     def __post_init__(self) -> None:
-        from speclane.drafters import DRAFTER_NAMES  # late import: drafters import config
-
-        _choice("drafter", self.drafter, DRAFTER_NAMES)
+        _choice("drafter", self.drafter, DRAFTERS)
         _choice("spec_mode", self.spec_mode, SPEC_MODES)
         _choice("fairness", self.fairness, FAIRNESS_MODES)
         _at_least("num_draft_tokens", self.num_draft_tokens, 1)
@@ -178,3 +179,42 @@ def from_namespace(args: argparse.Namespace, env: Mapping[str, str] | None = Non
                 values[f.name] = flag_value
         parts[name] = section(**values)
     return EngineConfig(**parts)
+
+
+@dataclass(frozen=True)
+class RuntimeEnv:
+    """Deployment settings that come from the environment alone, without a flag: where
+    speclane keeps its caches and how long a stopping server drains.
+
+    ``runtime_env`` reads them (the one place besides ``from_namespace`` that reads a
+    ``SPECLANE_*`` variable; the kernel switches are the kernels' own). The code that
+    needs one takes a ``RuntimeEnv`` argument, and reads ``runtime_env()`` at that call
+    when given none: a variable set after import (a test's monkeypatch, a parent
+    process's environment) still applies, to the ``LLM`` API as to the CLI.
+    """
+
+    weight_cache_dir: Path | None  # SPECLANE_CACHE_DIR; None: SPECLANE_NO_WEIGHT_CACHE=1 (models/weight_cache.py)
+    calibration_dir: Path  # SPECLANE_CALIBRATION_DIR (engine/calibration.py)
+    # SPECLANE_SHUTDOWN_GRACE_S as set (None: unset), parsed by ``shutdown_grace_s`` where a
+    # server stops: a bad value fails ``speclane serve``, not every command.
+    shutdown_grace: str | None
+
+    def shutdown_grace_s(self, default: float) -> float:
+        """Seconds a stopping server lets requests finish: the variable, else ``default``."""
+        raw = self.shutdown_grace
+        try:
+            return float(raw) if raw else default
+        except ValueError:
+            raise ValueError(f"SPECLANE_SHUTDOWN_GRACE_S must be a number of seconds; got {raw!r}") from None
+
+
+def runtime_env(env: Mapping[str, str] | None = None) -> RuntimeEnv:
+    """The ``RuntimeEnv`` of ``env`` (default: the process environment, read now)."""
+    env = os.environ if env is None else env
+    home_cache = Path.home() / ".cache" / "speclane"
+    weights_off = env.get("SPECLANE_NO_WEIGHT_CACHE", "") in ("1", "true", "yes")
+    return RuntimeEnv(
+        weight_cache_dir=None if weights_off else Path(env.get("SPECLANE_CACHE_DIR", home_cache / "weights")),
+        calibration_dir=Path(env.get("SPECLANE_CALIBRATION_DIR", home_cache / "calibration")),
+        shutdown_grace=env.get("SPECLANE_SHUTDOWN_GRACE_S"),
+    )

@@ -8,11 +8,11 @@ import json
 import torch
 
 from speclane.engine import calibration
-from speclane.engine.kv_cache import KVCache
+from speclane.models.kv_cache import KVCache
 from speclane.models.toy import toy_config, toy_model
 
 
-def test_compiled_and_eager_steps_have_their_own_calibration(tmp_path, monkeypatch):
+def test_step_cost_is_cached_per_model_and_row_count(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECLANE_CALIBRATION_DIR", str(tmp_path))
     cfg = toy_config()
     model = toy_model(cfg)
@@ -24,11 +24,10 @@ def test_compiled_and_eager_steps_have_their_own_calibration(tmp_path, monkeypat
 
     monkeypatch.setattr(calibration, "measure_step_cost", measured_again)
     assert calibration.step_cost(model, cache, max_rows=3) == eager
-    model.compiled_step = object()  # stands in for --compile: the one-row step costs differently
-    key_compiled = calibration._key(model, 3)
-    model.compiled_step = None
-    assert key_compiled != calibration._key(model, 3)
-    # A different row count is a different table too.
+    # The folder passed in is the one read (the environment's by default).
+    assert calibration.step_cost(model, cache, max_rows=3, directory=tmp_path) == eager
+    # A different row count is a different table.
     assert calibration._key(model, 4) != calibration._key(model, 3)
     saved = json.loads(next(tmp_path.glob("step-cost-*.json")).read_text())
     assert len(saved["ms_by_rows"]) == 3
+

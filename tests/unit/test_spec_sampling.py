@@ -182,7 +182,7 @@ def test_kv_after_a_round_holds_exactly_the_accepted_tokens():
         assert engine.cache.lengths[slot] == request.num_computed_tokens == request.num_tokens - 1
     assert request.spec.rounds >= 4
     # The cached K/V equal those of a fresh prefill of the same tokens (no rejected leftovers).
-    from speclane.engine.kv_cache import KVCache
+    from speclane.models.kv_cache import KVCache
     from speclane.models.llama import RaggedBatch
 
     cfg = engine.model.config

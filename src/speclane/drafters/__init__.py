@@ -1,3 +1,5 @@
-"""Drafters propose tokens for the speculative lane; chosen by name (``--drafter``)."""
+"""Drafters propose tokens for the speculative lane; chosen by name (``--drafter``).
 
-DRAFTER_NAMES = ("none", "ngram", "mtp")
+``base.py`` holds the contract every drafter implements; ``registry.py`` builds one by
+name, and the names themselves are ``config.DRAFTERS``.
+"""

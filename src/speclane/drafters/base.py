@@ -62,19 +62,3 @@ class HiddenObserver(Protocol):
 
     def observe(self, request: Request, start: int, hidden: torch.Tensor) -> None: ...
 
-
-def create_drafter(name: str, **options: object) -> Drafter | None:
-    """The registry: a drafter by ``--drafter`` name (``none`` gives None)."""
-    from speclane.drafters import DRAFTER_NAMES
-
-    if name == "none":
-        return None
-    if name == "ngram":
-        from speclane.drafters.ngram import NgramDrafter
-
-        return NgramDrafter()
-    if name == "mtp":
-        from speclane.drafters.mtp import load_mtp_drafter
-
-        return load_mtp_drafter(**options)
-    raise ValueError(f"unknown drafter {name!r}; valid names: {', '.join(DRAFTER_NAMES)}")

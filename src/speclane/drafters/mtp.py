@@ -225,6 +225,6 @@ def load_mtp_drafter(model: LlamaModel, model_config, mtp_head: str = "", lookup
             f"`speclane train-mtp --model {name} --out DIR` and pass --mtp-head DIR/mtp-head"
         )
     head = load_head(path, model, name)
-    if getattr(model, "quantization", "none") != "none":
+    if model.quantization != "none":
         head.quantize_for_drafting()  # the target runs int4 kernels: so can its drafter
     return MTPDrafter(head, model.config.vocab_size, lookup=NgramDrafter() if lookup else None, **options)  # type: ignore[arg-type]

@@ -5,8 +5,9 @@ guessed: each row through a weight-only int4 kernel on a CPU costs its share of 
 FMAs (torch's kernel worked in blocks of 4 rows), dense kernels are nearly flat,
 attention grows with the context. Measured once per (model shape,
 quantization, dtype, threads, rows) and kept as JSON under
-``~/.cache/speclane/calibration`` (``SPECLANE_CALIBRATION_DIR``); a few seconds the first
-time for the default model, nothing after.
+``~/.cache/speclane/calibration`` (``RuntimeEnv.calibration_dir``:
+``SPECLANE_CALIBRATION_DIR``); a few seconds the first time for the default model, nothing
+after.
 """
 
 from __future__ import annotations
@@ -21,22 +22,17 @@ from pathlib import Path
 
 import torch
 
-from speclane.engine import kv_cache
-from speclane.engine.kv_cache import KVCache
+from speclane.config import runtime_env
 from speclane.kernels import attention_cpu, int4_cpu, norm_cpu
-from speclane.models import compiled_decode
+from speclane.models import kv_cache
 from speclane.models import linear as linear_module
 from speclane.models import llama as llama_module
+from speclane.models.kv_cache import KVCache
 from speclane.models.llama import LlamaModel, RaggedBatch
 from speclane.scheduler.draft_length import StepCost
 
 log = logging.getLogger(__name__)
 CONTEXT = 128  # cached tokens of the measured sequence: a short chat turn
-
-
-def calibration_dir() -> Path:
-    default = Path.home() / ".cache" / "speclane" / "calibration"
-    return Path(os.environ.get("SPECLANE_CALIBRATION_DIR", default))
 
 
 def forward_ms(model: LlamaModel, cache: KVCache, *, batch: int = 1, positions: int = 1, kv_len: int = CONTEXT,
@@ -84,10 +80,9 @@ def measure_step_cost(model: LlamaModel, cache: KVCache, max_rows: int, repeats:
 def _key(model: LlamaModel, max_rows: int) -> str:
     # The forward's own source is part of the key: a kernel or attention change moves the
     # costs, and a stale table would steer K by the old ones.
-    code = "".join(inspect.getsource(module) for module in (llama_module, linear_module, compiled_decode, kv_cache))
-    parts = [repr(model.config), str(getattr(model, "quantization", "")), str(model.dtype), str(torch.get_num_threads()),
+    code = "".join(inspect.getsource(module) for module in (llama_module, linear_module, kv_cache))
+    parts = [repr(model.config), model.quantization, str(model.dtype), str(torch.get_num_threads()),
              str(os.cpu_count()), torch.__version__, str(max_rows), hashlib.sha1(code.encode()).hexdigest(),
-             f"compiled={model.decode_compiled}",  # --compile makes the one-row step ~30% cheaper
              f"fastest-of-{SWEEPS}",  # how the table is measured (measure_step_cost)
              f"int4={int4_cpu.kernel_name()}:{int4_cpu.source_digest()}",  # which kernels, which versions
              f"tiles={int4_cpu.tile_kernel_name()}:{int4_cpu.tile_source_digest()}",
@@ -97,9 +92,11 @@ def _key(model: LlamaModel, max_rows: int) -> str:
     return hashlib.sha1("|".join(parts).encode()).hexdigest()[:20]
 
 
-def step_cost(model: LlamaModel, cache: KVCache, max_rows: int) -> StepCost:
-    """The cached calibration for this model and machine, measured (and saved) if missing."""
-    path = calibration_dir() / f"step-cost-{_key(model, max_rows)}.json"
+def step_cost(model: LlamaModel, cache: KVCache, max_rows: int, directory: Path | None = None) -> StepCost:
+    """The cached calibration for this model and machine, measured (and saved) if missing,
+    in ``directory`` (default: ``RuntimeEnv.calibration_dir``, read now)."""
+    directory = runtime_env().calibration_dir if directory is None else directory
+    path = directory / f"step-cost-{_key(model, max_rows)}.json"
     try:
         return StepCost(tuple(json.loads(path.read_text())["ms_by_rows"]))
     except (OSError, ValueError, KeyError, TypeError):

@@ -9,23 +9,22 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
 from speclane.config import EngineConfig
-from speclane.drafters.base import Drafter, create_drafter
+from speclane.drafters.base import Drafter
+from speclane.drafters.registry import create_drafter
 from speclane.engine import calibration
 from speclane.engine.detokenizer import IncrementalDetokenizer
-from speclane.engine.kv_cache import KVCache
 from speclane.engine.runner import ModelRunner
 from speclane.engine.stats import EngineCounters, EngineObserver
 from speclane.models.build import build_model
+from speclane.models.kv_cache import KVCache
 from speclane.models.llama import LlamaModel
 from speclane.models.loader import read_weights
 from speclane.models.tokenizer import Tokenizer
@@ -107,11 +106,6 @@ class LLMEngine:
                                      lookup=config.lane.mtp_lookup)
         self.drafter = drafter if config.lane.speculation_enabled else None
         lane = config.lane if self.drafter is not None else dataclasses.replace(config.lane, spec_mode="off")
-        if self.model.decode_compiled:
-            log.info("compiling the one-token decode step (--compile): minutes the first time on a small CPU, "
-                     "seconds after (inductor cache: %s)", os.environ.get("TORCHINDUCTOR_CACHE_DIR", "torch's default"))
-            with _progress_log("compiling the decode step"):
-                calibration.forward_ms(self.model, self.cache)  # compile now, not in the first request
         step_cost = None
         if self.drafter is not None and lane.spec_mode == "slice" and lane.spec_adaptive_k:
             # Widest tick: every slot decoding plus every lane slot verifying K drafts.
@@ -259,28 +253,3 @@ class LLMEngine:
         while self.has_unfinished():
             outputs.extend(self.step())
         return outputs
-
-
-@contextmanager
-def _progress_log(what: str, every_s: float = 30.0):
-    """Log ``what`` every ``every_s`` seconds until the block ends, then its total time:
-    long start-up work (a cold compile) shows it is alive."""
-    started = time.perf_counter()
-    done = threading.Event()
-
-    def report() -> None:
-        while not done.wait(every_s):
-            log.info("%s: %.0f s so far", what, time.perf_counter() - started)
-
-    thread = threading.Thread(target=report, name="speclane-progress", daemon=True)
-    thread.start()
-    try:
-        yield
-    except BaseException:
-        log.error("%s: failed after %.1f s", what, time.perf_counter() - started)
-        raise
-    else:
-        log.info("%s: done in %.1f s", what, time.perf_counter() - started)
-    finally:
-        done.set()
-        thread.join()

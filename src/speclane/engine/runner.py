@@ -16,8 +16,8 @@ import time
 import torch
 
 from speclane.drafters.base import Draft, Drafter, HiddenObserver
-from speclane.engine.kv_cache import KVCache
 from speclane.engine.sampling import choose_tokens
+from speclane.models.kv_cache import KVCache
 from speclane.models.llama import LlamaModel, RaggedBatch
 from speclane.request import Request
 from speclane.scheduler.plan import RunnerResult, ScheduledSeq, SchedulerPlan, SeqResult

@@ -11,17 +11,14 @@ Quantized layers run their kernel at every batch width (batch-invariant results)
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from speclane.config import ModelConfig
 from speclane.kernels import attention_cpu, int4_cpu, norm_cpu
 from speclane.models.linear import INT4_GROUP, Int4Weight, Int8Weight, Linear, quantize_int4_groups
 from speclane.models.llama import Layer, LlamaModel
-from speclane.models.loader import ModelLoadError, WeightSet
-
-log = logging.getLogger(__name__)
+from speclane.models.loader import ModelLoadError
+from speclane.models.weights import WeightSet
 
 
 def effective_quantization(config: ModelConfig, weights: WeightSet) -> str:
@@ -105,8 +102,6 @@ def build_model(weights: WeightSet, config: ModelConfig) -> LlamaModel:
     # The quantized head always runs coarse + float32 refinement of its top candidates
     # (LlamaModel.logits), at every width, for the same reason as above.
     lm_head = Linear(head.to(head_dtype).contiguous(), head_quant)
-    model = LlamaModel(cfg, embed.to(dtype).contiguous(), layers, take("model.norm.weight"), lm_head, dtype)
-    model.quantization = mode
-    if config.compile and not model.compile_decode():
-        log.warning("--compile: only the int4 model without biases has a compiled decode step; running eager")
+    model = LlamaModel(cfg, embed.to(dtype).contiguous(), layers, take("model.norm.weight"), lm_head, dtype,
+                       quantization=mode)
     return model

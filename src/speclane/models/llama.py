@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from speclane.engine.kv_cache import KVCache
 from speclane.kernels import attention_cpu, norm_cpu
+from speclane.models.kv_cache import KVCache
 from speclane.models.linear import Linear
 
 REFINE_TOP = 32  # logits recomputed in float32 after a quantized head (see LlamaModel.logits)
@@ -112,10 +112,13 @@ class Layer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(self, config: LlamaConfig, embed: torch.Tensor, layers: list[Layer], final_norm: torch.Tensor,
-                 lm_head: Linear, dtype: torch.dtype):
+                 lm_head: Linear, dtype: torch.dtype, *, quantization: str = "none"):
         super().__init__()
         self.config = config
         self.dtype = dtype
+        # The linears' effective quantization (build.effective_quantization: none, int8,
+        # int4): the MTP drafter quantizes its head to match, calibration keys on it.
+        self.quantization = quantization
         self.embed = embed  # [vocab, hidden]
         self.layers = layers
         self.final_norm = final_norm  # [hidden]
@@ -129,23 +132,8 @@ class LlamaModel(nn.Module):
         # sin with the first half negated: rotate-half becomes roll(x) * signed_sin (see _rotate).
         half = config.head_dim // 2
         self.signed_sin = torch.cat([-angles[:, :half].sin(), angles[:, half:].sin()], dim=-1).to(dtype)
-        self.compiled_step = None  # compile_decode(): a CompiledDecodeStep
 
     # -- the forward --------------------------------------------------------------
-    def compile_decode(self) -> bool:
-        """Compile the one-token step (``compiled_decode.py``); False where unsupported."""
-        from speclane.models import compiled_decode
-
-        if not compiled_decode.supports(self):
-            return False
-        self.compiled_step = compiled_decode.CompiledDecodeStep(self)
-        return True
-
-    @property
-    def decode_compiled(self) -> bool:
-        """A single sequence's one-token step runs compiled (``compile_decode``)."""
-        return self.compiled_step is not None
-
     @torch.inference_mode()
     def forward(self, batch: RaggedBatch, cache: KVCache) -> torch.Tensor:
         """Run the batch, write its K/V into the cache, return hidden states [T, hidden]."""
@@ -155,9 +143,6 @@ class LlamaModel(nn.Module):
             raise ValueError(f"position {max_kv} is beyond the model's {cfg.max_position_embeddings} positions")
         if max_kv > cache.max_len:  # before any kernel reads or writes past a slot's end
             raise ValueError(f"position {max_kv} is beyond the KV cache's {cache.max_len} positions")
-        step = self.compiled_step
-        if step is not None and len(batch.slots) == 1 and step.takes(batch.starts[0], batch.num_new[0]):
-            return step(batch.input_ids, batch.starts[0], batch.slots[0], cache)
         attn = _AttentionPlan(batch, cfg, self.dtype)
         if not attn.ours:  # our kernel rotates inside (rope_write_attention)
             cos = self.cos[batch.positions].unsqueeze(1)  # [T, 1, head_dim]

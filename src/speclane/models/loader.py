@@ -1,8 +1,9 @@
 """Find a model by name, path or repo id and read its weights (GGUF or safetensors).
 
-Weight formats produce one neutral ``WeightSet`` (dense float32 tensors in the
-Hugging Face layout, plus the GGUF's raw 4-bit blocks where it had them);
-``models/build.py`` turns that into a runnable ``LlamaModel``.
+Weight formats produce one neutral ``WeightSet`` (``models/weights.py``: dense float32
+tensors in the Hugging Face layout, plus the GGUF's raw 4-bit blocks where it had them);
+``models/build.py`` turns that into a runnable ``LlamaModel``. A GGUF's weights go
+through the weight cache (``models/weight_cache.py``) at the folder ``RuntimeEnv`` names.
 """
 
 from __future__ import annotations
@@ -10,14 +11,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from speclane.config import RuntimeEnv, runtime_env
+from speclane.models import weight_cache
 from speclane.models.llama import LlamaConfig
+from speclane.models.weights import WeightSet
 
 
 class ModelLoadError(ValueError):
@@ -96,19 +99,6 @@ def _download(repo_id: str) -> Path:
     return Path(folder)
 
 
-@dataclass
-class WeightSet:
-    """Weights in the Hugging Face layout (``model.layers.N.self_attn.q_proj.weight``...)."""
-
-    config: LlamaConfig
-    dense: dict[str, torch.Tensor]  # float32 (or the file's float dtype) tensors
-    # GGUF Q4_1 blocks of a weight: (q [out, in] int32 0..15, d [out, in/32], m [out, in/32]),
-    # so int4 can run on the file's own values instead of re-quantizing.
-    q4_blocks: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    tokenizer_source: Any = None  # GGUF metadata dict, or the HF folder path
-    source: str = ""
-
-
 # -- GGUF ----------------------------------------------------------------------------
 _GGUF_LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -159,16 +149,17 @@ def _q4_1_blocks(raw: np.ndarray, rows: int, cols: int) -> tuple[torch.Tensor, t
     return torch.from_numpy(q.reshape(rows, cols)), torch.from_numpy(d), torch.from_numpy(m)
 
 
-def read_gguf(path: Path) -> WeightSet:
-    from speclane.models import weight_cache
+def read_gguf(path: Path, cache_dir: Path | None = None) -> WeightSet:
+    """A GGUF's weights, from the weight cache in ``cache_dir`` where it holds them
+    (None: no cache)."""
     from speclane.models.tokenizer import read_gguf_metadata
 
-    cached = weight_cache.load_cached(path)
+    cached = weight_cache.load_cached(path, cache_dir)
     if cached is not None:
         config, dense, q4 = cached
         return WeightSet(config, dense, q4, tokenizer_source=read_gguf_metadata(path), source=str(path))  # type: ignore[arg-type]
     weights = _read_gguf_file(path)
-    weight_cache.store(path, weights)
+    weight_cache.store(path, weights, cache_dir)
     return weights
 
 
@@ -287,10 +278,12 @@ def read_hf_folder(path: Path) -> WeightSet:
     return WeightSet(config, dense, tokenizer_source=path, source=str(path))
 
 
-def read_weights(name_or_path: str) -> WeightSet:
+def read_weights(name_or_path: str, env: RuntimeEnv | None = None) -> WeightSet:
+    """The weights of a model name, file, folder or repo id; ``env`` (default: read now)
+    names the weight cache."""
     path = resolve_model(name_or_path)
     if path.is_dir():
         return read_hf_folder(path)
     if not os.access(path, os.R_OK):
         raise ModelLoadError(f"cannot read {path}")
-    return read_gguf(path)
+    return read_gguf(path, (env or runtime_env()).weight_cache_dir)

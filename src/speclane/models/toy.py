@@ -13,8 +13,8 @@ from tokenizers import models, pre_tokenizers
 from speclane.config import ModelConfig
 from speclane.models.build import build_model
 from speclane.models.llama import LlamaConfig, LlamaModel
-from speclane.models.loader import WeightSet
 from speclane.models.tokenizer import Tokenizer
+from speclane.models.weights import WeightSet
 
 
 def toy_config(vocab_size: int = 16, hidden_size: int = 32, num_layers: int = 2, max_positions: int = 256) -> LlamaConfig:

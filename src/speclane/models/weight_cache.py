@@ -4,8 +4,9 @@ Parsing and dequantizing the default GGUF takes several seconds on a 2-core mach
 (most of it ``gguf.GGUFReader`` building its field table); reading the same tensors
 back from one safetensors file takes well under a second. The cache is keyed by the
 file's absolute path, size and modification time, and written atomically, so a
-changed or half-written file is never used. ``SPECLANE_CACHE_DIR`` moves it;
-``SPECLANE_NO_WEIGHT_CACHE=1`` turns it off.
+changed or half-written file is never used. The caller passes the folder
+(``RuntimeEnv.weight_cache_dir``: ``SPECLANE_CACHE_DIR`` moves it,
+``SPECLANE_NO_WEIGHT_CACHE=1`` makes it None, which turns the cache off).
 """
 
 from __future__ import annotations
@@ -16,37 +17,28 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from speclane.models.llama import LlamaConfig
-
-if TYPE_CHECKING:
-    from speclane.models.loader import WeightSet
+from speclane.models.weights import WeightSet
 
 CACHE_VERSION = 1
 _Q4 = "q4."
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("SPECLANE_CACHE_DIR", Path.home() / ".cache" / "speclane" / "weights"))
-
-
-def _enabled() -> bool:
-    return os.environ.get("SPECLANE_NO_WEIGHT_CACHE", "") not in ("1", "true", "yes")
-
-
-def cache_path(source: Path) -> Path:
+def cache_path(source: Path, directory: Path) -> Path:
     stat = source.stat()
     key = f"{source.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{CACHE_VERSION}"
-    return cache_dir() / (hashlib.sha1(key.encode()).hexdigest()[:20] + ".safetensors")
+    return directory / (hashlib.sha1(key.encode()).hexdigest()[:20] + ".safetensors")
 
 
-def load_cached(source: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, ...]]] | None:
-    if not _enabled():
+def load_cached(source: Path, directory: Path | None
+                ) -> tuple[LlamaConfig, dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, ...]]] | None:
+    """``source``'s cached weights in ``directory`` (None: the cache is off), or None."""
+    if directory is None:
         return None
-    path = cache_path(source)
+    path = cache_path(source, directory)
     if not path.exists():
         return None
     from safetensors import safe_open
@@ -70,12 +62,13 @@ def load_cached(source: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor], dic
     return config, dense, q4
 
 
-def store(source: Path, weights: WeightSet) -> None:
-    if not _enabled():
+def store(source: Path, weights: WeightSet, directory: Path | None) -> None:
+    """Keep ``source``'s weights in ``directory`` (None: the cache is off)."""
+    if directory is None:
         return
     from safetensors.torch import save_file
 
-    path = cache_path(source)
+    path = cache_path(source, directory)
     tensors = {k: v.contiguous() for k, v in weights.dense.items()}
     for name, (q, d, m) in weights.q4_blocks.items():
         tensors[f"{_Q4}{name}.q"] = q.to(torch.uint8).contiguous()

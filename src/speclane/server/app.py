@@ -15,7 +15,6 @@ over through asyncio queues. A client that disconnects aborts its request: strea
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ import anyio
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from speclane.config import EngineConfig
+from speclane.config import EngineConfig, RuntimeEnv, runtime_env
 from speclane.engine.async_engine import AsyncEngine
 from speclane.scheduler.scheduler import QueueFullError
 from speclane.server.auth import KeyTable, Principal, resolve_principal
@@ -195,23 +194,14 @@ def create_app(
     return app
 
 
-def _grace_s(grace_s: float | None) -> float:
-    if grace_s is not None:
-        return grace_s
-    raw = os.environ.get("SPECLANE_SHUTDOWN_GRACE_S")
-    try:
-        return float(raw) if raw else DEFAULT_GRACE_S
-    except ValueError:
-        raise ValueError(f"SPECLANE_SHUTDOWN_GRACE_S must be a number of seconds; got {raw!r}") from None
-
-
 def serve(engine_config: EngineConfig, *, host: str = "127.0.0.1", port: int = 8000,
-          api_keys: str | Path | None = None, grace_s: float | None = None, log_level: str = "info") -> int:
-    """Load the engine, serve until SIGTERM/SIGINT, drain (``grace_s``, default 30 s or
-    ``SPECLANE_SHUTDOWN_GRACE_S``), and return 0."""
+          api_keys: str | Path | None = None, grace_s: float | None = None, log_level: str = "info",
+          env: RuntimeEnv | None = None) -> int:
+    """Load the engine, serve until SIGTERM/SIGINT, drain (``grace_s``, default
+    ``env.shutdown_grace_s``: ``SPECLANE_SHUTDOWN_GRACE_S`` or 30 s), and return 0."""
     from speclane.engine.engine import LLMEngine
 
-    grace = _grace_s(grace_s)
+    grace = grace_s if grace_s is not None else (env or runtime_env()).shutdown_grace_s(DEFAULT_GRACE_S)
     _configure_logging(log_level)
     keys = KeyTable.load(api_keys) if api_keys else None  # a bad key file fails before the model loads
     async_engine = AsyncEngine(LLMEngine(engine_config))
