@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -31,7 +30,6 @@ from speclane.models.tokenizer import Tokenizer
 from speclane.request import Request, SamplingParams, finish_reason
 from speclane.scheduler.scheduler import Scheduler
 
-log = logging.getLogger(__name__)
 
 
 @dataclass
