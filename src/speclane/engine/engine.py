@@ -31,7 +31,6 @@ from speclane.request import Request, SamplingParams, finish_reason
 from speclane.scheduler.scheduler import Scheduler
 
 
-
 @dataclass
 class RequestOutput:
     """What one tick produced for one request: new text and tokens, and whether it ended."""
