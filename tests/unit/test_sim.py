@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from speclane.bench.calibration_record import calibration_record
 from speclane.config import EngineConfig, LaneConfig, SchedulerConfig
 from speclane.drafters.base import Draft
 from speclane.engine.engine import LLMEngine
@@ -27,7 +28,7 @@ from speclane.request import Request, SamplingParams
 from speclane.scheduler.plan import ScheduledSeq, SchedulerPlan
 from speclane.sim.acceptance import RateAcceptance, ScriptedAcceptance
 from speclane.sim.bounds import jain
-from speclane.sim.calibrate import calibration_record, fit, per_position_rate
+from speclane.sim.calibrate import fit, per_position_rate
 from speclane.sim.cost import CostModel
 from speclane.sim.experiment import Setup, run_policies, run_policy
 from speclane.sim.policies import lane_policies

@@ -58,7 +58,7 @@ def _report_extra(name: str, tables: list[Table], extra: dict, config: EngineCon
     """What report.json carries beyond the tables: a ``calibration`` block for
     ``speclane simulate --calibrate`` (decode, speedup) and the engine counters of each
     mode (hol), which prove which code path ran."""
-    from speclane.sim.calibrate import calibration_record
+    from speclane.bench.calibration_record import calibration_record
 
     out: dict = {}
     record = calibration_record(name, tables, num_draft_tokens=config.lane.num_draft_tokens)
