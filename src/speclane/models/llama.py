@@ -14,6 +14,7 @@ on ``[batch, kv_heads, tokens * group, head_dim]`` against un-repeated keys.
 
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from torch import nn
 
 from speclane.engine.kv_cache import KVCache
 from speclane.kernels import attention_cpu, norm_cpu
+from speclane.kernels.select import Kernels
 from speclane.models.linear import Linear
 
 REFINE_TOP = 32  # logits recomputed in float32 after a quantized head (see LlamaModel.logits)
@@ -112,10 +114,15 @@ class Layer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(self, config: LlamaConfig, embed: torch.Tensor, layers: list[Layer], final_norm: torch.Tensor,
-                 lm_head: Linear, dtype: torch.dtype):
+                 lm_head: Linear, dtype: torch.dtype, kernels: Kernels):
         super().__init__()
         self.config = config
         self.dtype = dtype
+        self.kernels = kernels  # the ones its linears were made with (build_model); its MTP drafter's too
+        self.ops = norm_cpu.LayerOps.for_dtype(kernels.norm_library, dtype)
+        # bfloat16: our row-by-row attention where it is loaded and takes this shape.
+        ours = attention_cpu.supports(dtype, config.num_heads, config.num_kv_heads, config.head_dim)
+        self.attention_library = kernels.attention_library if ours else None
         self.embed = embed  # [vocab, hidden]
         self.layers = layers
         self.final_norm = final_norm  # [hidden]
@@ -158,14 +165,14 @@ class LlamaModel(nn.Module):
         step = self.compiled_step
         if step is not None and len(batch.slots) == 1 and step.takes(batch.starts[0], batch.num_new[0]):
             return step(batch.input_ids, batch.starts[0], batch.slots[0], cache)
-        attn = _AttentionPlan(batch, cfg, self.dtype)
+        attn = _AttentionPlan(batch, cfg, self.dtype, self.attention_library)
         if not attn.ours:  # our kernel rotates inside (rope_write_attention)
             cos = self.cos[batch.positions].unsqueeze(1)  # [T, 1, head_dim]
             sin = self.signed_sin[batch.positions].unsqueeze(1)
         # The residual stream stays in float32 (it is only [T, hidden]); the linears run in
         # self.dtype. In bfloat16 this keeps near-tied logits in the float32 order.
         x = F.embedding(batch.input_ids, self.embed).float()  # [T, hidden]
-        ops = norm_cpu.LayerOps.for_dtype(self.dtype)
+        ops = self.ops
         branch = None  # the last MLP's output, added to x by the next norm
         for i, layer in enumerate(self.layers):
             h = ops.add_rms_norm(x, branch, layer.attn_norm, layer.eps)
@@ -216,7 +223,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
 class _AttentionPlan:
     """Index tensors and the mask for one forward, shared by every layer."""
 
-    def __init__(self, batch: RaggedBatch, cfg: LlamaConfig, dtype: torch.dtype):
+    def __init__(self, batch: RaggedBatch, cfg: LlamaConfig, dtype: torch.dtype, attention_library: ctypes.CDLL | None):
         self.num_seqs = len(batch.slots)
         self.group = cfg.group_size
         self.num_kv_heads = cfg.num_kv_heads
@@ -233,8 +240,9 @@ class _AttentionPlan:
         self.single = self.num_seqs == 1
         # bfloat16: our row-by-row kernel (kernels/attention_x86.c), so that a position's
         # attention does not depend on the rows beside it; it needs no mask or padding.
-        self.ours = attention_cpu.supports(dtype, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        self.ours = attention_library is not None
         if self.ours:
+            self.library = attention_library
             self.row_slot = slot_of_token.to(torch.int32).contiguous()
             self.row_len = (batch.positions + 1).to(torch.int32).contiguous()  # position p sees keys 0..p
             self.num_heads = cfg.num_heads
@@ -290,7 +298,7 @@ class _AttentionPlan:
                     v_cache: torch.Tensor, scale: float) -> torch.Tensor:
         """Our kernel only: RoPE on the fused projection's q and k, the cache write and the
         attention in one call (``attention_cpu.rope_write_attention``). -> [T, heads * d]"""
-        return attention_cpu.rope_write_attention(qkv, cos, signed_sin, k_cache, v_cache, self.row_slot, self.row_len,
+        return attention_cpu.rope_write_attention(self.library, qkv, cos, signed_sin, k_cache, v_cache, self.row_slot, self.row_len,
                                                   self.num_heads, scale, self.q_scratch)
 
     def _write(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
