@@ -48,7 +48,7 @@ COMPACT_SLACK = 32
 def supported(config: MTPConfig, kernels: Kernels) -> bool:
     """Whether ``KernelHead`` runs for this head on ``kernels``: ours for the int4 matmul,
     the norm and the attention, which takes this head's shape."""
-    ours = None not in (kernels.int4, kernels.norm, kernels.attention)
+    ours = all(kernel is not None for kernel in (kernels.int4, kernels.norm, kernels.attention))
     return ours and attention_cpu.supports(torch.bfloat16, config.num_heads, config.num_kv_heads, config.head_dim)
 
 
@@ -162,7 +162,10 @@ class KernelHead:
         self.attention_library = kernels.attention_library
         self.tables = RotationTables(head.inv_freq)
         self.eps = cfg.rms_norm_eps
-        self.fused = FusedStep(self, kernels.mtp_step_library) if kernels.mtp_step is not None else None
+        # One C call where mtp_step.c is loaded and every matmul is on our int4 build (a
+        # weight with a row count that is not a multiple of 16 runs on torch's int4 op).
+        one_build = all(linear.quantized.library is kernels.int4_library for linear in self.linears.values())
+        self.fused = FusedStep(self, kernels.mtp_step_library) if kernels.mtp_step is not None and one_build else None
 
     @property
     def fused_step(self) -> bool:
