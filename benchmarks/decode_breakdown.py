@@ -29,11 +29,11 @@ def main() -> None:
     llm = LLM(config=EngineConfig().replace(spec_mode="off"))
     model, cache = llm.engine.model, llm.engine.cache
     real_sdpa = F.scaled_dot_product_attention
-    # An int4 weight on our kernel calls its bound kernel (Int4Weight._ours, one per weight),
+    # An int4 weight on our kernel calls its bound kernel (Int4Weight.bound, one per weight),
     # one on torch's calls Int4Weight._torch_kernel: swap both.
     weights = [lin.quantized for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
     weights = [w for w in [*weights, model.lm_head.quantized] if isinstance(w, linear.Int4Weight) and w.kernel != "torch"]
-    real_kernel = ([w._ours for w in weights], linear.Int4Weight._torch_kernel)
+    real_kernel = ([w.bound for w in weights], linear.Int4Weight._torch_kernel)
 
     def no_int4(w):
         return lambda x: torch.zeros(x.shape[0], w.out_features, dtype=torch.bfloat16)
@@ -46,13 +46,13 @@ def main() -> None:
     def use_int4(kernel) -> None:
         ours, torch_kernel = kernel
         for w, call in zip(weights, ours, strict=True):
-            w._ours = call
+            w.bound = call
         linear.Int4Weight._torch_kernel = torch_kernel
 
     def no_sdpa(q, k, v, attn_mask=None, scale=None):
         return torch.zeros_like(q)
 
-    def no_fused_attention(qkv, cos, signed_sin, k_cache, v_cache, row_slot, row_len, num_heads, *_):
+    def no_fused_attention(lib, qkv, cos, signed_sin, k_cache, v_cache, row_slot, row_len, num_heads, *_):
         return torch.zeros(qkv.shape[0], num_heads * k_cache.shape[-1], dtype=torch.bfloat16)
 
     # Attention runs through our fused kernel (bfloat16: RoPE, cache write and attention in

@@ -13,24 +13,30 @@ tick, the prompt's tokens in a prefill.
 Table 2: one eager forward + logits of the default model (KV length 200) by positions of
 one sequence and by batch of one-token sequences: torch's int4 kernel, SDPA and norm / SiLU
 ops; our int4 (the build ``auto`` picks, and the tile kernel where the CPU has AMX) and
-attention kernels with torch's norm / SiLU ops; all three of ours. The arms alternate in one process; medians.
+attention kernels with torch's norm / SiLU ops; all three of ours. Each arm is a model built
+with its own ``Kernels``; the arms alternate in one process; medians.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import torch
 
 from speclane.bench.common import alternate
 from speclane.bench.decode import forward_time_ms
 from speclane.config import EngineConfig
-from speclane.kernels import attention_cpu, build, int4_cpu, norm_cpu
-from speclane.llm import LLM
+from speclane.engine.engine import LLMEngine, load_tokenizer
+from speclane.kernels import build, int4_cpu
+from speclane.kernels.select import Kernels
+from speclane.models.build import build_model
 from speclane.models.linear import Int4Weight, quantize_int4_groups
+from speclane.models.loader import read_weights
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # qkv, o, gate_up, down of SmolLM2-135M
 LAYERS = 30
@@ -38,12 +44,14 @@ ROWS = [1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 32, 96]
 FORWARDS = [(1, 1), (2, 1), (4, 1), (5, 1), (9, 1), (96, 1), (1, 4), (1, 8)]  # (positions, batch)
 
 
-def with_int4_kernel(kernel: str, make: Callable):
-    """``make()`` with one int4 kernel: ``torch``, a build alone (no tile kernel), ``amx``
+def int4_kernels(kernel: str) -> Kernels:
+    """The kernels of one int4 arm: ``torch``, a build alone (no tile kernel), ``amx``
     (auto's build with the tile kernel for calls of TILE_MIN_ROWS+ rows) or ``auto``."""
-    tiles = {"auto": "auto", "amx": "amx"}.get(kernel, "off")
-    with int4_cpu.using("auto" if kernel == "amx" else kernel), int4_cpu.using_tiles(tiles):
-        return make()
+    if kernel in ("torch", "auto"):
+        return Kernels.load(kernel)
+    if kernel == "amx":
+        return Kernels.load("native", tiles=True)
+    return Kernels.load("native", isa=kernel, tiles=False)
 
 
 def alternated_medians(measure: Callable[[str, object], float], kernels: list[str], cases: list,
@@ -59,9 +67,11 @@ def matmul_table(rounds: int) -> None:
     torch.manual_seed(0)
     layers = [[quantize_int4_groups(torch.randn(n, k) * 0.02) for n, k in SHAPES] for _ in range(LAYERS)]
     kernels = ["torch"] + [isa for isa in reversed(int4_cpu.ISAS) if not build.missing_cpu_flags(isa)]
-    kernels += ["amx"] if int4_cpu.available() and not build.missing_cpu_flags("amx") else []
-    weights = {kernel: with_int4_kernel(kernel, lambda: [[Int4Weight(*p) for p in layer] for layer in layers])
-               for kernel in kernels}
+    kernels += ["amx"] if not build.missing_cpu_flags("amx") else []
+    weights = {}
+    for kernel in kernels:
+        loaded = int4_kernels(kernel)
+        weights[kernel] = [[Int4Weight(*p, loaded) for p in layer] for layer in layers]
     inputs = {rows: {k: torch.randn(rows, k).bfloat16() for k in (576, 1536)} for rows in ROWS}
 
     def measure(kernel: str, rows: int) -> float:
@@ -84,20 +94,17 @@ def matmul_table(rounds: int) -> None:
 
 def forward_table(rounds: int) -> None:
     config = EngineConfig().replace(spec_mode="off", max_num_seqs=8)
-    llms = {kernel: with_int4_kernel(kernel, lambda: LLM(config=config)) for kernel in ("torch", "auto")}
-    ours_supports = attention_cpu.supports
+    weights = read_weights(config.model.model)
+    tokenizer = load_tokenizer(weights.tokenizer_source)
+    ours = Kernels.load("auto")
     # Arms: torch's ops throughout; our int4 and attention kernels with torch's norm / SiLU
-    # ops between them; all ours.
-    arms = {"torch": ("torch", False, "torch"), "ours, torch's glue": ("auto", True, "torch"), "ours": ("auto", True, "auto")}
+    # ops between them; all ours. One model each, built with the arm's kernels.
+    arms = {"torch": Kernels.load("torch"), "ours, torch's glue": dataclasses.replace(ours, norm=None), "ours": ours}
+    llms = {arm: SimpleNamespace(engine=LLMEngine.from_parts(config, build_model(weights, config.model, kernels), tokenizer))
+            for arm, kernels in arms.items()}
 
     def measure(arm: str, case: tuple[int, int]) -> float:
-        int4, our_attention, norm = arms[arm]
-        attention_cpu.supports = ours_supports if our_attention else (lambda *_: False)  # SDPA
-        try:
-            with norm_cpu.using(norm):
-                return forward_time_ms(llms[int4], batch=case[1], positions=case[0], kv_len=200, repeats=4)
-        finally:
-            attention_cpu.supports = ours_supports
+        return forward_time_ms(llms[arm], batch=case[1], positions=case[0], kv_len=200, repeats=4)
 
     ms = alternated_medians(measure, list(arms), FORWARDS, rounds)
     print(f"\n### One forward + logits of the default model (eager, KV length 200), median of {rounds} rounds\n")

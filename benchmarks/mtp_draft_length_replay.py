@@ -30,6 +30,7 @@ from speclane.bench.factory import EngineFactory
 from speclane.bench.prompts import CHAT_PROMPTS
 from speclane.config import EngineConfig
 from speclane.drafters.mtp import default_head_path
+from speclane.models.mtp_kernel_step import drafting_head
 from speclane.models.mtp_store import load_head
 from speclane.request import SamplingParams
 from speclane.scheduler import draft_length
@@ -112,7 +113,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         samples = generate_samples(off, ids, Path(tmp), 128, len(ids), log=lambda line: None)
     head = load_head(Path(args.head) if args.head else default_head_path(model_name), off.runner.model, model_name)
-    head.quantize_for_drafting()
+    head = drafting_head(head, off.runner.model.kernels)  # as the engine's drafter runs it
     # The lane's own prices: the step cost it calibrated and the drafting cost it learns.
     live = factory.engine(spec_mode="slice", drafter="mtp", mtp_lookup=False, **({"mtp_head": args.head} if args.head else {}))
     for i, prompt in enumerate(ids[:4]):

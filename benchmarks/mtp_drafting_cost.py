@@ -3,9 +3,8 @@
     .venv/bin/python benchmarks/mtp_drafting_cost.py [--prompts 6] [--k 2]
 
 Two engines over one model, the MTP head alone (no prompt lookup), K fixed: one drafts a
-greedy round in one C call (``kernels/mtp_step.c``, the default), the other with
-``SPECLANE_MTP_STEP_KERNEL=torch`` (the same kernels, one ctypes call each, glued by torch
-ops). They answer the held-out chat questions in turn (A B per prompt). Prints the
+greedy round in one C call (``kernels/mtp_step.c``, the default), the other on the model's
+kernels without ``mtp_step`` (the same kernels, one ctypes call each, glued by torch ops). They answer the held-out chat questions in turn (A B per prompt). Prints the
 drafting ms per round (the drafter's own ``propose`` time: catch-up and every draft) and
 each engine's tok/s. Both draft the same tokens (the same bits), so their rounds match.
 """
@@ -13,13 +12,17 @@ each engine's tok/s. Both draft the same tokens (the same bits), so their rounds
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
 from speclane.bench.factory import EngineFactory
 from speclane.bench.prompts import CHAT_PROMPTS
 from speclane.config import EngineConfig
-from speclane.models import mtp_kernel_step
+from speclane.drafters.mtp import MTPDrafter, default_head_path
+from speclane.engine.engine import LLMEngine
+from speclane.models.mtp_kernel_step import KernelHead
+from speclane.models.mtp_store import load_head
 from speclane.request import SamplingParams
 
 
@@ -46,9 +49,13 @@ def main() -> None:
     args = parser.parse_args()
     factory = EngineFactory(EngineConfig())
     options = dict(spec_mode="slice", drafter="mtp", mtp_lookup=False, num_draft_tokens=args.k, spec_adaptive_k=False)
-    engines = {"one C call per round": factory.engine(**options)}
-    with mtp_kernel_step.using("torch"):
-        engines["kernel calls one by one"] = factory.engine(**options)
+    fused = factory.engine(**options)
+    model, name = fused.model, factory.base.model.model
+    # The same model and kernels, the head's step called kernel by kernel.
+    one_by_one = KernelHead(load_head(default_head_path(name), model, name), dataclasses.replace(model.kernels, mtp_step=None))
+    engines = {"one C call per round": fused,
+               "kernel calls one by one": LLMEngine.from_parts(fused.config, model, factory.tokenizer,
+                                                               drafter=MTPDrafter(one_by_one, model.config.vocab_size))}
     assert engines["one C call per round"].drafter.head.fused_step, "mtp_step.c does not run here"
     assert not engines["kernel calls one by one"].drafter.head.fused_step
     times = {name: timed_drafter(engine) for name, engine in engines.items()}

@@ -28,9 +28,10 @@ TEST_THREADS = 1
 @pytest.fixture(scope="session")
 def our_kernels() -> None:
     """Skip where our C kernels (int4 and attention) cannot run: no AVX2 or no C compiler."""
-    from speclane.kernels import attention_cpu, int4_cpu
+    from speclane.kernels.select import Kernels
 
-    if "torch" in (int4_cpu.kernel_name(), attention_cpu.kernel_name()):
+    kernels = Kernels.load("auto")
+    if kernels.int4 is None or kernels.attention is None:
         pytest.skip("our CPU kernels are unavailable here (no AVX2 or no C compiler)")
 TEST_MAX_MODEL_LEN = 1024
 

@@ -21,6 +21,7 @@ from typing import Any, get_type_hints
 
 DTYPES = ("bfloat16", "float32")
 QUANTIZATIONS = ("auto", "int8", "int4", "none")
+KERNELS = ("auto", "native", "torch")  # kernels/select.py
 SPEC_MODES = ("slice", "burst", "off")
 FAIRNESS_MODES = ("tenant", "request")
 # ``--drafter`` names; ``drafters/registry.py`` builds each (and asserts it covers these).
@@ -44,10 +45,13 @@ class ModelConfig:
     quantization: str = field(default="auto", metadata={"help": "auto: keep a GGUF's 4-bit blocks as int4; int8; int4; none"})
     max_model_len: int = field(default=2048, metadata={"help": "prompt + completion tokens"})
     num_threads: int = field(default=0, metadata={"help": "torch CPU threads; 0 = torch's default"})
+    kernels: str = field(default="auto", metadata={
+        "help": "auto: our C kernels where they build here, else torch's ops; native: ours or a start-up error; torch: torch's ops"})
 
     def __post_init__(self) -> None:
         _choice("dtype", self.dtype, DTYPES)
         _choice("quantization", self.quantization, QUANTIZATIONS)
+        _choice("kernels", self.kernels, KERNELS)
         _at_least("max_model_len", self.max_model_len, 16)
         _at_least("num_threads", self.num_threads, 0)
 

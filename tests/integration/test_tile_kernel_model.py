@@ -4,33 +4,47 @@ speculation's verify calls cannot change an answer."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from speclane.engine.engine import LLMEngine
+from speclane.config import EngineConfig
+from speclane.engine.engine import LLMEngine, load_tokenizer
 from speclane.kernels import build, int4_cpu
+from speclane.kernels.select import Kernels
+from speclane.models.build import build_model
 from speclane.models.llama import RaggedBatch
+from speclane.models.loader import read_weights
 from speclane.request import SamplingParams
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not int4_cpu.available() or bool(build.missing_cpu_flags("amx")), reason="no AMX on this CPU"),
+    pytest.mark.skipif(Kernels.load("auto").int4 is None or bool(build.missing_cpu_flags("amx")), reason="no AMX on this CPU"),
 ]
 
 COPY = ("Repeat this sentence exactly, twice: The quick brown fox jumps over the lazy dog "
         "while the patient farmer counts his seven sheep before sunset.")
 
 
-def _llm(tiles: str):
-    from speclane.llm import LLM
+class _Engine:
+    """What the tests read of an ``LLM``: its engine."""
 
-    with int4_cpu.using_tiles(tiles):  # the weights keep the kernels they were made with
-        return LLM(num_threads=1, max_model_len=512)
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
 
 
 @pytest.fixture(scope="module")
 def llms():
-    return {"amx": _llm("amx"), "off": _llm("off")}
+    """The default model twice, with the tile kernel and without: the same builds else."""
+    torch.set_num_threads(1)
+    config = EngineConfig().replace(num_threads=1, max_model_len=512)
+    weights = read_weights(config.model.model)
+    tokenizer = load_tokenizer(weights.tokenizer_source)
+    tiled = Kernels.load("native", tiles=True)
+    kernels = {"amx": tiled, "off": dataclasses.replace(tiled, tiles=None)}
+    return {name: _Engine(LLMEngine.from_parts(config, build_model(weights, config.model, k), tokenizer))
+            for name, k in kernels.items()}
 
 
 def _forward(engine, slot, start, tokens):

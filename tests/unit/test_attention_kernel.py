@@ -4,9 +4,10 @@ import pytest
 import torch
 
 from speclane.kernels import attention_cpu, build
+from speclane.kernels.select import Kernels
 
-pytestmark = pytest.mark.skipif(not attention_cpu.supports(torch.bfloat16, 9, 3, 64),
-                                reason="no AVX2 CPU or no C compiler here")
+LIB = Kernels.load("auto").attention_library  # the build a model gets by default
+pytestmark = pytest.mark.skipif(LIB is None, reason="no AVX2 CPU or no C compiler here")
 
 HEADS, KV_HEADS, HEAD_DIM, SLOTS, MAX_LEN = 9, 3, 64, 3, 300
 
@@ -32,7 +33,7 @@ def test_matches_float64_softmax_attention(length):
     keys, values = _cache()
     q = torch.randn(1, HEADS, HEAD_DIM).bfloat16()
     scale = HEAD_DIM**-0.5
-    got = attention_cpu.attention(q, keys, values, torch.tensor([1], dtype=torch.int32),
+    got = attention_cpu.attention(LIB, q, keys, values, torch.tensor([1], dtype=torch.int32),
                                   torch.tensor([length], dtype=torch.int32), scale)
     expected = _reference(q[0], keys, values, 1, length, scale)
     assert got.dtype == torch.bfloat16 and got.shape == (1, HEADS * HEAD_DIM)
@@ -46,9 +47,9 @@ def test_a_rows_result_does_not_depend_on_the_other_rows():
     q = torch.randn(len(rows), HEADS, HEAD_DIM).bfloat16()
     slot = torch.tensor([s for s, _ in rows], dtype=torch.int32)
     length = torch.tensor([n for _, n in rows], dtype=torch.int32)
-    together = attention_cpu.attention(q, keys, values, slot, length, 0.125)
+    together = attention_cpu.attention(LIB, q, keys, values, slot, length, 0.125)
     for i in range(len(rows)):
-        alone = attention_cpu.attention(q[i : i + 1], keys, values, slot[i : i + 1], length[i : i + 1], 0.125)
+        alone = attention_cpu.attention(LIB, q[i : i + 1], keys, values, slot[i : i + 1], length[i : i + 1], 0.125)
         assert torch.equal(alone[0], together[i]), rows[i]
 
 
@@ -56,10 +57,10 @@ def test_keys_past_the_length_are_never_read():
     keys, values = _cache(2)
     q = torch.randn(1, HEADS, HEAD_DIM).bfloat16()
     args = (torch.tensor([0], dtype=torch.int32), torch.tensor([10], dtype=torch.int32), 0.125)
-    before = attention_cpu.attention(q, keys, values, *args)
+    before = attention_cpu.attention(LIB, q, keys, values, *args)
     keys[0, :, 10:] = float("nan")
     values[0, :, 10:] = float("nan")
-    assert torch.equal(attention_cpu.attention(q, keys, values, *args), before)
+    assert torch.equal(attention_cpu.attention(LIB, q, keys, values, *args), before)
 
 
 def test_only_bfloat16_models_use_it():
@@ -73,7 +74,7 @@ def test_a_head_dim_of_128_matches_the_reference():
     torch.manual_seed(4)
     keys, values = torch.randn(2, 2, 50, 128).bfloat16(), torch.randn(2, 2, 50, 128).bfloat16()
     q = torch.randn(1, 4, 128).bfloat16()
-    got = attention_cpu.attention(q, keys, values, torch.tensor([1], dtype=torch.int32),
+    got = attention_cpu.attention(LIB, q, keys, values, torch.tensor([1], dtype=torch.int32),
                                   torch.tensor([37], dtype=torch.int32), 0.1)
     k, v = keys[1, :, :37].double().repeat_interleave(2, 0), values[1, :, :37].double().repeat_interleave(2, 0)
     weights = torch.softmax((k @ q[0].double().unsqueeze(-1)).squeeze(-1) * 0.1, dim=-1)
@@ -88,9 +89,9 @@ def test_the_avx512_and_avx2_builds_give_the_same_bits():
     args = (torch.tensor([s for s, _ in rows], dtype=torch.int32), torch.tensor([n for _, n in rows], dtype=torch.int32), 0.125)
     out = {}
     for isa in ("avx2", "avx512"):
-        with attention_cpu.using(isa):
-            assert attention_cpu.kernel_name() == isa
-            out[isa] = attention_cpu.attention(q, keys, values, *args)
+        kernels = Kernels.load("native", isa=isa)
+        assert kernels.attention_name == isa
+        out[isa] = attention_cpu.attention(kernels.attention_library, q, keys, values, *args)
     assert torch.equal(out["avx2"], out["avx512"])
 
 
@@ -98,7 +99,7 @@ def test_a_nan_query_gives_nan_not_a_silent_average():
     keys, values = _cache(3)
     q = torch.randn(2, HEADS, HEAD_DIM).bfloat16()
     q[0, 0, 0] = float("nan")
-    out = attention_cpu.attention(q, keys, values, torch.tensor([0, 0], dtype=torch.int32),
+    out = attention_cpu.attention(LIB, q, keys, values, torch.tensor([0, 0], dtype=torch.int32),
                                   torch.tensor([20, 13], dtype=torch.int32), 0.125)
     assert out[0, :HEAD_DIM].isnan().all() and not out[1].isnan().any()
 
@@ -107,9 +108,9 @@ def test_bad_row_arguments_are_refused():
     keys, values = _cache()
     q = torch.randn(2, HEADS, HEAD_DIM).bfloat16()
     with pytest.raises(ValueError, match="int32"):
-        attention_cpu.attention(q, keys, values, torch.tensor([0, 0]), torch.tensor([3, 4], dtype=torch.int32), 0.1)
+        attention_cpu.attention(LIB, q, keys, values, torch.tensor([0, 0]), torch.tensor([3, 4], dtype=torch.int32), 0.1)
     with pytest.raises(ValueError, match="bfloat16"):
-        attention_cpu.attention(q.float(), keys, values, torch.tensor([0, 0], dtype=torch.int32),
+        attention_cpu.attention(LIB, q.float(), keys, values, torch.tensor([0, 0], dtype=torch.int32),
                                 torch.tensor([3, 4], dtype=torch.int32), 0.1)
 
 
@@ -145,10 +146,10 @@ def test_fused_rope_write_attention_is_the_torch_ops_and_the_kernel_bit_for_bit(
     expected_keys[slot.long(), :, position] = k
     expected_values[slot.long(), :, position] = v
     row_len = (position + 1).to(torch.int32)
-    expected = attention_cpu.attention(q, expected_keys, expected_values, slot, row_len, 0.125)
+    expected = attention_cpu.attention(LIB, q, expected_keys, expected_values, slot, row_len, 0.125)
 
     scratch = torch.empty(len(rows), HEADS, HEAD_DIM, dtype=torch.bfloat16)
-    got = attention_cpu.rope_write_attention(qkv, cos, signed_sin, keys, values, slot, row_len, HEADS, 0.125, scratch)
+    got = attention_cpu.rope_write_attention(LIB, qkv, cos, signed_sin, keys, values, slot, row_len, HEADS, 0.125, scratch)
     assert torch.equal(scratch, q.contiguous())
     assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)
     assert torch.equal(got, expected)
@@ -161,8 +162,8 @@ def test_fused_rope_write_attention_refuses_what_it_cannot_read():
     qkv = torch.randn(1, (HEADS + 2 * KV_HEADS) * HEAD_DIM).bfloat16()
     scratch = torch.empty(1, HEADS, HEAD_DIM, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="qkv must be contiguous"):
-        attention_cpu.rope_write_attention(qkv[:, :-HEAD_DIM], cos, signed_sin, keys, values, slot, row_len, HEADS, 0.1, scratch)
+        attention_cpu.rope_write_attention(LIB, qkv[:, :-HEAD_DIM], cos, signed_sin, keys, values, slot, row_len, HEADS, 0.1, scratch)
     with pytest.raises(ValueError, match="bfloat16"):
-        attention_cpu.rope_write_attention(qkv, cos.float(), signed_sin, keys, values, slot, row_len, HEADS, 0.1, scratch)
+        attention_cpu.rope_write_attention(LIB, qkv, cos.float(), signed_sin, keys, values, slot, row_len, HEADS, 0.1, scratch)
     with pytest.raises(ValueError, match="one row_slot"):
-        attention_cpu.rope_write_attention(qkv, cos, signed_sin, keys, values, slot, row_len, HEADS, 0.1, scratch[:0])
+        attention_cpu.rope_write_attention(LIB, qkv, cos, signed_sin, keys, values, slot, row_len, HEADS, 0.1, scratch[:0])

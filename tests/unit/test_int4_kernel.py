@@ -8,9 +8,15 @@ import torch
 from int4_weights import grid_round, random_int4_weight, wide_range_inputs
 
 from speclane.kernels import build, int4_cpu
+from speclane.kernels.select import Kernels
 from speclane.models.linear import Int4Weight
 
-needs_kernel = pytest.mark.skipif(not int4_cpu.available(), reason="no AVX2 CPU or no C compiler here")
+KERNELS = Kernels.load("auto")  # what a model gets by default
+needs_kernel = pytest.mark.skipif(KERNELS.int4 is None, reason="no AVX2 CPU or no C compiler here")
+
+
+def int4_weight(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, kernels: Kernels = KERNELS) -> Int4Weight:
+    return Int4Weight(q, scale, minimum, kernels)
 
 
 @needs_kernel
@@ -18,7 +24,7 @@ needs_kernel = pytest.mark.skipif(not int4_cpu.available(), reason="no AVX2 CPU 
 @pytest.mark.parametrize("shape", [(192, 576), (80, 1536)])  # 80 columns: an odd number of 16-column tiles
 def test_matches_float64_reference(rows, shape):
     q, scale, minimum, dense = random_int4_weight(*shape)
-    weight = Int4Weight(q, scale, minimum)
+    weight = int4_weight(q, scale, minimum)
     assert weight.kernel in int4_cpu.ISAS
     x = torch.randn(rows, shape[1]).bfloat16()
     expected = x.double() @ dense.double().T
@@ -33,7 +39,7 @@ def test_matches_float64_reference(rows, shape):
 def test_a_rows_result_does_not_depend_on_its_neighbours(out_features):
     """Every path (direct for few rows, buffered for more, blocks of 128 rows) gives the same bits per row."""
     q, scale, minimum, _ = random_int4_weight(out_features, 576)
-    weight = Int4Weight(q, scale, minimum)
+    weight = int4_weight(q, scale, minimum)
     x = torch.randn(140, 576).bfloat16()
     alone = torch.cat([weight.matmul(x[i : i + 1]) for i in range(140)])
     for rows in (2, 3, 4, 6, 7, 13, 64, 128, 129, 140):
@@ -50,7 +56,7 @@ def test_outputs_round_to_nearest_even_and_keep_nan(rows):
     minimum.zero_()
     scale.fill_(1.0)
     q[:, 0] = torch.arange(16)  # column n: w[n][0] = n, every other weight 0
-    weight = Int4Weight(q, scale, minimum)
+    weight = int4_weight(q, scale, minimum)
     x = torch.zeros(rows, 64)
     x[:, 0] = 1.0 + torch.arange(rows) / 256 + 1 / 512  # halfway cases among them
     x = x.bfloat16()
@@ -61,27 +67,20 @@ def test_outputs_round_to_nearest_even_and_keep_nan(rows):
     assert got[-1].isnan().all()
 
 
-@needs_kernel
-def test_graph_operator_is_the_same_kernel():
-    q, scale, minimum, _ = random_int4_weight(192, 576)
-    weight = Int4Weight(q, scale, minimum)
-    x = torch.randn(3, 576).bfloat16()
-    assert torch.equal(weight.graph_matmul(x, *weight.tensors), weight.matmul(x))
-
-
 def test_torch_fallback_is_selectable():
-    """SPECLANE_INT4_KERNEL=torch (and a machine without the kernel) use torch's int4 op."""
-    with int4_cpu.using("torch"):
-        q, scale, minimum, dense = random_int4_weight(192, 576)
-        weight = Int4Weight(q, scale, minimum)
-        assert weight.kernel == "torch" and int4_cpu.kernel_name() == "torch"
-        x = torch.randn(5, 576).bfloat16()
-        # torch's kernel keeps scales in bfloat16: close to the reference, not exact.
-        expected = x.float() @ dense.T
-        assert (weight.matmul(x).float() - expected).norm() / expected.norm() < 0.01
+    """--kernels torch (and auto on a machine without the kernel) use torch's int4 op."""
+    kernels = Kernels.load("torch")
+    assert kernels.int4 is None and kernels.int4_name == "torch"
+    q, scale, minimum, dense = random_int4_weight(192, 576)
+    weight = int4_weight(q, scale, minimum, kernels)
+    assert weight.kernel == "torch" and weight.library is None
+    x = torch.randn(5, 576).bfloat16()
+    # torch's kernel keeps scales in bfloat16: close to the reference, not exact.
+    expected = x.float() @ dense.T
+    assert (weight.matmul(x).float() - expected).norm() / expected.norm() < 0.01
 
 
-@pytest.mark.skipif(build.missing_cpu_flags("avx512") != set() or not int4_cpu.available(),
+@pytest.mark.skipif(build.missing_cpu_flags("avx512") != set() or KERNELS.int4 is None,
                     reason="no AVX-512 CPU or no C compiler here")
 @pytest.mark.parametrize("out_features", [1536, 1552])  # 1552: 97 tiles, a partial last buffered group
 def test_every_build_gives_the_same_bits(out_features):
@@ -95,25 +94,28 @@ def test_every_build_gives_the_same_bits(out_features):
     isas = [isa for isa in int4_cpu.ISAS if not build.missing_cpu_flags(isa)]
     results = {}
     for isa in isas:
-        with int4_cpu.using(isa):
-            weight = Int4Weight(q, scale, minimum)
-            assert weight.kernel == isa == int4_cpu.kernel_name()
-            results[isa] = [weight.matmul(x[:rows]) for rows in rows_cases]
+        kernels = Kernels.load("native", isa=isa, tiles=False)
+        weight = int4_weight(q, scale, minimum, kernels)
+        assert weight.kernel == isa == kernels.int4_name
+        results[isa] = [weight.matmul(x[:rows]) for rows in rows_cases]
     for isa in isas[1:]:
         for rows, a, b in zip(rows_cases, results[isas[0]], results[isa], strict=True):
             assert torch.equal(a, b), (isa, rows)
 
 
-def test_a_build_the_source_does_not_have_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv("SPECLANE_INT4_KERNEL", "avx512")
-    with pytest.raises(build.KernelUnavailable, match="'avx512': expected one of auto, avx2, torch"):
-        build.load(int4_cpu.SOURCE, int4_cpu.SWITCH, lambda lib: None, ("avx2",))
+def test_a_pinned_build_is_the_widest_of_the_sources_at_or_below_it():
+    """A source without the pinned build takes its widest one below (attention has no
+    avx512bf16 build); an instruction set no build has is a clear error."""
+    assert build.pick_isa(("avx512", "avx2"), "avx2") == "avx2"
+    if not build.missing_cpu_flags("avx512"):
+        assert build.pick_isa(("avx512", "avx2"), "avx512bf16") == "avx512"
+    with pytest.raises(build.KernelUnavailable, match="isa 'sse2': expected one of avx512bf16, avx512, avx2"):
+        build.pick_isa(int4_cpu.ISAS, "sse2")
 
 
-def test_unknown_kernel_name_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv("SPECLANE_INT4_KERNEL", "cuda")
-    with pytest.raises(int4_cpu.KernelUnavailable, match="expected one of auto, avx512bf16, avx512, avx2, torch"):
-        int4_cpu.requested_kernel()
+def test_unknown_kernel_choice_is_a_clear_error():
+    with pytest.raises(int4_cpu.KernelUnavailable, match="kernels must be one of auto, native, torch; got 'cuda'"):
+        Kernels.load("cuda")
 
 
 def test_pack_rejects_shapes_the_kernel_cannot_tile():
@@ -126,17 +128,7 @@ def test_pack_rejects_shapes_the_kernel_cannot_tile():
 def test_an_input_of_the_wrong_width_is_refused():
     q, scale, minimum, _ = random_int4_weight(192, 576)
     with pytest.raises(ValueError, match="input has 512 columns, the weight 576"):
-        Int4Weight(q, scale, minimum).matmul(torch.randn(2, 512).bfloat16())
-
-
-@needs_kernel
-def test_the_custom_operator_passes_torchs_opcheck():
-    """The op --compile puts in its graph: schema, fake (meta) kernel and eager kernel agree."""
-    q, scale, minimum, _ = random_int4_weight(192, 576)
-    weight = Int4Weight(q, scale, minimum)
-    x = torch.randn(3, 576).bfloat16()
-    torch.library.opcheck(torch.ops.speclane.int4_matmul.default, (x, *weight.tensors),
-                          test_utils=("test_schema", "test_faketensor"))
+        int4_weight(q, scale, minimum).matmul(torch.randn(2, 512).bfloat16())
 
 
 @needs_kernel
@@ -148,7 +140,7 @@ def test_a_threads_input_buffer_is_freed_when_the_thread_exits():
 
     psutil = pytest.importorskip("psutil")
     q, scale, minimum, dense = random_int4_weight(16, 1536)
-    weight = Int4Weight(q, scale, minimum)
+    weight = int4_weight(q, scale, minimum)
     x = torch.randn(256, 1536).bfloat16()
     expected = weight.matmul(x)
 
@@ -176,17 +168,18 @@ def test_auto_keeps_the_widest_build_unless_another_is_clearly_faster():
     assert int4_cpu.faster({"avx512bf16": 1.0, "avx512": 0.95}, "avx512bf16", margin=0.95) == "avx512"
 
 
-@pytest.mark.skipif(build.missing_cpu_flags("avx512bf16") != set() or not int4_cpu.available(),
+@pytest.mark.skipif(build.missing_cpu_flags("avx512bf16") != set() or KERNELS.int4 is None,
                     reason="no AVX512_BF16 CPU or no C compiler here")
-def test_auto_on_a_bfloat16_cpu_times_both_avx512_builds(caplog):
-    """With AVX512_BF16, auto loads both AVX-512 builds, times them and keeps the one
-    ``faster`` names, and says so in the log."""
-    with caplog.at_level(logging.INFO, logger="speclane.kernels.int4_cpu"), int4_cpu.using("auto"):
-        chosen = int4_cpu.kernel_name()
+@pytest.mark.parametrize("choice", ["auto", "native"])
+def test_auto_on_a_bfloat16_cpu_times_both_avx512_builds(caplog, choice):
+    """With AVX512_BF16 and no pinned build, auto (and native) load both AVX-512 builds,
+    time them and keep the one ``faster`` names, and say so in the log."""
+    with caplog.at_level(logging.INFO, logger="speclane.kernels.int4_cpu"):
+        chosen = Kernels.load(choice).int4_name
     [message] = [r.getMessage() for r in caplog.records if "auto chose" in r.getMessage()]
     assert message.startswith(f"int4_x86: auto chose {chosen} (")
     assert re.search(r"avx512bf16 \d", message) and re.search(r"avx512 \d", message)  # both builds' times
-    libraries = {isa: build.load_build(int4_cpu.SOURCE, isa, int4_cpu._declare).library for isa in ("avx512bf16", "avx512")}
+    libraries = {isa: build.load_build(int4_cpu.SOURCE, isa, int4_cpu.declare).library for isa in ("avx512bf16", "avx512")}
     ms = int4_cpu.time_builds(libraries)
     assert set(ms) == {"avx512bf16", "avx512"} and all(value > 0 for value in ms.values())
 
@@ -198,7 +191,7 @@ def test_inputs_are_rounded_to_their_groups_grid():
     exact in bfloat16). Without the rounding the tile kernel could not give these bits."""
     q = torch.zeros(16, 32, dtype=torch.int64)
     q[:, 1:17] = 1
-    weight = Int4Weight(q, torch.ones(16, 1), torch.zeros(16, 1))
+    weight = int4_weight(q, torch.ones(16, 1), torch.zeros(16, 1))
     x = torch.zeros(1, 32)
     x[0, 0], x[0, 1:17] = 1024.0, 1 + 2**-7
     assert torch.equal(weight.matmul(x.bfloat16()), torch.full((1, 16), 16.0).bfloat16())
@@ -211,7 +204,7 @@ def test_the_rounding_is_the_documented_one():
     """The kernel on x == the kernel on grid_round(x) (the torch statement of round_group),
     and the rounding changes inputs here (else the first check could not fail)."""
     q, scale, minimum, _ = random_int4_weight(192, 576)
-    weight = Int4Weight(q, scale, minimum)
+    weight = int4_weight(q, scale, minimum)
     x = wide_range_inputs(20, 576)
     rounded = grid_round(x)
     assert not torch.equal(rounded, x)
@@ -223,7 +216,7 @@ def test_groups_outside_the_grids_range_are_zeroed_or_passed_as_they_are():
     """round_group's edges: a group whose largest input is below 2^-112 is zeroed (its grid
     would be subnormal); NaN stays NaN; the torch statement agrees on every edge."""
     q, scale, minimum, _ = random_int4_weight(16, 96)
-    weight = Int4Weight(q, scale, minimum)
+    weight = int4_weight(q, scale, minimum)
     x = torch.randn(4, 96)
     x[0, :32] *= 2.0**-120  # only a tiny group: zeroed, so every output is 0 (not ~2^-120)
     x[0, 32:] = 0
@@ -235,3 +228,20 @@ def test_groups_outside_the_grids_range_are_zeroed_or_passed_as_they_are():
     assert y[1].isnan().all() and not y[[0, 2, 3]].isnan().any()
     assert torch.equal(grid_round(x)[0, :32], torch.zeros(32).bfloat16())
     assert torch.equal(weight.matmul(x[[0, 2, 3]]), weight.matmul(grid_round(x)[[0, 2, 3]]))
+
+
+def test_auto_falls_back_to_torch_with_one_warning_and_native_refuses(monkeypatch, caplog):
+    """A kernel that cannot be built here: auto runs torch's op in its place and says so
+    once; native is a clear error naming the kernel."""
+
+    def unavailable(isa=None):
+        raise build.KernelUnavailable("no C compiler (cc or gcc) on PATH")
+
+    monkeypatch.setattr(int4_cpu, "load", unavailable)
+    with caplog.at_level(logging.WARNING, logger="speclane.kernels.select"):
+        kernels = Kernels.load("auto")
+    assert kernels.int4 is None and kernels.tiles is None
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "int4_x86.c (no C compiler (cc or gcc) on PATH)" in warning
+    with pytest.raises(build.KernelUnavailable, match="--kernels native: int4_x86.c is unavailable here: no C compiler"):
+        Kernels.load("native")

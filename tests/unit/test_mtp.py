@@ -14,7 +14,9 @@ from speclane.config import EngineConfig
 from speclane.drafters.mtp import MTPDrafter, load_mtp_drafter
 from speclane.drafters.ngram import NgramDrafter
 from speclane.engine.engine import LLMEngine
+from speclane.kernels.select import Kernels
 from speclane.models.mtp_head import MTPCache, MTPConfig, MTPHead
+from speclane.models.mtp_kernel_step import KernelHead, drafting_head, supported
 from speclane.models.mtp_store import MTPHeadError, load_head, save_head, target_fingerprint
 from speclane.models.toy import toy_config, toy_model, toy_tokenizer
 from speclane.request import SamplingParams
@@ -23,6 +25,10 @@ from speclane.training.prompts import training_prompts
 from speclane.training.train_mtp import recursive_mask, recursive_outputs, train_head
 
 VOCAB = 16
+# hidden 128 (head_dim 32): the smallest toy whose head our attention kernel takes.
+KERNEL_TOY = toy_config(vocab_size=VOCAB, hidden_size=128)
+needs_kernel_head = pytest.mark.skipif(
+    not supported(MTPConfig(128, 256, 4, 2, 16), Kernels.load("auto")), reason="our kernels do not build here")
 
 
 def random_head(model, draft_vocab: int = 12, seed: int = 0) -> MTPHead:
@@ -364,17 +370,29 @@ def test_drafting_time_counts_against_the_grant_ms_budget():
     assert c.slice_rounds <= 2 * c.lane_grants, f"{c.slice_rounds} rounds in {c.lane_grants} grants"
 
 
+def test_a_head_drafts_on_the_kernels_only_where_they_take_it():
+    """``drafting_head``: the torch reference itself under torch's kernels, or for a head
+    whose shape our attention kernel does not take (head_dim 8)."""
+    head = random_head(toy_model(toy_config(vocab_size=VOCAB)), draft_vocab=16)
+    assert drafting_head(head, Kernels.load("auto")) is head
+    kernel_sized = random_head(toy_model(KERNEL_TOY), draft_vocab=16)
+    assert drafting_head(kernel_sized, Kernels.load("torch")) is kernel_sized
+
+
+@needs_kernel_head
 def test_int4_drafting_kernels_keep_greedy_output_and_mostly_the_drafts():
-    """The engine drafts with the head's matmuls on int4 (quantize_for_drafting) when the
-    target is quantized. Output stays that of classic decoding; drafts mostly agree."""
-    model = toy_model(toy_config(vocab_size=VOCAB))
+    """The engine drafts on our kernels (``KernelHead``: int4 matmuls) when the target is
+    quantized. Output stays that of classic decoding; drafts mostly agree with the float32
+    reference's."""
+    model = toy_model(KERNEL_TOY)
     dense = random_head(model, draft_vocab=16)
-    fast = random_head(model, draft_vocab=16).quantize_for_drafting()
-    assert set(fast.kernels) == {"fc", "qkv", "o", "gate_up", "down", "head"}
+    fast = drafting_head(random_head(model, draft_vocab=16), Kernels.load("auto"))
+    assert isinstance(fast, KernelHead) and set(fast.linears) == {"fc", "qkv", "o", "gate_up", "down", "head"}
     x = torch.randn(6, model.config.hidden_size)
     nxt, pos = torch.tensor([1, 2, 3, 4, 5, 6]), torch.arange(6)
-    a = dense.draft_logits(dense.extend(MTPCache.empty(dense.config, 0), x, nxt, pos))
-    b = fast.draft_logits(fast.extend(MTPCache.empty(fast.config, 0), x, nxt, pos))
+    with torch.inference_mode():
+        a = dense.draft_logits(dense.extend(dense.new_cache(0), x, nxt, pos))
+        b = fast.draft_logits(fast.extend(fast.new_cache(0), x, nxt, pos))
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.5
     assert not torch.equal(a, b)  # the int4 path really ran
     prompts = [[1, 2, 3, 4], [5, 6, 7], [9, 3, 9, 3, 9]]
@@ -384,32 +402,33 @@ def test_int4_drafting_kernels_keep_greedy_output_and_mostly_the_drafts():
     assert engine.counters.draft_tokens > 0
 
 
-@pytest.mark.parametrize("quantized", [False, True])
+@pytest.mark.parametrize("quantized", [False, pytest.param(True, marks=needs_kernel_head)])
 def test_min_draft_prob_ends_a_round_at_the_first_unsure_draft(quantized):
     """--mtp-min-draft-prob: a draft whose probability under the head is below the floor is
-    not proposed, nor anything after it; with no floor every draft is the head's argmax."""
+    not proposed, nor anything after it; with no floor every draft is the head's argmax.
+    ``quantized``: the head on our kernels (``KernelHead``), else the torch reference."""
     from speclane.drafters.mtp import draft_recursively
 
-    model = toy_model(toy_config(vocab_size=VOCAB))
+    model = toy_model(KERNEL_TOY if quantized else toy_config(vocab_size=VOCAB))
     head = random_head(model, draft_vocab=16, seed=3)  # int4 needs rows in multiples of 16
     if quantized:
-        head.quantize_for_drafting()
+        head = KernelHead(head, Kernels.load("auto"))
     gen = torch.Generator().manual_seed(5)
     hidden = torch.randn(6, model.config.hidden_size, generator=gen)
     tokens = torch.randint(1, VOCAB, (7,), generator=gen)
 
     def run(floor: float):
-        cache = MTPCache.empty(head.config, 0)
+        cache = head.new_cache(0)
         out = head.extend(cache, hidden, tokens[1:], torch.arange(6))[-1:]
         return draft_recursively(head, cache, out, 5, 3, min_draft_prob=floor).token_ids
 
     # The confidence of each draft of the unfloored round, recomputed step by step.
     drafts = run(0.0)
-    cache = MTPCache.empty(head.config, 0)
+    cache = head.new_cache(0)
     out = head.extend(cache, hidden, tokens[1:], torch.arange(6))[-1:]
     confidences = []
     for j, token in enumerate(drafts):
-        with torch.inference_mode():  # as drafting runs (the int4 head's fused norms need it)
+        with torch.inference_mode():  # as drafting runs
             probs = torch.softmax(head.draft_logits(out)[0], dim=-1)
         index = int(probs.argmax())
         assert int(head.vocab_ids[index]) == token

@@ -1,10 +1,12 @@
 """The MTP head's drafting step on the CPU kernels (``models/mtp_kernel_step.py``): it
-computes what the torch step computes; one C call per step or per greedy round
-(``kernels/mtp_step.c``) gives the bits of the calls one by one; its cache keeps every
-entry's absolute rotation when it drops old entries; and the engine drafts with it
-without changing the output."""
+computes what the torch reference computes on the same int4 weights; one C call per step
+or per greedy round (``kernels/mtp_step.c``) gives the bits of the calls one by one; its
+cache keeps every entry's absolute rotation when it drops old entries; and the engine
+drafts with it without changing the output."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -12,9 +14,11 @@ import torch
 from speclane.config import EngineConfig
 from speclane.drafters.mtp import MTPDrafter, catch_up_and_draft, draft_recursively
 from speclane.engine.engine import LLMEngine
+from speclane.kernels.select import Kernels
 from speclane.models import mtp_kernel_step
+from speclane.models.linear import quantize_int4_groups
 from speclane.models.mtp_head import MTPCache, MTPConfig, MTPHead
-from speclane.models.mtp_kernel_step import KernelCache
+from speclane.models.mtp_kernel_step import KernelCache, KernelHead
 from speclane.models.toy import toy_config, toy_model, toy_tokenizer
 from speclane.request import SamplingParams
 
@@ -23,18 +27,43 @@ WINDOW = 16
 # head_dim 32 (hidden 128, 4 heads): the smallest shape the attention kernel takes.
 CONFIG = toy_config(vocab_size=VOCAB, hidden_size=128)
 
+KERNELS = Kernels.load("auto")  # what a model gets by default
+# The same builds, the draft step called kernel by kernel instead of in one C call.
+ONE_BY_ONE = dataclasses.replace(KERNELS, mtp_step=None)
+
 pytestmark = pytest.mark.skipif(
-    not mtp_kernel_step.supported(MTPConfig(128, 256, 4, 2, 16)), reason="the attention kernel does not build here")
+    not mtp_kernel_step.supported(MTPConfig(128, 256, 4, 2, 16), KERNELS), reason="our kernels do not build here")
+needs_fused = pytest.mark.skipif(KERNELS.mtp_step is None, reason="mtp_step.c does not build here")
 
 
-def kernel_head(model, seed: int = 0) -> MTPHead:
+def reference_head(model, seed: int = 0) -> MTPHead:
     torch.manual_seed(seed)
     cfg = model.config
     head = MTPHead(MTPConfig(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, 16, window=WINDOW))
     head.vocab_ids.copy_(torch.randperm(cfg.vocab_size)[:16])
     head.attach_target(model.embed, model.lm_head.dense)
-    head.eval().quantize_for_drafting()
-    assert head.kernel_step, "the norm and attention kernels should both run here"
+    return head.eval()
+
+
+def kernel_head(model, seed: int = 0, kernels: Kernels = KERNELS) -> KernelHead:
+    return KernelHead(reference_head(model, seed), kernels)
+
+
+def _int4_values(weight: torch.Tensor) -> torch.Tensor:
+    """The weight as the int4 kernel computes with it: q * scale + minimum, scale and
+    minimum in float16 as ``int4_cpu.pack`` stores them."""
+    q, scale, minimum = quantize_int4_groups(weight.float())
+    groups = q.float().unflatten(-1, (scale.shape[-1], -1))
+    return (groups * scale.half().float()[..., None] + minimum.half().float()[..., None]).flatten(-2)
+
+
+def on_int4_values(head: MTPHead) -> MTPHead:
+    """The torch reference with ``head``'s weights replaced by their int4 values."""
+    with torch.no_grad():
+        for name in ("fc", "qkv", "o", "gate_up", "down"):
+            linear = getattr(head, name)
+            linear.weight.copy_(_int4_values(linear.weight))
+        head.head_weight = _int4_values(head.head_weight)
     return head
 
 
@@ -43,38 +72,39 @@ def inputs(n: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(n, CONFIG.hidden_size, generator=gen), torch.randint(0, VOCAB, (n,), generator=gen)
 
 
-def test_the_kernel_step_computes_what_the_torch_step_computes():
-    """A catch-up of 12 rows then one-row steps: the same block outputs as the torch step
-    on the same int4 weights, up to bfloat16 rounding of the attention's inputs."""
-    head = kernel_head(toy_model(CONFIG))
+def test_the_kernel_step_computes_what_the_torch_reference_computes():
+    """A catch-up of 12 rows then one-row steps: the same block outputs as the float32
+    torch reference on the same int4 weights' values, up to bfloat16 rounding of the
+    matmuls' and the attention's inputs and outputs."""
+    model = toy_model(CONFIG)
+    head, reference = kernel_head(model), on_int4_values(reference_head(model))
     hidden, tokens = inputs(16)
-    fast, slow = head.new_cache(0), MTPCache.empty(head.config, 0)
-    assert isinstance(fast, KernelCache)
+    fast, slow = head.new_cache(0), reference.new_cache(0)
+    assert isinstance(fast, KernelCache) and isinstance(slow, MTPCache)
     outputs = []
     for rows in (slice(0, 12), slice(12, 13), slice(13, 14), slice(14, 16)):
         positions = torch.arange(rows.start, rows.stop)
         a = head.extend(fast, hidden[rows], tokens[rows], positions)
-        b = head.extend(slow, hidden[rows], tokens[rows], positions)
+        b = reference.extend(slow, hidden[rows], tokens[rows], positions)
         outputs.append((a, b))
     assert fast.end == slow.end == 16
     for a, b in outputs:
         torch.testing.assert_close(a, b, rtol=0.03, atol=0.03 * float(b.abs().mean()))
     # And the draft logits' order: the same argmax on (nearly) every row.
-    a = head.draft_logits(torch.cat([a for a, _ in outputs]))
-    b = head.draft_logits(torch.cat([b for _, b in outputs]))
+    with torch.inference_mode():
+        a = head.draft_logits(torch.cat([a for a, _ in outputs]))
+        b = reference.draft_logits(torch.cat([b for _, b in outputs]))
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.9
 
 
-@pytest.mark.skipif(mtp_kernel_step._kernel() is None, reason="mtp_step.c does not build here")
+@needs_fused
 def test_the_fused_step_gives_the_bits_of_the_calls_one_by_one():
     """One C call per draft step (``FusedStep``) calls the same kernels in the same order:
     the same block outputs, cache entries, draft logits and argmax as the calls one by one
-    (``SPECLANE_MTP_STEP_KERNEL=torch``), for a catch-up (12 rows: the int4 matmul's tile
+    (the same kernels without ``mtp_step``), for a catch-up (12 rows: the int4 matmul's tile
     kernel where there is AMX, in the calls one by one) and one-row steps."""
     model = toy_model(CONFIG)
-    fused = kernel_head(model)
-    with mtp_kernel_step.using("torch"):
-        plain = kernel_head(model)
+    fused, plain = kernel_head(model), kernel_head(model, kernels=ONE_BY_ONE)
     assert fused.fused_step and not plain.fused_step
     hidden, tokens = inputs(20)
     a, b = fused.new_cache(0), plain.new_cache(0)
@@ -89,15 +119,13 @@ def test_the_fused_step_gives_the_bits_of_the_calls_one_by_one():
     assert torch.equal(a.keys[:, :, :17], b.keys[:, :, :17]) and torch.equal(a.values[:, :, :17], b.values[:, :, :17])
 
 
-@pytest.mark.skipif(mtp_kernel_step._kernel() is None, reason="mtp_step.c does not build here")
+@needs_fused
 def test_a_greedy_round_in_one_call_drafts_what_the_steps_draft():
     """``mtp_draft_greedy`` (the catch-up and every argmax draft in one C call) against the
     step-by-step round on the calls one by one: the same drafts, round after round, and the
     same true entries left in the cache (its speculative ones dropped)."""
     model = toy_model(CONFIG)
-    fused = kernel_head(model)
-    with mtp_kernel_step.using("torch"):
-        plain = kernel_head(model)
+    fused, plain = kernel_head(model), kernel_head(model, kernels=ONE_BY_ONE)
     hidden, tokens = inputs(40)
     ids = tokens.tolist()
     a, b = fused.new_cache(0), plain.new_cache(0)

@@ -5,15 +5,17 @@ import torch
 import torch.nn.functional as F
 
 from speclane.kernels import build, norm_cpu
+from speclane.kernels.select import Kernels
 
-pytestmark = pytest.mark.skipif(norm_cpu.kernel_name() == "torch", reason="no AVX2 CPU or no C compiler here")
+LIB = Kernels.load("auto").norm_library  # the build a model gets by default
+pytestmark = pytest.mark.skipif(LIB is None, reason="no AVX2 CPU or no C compiler here")
 
 HIDDEN, INTER, EPS = 576, 1536, 1e-5
 
 
 def _ops() -> norm_cpu.LayerOps:
-    ops = norm_cpu.LayerOps.for_dtype(torch.bfloat16)
-    assert ops._lib is not None
+    ops = norm_cpu.LayerOps.for_dtype(LIB, torch.bfloat16)
+    assert ops.lib is not None
     return ops
 
 
@@ -83,22 +85,21 @@ def test_the_avx512_and_avx2_builds_give_the_same_bits(hidden, inter):
     gate_up = (torch.randn(3, 2 * inter) * 4).bfloat16()
     out = {}
     for isa in ("avx2", "avx512"):
-        with norm_cpu.using(isa):
-            assert norm_cpu.kernel_name() == isa
-            ops = norm_cpu.LayerOps.for_dtype(torch.bfloat16)
-            out[isa] = (ops.add_rms_norm(x.clone(), delta, weight, EPS), ops.silu_mul(gate_up, inter))
+        kernels = Kernels.load("native", isa=isa)
+        assert kernels.norm_name == isa
+        ops = norm_cpu.LayerOps.for_dtype(kernels.norm_library, torch.bfloat16)
+        out[isa] = (ops.add_rms_norm(x.clone(), delta, weight, EPS), ops.silu_mul(gate_up, inter))
     assert torch.equal(out["avx2"][0], out["avx512"][0]) and torch.equal(out["avx2"][1], out["avx512"][1])
 
 
-def test_torch_switch_and_float32_models_use_torchs_ops():
+def test_torch_kernels_and_float32_models_use_torchs_ops():
     x, delta, weight = _inputs(2)
-    with norm_cpu.using("torch"):
-        ops = norm_cpu.LayerOps.for_dtype(torch.bfloat16)
-        assert ops._lib is None
-        got = ops.add_rms_norm(x.clone(), delta, weight, EPS)
+    ops = norm_cpu.LayerOps.for_dtype(Kernels.load("torch").norm_library, torch.bfloat16)
+    assert ops.lib is None
+    got = ops.add_rms_norm(x.clone(), delta, weight, EPS)
     assert torch.equal(got, F.rms_norm(x + delta, (HIDDEN,), weight, EPS).bfloat16())
-    f32 = norm_cpu.LayerOps.for_dtype(torch.float32)
-    assert f32._lib is None
+    f32 = norm_cpu.LayerOps.for_dtype(LIB, torch.float32)
+    assert f32.lib is None
     assert f32.add_rms_norm(x.clone(), None, weight, EPS).dtype == torch.float32
 
 

@@ -1,4 +1,4 @@
-"""The tile kernel (kernels/int4_amx.c, SPECLANE_TILE_KERNEL): the int4 matmul's bits on AMX
+"""The tile kernel (kernels/int4_amx.c, ``Kernels.tiles``): the int4 matmul's bits on AMX
 tiles, and calls of TILE_MIN_ROWS rows or more sent to it."""
 
 import ctypes
@@ -8,27 +8,28 @@ import torch
 from int4_weights import random_int4_weight, wide_range_inputs
 
 from speclane.kernels import build, int4_cpu
+from speclane.kernels.select import Kernels
 from speclane.models.linear import Int4Weight
 
-has_amx = int4_cpu.available() and not build.missing_cpu_flags("amx")
+KERNELS = Kernels.load("auto")  # what a model gets by default
+has_amx = KERNELS.int4 is not None and not build.missing_cpu_flags("amx")
 needs_amx = pytest.mark.skipif(not has_amx, reason="no AMX (amx_tile, amx_bf16) on this CPU")
-needs_kernel = pytest.mark.skipif(not int4_cpu.available(), reason="no AVX2 CPU or no C compiler here")
+needs_kernel = pytest.mark.skipif(KERNELS.int4 is None, reason="no AVX2 CPU or no C compiler here")
 
 
-def test_auto_by_default_and_a_bad_value_is_a_clear_error(monkeypatch):
-    monkeypatch.delenv(int4_cpu.TILE_SWITCH, raising=False)
-    int4_cpu._tile_kernel.cache_clear()
-    assert (int4_cpu.tile_library() is not None) == has_amx
-    with int4_cpu.using_tiles("off"):
-        assert int4_cpu.tile_library() is None
-    with int4_cpu.using_tiles("tiles"), pytest.raises(build.KernelUnavailable, match="expected one of auto, amx, off"):
-        int4_cpu.tile_library()
+@needs_kernel
+def test_where_the_cpu_has_amx_by_default_and_off_on_request():
+    assert (KERNELS.tile_library is not None) == has_amx
+    assert KERNELS.tile_name == ("amx" if has_amx else "off")
+    assert Kernels.load("auto", tiles=False).tiles is None
+    assert Kernels.load("torch").tiles is None  # it reads our int4 layout: only beside our matmul
 
 
-@pytest.mark.skipif(has_amx or not int4_cpu.available(), reason="this CPU has AMX")
+@pytest.mark.skipif(has_amx or KERNELS.int4 is None, reason="this CPU has AMX")
 def test_asking_for_it_without_amx_says_what_is_missing():
-    with int4_cpu.using_tiles("amx"), pytest.raises(build.KernelUnavailable, match="SPECLANE_TILE_KERNEL=amx .* lacks amx"):
-        int4_cpu.tile_library()
+    with pytest.raises(build.KernelUnavailable, match="int4_amx.c is unavailable here: the CPU lacks amx"):
+        Kernels.load("auto", tiles=True)
+    assert Kernels.load("native").tiles is None  # native: the tiles where the CPU has them
 
 
 class _Recording:
@@ -45,8 +46,8 @@ class _Recording:
 @needs_kernel
 def test_calls_of_tile_min_rows_or_more_go_to_the_tile_kernel():
     q, scale, minimum, _ = random_int4_weight(192, 576)
-    tiles = _Recording(int4_cpu.library())
-    call = int4_cpu.bind(*int4_cpu.pack(q, scale, minimum), tiles=tiles)
+    tiles = _Recording(KERNELS.int4_library)
+    call = int4_cpu.bind(*int4_cpu.pack(q, scale, minimum), lib=KERNELS.int4_library, tiles=tiles)
     for rows in (1, int4_cpu.TILE_MIN_ROWS - 1, int4_cpu.TILE_MIN_ROWS, 96):
         call(torch.randn(rows, 576).bfloat16())
     assert tiles.rows == [int4_cpu.TILE_MIN_ROWS, 96]
@@ -59,8 +60,8 @@ def test_the_same_bits_as_every_build_of_the_int4_matmul(shape):
     a bit. Inputs over many binades with an outlier column, so that the rounding acts."""
     q, scale, minimum, dense = random_int4_weight(*shape)
     tensors = int4_cpu.pack(q, scale, minimum)
-    tile = int4_cpu.bind(*tensors, lib=int4_cpu.tile_library(), function="int4_matmul_amx")
-    builds = {isa: build.load_build(int4_cpu.SOURCE, isa, int4_cpu._declare).library
+    tile = int4_cpu.bind(*tensors, lib=KERNELS.tile_library, function="int4_matmul_amx")
+    builds = {isa: build.load_build(int4_cpu.SOURCE, isa, int4_cpu.declare).library
               for isa in int4_cpu.ISAS if not build.missing_cpu_flags(isa)}
     x = wide_range_inputs(140, shape[1])
     for rows in (1, 7, 8, 15, 16, 17, 37, 96, 140):
@@ -80,7 +81,7 @@ def test_the_same_bits_as_every_build_of_the_int4_matmul(shape):
 def test_a_rows_result_does_not_depend_on_its_neighbours():
     """Row blocks of 16, padding, threads splitting columns: a row's bits are its own."""
     q, scale, minimum, _ = random_int4_weight(1552, 576)
-    tile = int4_cpu.bind(*int4_cpu.pack(q, scale, minimum), lib=int4_cpu.tile_library(), function="int4_matmul_amx")
+    tile = int4_cpu.bind(*int4_cpu.pack(q, scale, minimum), lib=KERNELS.tile_library, function="int4_matmul_amx")
     x = wide_range_inputs(70, 576)
     whole = tile(x)
     for first, last in ((0, 1), (0, 16), (3, 20), (16, 17), (5, 70), (40, 70)):
@@ -90,9 +91,7 @@ def test_a_rows_result_does_not_depend_on_its_neighbours():
 @needs_amx
 def test_an_int4_weight_gives_the_same_bits_with_it_and_without():
     q, scale, minimum, _ = random_int4_weight(192, 576)
-    with int4_cpu.using_tiles("amx"):
-        tiled = Int4Weight(q, scale, minimum)
-    with int4_cpu.using_tiles("off"):
-        plain = Int4Weight(q, scale, minimum)
+    tiled = Int4Weight(q, scale, minimum, Kernels.load("native", tiles=True))
+    plain = Int4Weight(q, scale, minimum, Kernels.load("native", tiles=False))
     x = wide_range_inputs(64, 576)
     assert torch.equal(tiled.matmul(x), plain.matmul(x))

@@ -44,8 +44,8 @@ import torch
 from speclane.drafters.base import Draft
 from speclane.drafters.ngram import NgramDrafter
 from speclane.models.llama import LlamaModel
-from speclane.models.mtp_head import MTPCache, MTPHead
-from speclane.models.mtp_kernel_step import KernelCache, StepOutput
+from speclane.models.mtp_head import MTPCache, MTPHead, StepOutput
+from speclane.models.mtp_kernel_step import KernelCache, KernelHead, drafting_head
 from speclane.request import Request
 
 HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"  # heads shipped with the package
@@ -67,7 +67,7 @@ class DraftRun:
 
 
 @torch.inference_mode()
-def draft_recursively(head: MTPHead, cache: MTPCache | KernelCache, start: torch.Tensor | StepOutput, last_position: int,
+def draft_recursively(head: MTPHead | KernelHead, cache: MTPCache | KernelCache, start: torch.Tensor | StepOutput, last_position: int,
                       k: int, min_draft_prob: float = 0.0, temperature: float = 0.0,
                       generator: torch.Generator | None = None) -> DraftRun:
     """Draft up to ``k`` tokens after the true entry ``last_position``, from its block output
@@ -106,7 +106,7 @@ def draft_recursively(head: MTPHead, cache: MTPCache | KernelCache, start: torch
     return DraftRun(tokens, torch.stack(qs) if qs else None)
 
 
-def catch_up_and_draft(head: MTPHead, cache: MTPCache | KernelCache, hidden: torch.Tensor, tokens: Sequence[int], k: int,
+def catch_up_and_draft(head: MTPHead | KernelHead, cache: MTPCache | KernelCache, hidden: torch.Tensor, tokens: Sequence[int], k: int,
                        min_draft_prob: float = 0.0, temperature: float = 0.0,
                        generator: torch.Generator | None = None) -> DraftRun:
     """One round's drafting: add the true entries for the positions ``cache.end ..`` whose
@@ -134,7 +134,7 @@ class MTPDrafter:
     name = "mtp"
     needs_hidden_states = True
 
-    def __init__(self, head: MTPHead, vocab_size: int, *, min_draft_prob: float = DEFAULT_MIN_DRAFT_PROB,
+    def __init__(self, head: MTPHead | KernelHead, vocab_size: int, *, min_draft_prob: float = DEFAULT_MIN_DRAFT_PROB,
                  sample_drafts: bool = False, seed: int = 0, lookup: NgramDrafter | None = None):
         self.head = head
         self.lookup = lookup  # consulted before the head (module docstring); None: the head alone
@@ -226,5 +226,5 @@ def load_mtp_drafter(model: LlamaModel, model_config, mtp_head: str = "", lookup
         )
     head = load_head(path, model, name)
     if model.quantization != "none":
-        head.quantize_for_drafting()  # the target runs int4 kernels: so can its drafter
+        head = drafting_head(head, model.kernels)  # the target runs int4 kernels: so can its drafter
     return MTPDrafter(head, model.config.vocab_size, lookup=NgramDrafter() if lookup else None, **options)  # type: ignore[arg-type]

@@ -23,7 +23,6 @@ from pathlib import Path
 import torch
 
 from speclane.config import runtime_env
-from speclane.kernels import attention_cpu, int4_cpu, norm_cpu
 from speclane.models import kv_cache
 from speclane.models import linear as linear_module
 from speclane.models import llama as llama_module
@@ -84,11 +83,7 @@ def _key(model: LlamaModel, max_rows: int) -> str:
     parts = [repr(model.config), model.quantization, str(model.dtype), str(torch.get_num_threads()),
              str(os.cpu_count()), torch.__version__, str(max_rows), hashlib.sha1(code.encode()).hexdigest(),
              f"fastest-of-{SWEEPS}",  # how the table is measured (measure_step_cost)
-             f"int4={int4_cpu.kernel_name()}:{int4_cpu.source_digest()}",  # which kernels, which versions
-             f"tiles={int4_cpu.tile_kernel_name()}:{int4_cpu.tile_source_digest()}",
-             f"attention={attention_cpu.kernel_name() if model.dtype == torch.bfloat16 else 'sdpa'}:"
-             f"{attention_cpu.source_digest()}",
-             f"norm={norm_cpu.kernel_name() if model.dtype == torch.bfloat16 else 'torch'}:{norm_cpu.source_digest()}"]
+             *model.kernels.fingerprint(model.dtype == torch.bfloat16)]  # which kernels, which versions
     return hashlib.sha1("|".join(parts).encode()).hexdigest()[:20]
 
 

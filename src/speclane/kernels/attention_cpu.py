@@ -1,8 +1,9 @@
 """Our row-by-row attention over the KV cache (``attention_x86.c``, AVX-512 or AVX2 build),
 built by ``build.py``.
 
-``SPECLANE_ATTENTION_KERNEL=auto|avx512|avx2|torch`` picks it or torch's SDPA (see
-``build.py``); both builds give the same bits.
+``select.Kernels`` loads it (``load``) or leaves attention to torch's SDPA; both builds
+give the same bits. The functions here take the loaded library (``lib``) as their first
+argument: the model holds the one it was built with.
 Used for bfloat16 models only: that is where SDPA's kernels round a verify round's
 queries differently from a decode step's (float32 models keep SDPA, whose differences
 stay below what greedy decoding can see in the tests).
@@ -11,8 +12,6 @@ stay below what greedy decoding can see in the tests).
 from __future__ import annotations
 
 import ctypes
-from contextlib import AbstractContextManager
-from functools import cache
 from pathlib import Path
 
 import torch
@@ -21,12 +20,11 @@ from speclane.kernels import build
 
 SOURCE = Path(__file__).with_name("attention_x86.c")
 ISAS = ("avx512", "avx2")  # the builds of SOURCE, widest first
-SWITCH = "SPECLANE_ATTENTION_KERNEL"
 MAX_HEAD_DIM = 256  # the C file's MAX_HEAD_DIM
 BLOCK = 32  # the C file's BLOCK: head_dim must be a multiple
 
 
-def _declare(lib: ctypes.CDLL) -> None:
+def declare(lib: ctypes.CDLL) -> None:
     pointer, integer = ctypes.c_void_p, ctypes.c_int
     lib.attention.argtypes = [pointer] * 6 + [integer] * 5 + [ctypes.c_float]
     lib.attention.restype = None
@@ -34,39 +32,23 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rope_write_attention.restype = None
 
 
-@cache
-def _kernel() -> build.Kernel | None:
-    return build.load(SOURCE, SWITCH, _declare, ISAS)
-
-
-def using(value: str) -> AbstractContextManager[None]:
-    """``with using("avx2"): ...``: the block runs with ``SPECLANE_ATTENTION_KERNEL=value`` (``build.switched``)."""
-    return build.switched(SWITCH, value, _kernel)
-
-
-def library() -> ctypes.CDLL | None:
-    """The loaded build (``attention``, ``rope_write_attention``), or None where SDPA runs."""
-    kernel = _kernel()
-    return kernel.library if kernel else None
+def load(isa: str | None = None) -> build.Kernel:
+    """The ``isa`` build (or the widest at or below it), else the widest this CPU runs;
+    KernelUnavailable where it cannot be built or run here."""
+    return build.load(SOURCE, declare, ISAS, isa)
 
 
 def source_digest() -> str:
     return build.digest(SOURCE)
 
 
-def kernel_name() -> str:
-    """'avx512', 'avx2' or 'torch' (SDPA): which attention bfloat16 models use in this process."""
-    kernel = _kernel()
-    return kernel.isa if kernel else "torch"
-
-
 def supports(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
-    """Whether ours runs for this model (and is available on this machine)."""
+    """Whether ours computes this model's attention (a loaded build runs every shape it supports)."""
     shape_ok = head_dim % BLOCK == 0 and head_dim <= MAX_HEAD_DIM and num_heads % num_kv_heads == 0
-    return dtype == torch.bfloat16 and shape_ok and library() is not None
+    return dtype == torch.bfloat16 and shape_ok
 
 
-def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, row_slot: torch.Tensor,
+def attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, row_slot: torch.Tensor,
               row_len: torch.Tensor, scale: float) -> torch.Tensor:
     """q [T, heads, d] bfloat16; one layer's caches [slots, kv_heads, max_len, d] (already
     holding this forward's keys and values); row_slot, row_len [T] int32: each query's
@@ -81,12 +63,12 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, row
     if row_slot.dtype != torch.int32 or row_len.dtype != torch.int32 or rows not in (row_slot.numel(), row_len.numel()) or row_slot.numel() != row_len.numel():
         raise ValueError("attention: row_slot and row_len must be int32, one per query row")
     out = torch.empty(rows, heads * head_dim, dtype=torch.bfloat16)
-    library().attention(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), row_slot.data_ptr(),
-                         row_len.data_ptr(), out.data_ptr(), rows, heads, kv_heads, head_dim, max_len, scale)
+    lib.attention(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), row_slot.data_ptr(),
+                  row_len.data_ptr(), out.data_ptr(), rows, heads, kv_heads, head_dim, max_len, scale)
     return out
 
 
-def rope_write_attention(qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, k_cache: torch.Tensor,
+def rope_write_attention(lib: ctypes.CDLL, qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, k_cache: torch.Tensor,
                          v_cache: torch.Tensor, row_slot: torch.Tensor, row_len: torch.Tensor, num_heads: int,
                          scale: float, q_scratch: torch.Tensor) -> torch.Tensor:
     """One layer's RoPE, cache write and attention in one call, from the fused projection.
@@ -108,7 +90,7 @@ def rope_write_attention(qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch
     if q_scratch.shape != (rows, num_heads, head_dim) or row_slot.numel() != rows or row_len.numel() != rows:
         raise ValueError("rope_write_attention: one row_slot, row_len and q_scratch row per qkv row")
     out = torch.empty(rows, num_heads * head_dim, dtype=torch.bfloat16)
-    library().rope_write_attention(qkv.data_ptr(), cos.data_ptr(), signed_sin.data_ptr(), k_cache.data_ptr(),
-                                    v_cache.data_ptr(), row_slot.data_ptr(), row_len.data_ptr(), q_scratch.data_ptr(),
-                                    out.data_ptr(), rows, num_heads, kv_heads, head_dim, max_len, scale)
+    lib.rope_write_attention(qkv.data_ptr(), cos.data_ptr(), signed_sin.data_ptr(), k_cache.data_ptr(),
+                             v_cache.data_ptr(), row_slot.data_ptr(), row_len.data_ptr(), q_scratch.data_ptr(),
+                             out.data_ptr(), rows, num_heads, kv_heads, head_dim, max_len, scale)
     return out

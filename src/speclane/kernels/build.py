@@ -2,17 +2,9 @@
 
 A kernel source may build for several instruction sets (each module's ``ISAS``: AVX-512
 and AVX2 for every kernel, and AVX-512 with its bfloat16 dot product for the int4 matmul;
-the int4 tile kernel, ``int4_amx.c``, builds only for AMX).
-Each kernel has an environment switch (``SPECLANE_INT4_KERNEL``, ``SPECLANE_ATTENTION_KERNEL``,
-``SPECLANE_NORM_KERNEL``; the tile kernel's ``SPECLANE_TILE_KERNEL`` takes ``auto``, ``amx``
-or ``off`` instead, see ``int4_cpu``):
-
-- ``auto`` (default): ours, for the widest instruction set of the source this CPU has,
-  when a C compiler (``cc``/``gcc``) is on PATH, else torch's op (logged once); the int4
-  matmul's ``auto`` then times its two AVX-512 builds and keeps the faster (``int4_cpu``);
-- ``avx512bf16`` / ``avx512`` / ``avx2``: ours for that instruction set, and an error if it cannot be built
-  or run here;
-- ``torch``: torch's op (for A/B benchmarks).
+the int4 tile kernel, ``int4_amx.c``, builds only for AMX). ``load`` gives the widest
+build this CPU runs, or the one asked for; which kernels a model runs, ours or torch's,
+is ``select.Kernels``'s choice, made once when the model is built.
 
 A library is compiled (~1 s) into ``~/.cache/speclane/kernels/<name>-<isa>-<digest>.so`` and
 reused. It is built with ``-fopenmp`` and resolves ``libgomp.so.1`` to the copy torch has
@@ -29,8 +21,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -55,21 +46,14 @@ ISA_CPU_FLAGS = {
     "avx512": {"avx512f", "avx512bw", "avx2", "fma", "f16c"},
     "avx2": {"avx2", "fma", "f16c"},
 }
+# The vector builds, widest first: what ``pick_isa``'s ``isa`` may name.
+VECTOR_ISAS = ("avx512bf16", "avx512", "avx2")
 CACHE_DIR = Path.home() / ".cache" / "speclane" / "kernels"
 
 
 class KernelUnavailable(ValueError):
-    """A kernel switch names no kernel, or asks for ours where it cannot run (a ValueError:
+    """A kernel choice names no kernel, or asks for ours where it cannot run (a ValueError:
     the command line reports it as a user error, without a traceback)."""
-
-
-def requested(switch: str, isas: tuple[str, ...]) -> str:
-    """The switch's value, checked against a source's builds (``isas``)."""
-    value = os.environ.get(switch, "auto").strip().lower() or "auto"
-    choices = ("auto", *isas, "torch")
-    if value not in choices:
-        raise KernelUnavailable(f"{switch}={value!r}: expected one of {', '.join(choices)}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -123,37 +107,29 @@ def _compile(source: Path, isa: str, out: Path) -> None:
         os.replace(partial, out)  # atomic: a concurrent process sees the whole file or none
 
 
-def _pick_isa(choice: str, isas: tuple[str, ...]) -> str:
-    if choice != "auto":
-        missing = missing_cpu_flags(choice)
+def pick_isa(isas: tuple[str, ...], isa: str | None = None) -> str:
+    """The build of a source (``isas``, widest first) to load: with ``isa``, the widest
+    build at or below that instruction set; without, the widest this CPU runs.
+    KernelUnavailable where the CPU cannot run it."""
+    if isa is not None:
+        if isa not in VECTOR_ISAS:
+            raise KernelUnavailable(f"isa {isa!r}: expected one of {', '.join(VECTOR_ISAS)}")
+        below = VECTOR_ISAS[VECTOR_ISAS.index(isa):]
+        isa = next(build for build in isas if build in below)
+        missing = missing_cpu_flags(isa)
         if missing:
             raise KernelUnavailable(f"the CPU lacks {', '.join(sorted(missing))}")
-        return choice
-    for isa in isas:
-        if not missing_cpu_flags(isa):
-            return isa
+        return isa
+    for build in isas:
+        if not missing_cpu_flags(build):
+            return build
     raise KernelUnavailable(f"the CPU lacks {', '.join(sorted(missing_cpu_flags(isas[-1])))}")
 
 
-def load(source: Path, switch: str, declare: Callable[[ctypes.CDLL], None], isas: tuple[str, ...]) -> Kernel | None:
-    """The built library of ``source`` with its functions declared, or None where torch's
-    op is to be used instead (see the module docstring for ``switch``). ``isas``: the
-    instruction sets the source builds for, widest first."""
-    choice = requested(switch, isas)
-    if choice == "torch":
-        log.info("%s: torch's (%s=torch)", source.stem, switch)
-        return None
-    try:
-        kernel = load_build(source, _pick_isa(choice, isas), declare)
-    except KernelUnavailable as err:
-        if choice != "auto":
-            raise KernelUnavailable(f"{switch}={choice} but {source.name} is unavailable: {err}") from err
-        log.warning("%s: torch's, because ours is unavailable (%s)", source.stem, err)
-        return None
-    if len(_openmp_runtimes()) > 1:  # e.g. a torch wheel whose libgomp has another soname
-        log.warning("%s runs on a second OpenMP runtime beside torch's (%s): two thread pools share the cores",
-                    source.stem, ", ".join(sorted(_openmp_runtimes())))
-    return kernel
+def load(source: Path, declare: Callable[[ctypes.CDLL], None], isas: tuple[str, ...], isa: str | None = None) -> Kernel:
+    """The build of ``source`` that ``pick_isa`` names, compiled on first use, its functions
+    declared; KernelUnavailable where it cannot be built or run here."""
+    return load_build(source, pick_isa(isas, isa), declare)
 
 
 def load_build(source: Path, isa: str, declare: Callable[[ctypes.CDLL], None]) -> Kernel:
@@ -172,28 +148,7 @@ def load_build(source: Path, isa: str, declare: Callable[[ctypes.CDLL], None]) -
     return Kernel(lib, isa)
 
 
-@contextmanager
-def switched(switch: str, value: str, *kernels: Callable[[], Kernel | None]) -> Iterator[None]:
-    """Run with ``switch`` set to ``value`` and ``kernels`` (a module's cached lookups, those
-    that depend on the switch) forgotten before and after, so the block loads that choice and
-    the code after it the usual one: how A/B benchmarks and tests pick a build. Weights made
-    inside keep their build."""
-    before = os.environ.get(switch)
-    os.environ[switch] = value
-    for kernel in kernels:
-        kernel.cache_clear()  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[switch]
-        else:
-            os.environ[switch] = before
-        for kernel in kernels:
-            kernel.cache_clear()  # type: ignore[attr-defined]
-
-
-def _openmp_runtimes() -> set[str]:
+def openmp_runtimes() -> set[str]:
     """Paths of the libgomp copies mapped into this process (Linux; empty elsewhere)."""
     try:
         maps = Path("/proc/self/maps").read_text()

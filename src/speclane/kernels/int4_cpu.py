@@ -1,37 +1,33 @@
 """Our int4 matmul (``int4_x86.c``: AVX-512 with bfloat16 dot products, AVX-512 or AVX2
 build), built and loaded by ``build.py``.
 
-``SPECLANE_INT4_KERNEL=auto|avx512bf16|avx512|avx2|torch`` picks it or torch's
-``_weight_int4pack_mm_for_cpu`` (see ``build.py``); ``Int4Weight`` asks here once. All
-builds give the same bits (each output column is one vector lane doing the same operations).
+``select.Kernels`` loads it (``load``) or leaves torch's ``_weight_int4pack_mm_for_cpu`` to
+``Int4Weight``. All builds give the same bits (each output column is one vector lane doing
+the same operations).
 
-``auto`` on a CPU with AVX512_BF16 times the two AVX-512 builds on a few rows and keeps the
-faster (``_faster_build``): which one wins depends on the core, not on its flags. On a Zen 5
+Without a pinned build, a CPU with AVX512_BF16 times the two AVX-512 builds on a few rows
+and keeps the faster (``faster_build``): which one wins depends on the core, not on its flags. On a Zen 5
 ``vdpbf16ps`` (two multiply-adds per lane) made a 5-row verify 0.68x the time; on an Intel
 Xeon with AMX it runs at half the plain build's FMA rate (5 rows 1.37x, 96 rows 1.64x the
 plain build's time). The bits are the same either way, so the choice changes only speed.
 
-``SPECLANE_TILE_KERNEL=auto|amx|off`` (default ``auto``): where the CPU has AMX (and Linux
-grants this process its tiles), a second kernel over the same packed weights
+The tile kernel (``load_tiles``; ``select.Kernels`` takes it where the CPU has AMX and Linux
+grants this process its tiles): a second kernel over the same packed weights
 (``int4_amx.c``, the tile kernel) takes every call of ``TILE_MIN_ROWS`` rows or more: a
 prefill's chunks, a verify round of K >= 4, a tick of five streams or more. Its tile unit adds
 a group's products in an order of its own, and that does not change the bits: the int4
 arithmetic rounds each input to a grid of its group (``q4.h``, ``round_group``) on which
 every sum of a group's products is exact in float32, whatever the order. So a row's result
-does not depend on the kernel its call took, and the choice is by rows alone. ``amx``: an
-error where it cannot run; ``off``: never.
+does not depend on the kernel its call took, and the choice is by rows alone.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import statistics
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
-from functools import cache
 from pathlib import Path
 
 import torch
@@ -39,18 +35,15 @@ import torch
 from speclane.kernels import build
 from speclane.kernels.build import KernelUnavailable
 
-__all__ = ["KernelUnavailable", "available", "bind", "kernel_name", "matmul", "pack", "source_digest", "tile_kernel_name", "tile_library", "tile_source_digest"]
+__all__ = ["KernelUnavailable", "bind", "load", "load_tiles", "matmul", "pack", "source_digest", "tile_source_digest"]
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("int4_x86.c")
 ISAS = ("avx512bf16", "avx512", "avx2")  # the builds of SOURCE, widest first
-SWITCH = "SPECLANE_INT4_KERNEL"
 LANES = 16  # output columns per packed tile (the C file's LANES)
 GROUP = 32  # input columns per (scale, minimum) pair
 TILE_SOURCE = Path(__file__).with_name("int4_amx.c")
-TILE_SWITCH = "SPECLANE_TILE_KERNEL"
-TILE_CHOICES = ("auto", "amx", "off")
 # Calls of this many rows or more run on the tile kernel. The 120 layer matmuls of the
 # default model, tile kernel / plain AVX-512 build (Intel Xeon with AMX, two runs in one
 # process each, benchmarks/kernels.py and a /tmp script): 3 rows 0.91x / 1.01x, 4 rows
@@ -59,38 +52,41 @@ TILE_CHOICES = ("auto", "amx", "off")
 TILE_MIN_ROWS = 5
 
 
-def requested_kernel() -> str:
-    return build.requested(SWITCH, ISAS)
-
-
 def source_digest() -> str:
     return build.digest(SOURCE)
 
 
-def _declare(lib: ctypes.CDLL) -> None:
+def declare(lib: ctypes.CDLL) -> None:
     pointer = ctypes.c_void_p
     lib.int4_matmul.argtypes = [pointer] * 5 + [ctypes.c_int] * 3
     lib.int4_matmul.restype = None
 
 
-def _declare_tiles(lib: ctypes.CDLL) -> None:
+def declare_tiles(lib: ctypes.CDLL) -> None:
     lib.amx_init.argtypes = []
     lib.amx_init.restype = ctypes.c_int
     lib.int4_matmul_amx.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 3
     lib.int4_matmul_amx.restype = None
 
 
-_loaded: ctypes.CDLL | None = None  # once loaded, weights packed for it keep working
+def load(isa: str | None = None) -> build.Kernel:
+    """Our int4 matmul: the ``isa`` build (or the widest at or below it), else the widest
+    this CPU runs, which with AVX512_BF16 is the faster of the two AVX-512 builds
+    (``faster_build``). KernelUnavailable where it cannot be built or run here."""
+    kernel = build.load(SOURCE, declare, ISAS, isa)
+    if isa is None and kernel.isa == "avx512bf16":
+        kernel = faster_build(kernel)
+    return kernel
 
 
-@cache
-def _kernel() -> build.Kernel | None:
-    """The loaded kernel, or None when torch's kernel is to be used."""
-    global _loaded
-    kernel = build.load(SOURCE, SWITCH, _declare, ISAS)
-    if kernel is not None and kernel.isa == "avx512bf16" and requested_kernel() == "auto":
-        kernel = _faster_build(kernel)
-    _loaded = kernel.library if kernel else _loaded
+def load_tiles() -> build.Kernel:
+    """The tile kernel (``int4_amx.c``); KernelUnavailable where the CPU or Linux cannot run it."""
+    missing = build.missing_cpu_flags("amx")
+    if missing:
+        raise KernelUnavailable(f"the CPU lacks {', '.join(sorted(missing))}")
+    kernel = build.load_build(TILE_SOURCE, "amx", declare_tiles)
+    if kernel.library.amx_init() != 0:
+        raise KernelUnavailable("Linux refused this process the AMX tiles (arch_prctl)")
     return kernel
 
 
@@ -107,11 +103,11 @@ TIMING_CALLS = 4  # per round and build; the builds alternate round by round
 TIMING_MARGIN = 0.95
 
 
-def _faster_build(widest: build.Kernel) -> build.Kernel:
-    """``auto`` with AVX512_BF16: the bfloat16 build or the plain AVX-512 one, by a timing
-    (~10 ms; both give the same bits). The plain one unavailable: the bfloat16 one."""
+def faster_build(widest: build.Kernel) -> build.Kernel:
+    """With AVX512_BF16 and no pinned build: the bfloat16 build or the plain AVX-512 one, by
+    a timing (~10 ms; both give the same bits). The plain one unavailable: the bfloat16 one."""
     try:
-        plain = build.load_build(SOURCE, "avx512", _declare)
+        plain = build.load_build(SOURCE, "avx512", declare)
     except KernelUnavailable as err:
         log.warning("int4_x86: the avx512 build is unavailable (%s); keeping %s", err, widest.isa)
         return widest
@@ -151,73 +147,8 @@ def faster(ms: dict[str, float], incumbent: str, margin: float = TIMING_MARGIN) 
     return best if ms[best] <= margin * ms[incumbent] else incumbent
 
 
-def using(value: str) -> AbstractContextManager[None]:
-    """``with using("avx2"): ...``: the block runs with ``SPECLANE_INT4_KERNEL=value`` (``build.switched``)."""
-    return build.switched(SWITCH, value, _kernel, _tile_kernel)  # the tile kernel runs only beside ours
-
-
-@cache
-def _tile_kernel() -> build.Kernel | None:
-    """The tile kernel where it runs here (``SPECLANE_TILE_KERNEL``), or None: then every
-    call runs on the int4 matmul. ``amx`` where the CPU or Linux cannot run it: a clear
-    error; beside torch's int4 kernel (it reads our layout): a warning, and none."""
-    choice = os.environ.get(TILE_SWITCH, "auto").strip().lower() or "auto"
-    if choice not in TILE_CHOICES:
-        raise KernelUnavailable(f"{TILE_SWITCH}={choice!r}: expected one of {', '.join(TILE_CHOICES)}")
-    if choice == "off":
-        return None
-    if _kernel() is None:  # it reads our int4 layout: only beside our matmul
-        if choice == "amx":
-            log.warning("%s=amx: not used, the int4 matmul is torch's", TILE_SWITCH)
-        return None
-    missing = build.missing_cpu_flags("amx")
-    if choice == "auto" and missing:
-        return None
-    try:
-        if missing:
-            raise KernelUnavailable(f"the CPU lacks {', '.join(sorted(missing))}")
-        kernel = build.load_build(TILE_SOURCE, "amx", _declare_tiles)
-        if kernel.library.amx_init() != 0:
-            raise KernelUnavailable("Linux refused this process the AMX tiles (arch_prctl)")
-    except KernelUnavailable as err:
-        if choice == "amx":
-            raise KernelUnavailable(f"{TILE_SWITCH}=amx but {TILE_SOURCE.name} is unavailable: {err}") from err
-        log.warning("int4_amx: not used (%s)", err)
-        return None
-    return kernel
-
-
-def tile_library() -> ctypes.CDLL | None:
-    """The tile kernel's library (``int4_amx.c``) where it runs here, else None."""
-    kernel = _tile_kernel()
-    return kernel.library if kernel else None
-
-
-def tile_kernel_name() -> str:
-    """'amx' where calls of ``TILE_MIN_ROWS`` rows or more run on the tile kernel in this
-    process, else 'off'."""
-    return "amx" if _tile_kernel() else "off"
-
-
 def tile_source_digest() -> str:
     return build.digest(TILE_SOURCE)
-
-
-def using_tiles(value: str) -> AbstractContextManager[None]:
-    """``with using_tiles("off"): ...``: the block runs with ``SPECLANE_TILE_KERNEL=value``."""
-    return build.switched(TILE_SWITCH, value, _tile_kernel)
-
-
-def available() -> bool:
-    return _kernel() is not None
-
-
-def kernel_name() -> str:
-    """'avx512bf16', 'avx512', 'avx2' or 'torch': which int4 matmul Int4Weight uses in this
-    process (calls of ``TILE_MIN_ROWS`` rows or more go to the tile kernel where there is one:
-    ``tile_kernel_name``)."""
-    kernel = _kernel()
-    return kernel.isa if kernel else "torch"
 
 
 def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -239,21 +170,14 @@ def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> tuple[t
     return packed, per_tile(scale), per_tile(minimum)
 
 
-def library() -> ctypes.CDLL:
-    """The build loaded last (an Int4Weight keeps the one it was made with)."""
-    return _loaded or _kernel().library
-
-
-def bind(packed: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, lib: ctypes.CDLL | None = None,
+def bind(packed: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, lib: ctypes.CDLL,
          function: str = "int4_matmul", tiles: ctypes.CDLL | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
     """``x [M, K] bfloat16 -> x @ W^T [M, N] bfloat16`` for one packed weight (every row
-    computed alike whatever M is), by ``lib`` (a build of the kernel; default: the one
-    loaded last). The weight's checks and pointers are taken once here: a model calls its
+    computed alike whatever M is), by ``lib`` (a build of the kernel). The weight's checks and pointers are taken once here: a model calls its
     121 matmuls per forward, and at one row the Python around a call cost more than the
     call (42 µs per call before, of which the C function ~13). ``function``: the library's
     entry point (``int4_matmul_amx`` in the tile kernel's). ``tiles``: the tile kernel's
     library, for calls of ``TILE_MIN_ROWS`` rows or more (the same bits)."""
-    lib = lib or library()
     entry = getattr(lib, function)
     many_rows = tiles.int4_matmul_amx if tiles is not None else entry
     min_rows = TILE_MIN_ROWS if tiles is not None else 1 << 30
@@ -278,17 +202,6 @@ def bind(packed: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, lib: 
 
 
 def matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor,
-           lib: ctypes.CDLL | None = None) -> torch.Tensor:
+           lib: ctypes.CDLL) -> torch.Tensor:
     """``bind(packed, scale, minimum, lib)(x)``, for one call (tests, benchmarks)."""
     return bind(packed, scale, minimum, lib)(x)
-
-
-# The same kernel as an operator torch.compile can keep inside one graph (``--compile``).
-@torch.library.custom_op("speclane::int4_matmul", mutates_args=())
-def int4_matmul_op(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
-    return matmul(x, packed, scale, minimum)
-
-
-@int4_matmul_op.register_fake
-def _(x, packed, scale, minimum):
-    return x.new_empty(x.shape[0], packed.shape[0] * LANES, dtype=torch.bfloat16)

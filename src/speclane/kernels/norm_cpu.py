@@ -1,16 +1,13 @@
 """The residual add + RMSNorm and SiLU(gate) * up of a bfloat16 forward, fused in C
 (``norm_x86.c``, AVX-512 or AVX2 build), built by ``build.py``.
 
-``SPECLANE_NORM_KERNEL=auto|avx512|avx2|torch`` picks ours or torch's ops (see ``build.py``).
-Ours replaces ~150 small torch ops of a one-token step, each mostly dispatch time.
+``select.Kernels`` loads it (``load``) or leaves these to torch's ops. Ours replaces ~150 small torch ops of a one-token step, each mostly dispatch time.
 Used for bfloat16 models only (a float32 model keeps torch's ops, as for attention).
 """
 
 from __future__ import annotations
 
 import ctypes
-from contextlib import AbstractContextManager
-from functools import cache
 from pathlib import Path
 
 import torch
@@ -20,10 +17,9 @@ from speclane.kernels import build
 
 SOURCE = Path(__file__).with_name("norm_x86.c")
 ISAS = ("avx512", "avx2")  # the builds of SOURCE, widest first
-SWITCH = "SPECLANE_NORM_KERNEL"
 
 
-def _declare(lib: ctypes.CDLL) -> None:
+def declare(lib: ctypes.CDLL) -> None:
     pointer, integer = ctypes.c_void_p, ctypes.c_int
     lib.add_rms_norm.argtypes = [pointer] * 4 + [integer] * 2 + [ctypes.c_float]
     lib.add_rms_norm.restype = None
@@ -31,26 +27,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.silu_mul.restype = None
 
 
-@cache
-def _kernel() -> build.Kernel | None:
-    return build.load(SOURCE, SWITCH, _declare, ISAS)
-
-
-def using(value: str) -> AbstractContextManager[None]:
-    """``with using("torch"): ...``: the block runs with ``SPECLANE_NORM_KERNEL=value`` (``build.switched``)."""
-    return build.switched(SWITCH, value, _kernel)
-
-
-def library() -> ctypes.CDLL | None:
-    """The loaded build (``add_rms_norm``, ``silu_mul``), or None where torch's ops run."""
-    kernel = _kernel()
-    return kernel.library if kernel else None
-
-
-def kernel_name() -> str:
-    """'avx512', 'avx2' or 'torch': what bfloat16 models use in this process."""
-    kernel = _kernel()
-    return kernel.isa if kernel else "torch"
+def load(isa: str | None = None) -> build.Kernel:
+    """The ``isa`` build (or the widest at or below it), else the widest this CPU runs;
+    KernelUnavailable where it cannot be built or run here."""
+    return build.load(SOURCE, declare, ISAS, isa)
 
 
 def source_digest() -> str:
@@ -58,21 +38,22 @@ def source_digest() -> str:
 
 
 class LayerOps:
-    """A forward's add + RMSNorm and SiLU * up, by our kernel or by torch's ops: chosen once
-    per forward (``for_dtype``), so the layer loop has no branches."""
+    """A forward's add + RMSNorm and SiLU * up, by our kernel (``lib``, a loaded build) or by
+    torch's ops (``lib`` None): chosen once (``for_dtype``), so the layer loop has no branches."""
 
     def __init__(self, lib: ctypes.CDLL | None, dtype: torch.dtype):
-        self._lib = lib
+        self.lib = lib
         self._dtype = dtype
 
     @classmethod
-    def for_dtype(cls, dtype: torch.dtype) -> LayerOps:
-        return cls(library() if dtype == torch.bfloat16 else None, dtype)
+    def for_dtype(cls, lib: ctypes.CDLL | None, dtype: torch.dtype) -> LayerOps:
+        """Ours for bfloat16 forwards where ``lib`` is loaded; a float32 one keeps torch's ops."""
+        return cls(lib if dtype == torch.bfloat16 else None, dtype)
 
     def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """``x += delta`` (in place; x [T, H] float32, delta [T, H] or None), then the norm of x
         with ``weight`` in the forward's dtype."""
-        if self._lib is None:
+        if self.lib is None:
             if delta is not None:
                 x.add_(delta)
             return F.rms_norm(x, (x.shape[-1],), weight, eps).to(self._dtype)
@@ -82,16 +63,16 @@ class LayerOps:
         if delta is not None:
             delta = delta.to(torch.bfloat16).contiguous()
         out = torch.empty(rows, hidden, dtype=torch.bfloat16)
-        self._lib.add_rms_norm(x.data_ptr(), delta.data_ptr() if delta is not None else None, weight.data_ptr(),
+        self.lib.add_rms_norm(x.data_ptr(), delta.data_ptr() if delta is not None else None, weight.data_ptr(),
                                out.data_ptr(), rows, hidden, eps)
         return out
 
     def silu_mul(self, gate_up: torch.Tensor, intermediate: int) -> torch.Tensor:
         """gate_up [T, 2 * I] (gate, then up) -> SiLU(gate) * up [T, I]."""
-        if self._lib is None:
+        if self.lib is None:
             gate, up = gate_up.split(intermediate, dim=-1)
             return F.silu(gate) * up
         gate_up = gate_up.to(torch.bfloat16).contiguous()  # no-ops for the int4 kernel's output
         out = torch.empty(gate_up.shape[0], intermediate, dtype=torch.bfloat16)
-        self._lib.silu_mul(gate_up.data_ptr(), out.data_ptr(), gate_up.shape[0], intermediate)
+        self.lib.silu_mul(gate_up.data_ptr(), out.data_ptr(), gate_up.shape[0], intermediate)
         return out

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from speclane.config import ModelConfig
-from speclane.kernels import attention_cpu, int4_cpu, norm_cpu
+from speclane.kernels.select import Kernels
 from speclane.models.linear import INT4_GROUP, Int4Weight, Int8Weight, Linear, quantize_int4_groups
 from speclane.models.llama import Layer, LlamaModel
 from speclane.models.loader import ModelLoadError
@@ -31,19 +31,16 @@ def effective_quantization(config: ModelConfig, weights: WeightSet) -> str:
     return config.quantization
 
 
-def build_model(weights: WeightSet, config: ModelConfig) -> LlamaModel:
+def build_model(weights: WeightSet, config: ModelConfig, kernels: Kernels | None = None) -> LlamaModel:
+    """``kernels``: the kernels to run (A/B benchmarks, tests); default, those of ``config.kernels``."""
     dtype = torch.float32 if config.dtype == "float32" else torch.bfloat16
     mode = effective_quantization(config, weights)
     cfg = weights.config
-    # Resolve the kernel switches now (SPECLANE_INT4_KERNEL, SPECLANE_TILE_KERNEL,
-    # SPECLANE_ATTENTION_KERNEL, SPECLANE_NORM_KERNEL): a bad value is a start-up error, not
-    # a failure at the first forward in the engine thread.
-    if mode == "int4":
-        int4_cpu.available()
-        int4_cpu.tile_library()
-    if dtype == torch.bfloat16:
-        attention_cpu.kernel_name()
-        norm_cpu.kernel_name()
+    if kernels is None:
+        # Picked once, here: a kernel that cannot run under --kernels native is a start-up
+        # error, not a failure at the first forward in the engine thread. A float32 model
+        # without quantization runs none of ours (they are bfloat16 kernels).
+        kernels = Kernels.load(config.kernels) if mode != "none" or dtype == torch.bfloat16 else Kernels()
     w = weights.dense
 
     def take(name: str) -> torch.Tensor:
@@ -62,7 +59,7 @@ def build_model(weights: WeightSet, config: ModelConfig) -> LlamaModel:
                 q, d, m = (torch.cat([p[i] for p in parts], dim=0) for i in range(3))
             else:
                 q, d, m = quantize_int4_groups(dense)
-            quantized = Int4Weight(q, d, m)
+            quantized = Int4Weight(q, d, m, kernels)
         elif mode == "int8":
             quantized = Int8Weight(dense)
         if quantized is not None:
@@ -95,13 +92,13 @@ def build_model(weights: WeightSet, config: ModelConfig) -> LlamaModel:
     # model's 135M weights); the float32 refinement below keeps greedy choices exact.
     head_quant: Int4Weight | Int8Weight | None = None
     if mode == "int4":
-        head_quant = Int4Weight(*quantize_int4_groups(head))
+        head_quant = Int4Weight(*quantize_int4_groups(head), kernels)
     elif mode == "int8":
         head_quant = Int8Weight(head)
     head_dtype = torch.float32 if head_quant is not None else dtype
     # The quantized head always runs coarse + float32 refinement of its top candidates
     # (LlamaModel.logits), at every width, for the same reason as above.
     lm_head = Linear(head.to(head_dtype).contiguous(), head_quant)
-    model = LlamaModel(cfg, embed.to(dtype).contiguous(), layers, take("model.norm.weight"), lm_head, dtype,
+    model = LlamaModel(cfg, embed.to(dtype).contiguous(), layers, take("model.norm.weight"), lm_head, dtype, kernels,
                        quantization=mode)
     return model

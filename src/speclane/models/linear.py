@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from speclane.kernels import int4_cpu
+from speclane.kernels.select import Kernels
 
 INT4_GROUP = 32
 INT4_ROW_BLOCK = 4  # rows torch's CPU int4 kernel computes together
@@ -39,30 +40,30 @@ def quantize_int4_groups(weight: torch.Tensor, group: int = INT4_GROUP) -> tuple
 
 
 class Int4Weight:
-    """An int4 weight with its kernel: ours (``kernels/int4_x86.c``) where it builds, else
-    torch's ``_weight_int4pack_mm_for_cpu`` (``kernels/int4_cpu.py`` decides, once).
+    """An int4 weight with its kernel: ours (``kernels/int4_x86.c``) where ``kernels`` holds
+    it, else torch's ``_weight_int4pack_mm_for_cpu``.
 
     Ours computes with the file's Q4_1 values exactly: scale * sum(x q) + minimum * sum(x)
     per group of 32 inputs, in float32, the inputs rounded to their group's grid first
     (``q4.h``: what makes every kernel's sums exact, in any order).
     torch's dequantizes ``(q - 8) * scale + zero``, so ``scale = d`` and ``zero = m + 8 * d``,
     with scales and zeros kept in bfloat16 (a small rounding on top of the file's values).
-    ``tensors`` are what the kernel reads; ``graph_matmul`` is the same kernel as an
-    operator a torch.compile graph can hold.
+    ``tensors`` are what the kernel reads.
     """
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, group: int = INT4_GROUP):
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, kernels: Kernels,
+                 group: int = INT4_GROUP):
         out_features, in_features = q.shape
         if in_features % group:
             raise ValueError(f"int4 needs in_features divisible by {group}; got {in_features}")
         self.group = group
         self.out_features = out_features
-        if group == int4_cpu.GROUP and out_features % int4_cpu.LANES == 0 and int4_cpu.available():
-            self.kernel = int4_cpu.kernel_name()  # "avx512bf16", "avx512" or "avx2": the same bits
-            self.library = int4_cpu.library()  # this build, even if another is loaded later
+        if group == int4_cpu.GROUP and out_features % int4_cpu.LANES == 0 and kernels.int4 is not None:
+            self.kernel = kernels.int4.isa  # "avx512bf16", "avx512" or "avx2": the same bits
+            self.library = kernels.int4.library
             self.tensors: tuple[torch.Tensor, ...] = int4_cpu.pack(q, scale, minimum)
             # Calls of many rows go to the AMX tile kernel where it runs (the same bits: int4_cpu).
-            self._ours = int4_cpu.bind(*self.tensors, lib=self.library, tiles=int4_cpu.tile_library())
+            self.bound = int4_cpu.bind(*self.tensors, lib=self.library, tiles=kernels.tile_library)
         else:
             self.kernel = "torch"
             self.library = None  # torch's kernel, not a build of ours
@@ -78,7 +79,7 @@ class Int4Weight:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x: [M, K] bfloat16
         if self.kernel != "torch":
-            return self._ours(x)
+            return self.bound(x)
         rows = x.shape[0]
         tail = rows % INT4_ROW_BLOCK
         if rows > INT4_ROW_BLOCK and tail:
@@ -91,12 +92,6 @@ class Int4Weight:
 
     def _torch_kernel(self, x: torch.Tensor) -> torch.Tensor:
         return INT4_MM(x, self.tensors[0], self.group, self.tensors[1])
-
-    def graph_matmul(self, x: torch.Tensor, *tensors: torch.Tensor) -> torch.Tensor:
-        """``matmul`` over explicit ``tensors`` (graph inputs), traceable by torch.compile."""
-        if self.kernel != "torch":
-            return torch.ops.speclane.int4_matmul(x, *tensors)
-        return INT4_MM(x, tensors[0], self.group, tensors[1])
 
 
 class Int8Weight:

@@ -14,6 +14,7 @@ on ``[batch, kv_heads, tokens * group, head_dim]`` against un-repeated keys.
 
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from speclane.kernels import attention_cpu, norm_cpu
+from speclane.kernels.select import Kernels
 from speclane.models.kv_cache import KVCache
 from speclane.models.linear import Linear
 
@@ -112,13 +114,18 @@ class Layer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(self, config: LlamaConfig, embed: torch.Tensor, layers: list[Layer], final_norm: torch.Tensor,
-                 lm_head: Linear, dtype: torch.dtype, *, quantization: str = "none"):
+                 lm_head: Linear, dtype: torch.dtype, kernels: Kernels, *, quantization: str = "none"):
         super().__init__()
         self.config = config
         self.dtype = dtype
         # The linears' effective quantization (build.effective_quantization: none, int8,
         # int4): the MTP drafter quantizes its head to match, calibration keys on it.
         self.quantization = quantization
+        self.kernels = kernels  # the ones its linears were made with (build_model); its MTP drafter's too
+        self.ops = norm_cpu.LayerOps.for_dtype(kernels.norm_library, dtype)
+        # bfloat16: our row-by-row attention where it is loaded and takes this shape.
+        ours = attention_cpu.supports(dtype, config.num_heads, config.num_kv_heads, config.head_dim)
+        self.attention_library = kernels.attention_library if ours else None
         self.embed = embed  # [vocab, hidden]
         self.layers = layers
         self.final_norm = final_norm  # [hidden]
@@ -143,14 +150,14 @@ class LlamaModel(nn.Module):
             raise ValueError(f"position {max_kv} is beyond the model's {cfg.max_position_embeddings} positions")
         if max_kv > cache.max_len:  # before any kernel reads or writes past a slot's end
             raise ValueError(f"position {max_kv} is beyond the KV cache's {cache.max_len} positions")
-        attn = _AttentionPlan(batch, cfg, self.dtype)
+        attn = _AttentionPlan(batch, cfg, self.dtype, self.attention_library)
         if not attn.ours:  # our kernel rotates inside (rope_write_attention)
             cos = self.cos[batch.positions].unsqueeze(1)  # [T, 1, head_dim]
             sin = self.signed_sin[batch.positions].unsqueeze(1)
         # The residual stream stays in float32 (it is only [T, hidden]); the linears run in
         # self.dtype. In bfloat16 this keeps near-tied logits in the float32 order.
         x = F.embedding(batch.input_ids, self.embed).float()  # [T, hidden]
-        ops = norm_cpu.LayerOps.for_dtype(self.dtype)
+        ops = self.ops
         branch = None  # the last MLP's output, added to x by the next norm
         for i, layer in enumerate(self.layers):
             h = ops.add_rms_norm(x, branch, layer.attn_norm, layer.eps)
@@ -201,7 +208,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
 class _AttentionPlan:
     """Index tensors and the mask for one forward, shared by every layer."""
 
-    def __init__(self, batch: RaggedBatch, cfg: LlamaConfig, dtype: torch.dtype):
+    def __init__(self, batch: RaggedBatch, cfg: LlamaConfig, dtype: torch.dtype, attention_library: ctypes.CDLL | None):
         self.num_seqs = len(batch.slots)
         self.group = cfg.group_size
         self.num_kv_heads = cfg.num_kv_heads
@@ -218,8 +225,9 @@ class _AttentionPlan:
         self.single = self.num_seqs == 1
         # bfloat16: our row-by-row kernel (kernels/attention_x86.c), so that a position's
         # attention does not depend on the rows beside it; it needs no mask or padding.
-        self.ours = attention_cpu.supports(dtype, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        self.ours = attention_library is not None
         if self.ours:
+            self.library = attention_library
             self.row_slot = slot_of_token.to(torch.int32).contiguous()
             self.row_len = (batch.positions + 1).to(torch.int32).contiguous()  # position p sees keys 0..p
             self.num_heads = cfg.num_heads
@@ -275,7 +283,7 @@ class _AttentionPlan:
                     v_cache: torch.Tensor, scale: float) -> torch.Tensor:
         """Our kernel only: RoPE on the fused projection's q and k, the cache write and the
         attention in one call (``attention_cpu.rope_write_attention``). -> [T, heads * d]"""
-        return attention_cpu.rope_write_attention(qkv, cos, signed_sin, k_cache, v_cache, self.row_slot, self.row_len,
+        return attention_cpu.rope_write_attention(self.library, qkv, cos, signed_sin, k_cache, v_cache, self.row_slot, self.row_len,
                                                   self.num_heads, scale, self.q_scratch)
 
     def _write(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:

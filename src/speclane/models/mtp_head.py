@@ -17,6 +17,10 @@ most frequent tokens of the training text: drafting a token over 8k rows instead
 
 The block's own KV cache (``MTPCache``) holds the entries of computed positions; it
 survives between rounds so each round only adds the positions verified since.
+
+``MTPHead`` is the torch reference, in float32: what ``speclane train-mtp`` trains, what the
+tests compare against, and how a head drafts for a target that runs none of our kernels.
+A head drafting for a target on our kernels runs ``mtp_kernel_step.KernelHead`` over it.
 """
 
 from __future__ import annotations
@@ -27,10 +31,6 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from speclane.kernels import norm_cpu
-from speclane.models import mtp_kernel_step
-from speclane.models.linear import Int4Weight, Linear, quantize_int4_groups
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,15 @@ class MTPConfig:
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+@dataclass
+class StepOutput:
+    """A draft step: the block's outputs of its new entries, and the last one's draft logits."""
+
+    out: torch.Tensor  # [n, H] float32
+    best: int  # the index of the logits' maximum (the first of equal maxima)
+    logits: torch.Tensor | None = None  # [draft_vocab] float32, where the caller asked for them
 
 
 @dataclass
@@ -105,68 +114,23 @@ class MTPHead(nn.Module):
         # Shared with the target, never trained or saved: its embedding and head rows.
         self.embed: torch.Tensor | None = None  # [vocab, hidden]
         self.head_weight: torch.Tensor | None = None  # [draft_vocab, hidden]
-        # Inference kernels (``quantize_for_drafting``): name -> Linear over int4 weights,
-        # and the fused norm / SiLU the target's layers use (bfloat16 outputs, which the
-        # int4 matmuls take anyway).
-        self.kernels: dict[str, Linear] = {}
-        self._ops: norm_cpu.LayerOps | None = None
-        # With the kernels, where the attention kernel runs: the drafting step of
-        # ``mtp_kernel_step`` and its rotation tables (``new_cache`` hands out its caches).
-        self._kernel_tables: mtp_kernel_step.RotationTables | None = None
-        self._fused_step: mtp_kernel_step.FusedStep | None = None  # a whole draft step in one C call
 
     def attach_target(self, embed: torch.Tensor, head: torch.Tensor) -> None:
         """Share the target's (frozen, float32) embedding and output head."""
         self.embed = embed.float()
         self.head_weight = head.float()[self.vocab_ids]
 
-    def quantize_for_drafting(self) -> MTPHead:
-        """Run the frozen head's matmuls on the int4 CPU kernel, as the target's layers do.
-
-        A draft step is a handful of one-row matmuls over ~9M weights; in float32 they
-        read ~36 MB per step and took ~23 ms per K=3 round here, most of a target step.
-        int4 reads an eighth of that. Drafts stay drafts: verification decides.
-        """
-        with torch.no_grad():
-            weights = {name: getattr(self, name).weight for name in ("fc", "qkv", "o", "gate_up", "down")}
-            weights["head"] = self.head_weight
-            self.kernels = {name: Linear(None, Int4Weight(*quantize_int4_groups(w.float()))) for name, w in weights.items()}
-        # A draft step is ~20 small ops; F.rms_norm alone is ~60-90 µs of dispatch here.
-        self._ops = norm_cpu.LayerOps.for_dtype(torch.bfloat16)
-        if norm_cpu.library() is not None and mtp_kernel_step.supported(self.config):
-            self._kernel_tables = mtp_kernel_step.RotationTables(self.inv_freq)
-            self._fused_step = mtp_kernel_step.FusedStep.for_head(self)
-        return self
-
-    @property
-    def kernel_step(self) -> bool:
-        """Drafting runs ``mtp_kernel_step`` (int4, norm and attention kernels all here)."""
-        return self._kernel_tables is not None
-
-    def new_cache(self, first: int) -> MTPCache | mtp_kernel_step.KernelCache:
-        """An empty cache whose first entry will be position ``first``, in the layout
-        ``extend`` runs on here."""
-        if self.kernel_step:
-            return mtp_kernel_step.KernelCache(self.config, first)
+    def new_cache(self, first: int) -> MTPCache:
+        """An empty cache whose first entry will be position ``first``."""
         return MTPCache.empty(self.config, first)
 
     def _linear(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        kernel = self.kernels.get(name)
-        if kernel is not None:
-            return kernel(x).float()  # the int4 kernel answers in bfloat16; the block runs in float32
         if name == "head":
             return x @ self.head_weight.T
         return getattr(self, name)(x)
 
     # -- pieces ---------------------------------------------------------------------------
-    def _on_kernels(self, x: torch.Tensor) -> bool:
-        """Drafting with int4 kernels (inference, one request's rows): the norm and SiLU run
-        on the fused kernels, in bfloat16, the int4 matmuls' input."""
-        return self._ops is not None and not torch.is_grad_enabled() and x.dim() == 2
-
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if self._on_kernels(x):
-            return self._ops.add_rms_norm(x.float().contiguous(), None, weight.detach(), self.config.rms_norm_eps)
         # float32 (under training's bfloat16 autocast x may be bfloat16; the norm is not).
         return F.rms_norm(x.float(), (x.shape[-1],), weight, self.config.rms_norm_eps)
 
@@ -226,8 +190,6 @@ class MTPHead(nn.Module):
         """The output projection and the MLP, with their residuals: the block's output."""
         x = x + self._linear("o", attn)
         h = self._norm(x, self.mlp_norm)
-        if self._on_kernels(h):
-            return x + self._linear("down", self._ops.silu_mul(self.kernels["gate_up"](h), self.config.intermediate_size))
         gate, up = self._linear("gate_up", h).chunk(2, dim=-1)
         return x + self._linear("down", F.silu(gate) * up)
 
@@ -252,49 +214,36 @@ class MTPHead(nn.Module):
         """Block outputs [.., H] -> logits over the draft vocabulary [.., draft_vocab]."""
         return self._linear("head", self._norm(out, self.final_norm))
 
-    @property
-    def fused_step(self) -> bool:
-        """``step`` runs as one C call (``mtp_kernel_step.FusedStep``)."""
-        return self._fused_step is not None
-
     @torch.inference_mode()
-    def logits_of(self, out: torch.Tensor) -> mtp_kernel_step.StepOutput:
+    def logits_of(self, out: torch.Tensor) -> StepOutput:
         """The draft logits of the last of the block outputs ``out`` [n, H], and their argmax."""
         logits = self.draft_logits(out[-1:])[0]
-        return mtp_kernel_step.StepOutput(out, int(torch.argmax(logits)), logits)
+        return StepOutput(out, int(torch.argmax(logits)), logits)
 
     @torch.inference_mode()
-    def step(self, cache: MTPCache | mtp_kernel_step.KernelCache, hidden: torch.Tensor, next_tokens: list[int],
-             want_logits: bool = True) -> mtp_kernel_step.StepOutput:
+    def step(self, cache: MTPCache, hidden: torch.Tensor, next_tokens: list[int],
+             want_logits: bool = True) -> StepOutput:
         """A draft step: ``extend`` the cache by the positions after ``cache.end`` (hidden
-        states [n, H] and the tokens after them), then ``logits_of`` the new entries, in one
-        C call where the fused step runs (the same bits). ``want_logits`` False: only their
-        argmax (greedy drafting), which spares the fused step a copy."""
-        if self._fused_step is not None and isinstance(cache, mtp_kernel_step.KernelCache):
-            result = self._fused_step(cache, hidden, next_tokens, self._kernel_tables, want_logits)
-            if result is not None:
-                return result
+        states [n, H] and the tokens after them), then ``logits_of`` the new entries.
+        ``want_logits``: the drafter's interface (``KernelHead.step`` may skip the logits'
+        copy); here they come at no extra cost."""
         positions = torch.arange(cache.end, cache.end + hidden.shape[0])
         return self.logits_of(self.extend(cache, hidden, torch.tensor(next_tokens), positions))
 
-    def draft_greedy(self, cache: MTPCache | mtp_kernel_step.KernelCache, hidden: torch.Tensor, next_tokens: list[int],
+    def draft_greedy(self, cache: MTPCache, hidden: torch.Tensor, next_tokens: list[int],
                      k: int) -> tuple[list[int], float] | None:
-        """A greedy round (catch-up, then ``k`` argmax drafts) in one C call where the fused
-        step runs: the drafts and the catch-up's ms; else None (draft step by step)."""
-        if self._fused_step is None or not isinstance(cache, mtp_kernel_step.KernelCache):
-            return None
-        return self._fused_step.draft_greedy(cache, hidden, next_tokens, k, self._kernel_tables)
+        """A greedy round in one call: the drafter's interface (``KernelHead.draft_greedy``);
+        the torch reference has none, so None: the drafter drafts step by step."""
+        return None
 
     # -- inference: extend one request's cache -------------------------------------------
     @torch.inference_mode()
-    def extend(self, cache: MTPCache | mtp_kernel_step.KernelCache, hidden: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def extend(self, cache: MTPCache, hidden: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Add entries for ``positions`` (consecutive, starting at ``cache.end``); returns o [n, H].
 
         The cache grows; the caller trims it to the window (``keep_last``) once a round's
         speculative entries are gone, so drafting never pushes true entries out.
         """
-        if isinstance(cache, mtp_kernel_step.KernelCache):
-            return mtp_kernel_step.extend(self, cache, hidden, next_tokens, self._kernel_tables)
         x = self.inputs(hidden, next_tokens)
         q, k, v = self.project(x, positions)
         cache.keys = torch.cat([cache.keys, k])

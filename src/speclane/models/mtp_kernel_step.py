@@ -4,7 +4,7 @@ A draft step is one transformer block at one row (a catch-up: a few rows). In to
 it took ~0.50 ms here, of which the int4 matmuls were ~0.13 ms: the rest was ~40 small
 ops' dispatch (RoPE by cat and multiply, a growing cache by ``torch.cat``, attention by
 reshapes and two tiny ``bmm``), paid two or three times per round, 15-20% of a round's
-time (`bench mtp`, thirteenth session). The block is a Llama decoder layer, so it runs the
+time (`bench mtp`). The block is a Llama decoder layer, so it runs the
 way the target's layers do (``models/llama.py``): the fused add + RMSNorm and SiLU * up
 kernels, the int4 matmuls, and RoPE, the cache write and the attention in one call of
 ``attention_x86.c`` (``rope_write_attention``), over a cache in that kernel's layout.
@@ -15,41 +15,47 @@ by its cache index, so it is handed the rotation tables from row ``first`` on: k
 the rotation of their absolute position when old entries are dropped (``keep_last``
 moves the newest entries to the front and advances ``first``; nothing is re-rotated).
 
-Numerics differ from the float32 torch path (``MTPHead.extend``) by bfloat16 rounding of
-the attention's inputs, as the target's own layers round them. Drafts are drafts: the
-verify forward decides what is kept, so the output is unchanged either way.
+``KernelHead`` is the head as it drafts for a target on our kernels: the torch
+reference's weights (``MTPHead``) as int4, its norms on the fused kernels, that cache.
+Numerics differ from the float32 reference by the int4 weights and by bfloat16 rounding
+of the matmuls' and the attention's inputs, as the target's own layers round them. Drafts
+are drafts: the verify forward decides what is kept, so the output is unchanged either way.
 
 ``FusedStep`` goes one further: a draft step (the block, then the last entry's draft logits
 and their argmax) in one C call (``kernels/mtp_step.c``) that calls the same kernels in the
-same order, so its bits are ``extend`` + ``MTPHead.draft_logits``'s. Right after a target
-forward the ~25 calls' glue cost about as much as their work (a round of two drafts: ~1.9 ms,
-of which ~1 ms outside the kernels). ``SPECLANE_MTP_STEP_KERNEL=auto|avx512|avx2|torch``
-(``torch``: the calls one by one, as above).
+same order, so its bits are ``KernelHead.extend`` + ``KernelHead.draft_logits``'s. Right after
+a target forward the ~25 calls' glue cost about as much as their work (a round of two
+drafts: ~1.9 ms, of which ~1 ms outside the kernels). It runs where the kernels hold
+``mtp_step`` (``Kernels.load(mtp_step=False)``: the calls one by one, the same bits).
 """
 
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-from speclane.kernels import attention_cpu, build, norm_cpu
-
-if TYPE_CHECKING:
-    from speclane.models.mtp_head import MTPConfig, MTPHead
+from speclane.kernels import attention_cpu, norm_cpu
+from speclane.kernels.select import Kernels
+from speclane.models.linear import Int4Weight, Linear, quantize_int4_groups
+from speclane.models.mtp_head import MTPConfig, MTPHead, StepOutput
 
 # Entries past the window before the cache is compacted: dropping them every round would
 # copy the whole window each round; every 32 positions it is a ~100 KB copy now and then.
 COMPACT_SLACK = 32
 
 
-def supported(config: MTPConfig) -> bool:
-    """Whether the attention kernel runs for this head's shape on this machine."""
-    return attention_cpu.supports(torch.bfloat16, config.num_heads, config.num_kv_heads, config.head_dim)
+def supported(config: MTPConfig, kernels: Kernels) -> bool:
+    """Whether ``KernelHead`` runs for this head on ``kernels``: ours for the int4 matmul,
+    the norm and the attention, which takes this head's shape."""
+    ours = all(kernel is not None for kernel in (kernels.int4, kernels.norm, kernels.attention))
+    return ours and attention_cpu.supports(torch.bfloat16, config.num_heads, config.num_kv_heads, config.head_dim)
+
+
+def drafting_head(head: MTPHead, kernels: Kernels) -> KernelHead | MTPHead:
+    """The head as it drafts for a target on ``kernels``: on our kernels where they run
+    (``supported``), else the torch reference itself."""
+    return KernelHead(head, kernels) if supported(head.config, kernels) else head
 
 
 class KernelCache:
@@ -124,36 +130,112 @@ class RotationTables:
         return self.cos, self.signed_sin
 
 
-@torch.inference_mode()
-def extend(head: MTPHead, cache: KernelCache, hidden: torch.Tensor, next_tokens: torch.Tensor,
-           tables: RotationTables) -> torch.Tensor:
-    """``MTPHead.extend`` on the kernels: entries for the next ``n`` positions after
-    ``cache.end``, from target hidden states (or block outputs) ``hidden`` [n, H] and the
-    tokens after them; returns the block's outputs o [n, H] float32."""
-    cfg, ops, kernels = head.config, head._ops, head.kernels
-    eps = cfg.rms_norm_eps
-    n = hidden.shape[0]
-    cache.reserve(n)
-    # One row (a draft step): a view of the embedding's row, not an indexing op.
-    embedded = head.embed[int(next_tokens[0])][None] if n == 1 else head.embed[next_tokens]
-    joined = torch.cat([ops.add_rms_norm(hidden.float().contiguous(), None, head.hidden_norm, eps),
-                        ops.add_rms_norm(embedded, None, head.embed_norm, eps)], dim=-1)
-    x = kernels["fc"](joined).float()  # the residual stream, float32 as in the target
-    qkv = kernels["qkv"](ops.add_rms_norm(x, None, head.attn_norm, eps)).contiguous()
-    cos, signed_sin = tables.covering(cache.end + n)
-    rows = slice(cache.length, cache.length + n)
-    attn = attention_cpu.rope_write_attention(
-        qkv, cos[cache.first :], signed_sin[cache.first :], cache.keys, cache.values, cache.row_slot[rows],
-        cache.row_len[rows], cfg.num_heads, cfg.head_dim**-0.5, cache.q_scratch[:n])
-    cache.length += n
-    h = ops.add_rms_norm(x, kernels["o"](attn), head.mlp_norm, eps)  # x += o, in place
-    return x + kernels["down"](ops.silu_mul(kernels["gate_up"](h), cfg.intermediate_size)).float()
+MATMULS = ("fc", "qkv", "o", "gate_up", "down", "head")  # the head's int4 weights, by name
+
+
+class KernelHead:
+    """An ``MTPHead`` (frozen, its target attached) drafting on our kernels: int4 matmuls,
+    the fused norm / SiLU, RoPE + cache write + attention in one call, and the whole step
+    in one C call where ``kernels.mtp_step`` is loaded (``FusedStep``). Its caches are
+    ``KernelCache``s (``new_cache``); the drafter calls it as it calls the torch reference.
+
+    A draft step is a handful of one-row matmuls over ~9M weights; in float32 they read
+    ~36 MB per step and took ~23 ms per K=3 round here, most of a target step. int4 reads
+    an eighth of that.
+    """
+
+    def __init__(self, head: MTPHead, kernels: Kernels):
+        if not supported(head.config, kernels):
+            raise ValueError("KernelHead: our int4, norm and attention kernels must run for this head (supported)")
+        self.config = cfg = head.config
+        self.vocab_ids = head.vocab_ids
+        self.kernels = kernels
+        with torch.no_grad():
+            weights = {name: getattr(head, name).weight for name in MATMULS[:-1]}
+            weights["head"] = head.head_weight
+            self.linears = {name: Linear(None, Int4Weight(*quantize_int4_groups(w.float()), kernels))
+                            for name, w in weights.items()}
+        self.norms = {name: getattr(head, name).detach().float().contiguous()
+                      for name in ("hidden_norm", "embed_norm", "attn_norm", "mlp_norm", "final_norm")}
+        self.embed = head.embed.contiguous()
+        self.ops = norm_cpu.LayerOps(kernels.norm_library, torch.bfloat16)
+        self.attention_library = kernels.attention_library
+        self.tables = RotationTables(head.inv_freq)
+        self.eps = cfg.rms_norm_eps
+        # One C call where mtp_step.c is loaded and every matmul is on our int4 build (a
+        # weight with a row count that is not a multiple of 16 runs on torch's int4 op).
+        one_build = all(linear.quantized.library is kernels.int4_library for linear in self.linears.values())
+        self.fused = FusedStep(self, kernels.mtp_step_library) if kernels.mtp_step is not None and one_build else None
+
+    @property
+    def fused_step(self) -> bool:
+        """``step`` and ``draft_greedy`` run as one C call (``FusedStep``)."""
+        return self.fused is not None
+
+    def new_cache(self, first: int) -> KernelCache:
+        """An empty cache whose first entry will be position ``first``."""
+        return KernelCache(self.config, first)
+
+    @torch.inference_mode()
+    def extend(self, cache: KernelCache, hidden: torch.Tensor, next_tokens: torch.Tensor,
+               positions: torch.Tensor | None = None) -> torch.Tensor:
+        """``MTPHead.extend`` on the kernels, one call each: entries for the next ``n``
+        positions after ``cache.end`` (``positions``, if given, must be those), from target
+        hidden states (or block outputs) ``hidden`` [n, H] and the tokens after them;
+        returns the block's outputs o [n, H] float32."""
+        cfg, ops, linears, norms, eps = self.config, self.ops, self.linears, self.norms, self.eps
+        n = hidden.shape[0]
+        cache.reserve(n)
+        # One row (a draft step): a view of the embedding's row, not an indexing op.
+        embedded = self.embed[int(next_tokens[0])][None] if n == 1 else self.embed[next_tokens]
+        joined = torch.cat([ops.add_rms_norm(hidden.float().contiguous(), None, norms["hidden_norm"], eps),
+                            ops.add_rms_norm(embedded, None, norms["embed_norm"], eps)], dim=-1)
+        x = linears["fc"](joined).float()  # the residual stream, float32 as in the target
+        qkv = linears["qkv"](ops.add_rms_norm(x, None, norms["attn_norm"], eps)).contiguous()
+        cos, signed_sin = self.tables.covering(cache.end + n)
+        rows = slice(cache.length, cache.length + n)
+        attn = attention_cpu.rope_write_attention(
+            self.attention_library, qkv, cos[cache.first :], signed_sin[cache.first :], cache.keys, cache.values,
+            cache.row_slot[rows], cache.row_len[rows], cfg.num_heads, cfg.head_dim**-0.5, cache.q_scratch[:n])
+        cache.length += n
+        h = ops.add_rms_norm(x, linears["o"](attn), norms["mlp_norm"], eps)  # x += o, in place
+        return x + linears["down"](ops.silu_mul(linears["gate_up"](h), cfg.intermediate_size)).float()
+
+    @torch.inference_mode()
+    def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
+        """Block outputs [n, H] -> logits over the draft vocabulary [n, draft_vocab] float32."""
+        normed = self.ops.add_rms_norm(out.float().contiguous(), None, self.norms["final_norm"], self.eps)
+        return self.linears["head"](normed).float()
+
+    @torch.inference_mode()
+    def logits_of(self, out: torch.Tensor) -> StepOutput:
+        """The draft logits of the last of the block outputs ``out`` [n, H], and their argmax."""
+        logits = self.draft_logits(out[-1:])[0]
+        return StepOutput(out, int(torch.argmax(logits)), logits)
+
+    @torch.inference_mode()
+    def step(self, cache: KernelCache, hidden: torch.Tensor, next_tokens: list[int],
+             want_logits: bool = True) -> StepOutput:
+        """A draft step: ``extend`` the cache by the positions after ``cache.end`` (hidden
+        states [n, H] and the tokens after them), then ``logits_of`` the new entries, in one
+        C call where the fused step runs (the same bits). ``want_logits`` False: only their
+        argmax (greedy drafting), which spares the fused step a copy."""
+        if self.fused is not None:
+            result = self.fused(cache, hidden, next_tokens, self.tables, want_logits)
+            if result is not None:
+                return result
+        return self.logits_of(self.extend(cache, hidden, torch.tensor(next_tokens)))
+
+    def draft_greedy(self, cache: KernelCache, hidden: torch.Tensor, next_tokens: list[int],
+                     k: int) -> tuple[list[int], float] | None:
+        """A greedy round (catch-up, then ``k`` argmax drafts) in one C call where the fused
+        step runs: the drafts and the catch-up's ms; else None (draft step by step)."""
+        if self.fused is None:
+            return None
+        return self.fused.draft_greedy(cache, hidden, next_tokens, k, self.tables)
 
 
 # -- the fused step (kernels/mtp_step.c) --------------------------------------------------
-SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "mtp_step.c"
-SWITCH = "SPECLANE_MTP_STEP_KERNEL"
-ISAS = ("avx512", "avx2")  # it only calls the other kernels: any build does
 
 
 class _WeightRef(ctypes.Structure):
@@ -172,45 +254,21 @@ class _Head(ctypes.Structure):
     _fields_ += [(name, ctypes.c_void_p) for name in ("out", "carry", "logits", "vocab_ids")]
 
 
-def _declare(lib: ctypes.CDLL) -> None:
-    pointer = ctypes.c_void_p
-    lib.mtp_step.argtypes = [pointer] * 3 + [ctypes.c_int] + [pointer] * 4 + [ctypes.c_int] + [pointer] * 4
-    lib.mtp_step.restype = ctypes.c_int
-    lib.mtp_draft_greedy.argtypes = [pointer] * 3 + [ctypes.c_int] * 2 + [pointer] * 4 + [ctypes.c_int] + [pointer] * 4
-    lib.mtp_draft_greedy.restype = ctypes.c_int
-
-
-@cache
-def _kernel() -> build.Kernel | None:
-    return build.load(SOURCE, SWITCH, _declare, ISAS)
-
-
-def using(value: str):
-    """``with using("torch"): ...``: the block runs with ``SPECLANE_MTP_STEP_KERNEL=value``."""
-    return build.switched(SWITCH, value, _kernel)
-
-
 def _address(lib: ctypes.CDLL, name: str) -> int:
     return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
 
 
-@dataclass
-class StepOutput:
-    """A draft step: the block's outputs of its new entries, and the last one's draft logits."""
-
-    out: torch.Tensor  # [n, H] float32
-    best: int  # the index of the logits' maximum (the first of equal maxima)
-    logits: torch.Tensor | None = None  # [draft_vocab] float32, where the caller asked for them
-
-
 class FusedStep:
-    """One C call per draft step over the head's int4 weights (module docstring)."""
+    """One C call per draft step over a ``KernelHead``'s int4 weights and kernels (module
+    docstring); ``lib``: the loaded ``mtp_step.c``."""
 
-    def __init__(self, head: MTPHead, lib: ctypes.CDLL):
-        cfg, kernels = head.config, head.kernels
+    def __init__(self, head: KernelHead, lib: ctypes.CDLL):
+        cfg = head.config
         self.lib, self.config = lib, cfg
         self.max_rows = 2 * cfg.window  # a catch-up holds at most ~2 windows (MTPDrafter.observe); more: the calls one by one
-        weights = {name: kernels[name].quantized for name in ("fc", "qkv", "o", "gate_up", "down", "head")}
+        weights = {name: head.linears[name].quantized for name in MATMULS}
+        if {w.library for w in weights.values()} != {head.kernels.int4_library}:
+            raise ValueError("FusedStep: every matmul of the head must run on the kernels' int4 build")
         rows, h, i = self.max_rows, cfg.hidden_size, cfg.intermediate_size
         qkv_width = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
         bf16 = torch.bfloat16
@@ -222,14 +280,12 @@ class FusedStep:
             "logits": torch.empty(cfg.draft_vocab, dtype=bf16),
         }
         self._vocab_ids = head.vocab_ids.to(torch.int64).contiguous()
-        self._norms = {name: getattr(head, name).detach().float().contiguous()
-                       for name in ("hidden_norm", "embed_norm", "attn_norm", "mlp_norm", "final_norm")}
-        self._embed = head.embed.contiguous()
-        norm_lib = norm_cpu.library()
-        int4_lib = weights["fc"].library
+        self._norms = head.norms  # float32, contiguous
+        self._embed = head.embed
+        norm_lib = head.kernels.norm_library
         self._struct = _Head(
-            int4=_address(int4_lib, "int4_matmul"), norm=_address(norm_lib, "add_rms_norm"),
-            silu=_address(norm_lib, "silu_mul"), attention=_address(attention_cpu.library(), "rope_write_attention"),
+            int4=_address(head.kernels.int4_library, "int4_matmul"), norm=_address(norm_lib, "add_rms_norm"),
+            silu=_address(norm_lib, "silu_mul"), attention=_address(head.kernels.attention_library, "rope_write_attention"),
             hidden=h, inter=i, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
             vocab=cfg.draft_vocab, max_rows=rows, eps=cfg.rms_norm_eps, scale=cfg.head_dim**-0.5,
             embed=self._embed.data_ptr(),
@@ -239,17 +295,6 @@ class FusedStep:
         )
         self._weights = weights  # keep the packed tensors alive while the pointers are
         self._pointer = ctypes.addressof(self._struct)
-
-    @classmethod
-    def for_head(cls, head: MTPHead) -> FusedStep | None:
-        """The fused step for a head whose kernel step runs (``MTPHead.kernel_step``: the
-        norm and attention kernels are ours) where mtp_step.c builds and every matmul is on
-        one build of our int4 kernel, else None."""
-        kernel = _kernel()
-        builds = {k.quantized.library for k in head.kernels.values()}
-        if kernel is None or len(builds) != 1 or None in builds:
-            return None
-        return cls(head, kernel.library)
 
     def _cache_arguments(self, cache: KernelCache, hidden: torch.Tensor, next_tokens: list[int],
                          tables: RotationTables, ahead: int) -> tuple[torch.Tensor, ctypes.Array, tuple]:

@@ -1,0 +1,157 @@
+"""Which kernels a model runs, picked once when it is built (``--kernels``).
+
+- ``auto`` (default): ours (the C kernels of this folder, for the widest instruction set
+  this CPU has, the int4 matmul's tile kernel where it has AMX) where they build here, else
+  torch's ops for those that do not, with one logged warning;
+- ``native``: ours, and a ``KernelUnavailable`` (a ValueError: a one-line start-up error)
+  naming the kernel that cannot be built or run here;
+- ``torch``: torch's reference ops everywhere (for A/B benchmarks).
+
+``Kernels`` holds the loaded libraries, None where torch's op runs. ``build_model`` makes
+one and hands it to the linears and the model; the MTP drafter takes its target's. Tests and
+benchmarks that need a given build pin it with ``Kernels.load``'s arguments, or swap one
+field with ``dataclasses.replace``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from speclane.config import KERNELS as CHOICES
+from speclane.kernels import attention_cpu, build, int4_cpu, mtp_step_cpu, norm_cpu
+from speclane.kernels.build import Kernel, KernelUnavailable
+
+log = logging.getLogger(__name__)
+
+
+def _library(kernel: Kernel | None) -> ctypes.CDLL | None:
+    return kernel.library if kernel is not None else None
+
+
+def _name(kernel: Kernel | None) -> str:
+    return kernel.isa if kernel is not None else "torch"
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The loaded kernel of each computation, or None where torch's op runs.
+
+    ``int4``: the int4 matmul (``Int4Weight``); ``tiles``: its tile kernel for calls of
+    ``int4_cpu.TILE_MIN_ROWS`` rows or more (the same bits; only beside ``int4``);
+    ``attention`` and ``norm``: a bfloat16 forward's attention and add + RMSNorm / SiLU;
+    ``mtp_step``: the MTP head's draft step in one C call (else its kernels one by one).
+    """
+
+    int4: Kernel | None = None
+    tiles: Kernel | None = None
+    attention: Kernel | None = None
+    norm: Kernel | None = None
+    mtp_step: Kernel | None = None
+
+    @classmethod
+    def load(cls, choice: str = "auto", *, isa: str | None = None, tiles: bool | None = None,
+             mtp_step: bool = True) -> Kernels:
+        """The kernels of ``choice`` (module docstring).
+
+        ``isa`` pins every kernel's build to that instruction set (``build.VECTOR_ISAS``;
+        a kernel without that build takes its widest below it), with no timing of the int4
+        builds. ``tiles``: None, the tile kernel where the CPU has AMX; True, required (an
+        error where it cannot run); False, never. ``mtp_step`` False: the MTP head calls its
+        kernels one by one (the same bits as one call)."""
+        if choice not in CHOICES:
+            raise KernelUnavailable(f"kernels must be one of {', '.join(CHOICES)}; got {choice!r}")
+        if choice == "torch":
+            log.info("kernels: torch's ops throughout (--kernels torch)")
+            return cls()
+        unavailable: list[str] = []
+
+        def attempt(source: str, load: Callable[[], Kernel], required: bool = choice == "native") -> Kernel | None:
+            try:
+                return load()
+            except KernelUnavailable as err:
+                if required:
+                    raise KernelUnavailable(f"--kernels {choice}: {source} is unavailable here: {err}") from err
+                unavailable.append(f"{source} ({err})")
+                return None
+
+        int4 = attempt(int4_cpu.SOURCE.name, lambda: int4_cpu.load(isa))
+        tile = None
+        if tiles is True and int4 is None:
+            raise KernelUnavailable(f"tiles: {int4_cpu.TILE_SOURCE.name} reads our int4 layout, and the int4 matmul is torch's")
+        # The tile kernel reads our int4 layout: only beside our matmul, and only where the CPU has AMX.
+        if int4 is not None and (tiles is True or (tiles is None and not build.missing_cpu_flags("amx"))):
+            tile = attempt(int4_cpu.TILE_SOURCE.name, int4_cpu.load_tiles, required=choice == "native" or tiles is True)
+        kernels = cls(
+            int4=int4,
+            tiles=tile,
+            attention=attempt(attention_cpu.SOURCE.name, lambda: attention_cpu.load(isa)),
+            norm=attempt(norm_cpu.SOURCE.name, lambda: norm_cpu.load(isa)),
+            mtp_step=attempt(mtp_step_cpu.SOURCE.name, lambda: mtp_step_cpu.load(isa)) if mtp_step else None,
+        )
+        if unavailable:
+            log.warning("kernels: ours unavailable here, torch's ops (for the tile kernel, the int4 matmul) stand in: %s",
+                        "; ".join(unavailable))
+        if len(build.openmp_runtimes()) > 1:  # e.g. a torch wheel whose libgomp has another soname
+            log.warning("our kernels run on a second OpenMP runtime beside torch's (%s): two thread pools share the cores",
+                        ", ".join(sorted(build.openmp_runtimes())))
+        log.info("kernels: %s", kernels.describe())
+        return kernels
+
+    # -- the loaded libraries, None where torch's op runs ------------------------------
+    @property
+    def int4_library(self) -> ctypes.CDLL | None:
+        return _library(self.int4)
+
+    @property
+    def tile_library(self) -> ctypes.CDLL | None:
+        return _library(self.tiles)
+
+    @property
+    def attention_library(self) -> ctypes.CDLL | None:
+        return _library(self.attention)
+
+    @property
+    def norm_library(self) -> ctypes.CDLL | None:
+        return _library(self.norm)
+
+    @property
+    def mtp_step_library(self) -> ctypes.CDLL | None:
+        return _library(self.mtp_step)
+
+    # -- names, for logs, benchmarks and the calibration's key ---------------------------
+    @property
+    def int4_name(self) -> str:
+        """'avx512bf16', 'avx512', 'avx2' or 'torch'."""
+        return _name(self.int4)
+
+    @property
+    def tile_name(self) -> str:
+        """'amx' where calls of ``TILE_MIN_ROWS`` rows or more run on the tile kernel, else 'off'."""
+        return "amx" if self.tiles is not None else "off"
+
+    @property
+    def attention_name(self) -> str:
+        return _name(self.attention)
+
+    @property
+    def norm_name(self) -> str:
+        return _name(self.norm)
+
+    @property
+    def mtp_step_name(self) -> str:
+        return _name(self.mtp_step)
+
+    def describe(self) -> str:
+        return (f"int4={self.int4_name} tiles={self.tile_name} attention={self.attention_name} "
+                f"norm={self.norm_name} mtp_step={self.mtp_step_name}")
+
+    def fingerprint(self, bfloat16: bool) -> list[str]:
+        """Which kernels a forward of a model runs here (``bfloat16``: its dtype), and their
+        sources' versions: what a measurement of its speed depends on."""
+        return [f"int4={self.int4_name}:{int4_cpu.source_digest()}",
+                f"tiles={self.tile_name}:{int4_cpu.tile_source_digest()}",
+                f"attention={self.attention_name if bfloat16 else 'sdpa'}:{attention_cpu.source_digest()}",
+                f"norm={self.norm_name if bfloat16 else 'torch'}:{norm_cpu.source_digest()}"]
