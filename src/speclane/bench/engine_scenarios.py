@@ -1,4 +1,4 @@
-"""Engine benchmarks: concurrency (issue 3), speed-up, head-of-line, throughput (issue 4)."""
+"""Engine benchmarks: concurrency, speed-up, head-of-line latency, throughput."""
 
 from __future__ import annotations
 
