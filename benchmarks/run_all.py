@@ -160,10 +160,11 @@ def _description(name: str) -> str:
     return SCENARIOS.get(name, "")
 
 
-def _header(out: Path, runs: list[dict[str, Any]], reports: list[dict[str, Any]], missing: list[str],
-            quick: bool) -> str:
+def _header(runs: list[dict[str, Any]], reports: list[dict[str, Any]], missing: list[str], quick: bool,
+            commit: str | None) -> str:
     commits = sorted({r["commit"] for r in runs if r.get("commit")})
-    commit = ", ".join(commits) if commits else f"{git_commit()}, the checkout that wrote this page (the run recorded none)"
+    if commit is None:
+        commit = ", ".join(commits) if commits else f"{git_commit()}, the checkout that wrote this page (the run recorded none)"
     torch_versions = sorted({r["env"]["torch"] for r in reports if r.get("env", {}).get("torch")})
     threads = sorted({str(r["env"]["threads"]) for r in reports if r.get("env", {}).get("threads")})
     dates = sorted([r["started"] for r in runs if r.get("started")]
@@ -199,7 +200,7 @@ def _header(out: Path, runs: list[dict[str, Any]], reports: list[dict[str, Any]]
     return "\n".join(lines) + "\n"
 
 
-def write_page(out: Path, docs: Path, quick: bool, names: list[str] = ORDER) -> list[str]:
+def write_page(out: Path, docs: Path, quick: bool, names: list[str] = ORDER, commit: str | None = None) -> list[str]:
     """Write ``docs`` from the reports under ``out``; return the scenarios it covers."""
     docs_dir = docs.resolve().parent
     img_dir = docs_dir / "img"
@@ -217,7 +218,7 @@ def write_page(out: Path, docs: Path, quick: bool, names: list[str] = ORDER) -> 
         sections.append(section)
         runs.append(_read_json(folder / "run.json") or {})
         reports.append(_read_json(folder / "report.json") or {})
-    page = _header(out, runs, reports, missing, quick) + "\n" + "\n".join(sections)
+    page = _header(runs, reports, missing, quick, commit) + "\n" + "\n".join(sections)
     docs.parent.mkdir(parents=True, exist_ok=True)
     docs.write_text(page)
     return covered
@@ -231,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from", dest="from_dir", default=None,
                         help="write the page from this earlier run's out folder; run nothing")
     parser.add_argument("--docs", default=str(DEFAULT_DOCS), help="the page to write")
+    parser.add_argument("--commit", default=None,
+                        help="with --from: the commit the run measured, where its run.json files record none")
     args = parser.parse_args(argv)
     names = [n for n in ORDER if not args.only or n in args.only.split(",")]
     unknown = set(filter(None, args.only.split(","))) - set(ORDER)
@@ -244,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.from_dir)
         if not out.is_dir():
             parser.error(f"--from {out}: no such folder")
-    covered = write_page(out, Path(args.docs), args.quick, names)
+    covered = write_page(out, Path(args.docs), args.quick, names, commit=args.commit)
     print(f"wrote {args.docs} ({', '.join(covered) or 'no scenario'})")
     return 0
 
