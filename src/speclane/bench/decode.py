@@ -82,14 +82,12 @@ def forward_time_ms(llm: LLM, batch: int = 1, positions: int = 1, kv_len: int = 
 
 def run(config: EngineConfig, repeats: int = 3, new_tokens: int = 128) -> list[Table]:
     torch.set_num_threads(2)
-    llm = LLM(config=config.replace(spec_mode="off", compile=False))
-    compiled = LLM(config=config.replace(spec_mode="off", compile=True))
+    llm = LLM(config=config.replace(spec_mode="off"))
     prompt_ids = llm.encode_prompt(PROMPT, chat=True)
     hf = load_transformers(torch.bfloat16)
     runs = alternate(
         {
             "speclane": lambda: new_tokens / ours_generate(llm, prompt_ids, new_tokens)[0],
-            "speclane --compile": lambda: new_tokens / ours_generate(compiled, prompt_ids, new_tokens)[0],
             "transformers": lambda: new_tokens / transformers_generate(hf, prompt_ids, new_tokens)[0],
         },
         repeats,
@@ -101,12 +99,9 @@ def run(config: EngineConfig, repeats: int = 3, new_tokens: int = 128) -> list[T
     )
     mc = config.model
     quant = f"{mc.dtype}, quantization={llm.engine.model.quantization}"
-    is_compiled = compiled.engine.model.decode_compiled
-    for name, label in (("speclane", quant), ("speclane --compile", quant + (", compiled step" if is_compiled else ", not compilable: eager"))):
-        t1.add(name, label, median(runs[name]), ", ".join(f"{x:.1f}" for x in runs[name]), f"{median(runs[name]) / ref:.2f}x")
+    t1.add("speclane", quant, ours, ", ".join(f"{x:.1f}" for x in runs["speclane"]), f"{ours / ref:.2f}x")
     t1.add("transformers generate()", "bfloat16", ref, ", ".join(f"{x:.1f}" for x in runs["transformers"]), "1.00x")
-    t1.notes.append("A B C alternation after a discarded warm-up of each arm, same prompt, same process. "
-                    "--compile: the one-token step (every layer and its attention) as one compiled graph.")
+    t1.notes.append("A B alternation after a discarded warm-up of each arm, same prompt, same process.")
 
     t2 = Table("One decode step (forward + logits), KV length 200", ["batch", "ms/step", "tok/s"])
     for batch in (1, 4, 8, 16):
@@ -125,7 +120,6 @@ def run(config: EngineConfig, repeats: int = 3, new_tokens: int = 128) -> list[T
     wb = weight_bytes_per_token(llm)
     ceiling = bw * 1e9 / wb
     t3 = Table("Memory-bandwidth ceiling (batch 1)", ["weight bytes / token", "copy bandwidth", "ceiling tok/s", "reached"])
-    t3.add(f"{wb / 1e6:.1f} MB", f"{bw:.1f} GB/s", ceiling,
-           f"{ours / ceiling:.0%} eager, {median(runs['speclane --compile']) / ceiling:.0%} --compile")
+    t3.add(f"{wb / 1e6:.1f} MB", f"{bw:.1f} GB/s", ceiling, f"{ours / ceiling:.0%}")
     t3.notes.append("Bandwidth: best of 5 copies of 512 MB (read + write bytes). Ceiling = bandwidth / weight bytes read per token.")
     return [t1, t2, t_verify, t3]

@@ -87,7 +87,7 @@ def mtp(factory: EngineFactory, new_tokens: int = 128, repeats: int = 2, quick: 
     table.notes.append("Default engine (bfloat16 activations, int4 GGUF weights), one round per tick; "
                        "counters include the warm-up. 'text == off': greedy answers identical to speculation off "
                        "(all of them with our int4 and attention kernels, which compute every row alone; with "
-                       "torch's kernels or --compile a verify's rows round differently and a near-tie can flip).")
+                       "torch's kernels (--kernels torch) a verify's rows round differently and a near-tie can flip).")
     return [table, positions]
 
 
