@@ -8,7 +8,7 @@ tokens after *every* position of every answer. A policy walks each answer round 
 it picks K, the drafts are checked against the answer (greedy verification by match), and
 the round costs a forward of 1 + K rows plus drafting. Policies: fixed K; adaptive K as
 the code has it (``scheduler.draft_length.choose`` with ``AcceptanceEstimate``); and
-adaptive K without the stopping rule at the thirteenth session's DECAY 0.8 ("before").
+adaptive K without its stopping rule ("before", at DECAY 0.8).
 
 The cost model is the engine's own: its calibrated step cost (``engine.calibration``) and
 the drafting ms per token and per round learnt on a live run of the first four answers
@@ -92,7 +92,7 @@ def walk(answers, cost: draft_length.StepCost, timing: draft_length.DraftTiming,
 
 
 def before_rule(*args):
-    """``choose`` without the stopping rule, at DECAY 0.8 (the thirteenth session's)."""
+    """``choose`` without the stopping rule, at DECAY 0.8."""
     estimate, saved = draft_length.AcceptanceEstimate, (draft_length.DECAY, draft_length.AcceptanceEstimate.optimistic_rate)
     draft_length.DECAY = 0.8
     estimate.optimistic_rate = lambda self, request_id: 0.0  # never overrides the estimate's K = 0

@@ -1,4 +1,4 @@
-"""Shared fixtures: the real default model, loaded once per test session.
+"""Shared fixtures: the real default model, loaded once per pytest run.
 
 Loading takes 10-20 s, so every test that needs the real model shares one of two
 engines:

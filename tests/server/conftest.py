@@ -1,6 +1,6 @@
 """Shared fixtures of the HTTP server tests: one real engine, servers on free ports.
 
-The model loads once per test session (``async_engine``). Each module that needs HTTP
+The model loads once per pytest run (``async_engine``). Each module that needs HTTP
 starts its own in-process uvicorn server on that engine (``live``), so tests can look
 inside the engine (KV slots, lane holders) while talking HTTP to it. The engine holds a
 lane grant for a whole generation (``spec_grant_rounds=0``) so that the lane holder only

@@ -1,4 +1,4 @@
-"""``/metrics`` after real traffic: every name of CONTRACT.md, in Prometheus text format,
+"""``/metrics`` after real traffic: every name docs/api.md lists, in Prometheus text format,
 with values that moved (tokens per tenant, lane grants, latency histograms)."""
 
 from __future__ import annotations

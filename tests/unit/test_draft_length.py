@@ -271,7 +271,7 @@ def test_in_a_shared_tick_the_estimate_alone_decides_to_stop():
     assert choose([("chat", 4)], 4, 4, ROWWISE_DRAFTING, est, 0.6, 0.9) == {"chat": 0}
 
 
-# The thirteenth session's measured shape on the default model (ms by rows), drafts costing
+# A measured shape of the default model's step (ms by rows), drafts costing
 # 0.6 ms per token and 0.9 ms per round: a K = 2 round pays from ~34% acceptance.
 ROWWISE_DRAFTING = StepCost((6.79, 7.39, 7.39, 8.35, 8.48, 8.76, 9.8, 10.08))
 

@@ -1,4 +1,4 @@
-"""Property-based tests of the lane: DESIGN.md's bounds over random traffic.
+"""Property-based tests of the lane: the bounds of docs/design.md ("The lane, exactly") over random traffic.
 
 1. ``SpecLane`` makes exactly the decisions of ``ReferenceLane``, the same rules written
    the slow, obvious way (lists, O(n) scans, per-priority pass-over counts kept by hand,

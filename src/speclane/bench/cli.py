@@ -10,15 +10,15 @@ from speclane.bench.common import Table, write_report
 from speclane.config import EngineConfig
 
 SCENARIOS: dict[str, str] = {
-    "decode": "single-stream decode vs transformers, batch step times, bandwidth ceiling (issue 2)",
-    "concurrency": "aggregate tok/s at 1-16 streams vs transformers; latency while a long prompt is admitted (issue 3)",
-    "speedup": "speculation on/off vs transformers assisted generation on three tasks (issue 4)",
-    "hol": "classic streams' latency beside a speculative stream: slice vs burst (issue 4)",
-    "throughput": "8 streams, one holding the lane, vs speculation off (issue 4)",
-    "fairness": "lane share between tenants under three policies, with a lane timeline plot (issue 5)",
-    "priority": "ticks from an urgent arrival to holding the lane (issue 5)",
-    "overhead": "cost of a lane decision by number of waiters; lane share of tick time (issue 5)",
-    "mtp": "held-out chat: MTP drafter vs n-gram vs off, acceptance per draft position (issue 8)",
+    "decode": "single-stream decode tok/s vs transformers, batch step times, memory-bandwidth ceiling",
+    "concurrency": "aggregate tok/s at 1-16 streams vs transformers; latency while a long prompt is admitted",
+    "speedup": "speculation on/off vs transformers assisted generation on copy, code and chat tasks",
+    "hol": "classic streams' inter-token latency beside a speculative stream: slice vs burst",
+    "throughput": "total tok/s of 8 streams, one holding the lane, vs speculation off",
+    "fairness": "lane share between tenants under three policies, with a lane timeline plot",
+    "priority": "ticks from an urgent arrival to holding the lane",
+    "overhead": "cost of a lane decision by number of waiters; the lane's share of tick time",
+    "mtp": "held-out chat: MTP drafter vs n-gram vs off, acceptance per draft position",
 }
 
 

@@ -1,4 +1,4 @@
-"""Decode speed (issue 2): single-stream tok/s against transformers' generate(), one
+"""Decode speed: single-stream tok/s against transformers' generate(), one
 decode step at batch 1/4/8/16, and the memory-bandwidth ceiling."""
 
 from __future__ import annotations

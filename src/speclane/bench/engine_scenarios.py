@@ -1,4 +1,4 @@
-"""Engine benchmarks: concurrency (issue 3), speed-up, head-of-line, throughput (issue 4)."""
+"""Engine benchmarks: concurrency, speed-up, head-of-line latency, throughput."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def speedup(factory: EngineFactory, new_tokens: int = 128, repeats: int = 3, qui
                        "transformers: bfloat16, generate() with prompt_lookup_num_tokens=4, same prompts; arms alternate A B C D after a warm-up.")
     table.notes.append("tok/s columns are end to end (prefill included, as for transformers); the decode-phase column times "
                        "the tokens after the first (1 / time per output token), where speculation acts: prefill is the "
-                       "same work in both arms (its share of each run: docs/benchmarks.md).")
+                       "same work in both arms.")
     return [table, _draft_depth_table(factory, off, new_tokens, 1 if quick else repeats)]
 
 

@@ -1,4 +1,4 @@
-"""Lane benchmarks (issue 5): fairness between tenants, priority preemption, lane overhead."""
+"""Lane benchmarks: fairness between tenants, priority preemption, lane overhead."""
 
 from __future__ import annotations
 

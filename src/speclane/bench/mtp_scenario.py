@@ -1,4 +1,4 @@
-"""``speclane bench mtp``: the MTP drafter on held-out chat (issue 8).
+"""``speclane bench mtp``: the MTP drafter on held-out chat.
 
 Ordinary chat questions that were never training prompts (``CHAT_PROMPTS``; a test
 checks they are disjoint from ``speclane.training.prompts``), greedy, default model.
@@ -39,8 +39,8 @@ def mtp(factory: EngineFactory, new_tokens: int = 128, repeats: int = 2, quick: 
         "mtp": factory.engine(spec_mode="slice", drafter="mtp"),
         "mtp head only": factory.engine(spec_mode="slice", drafter="mtp", mtp_lookup=False),
         # Two drafts every round, adaptive K off: what the drafter gives when it always
-        # drafts, the reference for adaptive K (which left 10-15% of it on the table in
-        # the thirteenth session, ~0 since its stopping rule in the fourteenth).
+        # drafts, the reference adaptive K is measured against (it should leave ~0 of it
+        # on the table; without its stopping rule it leaves 10-15%).
         "mtp K=2 fixed": factory.engine(spec_mode="slice", drafter="mtp", num_draft_tokens=2, spec_adaptive_k=False),
     }
     ids = [factory.chat_ids(p) for p in prompts]
@@ -87,7 +87,7 @@ def mtp(factory: EngineFactory, new_tokens: int = 128, repeats: int = 2, quick: 
     table.notes.append("Default engine (bfloat16 activations, int4 GGUF weights), one round per tick; "
                        "counters include the warm-up. 'text == off': greedy answers identical to speculation off "
                        "(all of them with our int4 and attention kernels, which compute every row alone; with "
-                       "torch's kernels or --compile a verify's rows round differently and a near-tie can flip).")
+                       "torch's kernels (--kernels torch) a verify's rows round differently and a near-tie can flip).")
     return [table, positions]
 
 

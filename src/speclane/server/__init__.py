@@ -10,5 +10,5 @@ the engine and runs it on uvicorn. The parts, one job each:
 - ``errors.py``: every error in OpenAI's shape, and the handlers that guarantee it;
 - ``limits.py``: the request body size limit, enforced before any parsing;
 - ``lifecycle.py``: live requests, draining on SIGTERM, the uvicorn server;
-- ``metrics.py``: ``/metrics`` (prometheus-client, names as in CONTRACT.md).
+- ``metrics.py``: ``/metrics`` (prometheus-client, names as in docs/api.md).
 """

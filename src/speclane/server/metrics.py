@@ -1,4 +1,4 @@
-"""``/metrics``: the engine's numbers in Prometheus text format (names as in CONTRACT.md).
+"""``/metrics``: the engine's numbers in Prometheus text format (names as in docs/api.md).
 
 ``ServerMetrics`` is the engine's ``EngineObserver``: the latency histograms are fed
 from the engine thread as ticks and tokens happen (prometheus-client's histograms are

@@ -9,7 +9,7 @@ with a cost model standing in for the model runner, so policies can be compared 
 - ``acceptance.py``: how many drafts a round accepts (per-request Beta, or scripted);
 - ``runner.py``: the fake runner, a ``SchedulerPlan`` in, a ``RunnerResult`` out;
 - ``simulator.py``: the event loop (arrivals, schedule, execute, update, clock);
-- ``bounds.py``: DESIGN.md's lane bounds, measured from outside the lane;
+- ``bounds.py``: the lane's bounds (docs/design.md, "The lane, exactly"), measured from outside the lane;
 - ``calibrate.py``: fits the cost model from a ``speclane bench`` report;
 - ``report.py`` / ``plots.py`` / ``cli.py``: tables, report.md, PNGs, the command.
 

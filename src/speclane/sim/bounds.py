@@ -1,4 +1,4 @@
-"""DESIGN.md's lane bounds, measured from outside the lane while the simulator runs.
+"""The lane's bounds (docs/design.md, "The lane, exactly"), measured from outside the lane while the simulator runs.
 
 The monitor sees only what a user could: the scheduler's running requests, the lane's
 holders and waiter count, its grant/yield/preempt/finish events, and the rounds each
@@ -6,7 +6,7 @@ tick ran. It never reads the lane's private state, so a bug in the lane shows up
 
 - **Wait to first grant.** A request becomes a waiter when its prefill ends. After the
   first ``schedule`` that leaves it waiting, W = waiters of its priority (itself
-  included); DESIGN.md promises a grant within ``ceil(W / slots) * budget`` ticks. The
+  included); the lane promises a grant within ``ceil(W / slots) * budget`` ticks. The
   promise is about equal-priority waiters, so a wait during which any grant went to
   another priority (a more urgent request, or a skip-cap grant) is counted apart
   ("not clean"). A request that finishes before its first grant counts with the time
@@ -19,7 +19,7 @@ tick ran. It never reads the lane's private state, so a bug in the lane shows up
   ``actual / fair`` of every (tenant, priority) entitled to at least one grant; the lag
   ``fair - actual`` within a backlogged period shows how far a tenant fell behind.
 - **Holder overrun.** Rounds a holder began with its budget already spent while someone
-  waited (a spent holder with no waiter renews, as DESIGN.md says). Promise: <= 1.
+  waited (a spent holder with no waiter renews, as the lane's rules say). Promise: <= 1.
 - **Work conservation.** After every ``schedule``: holders >= min(slots, eligible).
 """
 

@@ -1,6 +1,6 @@
 """The simulator's cost model: how long a tick takes, from what the plan asks for.
 
-First order, as DESIGN.md describes a tick: one batched forward whose cost is a fixed
+First order, as docs/design.md ("One tick") describes a tick: one batched forward whose cost is a fixed
 part (weights read once, Python dispatch, sampling) plus a part per token passed
 through the model, plus an extra per lane verify row (drafting, the wider verify
 logits, the acceptance test). Prefill tokens may cost differently from decode tokens
@@ -10,7 +10,7 @@ logits, the acceptance test). Prefill tokens may cost differently from decode to
                       + prefill_token_ms * prefill tokens + verify_row_ms * verify rows
 
 The defaults are rough figures for the default model on this project's 2-core machine
-(DESIGN.md, "Speed facts"); ``calibrate.py`` fits them from a ``speclane bench`` run.
+(docs/design.md, "Speed facts"); ``calibrate.py`` fits them from a ``speclane bench`` run.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class CostModel:
     decode_token_ms: float = 0.8
     prefill_token_ms: float = 1.0
     verify_row_ms: float = 4.0
-    source: str = "defaults (DESIGN.md speed facts, not calibrated)"
+    source: str = "defaults (docs/design.md speed facts, not calibrated)"
 
     def __post_init__(self) -> None:
         for name in ("base_ms", "decode_token_ms", "prefill_token_ms", "verify_row_ms"):

@@ -1,6 +1,6 @@
 """PNG plots for ``speclane simulate`` (matplotlib, Agg backend, no display).
 
-- ``waits``: the distribution of waits to a first grant, against DESIGN.md's bound;
+- ``waits``: the distribution of waits to a first grant, against the lane's bound;
 - ``lane_shares``: each tenant's lane rounds over its fair share, per policy.
 Both take plain data (not simulator objects), so tests can feed them synthetic values.
 """
@@ -29,7 +29,7 @@ def waits(data: Mapping[str, Sequence[tuple[float, int]]], path: Path, title: st
     left.axvline(1.0, color="black", linestyle="--", linewidth=1)
     left.set_xlabel("wait / bound ceil(W/S)·B  (promise: ≤ 1, dashed)")
     left.set_ylabel("fraction of waits")
-    left.set_title("Waits against DESIGN.md's bound")
+    left.set_title("Waits against the lane's bound")
     right.set_xscale("symlog", linthresh=1)
     right.set_xlabel("wait to first grant (ticks)")
     right.set_title("Waits to a first grant")

@@ -1,6 +1,6 @@
 """The lane policies a simulation compares, derived from the configured lane options.
 
-DESIGN.md's stage 3 (the fair lane) against its two legacy comparisons. Every other
+The fair lane (docs/design.md, "The lane, exactly") against its two legacy comparisons. Every other
 lane option (slots, K, skip cap, preemption, spec mode) is kept as given; so is
 ``--spec-grant-ms``, except for the hold policy, which has no budget of any kind.
 """

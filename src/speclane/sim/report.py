@@ -1,4 +1,4 @@
-"""Tables for ``speclane simulate``: the lane's bounds against DESIGN.md, and service.
+"""Tables for ``speclane simulate``: the lane's bounds (docs/design.md), and service.
 
 Pure formatting over ``PolicyOutcome``s; ``bench.common.Table`` renders the Markdown.
 """
@@ -43,7 +43,7 @@ def bounds_table(outcomes: Sequence[PolicyOutcome], title: str) -> Table:
         )
     table.notes += [
         "Wait: from the first round boundary a request spends as a waiter to its first grant, in ticks (a holder runs one "
-        "round per tick). W = waiters of its priority then, S = slots, B = rounds per grant: DESIGN.md promises a grant "
+        "round per tick). W = waiters of its priority then, S = slots, B = rounds per grant: the lane promises a grant "
         "within ceil(W/S)·B. 'clean' = no grant went to another priority during the wait (the promise is about "
         "equal-priority waiters); 'all' counts every wait, including those overtaken by more urgent or skip-cap grants. "
         "'behind own tenant': the wait began with a request of its own tenant already waiting; with --fairness tenant "

@@ -1,6 +1,6 @@
 """The simulator's event loop: the real scheduler, a cost-model runner, a simulated clock.
 
-One tick is the engine's tick (DESIGN.md, "One tick") with the runner replaced:
+One tick is the engine's tick (docs/design.md, "One tick") with the runner replaced:
 
     arrivals up to now join (a full queue answers 429: the client retries after retry_s)
     plan   = scheduler.schedule(now)
