@@ -191,7 +191,7 @@ class RuntimeEnv:
     speclane keeps its caches and how long a stopping server drains.
 
     ``runtime_env`` reads them (the one place besides ``from_namespace`` that reads a
-    ``SPECLANE_*`` variable; the kernel switches are the kernels' own). The code that
+    ``SPECLANE_*`` variable; the kernels are a flag, ``--kernels``). The code that
     needs one takes a ``RuntimeEnv`` argument, and reads ``runtime_env()`` at that call
     when given none: a variable set after import (a test's monkeypatch, a parent
     process's environment) still applies, to the ``LLM`` API as to the CLI.

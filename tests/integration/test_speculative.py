@@ -182,7 +182,7 @@ def test_preempted_request_output_identical_to_speculation_off(parts, preemption
 # -- the default configuration: bfloat16 activations, int4 weights -----------------------------
 # Token-exact there too, because our int4 and attention kernels compute every row alone (a
 # verify round's rows get the bits a decode step would). With torch's int4 kernel and SDPA a
-# near-tie flipped here and there (docs/benchmarks.md: 9-13 of 16 held-out answers identical).
+# near-tie can flip a token (`--kernels torch`: 9-13 of 16 held-out answers identical when measured).
 DEFAULT_MODES = ("off", "slice-rotating", "burst", "mtp-everyone")
 
 

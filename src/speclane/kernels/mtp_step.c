@@ -4,7 +4,7 @@
 // Why: a draft step is ~25 small calls (norms, int4 matmuls, RoPE + attention, the
 // residual adds), each cheap in C but paying ctypes and torch's dispatch; right after a
 // target forward has streamed ~100 MB through the caches that glue cost ~half the step
-// (~1 ms of a ~1.9 ms round of two drafts here, fourteenth session).
+// (~1 ms of a ~1.9 ms round of two drafts on an AMX Xeon; benchmarks/mtp_drafting_cost.py).
 //
 // Nothing here computes a new way: the step calls the very kernels the torch-level step
 // calls (the int4 matmul, add + RMSNorm, SiLU * up and rope_write_attention builds this

@@ -13,8 +13,8 @@ rerun of the same command resumes from the last one.
 
 Precision: the matmuls run under bfloat16 autocast where the CPU multiplies bfloat16
 natively (AVX512_BF16 / AMX; ``--precision auto``), the weights, their gradients and the
-optimizer staying float32. On the eleventh-thirteenth sessions' AMX Xeon a step of 4
-windows took 0.37 s instead of 0.62; elsewhere bfloat16 would be emulated, so auto keeps
+optimizer staying float32. On an AMX Xeon a step of 4 windows takes 0.37 s instead of
+0.62; elsewhere bfloat16 would be emulated, so auto keeps
 float32 there.
 """
 
