@@ -73,7 +73,7 @@ class SchedulerConfig:
 class LaneConfig:
     drafter: str = field(default="ngram", metadata={"help": "none, ngram, mtp"})
     num_draft_tokens: int = field(default=4, metadata={"help": "K, draft tokens per round"})
-    spec_mode: str = field(default="slice", metadata={"help": "slice: one round per tick; burst: legacy run-to-completion; off"})
+    spec_mode: str = field(default="slice", metadata={"help": "slice: one round per tick beside everyone's decode; burst: the holder runs alone until it finishes (a baseline); off"})
     spec_adaptive_k: bool = field(default=True, metadata={"help": "draft fewer than K (even 0) when the tick's expected goodput says so"})
     spec_slots: int = field(default=1, metadata={"help": "requests that may hold the lane at once"})
     spec_grant_rounds: int = field(default=8, metadata={"help": "rounds per grant; 0 = hold for the whole generation"})
