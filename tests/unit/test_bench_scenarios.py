@@ -209,3 +209,16 @@ def test_clients_resend_as_soon_as_an_answer_is_done_and_nothing_is_left_running
     finished = len(sent) - len(prompts)  # one request per client is still open at the window's end (aborted)
     assert tokens >= 3 * finished
     assert not engine.has_unfinished() and engine.scheduler.slots.all_free
+
+
+def test_priority_scenario_measures_a_preemption_against_waiting_out_the_grant():
+    """The urgent request arrives while the holder holds the lane, whatever the machine's
+    speed: preemption hands it the lane at the next round boundary; without preemption
+    it waits for the rest of the holder's grant."""
+    factory = ToyFactory(EngineConfig().replace(spec_adaptive_k=False))
+    (table,) = ls.priority(factory, quick=True)
+    rows = {row[0]: row for row in table.rows}
+    on, off = rows["on"], rows["off (--no-spec-preempt)"]
+    assert on[1] == off[1] == ls.HELD_ROUNDS  # the holder was mid-grant at the arrival
+    assert on[2] == 1 and on[4] == 1  # granted at the next tick, by one preemption
+    assert off[2] >= ls.GRANT_ROUNDS // 4 - ls.HELD_ROUNDS - 1 and off[4] == 0

@@ -104,34 +104,51 @@ def _first_grant_waits(timelines: dict[str, Timeline], events) -> dict[str, floa
     return waits
 
 
+GRANT_ROUNDS = 64  # the holder's grant: only preemption moves the lane before it is spent
+HELD_ROUNDS = 4  # rounds the holder has run when the urgent request arrives
+
+
 def priority(factory: EngineFactory, quick: bool = False) -> list[Table]:
-    """A priority -1 request arriving while a priority 0 stream holds the lane."""
+    """A priority -1 request arriving while a priority 0 stream holds the lane.
+
+    The urgent request arrives once the holder has run ``HELD_ROUNDS`` rounds of its grant
+    (not at a wall-clock time, which a fast machine outruns): preemption hands it the lane
+    at the next round boundary; without it, it waits out the rest of the grant."""
     copy = factory.chat_ids(f"Repeat the following paragraph exactly:\n\n{PARAGRAPH}")
+    grant_rounds = GRANT_ROUNDS // 4 if quick else GRANT_ROUNDS
     table = Table("Priority: an urgent request (priority -1) arrives while a priority-0 stream holds the lane",
-                  ["preemption", "ticks from eligible to holding", "ms from eligible to holding", "preemptions"])
+                  ["preemption", "holder's rounds at arrival", "ticks from eligible to holding",
+                   "ms from eligible to holding", "preemptions"])
     for preempt in (True, False):
         progress(f"priority preempt={preempt}")
-        engine = factory.engine(spec_mode="slice", spec_preempt=preempt, spec_grant_rounds=64)
-        tick_times: list[float] = []
-        eligible: dict[str, float] = {}
-
-        def on_tick(now: float, engine=engine, tick_times=tick_times, eligible=eligible) -> None:
-            tick_times.append(engine.clock())
-            req = engine.scheduler.running.get("urgent")
-            if req is not None and req.prefill_done and "urgent" not in eligible:
-                eligible["urgent"] = engine.clock()
-
-        jobs = [Job("holder", copy, SamplingParams(max_tokens=160, ignore_eos=True), 0.0, {"priority": 0}),
-                Job("urgent", copy, SamplingParams(max_tokens=32, ignore_eos=True), 1.0, {"priority": -1})]
-        drive(engine, jobs, on_tick=on_tick)
-        grant = next((e.time_s for e in engine.scheduler.lane.events if e.kind == "grant" and e.request_id == "urgent"), None)
-        if grant is None or "urgent" not in eligible:
-            table.add("on" if preempt else "off (--no-spec-preempt)", "never", "never", engine.counters.lane_preemptions)
+        engine = factory.engine(spec_mode="slice", spec_preempt=preempt, spec_grant_rounds=grant_rounds)
+        label = "on" if preempt else "off (--no-spec-preempt)"
+        holder = engine.add_request("holder", copy, SamplingParams(max_tokens=4096, ignore_eos=True), priority=0)
+        while engine.has_unfinished() and holder.spec.rounds < HELD_ROUNDS:
+            engine.step()
+        held_rounds = holder.spec.rounds
+        engine.add_request("urgent", copy, SamplingParams(max_tokens=32, ignore_eos=True), priority=-1)
+        eligible = granted = None  # (tick, clock)
+        tick = 0
+        while engine.has_unfinished() and granted is None:
+            engine.step()
+            tick += 1
+            urgent = engine.scheduler.get("urgent")
+            if granted is None and "urgent" in engine.scheduler.lane.holders:
+                granted = (tick, engine.clock())
+            if eligible is None and urgent is not None and urgent.prefill_done:
+                eligible = (tick, engine.clock())
+        for rid in ("holder", "urgent"):
+            engine.abort_request(rid)
+        engine.run_until_done()
+        if eligible is None or granted is None:
+            table.add(label, held_rounds, "never", "never", engine.counters.lane_preemptions)
             continue
-        ticks = sum(1 for t in tick_times if eligible["urgent"] < t <= grant + 1e-9)
-        table.add("on" if preempt else "off (--no-spec-preempt)", ticks, (grant - eligible["urgent"]) * 1000, engine.counters.lane_preemptions)
-    table.notes.append("Eligible: the tick its prompt finished (its first token). Holding: the lane's grant event, made at the start of a tick. "
-                       "A grant at the very next tick boundary reads as 1 tick. Grant budget 64 rounds so only preemption can move the lane early.")
+        table.add(label, held_rounds, granted[0] - eligible[0], (granted[1] - eligible[1]) * 1000,
+                  engine.counters.lane_preemptions)
+    table.notes.append(f"The urgent request arrives after the holder's first {HELD_ROUNDS} lane rounds of a "
+                       f"{grant_rounds}-round grant. Eligible: the tick its prompt finished (its first token). "
+                       "Holding: the first tick it runs a round. A grant at the very next tick boundary reads as 1 tick.")
     return [table]
 
 
