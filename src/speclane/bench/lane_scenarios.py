@@ -127,7 +127,8 @@ def priority(factory: EngineFactory, quick: bool = False) -> list[Table]:
         while engine.has_unfinished() and holder.spec.rounds < HELD_ROUNDS:
             engine.step()
         held_rounds = holder.spec.rounds
-        engine.add_request("urgent", copy, SamplingParams(max_tokens=32, ignore_eos=True), priority=-1)
+        # Long enough to outlast the rest of the grant, which it decodes through while waiting.
+        engine.add_request("urgent", copy, SamplingParams(max_tokens=4 * grant_rounds, ignore_eos=True), priority=-1)
         eligible = granted = None  # (tick, clock)
         tick = 0
         while engine.has_unfinished() and granted is None:
