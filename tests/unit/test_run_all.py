@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
+
+import benchmark_scripts
 
 from speclane.bench.common import Table, write_report
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _run_all():
-    spec = importlib.util.spec_from_file_location("run_all", ROOT / "benchmarks" / "run_all.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_scripts.load("run_all")
 
 
 def test_the_page_has_a_header_and_one_section_per_scenario_that_ran(tmp_path):
