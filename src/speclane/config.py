@@ -78,7 +78,7 @@ class LaneConfig:
     spec_slots: int = field(default=1, metadata={"help": "requests that may hold the lane at once"})
     spec_grant_rounds: int = field(default=8, metadata={"help": "rounds per grant; 0 = hold for the whole generation"})
     spec_grant_ms: float = field(default=0.0, metadata={"help": "wall-clock budget of a grant in ms; 0 = none"})
-    spec_skip_cap: int = field(default=2, metadata={"help": "a waiter passed over this many times is granted next"})
+    spec_skip_cap: int = field(default=2, metadata={"help": "a priority whose waiters were passed over this many times is granted next"})
     spec_preempt: bool = field(default=True, metadata={"help": "a more urgent waiter preempts a holder at a round boundary"})
     fairness: str = field(default="tenant", metadata={"help": "tenant: fair between tenants; request: round-robin between requests"})
     mtp_head: str = field(default="", metadata={"help": "path of an MTP head (default: the one shipped for the model)"})
@@ -192,8 +192,9 @@ class RuntimeEnv:
 
     ``runtime_env`` reads them (the one place besides ``from_namespace`` that reads a
     ``SPECLANE_*`` variable; the kernels are a flag, ``--kernels``). The code that
-    needs one takes a ``RuntimeEnv`` argument, and reads ``runtime_env()`` at that call
-    when given none: a variable set after import (a test's monkeypatch, a parent
+    needs one of them takes it as an argument (``read_weights(env=)``, ``serve(env=)``, a
+    folder for ``calibration.step_cost``), and reads ``runtime_env()`` at that call when
+    given none: a variable set after import (a test's monkeypatch, a parent
     process's environment) still applies, to the ``LLM`` API as to the CLI.
     """
 

@@ -155,7 +155,7 @@ def engine_leftovers(async_engine: AsyncEngine, tracker) -> dict[str, int]:
         "lane members": engine.scheduler.lane.num_holders + engine.scheduler.lane.num_waiters,
         "detokenizers": len(engine._detoks),
         "token clocks": len(engine._last_token_s),
-        "runner per-request state": engine.runner.num_tracked_requests,
+        "sampling streams (runner)": engine.runner.num_sampling_streams,
     }
 
 

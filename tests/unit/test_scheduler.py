@@ -510,3 +510,17 @@ def test_1000_random_events_leave_nothing_behind(seed: int, spec_mode: str):
     gc.collect()
     alive = [ref() for ref in refs if ref() is not None]
     assert not alive, f"{len(alive)} request objects are still referenced, e.g. {alive[0].request_id}"
+
+
+def test_a_burst_is_one_round_of_its_grant_charged_to_its_tenant_even_when_it_ends_at_k0():
+    lane = LaneConfig(spec_mode="burst", num_draft_tokens=2, spec_grant_rounds=1)
+    story = Story(make_scheduler(lane=lane), AcceptingRunner())
+    calls = []
+    lane_round_done, lane_remove = story.scheduler.lane.round_done, story.scheduler.lane.remove
+    story.scheduler.lane.round_done = lambda rid, **kw: (calls.append(("round_done", rid)), lane_round_done(rid, **kw))
+    story.scheduler.lane.remove = lambda rid, now: (calls.append(("remove", rid)), lane_remove(rid, now))
+    a = run_to_end(story, make_request("a", 3, max_tokens=8))
+    # Prefill gives 1 token, two rounds of 2 drafts give 3 each, the last tick drafts 0.
+    assert a.num_output_tokens == 8 and a.spec.rounds == 3
+    assert story.scheduler.counts.burst_rounds == 3 and a.spec.grants == 1
+    assert calls == [("round_done", "a"), ("remove", "a")]  # one round of its grant, then it leaves

@@ -22,7 +22,8 @@ def _ngram(**options: object) -> Drafter:
 
 # ``none`` builds no drafter (None); the others take the engine's options by keyword.
 BUILDERS: dict[str, Callable[..., Drafter] | None] = {"none": None, "ngram": _ngram, "mtp": load_mtp_drafter}
-assert tuple(BUILDERS) == DRAFTERS, "config.DRAFTERS and the registry name the same drafters"
+if tuple(BUILDERS) != DRAFTERS:
+    raise ImportError(f"config.DRAFTERS {DRAFTERS} and the registry {tuple(BUILDERS)} must name the same drafters")
 
 
 def create_drafter(name: str, **options: object) -> Drafter | None:

@@ -25,7 +25,6 @@ from speclane.scheduler.plan import RunnerResult, ScheduledSeq, SchedulerPlan, S
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, cache: KVCache, drafter: Drafter | None):
-        self._draft_ms = 0.0  # drafting time of the current tick
         self._draft_timings: list[tuple[float, int, float]] = []  # its proposals' (RunnerResult.draft_timings)
         self.model = model
         self.cache = cache
@@ -39,11 +38,10 @@ class ModelRunner:
 
     def execute(self, plan: SchedulerPlan) -> RunnerResult:
         started = time.perf_counter()
-        self._draft_ms = 0.0
         self._draft_timings = []
         seqs = self._step(list(plan.seqs)) if plan.seqs else []
         return RunnerResult(seqs=tuple(seqs), elapsed_ms=(time.perf_counter() - started) * 1000,
-                            draft_ms=self._draft_ms, draft_timings=tuple(self._draft_timings))
+                            draft_timings=tuple(self._draft_timings))
 
     def release(self, request_ids: tuple[str, ...]) -> None:
         """Forget the per-request state (sampling stream, drafter state) of requests that left."""
@@ -53,8 +51,8 @@ class ModelRunner:
                 self.drafter.release(rid)
 
     @property
-    def num_tracked_requests(self) -> int:
-        """Requests the runner holds per-request state for (a leak check for tests)."""
+    def num_sampling_streams(self) -> int:
+        """Unseeded requests whose sampling stream the runner keeps (a leak check for tests)."""
         return len(self._seeds)
 
     # -- one ragged forward -------------------------------------------------------------
@@ -67,7 +65,6 @@ class ModelRunner:
                 started = time.perf_counter()
                 draft = self.drafter.propose(seq.request, seq.num_draft_tokens)
                 elapsed = (time.perf_counter() - started) * 1000
-                self._draft_ms += elapsed
                 if draft.catch_up_ms is not None:  # not a (re)seeding call
                     self._draft_timings.append((elapsed - draft.catch_up_ms, len(draft.token_ids), draft.catch_up_ms))
                 drafts.append(draft)

@@ -20,8 +20,7 @@ class KVCache:
         self.max_len = max_len
         # Per layer [slots, kv_heads, max_len, head_dim], so that one slot's first L positions
         # are a strided view SDPA can read without a copy.
-        # All layers live in one tensor: one allocation, and one slot's history of every
-        # layer is a single view (``all_keys[:, slot]``).
+        # All layers live in one tensor: one allocation for the whole pool.
         shape = (num_layers, num_slots, num_kv_heads, max_len, head_dim)
         self.all_keys = torch.zeros(shape, dtype=dtype)
         self.all_values = torch.zeros(shape, dtype=dtype)

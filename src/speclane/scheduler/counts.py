@@ -16,7 +16,7 @@ class ScheduleCounts:
     prefill_tokens: int = 0  # prompt tokens fed to the model
     slice_rounds: int = 0  # rounds of --spec-mode slice (one per holder per tick)
     burst_rounds: int = 0  # rounds of --spec-mode burst (a holder alone until it finishes)
-    draft_tokens: int = 0  # drafts verified (up to a request's stop point)
+    draft_tokens: int = 0  # drafts verified (up to EOS, a stop token or max_tokens inside a round)
     accepted_tokens: int = 0
     rounds_by_tenant: Counter[str] = field(default_factory=Counter)
     # Rounds by draft position j (0-based): drafts verified at j (all before it accepted),
@@ -36,10 +36,6 @@ class ScheduleCounts:
             self.tried_by_position[j] += 1
         for j in range(accepted):
             self.accepted_by_position[j] += 1
-
-    @property
-    def rounds(self) -> int:
-        return self.slice_rounds + self.burst_rounds
 
     def acceptance_by_position(self) -> list[float]:
         return acceptance_by_position(self.tried_by_position, self.accepted_by_position)

@@ -77,6 +77,5 @@ class SeqResult:
 class RunnerResult:
     seqs: tuple[SeqResult, ...] = ()  # one per plan sequence, in the plan's order
     elapsed_ms: float = 0.0  # wall time of the tick's execution (forward, drafting, sampling)
-    draft_ms: float = 0.0  # of which the drafter's proposals
     # Per proposal that adaptive K learns from: (ms drafting tokens, tokens, ms catching up).
     draft_timings: tuple[tuple[float, int, float], ...] = field(default_factory=tuple)

@@ -66,6 +66,7 @@ class Scheduler:
         self.step_cost = step_cost
         self.counts = ScheduleCounts()
         self._burst_holder: str | None = None  # --spec-mode burst: the holder running alone
+        self._burst_ms = 0.0  # the wall time of its rounds so far
         self.acceptance = draft_length.AcceptanceEstimate()
         self.draft_timing = draft_length.DraftTiming()
         self._held_without_drafts: set[str] = set()  # holders given K = 0 in the current tick
@@ -125,12 +126,14 @@ class Scheduler:
         del self.running[rid]
         self.slots.free(self.slot_of.pop(rid))
         if rid in self._in_lane:
+            if self._burst_holder == rid:  # a whole burst is one round of its grant
+                self.lane.round_done(rid, elapsed_ms=self._burst_ms, now=now)
             self._in_lane.discard(rid)
             self.lane.remove(rid, now)
         self._released.append(rid)
         self.acceptance.forget(rid)
         if self._burst_holder == rid:
-            self._burst_holder = None
+            self._burst_holder, self._burst_ms = None, 0.0
         return request
 
     # -- one tick -----------------------------------------------------------------------
@@ -253,16 +256,17 @@ class Scheduler:
             if res.token_ids and request.first_token_s is None:
                 request.first_token_s = now
             held = rid in self._held_without_drafts
-            if seq.is_round:
+            burst = rid == self._burst_holder  # each of its ticks is a round, even at K = 0
+            if seq.is_round or burst:
                 drafted, accepted = self._account_round(request, res, appended)
                 self.acceptance.observe(rid, drafted, accepted)
             elif held:
                 self.acceptance.idle(rid)
-            # A holder that drafted nothing this tick still spent a tick of its grant:
-            # otherwise a holder kept at K = 0 would hold the lane for ever. A burst spends
-            # one round of its grant, when it ends.
-            spends_grant = (seq.is_round or held) and (self._burst_holder != rid or status is not None)
-            if spends_grant and rid in self._in_lane:
+            if burst:
+                self._burst_ms += result.elapsed_ms  # charged to its grant when it ends (_finish)
+            elif (seq.is_round or held) and rid in self._in_lane:
+                # A holder that drafted nothing this tick still spent a tick of its grant:
+                # otherwise a holder kept at K = 0 would hold the lane for ever.
                 self.lane.round_done(rid, elapsed_ms=result.elapsed_ms, now=now)
             if status is not None:
                 self._finish(request, status, now)

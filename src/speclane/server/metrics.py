@@ -2,9 +2,9 @@
 
 ``ServerMetrics`` is the engine's ``EngineObserver``: the latency histograms are fed
 from the engine thread as ticks and tokens happen (prometheus-client's histograms are
-thread-safe, and each hook is a few observations). Gauges and counters are not copied
-anywhere: a custom collector reads the scheduler, the lane and ``engine.counters`` at
-scrape time. Every app has its own ``CollectorRegistry``, never the global one, so
+thread-safe, and each hook is a few observations). Gauges and counters are read at
+scrape time by a custom collector, from the scheduler, the lane and ``engine.counters``
+(which the scheduler's own tallies refresh every tick). Every app has its own ``CollectorRegistry``, never the global one, so
 several apps (tests) can live in one process.
 """
 
