@@ -236,6 +236,24 @@ def _read_gguf_file(path: Path) -> WeightSet:
 
 
 # -- Hugging Face folder ---------------------------------------------------------------
+def rope_settings(cfg: dict[str, Any], source: Path) -> tuple[float, dict[str, Any]]:
+    """The rope base and scaling of a config.json. transformers 5 keeps both under
+    ``rope_parameters`` (``rope_theta`` inside it); older configs keep ``rope_theta`` and
+    ``rope_scaling`` at the top. A shape this loader does not understand (per-layer-type
+    parameters, no base, two bases that disagree) is an error, never a default."""
+    params = cfg.get("rope_parameters")
+    if params is None:
+        return float(cfg.get("rope_theta", 10000.0)), dict(cfg.get("rope_scaling") or {})
+    if not isinstance(params, dict) or any(isinstance(v, dict) for v in params.values()):
+        raise ModelLoadError(f"{source}: rope_parameters per layer type are not supported: {params!r}")
+    if "rope_theta" not in params:
+        raise ModelLoadError(f"{source}: rope_parameters has no rope_theta: {params!r}")
+    theta = float(params["rope_theta"])
+    if cfg.get("rope_theta") is not None and float(cfg["rope_theta"]) != theta:
+        raise ModelLoadError(f"{source}: rope_theta {cfg['rope_theta']} and rope_parameters.rope_theta {theta} disagree")
+    return theta, {k: v for k, v in params.items() if k != "rope_theta"}
+
+
 def read_hf_folder(path: Path) -> WeightSet:
     config_file = path / "config.json"
     if not config_file.exists():
@@ -248,7 +266,7 @@ def read_hf_folder(path: Path) -> WeightSet:
     if archs[0] not in SUPPORTED_ARCHITECTURES:
         raise ModelLoadError(f"{path}: unsupported architecture {archs[0]!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
     family = SUPPORTED_ARCHITECTURES[archs[0]]
-    scaling = cfg.get("rope_scaling") or {}
+    rope_theta, scaling = rope_settings(cfg, config_file)
     config = LlamaConfig(
         vocab_size=cfg["vocab_size"],
         hidden_size=cfg["hidden_size"],
@@ -257,7 +275,7 @@ def read_hf_folder(path: Path) -> WeightSet:
         num_heads=cfg["num_attention_heads"],
         num_kv_heads=cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
         rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
-        rope_theta=cfg.get("rope_theta", 10000.0),
+        rope_theta=rope_theta,
         rope_scaling=tuple(sorted(scaling.items())),
         max_position_embeddings=cfg.get("max_position_embeddings", 2048),
         tie_word_embeddings=cfg.get("tie_word_embeddings", False),
