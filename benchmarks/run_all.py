@@ -89,16 +89,13 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def vector_units() -> str:
-    """The instruction sets the kernels choose between, as /proc/cpuinfo lists them."""
-    try:
-        line = next(x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("flags"))
-    except (OSError, StopIteration):
-        return "unknown"
-    flags = set(line.split(":", 1)[1].split())
-    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
-    has = [f for f in wanted if f in flags]
-    return ", ".join(has) + ("" if "amx_tile" in flags else " (no AMX)")
+def kernel_builds() -> str:
+    """The builds of speclane's kernels this CPU runs, widest first, by the kernels' own probe."""
+    from speclane.kernels import build
+
+    runs = [isa for isa in build.ISA_CPU_FLAGS if not build.missing_cpu_flags(isa)]
+    lacks = [isa for isa in build.ISA_CPU_FLAGS if isa not in runs]
+    return (", ".join(runs) or "none") + (f" (not {', '.join(lacks)})" if lacks else "")
 
 
 def num_cores() -> int:
@@ -201,7 +198,7 @@ def _header(runs: list[dict[str, Any]], reports: list[dict[str, Any]], missing: 
         "| | |",
         "|---|---|",
         f"| CPU | {cpu_model()} |",
-        f"| instruction sets | {vector_units()} |",
+        f"| kernel builds | {kernel_builds()} |",
         f"| cores | {num_cores()} (torch threads: {', '.join(threads) or 'unknown'}) |",
         f"| torch | {', '.join(torch_versions) or 'unknown'} |",
         f"| date | {when} |",
