@@ -258,7 +258,7 @@ class Scheduler:
             held = rid in self._held_without_drafts
             burst = rid == self._burst_holder  # each of its ticks is a round, even at K = 0
             if seq.is_round or burst:
-                drafted, accepted = self._account_round(request, res, appended)
+                drafted, accepted = self._account_round(request, res, appended, burst=burst)
                 self.acceptance.observe(rid, drafted, accepted)
             elif held:
                 self.acceptance.idle(rid)
@@ -292,7 +292,7 @@ class Scheduler:
                 return appended, RequestStatus.FINISHED_LENGTH
         return appended, None
 
-    def _account_round(self, request: Request, res: SeqResult, appended: list[int]) -> tuple[int, int]:
+    def _account_round(self, request: Request, res: SeqResult, appended: list[int], *, burst: bool) -> tuple[int, int]:
         """Count one round for the request and the totals; returns (drafted, accepted)."""
         if len(appended) < len(res.token_ids):
             # Finished inside the round: nothing past the stop point is counted, and every
@@ -304,6 +304,5 @@ class Scheduler:
         stats.rounds += 1
         stats.draft_tokens += drafted
         stats.accepted_tokens += accepted
-        self.counts.record_round(request.tenant, burst=self._burst_holder == request.request_id,
-                                 drafted=drafted, accepted=accepted)
+        self.counts.record_round(request.tenant, burst=burst, drafted=drafted, accepted=accepted)
         return drafted, accepted
