@@ -43,6 +43,8 @@ def finish_reason(status: RequestStatus) -> str | None:
 
 
 MAX_STOP_STRINGS = 16
+MAX_TOP_LOGPROBS = 20  # OpenAI's cap on top_logprobs
+MAX_LOGIT_BIAS = 300  # tokens a logit_bias may name (OpenAI: 300)
 GREEDY_BELOW_TEMPERATURE = 1e-5
 MAX_STOP_STRING_CHARS = 256
 
@@ -59,6 +61,11 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # None: no logprobs; k >= 0: each chosen token's logprob and the k most likely
+    # alternatives, from the model's own distribution (before bias, grammar or temperature).
+    logprobs: int | None = None
+    # (token id, bias) pairs added to the logits before the grammar's mask and sampling.
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -66,6 +73,7 @@ class SamplingParams:
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "logit_bias", tuple((int(t), float(b)) for t, b in self.logit_bias))
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1; got {self.max_tokens!r}")
         if not math.isfinite(self.temperature) or self.temperature < 0:
@@ -81,11 +89,27 @@ class SamplingParams:
         for s in self.stop:
             if not s or len(s) > MAX_STOP_STRING_CHARS:
                 raise ValueError(f"each stop string must have 1 to {MAX_STOP_STRING_CHARS} characters")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be 0 to {MAX_TOP_LOGPROBS} alternatives; got {self.logprobs}")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias accepts at most {MAX_LOGIT_BIAS} tokens; got {len(self.logit_bias)}")
+        for token, bias in self.logit_bias:
+            if token < 0 or not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias: token {token} needs an id >= 0 and a bias in [-100, 100]; got {bias}")
 
     @property
     def greedy(self) -> bool:
         # Below this, logits / temperature overflows float32; the limit is greedy anyway.
         return self.temperature < GREEDY_BELOW_TEMPERATURE
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A chosen token's log-probability and the most likely alternatives at its position."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first
 
 
 @dataclass
@@ -116,6 +140,12 @@ class Request:
     speculative: bool = True
     prediction_token_ids: Sequence[int] = ()
     eos_token_ids: frozenset[int] = frozenset()
+    # What the output must match: a compiled grammar (``speclane.grammar``), opaque here;
+    # the runner keeps the request's matcher.
+    grammar: object | None = None
+    # Another request with the same prompt whose prompt KV this one copies instead of
+    # prefilling (``n`` > 1): admitted once that request has prefilled.
+    prefill_source: str | None = None
 
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)

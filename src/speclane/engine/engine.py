@@ -22,12 +22,14 @@ from speclane.engine import calibration
 from speclane.engine.detokenizer import IncrementalDetokenizer
 from speclane.engine.runner import ModelRunner
 from speclane.engine.stats import EngineCounters, EngineObserver
+from speclane.grammar.compiler import CompiledGrammar, GrammarCompiler
+from speclane.grammar.spec import GrammarSpec
 from speclane.models.build import build_model
 from speclane.models.kv_cache import KVCache
 from speclane.models.llama import LlamaModel
 from speclane.models.loader import read_weights
 from speclane.models.tokenizer import Tokenizer
-from speclane.request import Request, SamplingParams, finish_reason
+from speclane.request import Request, SamplingParams, TokenLogprob, finish_reason
 from speclane.scheduler.scheduler import Scheduler
 
 
@@ -44,6 +46,7 @@ class RequestOutput:
     completion_tokens: int
     speculative: dict[str, float | int] = field(default_factory=dict)
     error: str | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token_ids entry, when the request asked
 
     @property
     def usage(self) -> dict[str, object]:
@@ -116,11 +119,26 @@ class LLMEngine:
         self._pending_aborts: list[str] = []
         self._detoks: dict[str, IncrementalDetokenizer] = {}
         self._last_token_s: dict[str, float] = {}
+        self._grammars: GrammarCompiler | None = None
+        self._grammars_lock = threading.Lock()
 
     # -- requests -------------------------------------------------------------------------
     @property
     def eos_token_ids(self) -> frozenset[int]:
         return self.tokenizer.eos_token_ids
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """The grammar compiler and its cache, built on first use (it reads the whole vocabulary)."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(self.tokenizer, self.model.config.vocab_size)
+            return self._grammars
+
+    def compile_grammar(self, spec: GrammarSpec) -> CompiledGrammar:
+        """Compile (or find in the cache) ``spec``; raises ``GrammarError`` naming the problem.
+        Thread-safe: call it off the engine thread, as the server does."""
+        return self.grammars.compile(spec)
 
     def add_request(
         self,
@@ -133,9 +151,18 @@ class LLMEngine:
         tenant_weight: float = 1.0,
         speculative: bool = True,
         prediction_token_ids: Sequence[int] = (),
+        grammar: CompiledGrammar | GrammarSpec | None = None,
+        prefill_source: str | None = None,
     ) -> Request:
-        """Queue a request. Raises ``ValueError`` (bad input) or ``QueueFullError``."""
+        """Queue a request. Raises ``ValueError`` (bad input, an invalid grammar) or ``QueueFullError``.
+
+        ``grammar``: the output must match it (a spec is compiled here, on the caller's thread).
+        ``prefill_source``: a queued request with the same prompt whose prompt KV this one
+        copies once it has prefilled (the ``n`` sequences of one prompt).
+        """
         sampling = sampling or SamplingParams()
+        if isinstance(grammar, GrammarSpec):
+            grammar = self.compile_grammar(grammar)
         vocab = self.model.config.vocab_size
         for ids, what in ((prompt_token_ids, "prompt"), (prediction_token_ids, "prediction")):
             bad = next((t for t in ids if not 0 <= t < vocab), None)
@@ -152,6 +179,8 @@ class LLMEngine:
             speculative=speculative,
             prediction_token_ids=prediction_token_ids,
             eos_token_ids=self.eos_token_ids,
+            grammar=grammar,
+            prefill_source=prefill_source,
         )
         with self._lock:
             self.scheduler.add_request(request, request.arrival_s)
@@ -188,7 +217,7 @@ class LLMEngine:
         with self._lock:
             now = self.clock()
             events = self.scheduler.update(plan, result, now)
-            outputs.extend(self._emit(events, now))
+            outputs.extend(self._emit(events, now, {seq.request_id: seq.logprobs for seq in result.seqs}))
             self.counters.record_tick(self.scheduler, time.perf_counter() - started)
             released = self.scheduler.take_released()  # finished this tick: free drafter state now
         self.runner.release(released)
@@ -196,7 +225,7 @@ class LLMEngine:
             self.observer.on_tick(time.perf_counter() - started)
         return outputs
 
-    def _emit(self, events, now: float) -> list[RequestOutput]:
+    def _emit(self, events, now: float, logprobs: dict[str, tuple[TokenLogprob, ...]]) -> list[RequestOutput]:
         outputs = []
         for event in events:
             request = event.request
@@ -219,13 +248,16 @@ class LLMEngine:
                 else:
                     self.observer.on_token_gap((now - last) / len(new_ids), len(new_ids))
             self._last_token_s[rid] = now
+            # The runner's logprobs cover the tokens it chose; the kept ones are a prefix.
+            kept_logprobs = list(logprobs.get(rid, ())[: len(new_ids)]) if request.sampling.logprobs is not None else None
             if finished:
-                outputs.append(self._final_output(request, text, new_ids))
+                outputs.append(self._final_output(request, text, new_ids, kept_logprobs))
             else:
-                outputs.append(self._output(request, text, new_ids, False))
+                outputs.append(self._output(request, text, new_ids, False, kept_logprobs))
         return outputs
 
-    def _output(self, request: Request, text: str, new_ids: list[int], finished: bool) -> RequestOutput:
+    def _output(self, request: Request, text: str, new_ids: list[int], finished: bool,
+                logprobs: list[TokenLogprob] | None = None) -> RequestOutput:
         return RequestOutput(
             request_id=request.request_id,
             text=text,
@@ -235,14 +267,16 @@ class LLMEngine:
             prompt_tokens=request.num_prompt_tokens,
             completion_tokens=request.num_output_tokens,
             speculative=request.spec.as_dict(),
+            logprobs=logprobs if request.sampling.logprobs is not None else None,
         )
 
-    def _final_output(self, request: Request, text: str, new_ids: list[int] | None = None) -> RequestOutput:
+    def _final_output(self, request: Request, text: str, new_ids: list[int] | None = None,
+                      logprobs: list[TokenLogprob] | None = None) -> RequestOutput:
         self._detoks.pop(request.request_id, None)
         self._last_token_s.pop(request.request_id, None)
         if self.observer is not None:
             self.observer.on_finish(request)
-        return self._output(request, text, new_ids or [], True)
+        return self._output(request, text, new_ids or [], True, logprobs or [])
 
     # -- whole generations (offline use and tests) ---------------------------------------
     def run_until_done(self) -> list[RequestOutput]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from speclane.request import Request
+from speclane.request import Request, TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,7 @@ class SeqResult:
     request_id: str
     token_ids: tuple[int, ...] = ()
     num_draft_tokens: int = 0
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token_ids entry when the request asks for them
 
     @property
     def num_accepted_tokens(self) -> int:

@@ -1,0 +1,74 @@
+"""One request's grammar state: which tokens may come next, forced tokens, rollback.
+
+The runner owns one ``GrammarMatcher`` per constrained request (``engine/runner.py``):
+- before a forward it trims the request's draft to the prefix the grammar allows and
+  extends it with the tokens the grammar forces (``draft``);
+- after the forward it masks every row it samples from with the mask of the state
+  that row continues (``masks``: the state after the drafts before it), so a verified
+  position is constrained exactly as in plain decoding;
+- then it advances over the tokens kept (``consume``); rejected drafts never enter
+  the state, because ``draft`` and ``masks`` roll back what they consumed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import llguidance
+
+
+class GrammarMatcher:
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+        self._matcher = matcher
+        self.vocab_size = vocab_size
+        self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
+
+    @property
+    def error(self) -> str | None:
+        """Why the matcher failed (a consumed token it did not allow), else None."""
+        return self._matcher.get_error() or None if self._matcher.is_error() else None
+
+    @property
+    def is_stopped(self) -> bool:
+        """The grammar is complete: only an end-of-sequence token may follow."""
+        return self._matcher.is_stopped()
+
+    def allowed(self) -> torch.Tensor:
+        """[vocab] bool: the tokens allowed next (only end-of-sequence tokens once stopped)."""
+        self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.vocab_size]
+        return torch.from_numpy(bits.view(np.bool_))
+
+    def masks(self, draft: list[int]) -> torch.Tensor:
+        """[len(draft) + 1, vocab] bool: the allowed tokens at each verified position of a
+        round drafting ``draft`` (row i: after the first i drafts). Leaves the state as it was."""
+        rows = [self.allowed()]
+        for token in draft:
+            if not self._matcher.consume_token(token):
+                raise AssertionError(f"draft token {token} was not allowed by the grammar")
+            rows.append(self.allowed())
+        if draft:
+            self._matcher.rollback(len(draft))
+        return torch.stack(rows)
+
+    def draft(self, proposed: list[int], k: int) -> list[int]:
+        """Up to ``k`` draft tokens: the longest allowed prefix of ``proposed``, then the
+        tokens the grammar forces from there. Leaves the state as it was."""
+        kept = list(proposed[: self._matcher.validate_tokens(list(proposed[:k]))]) if proposed else []
+        if kept and not self._matcher.consume_tokens(kept):
+            raise AssertionError("validated draft tokens were refused")
+        forced: list[int] = []
+        while len(kept) + len(forced) < k:
+            more = self._matcher.compute_ff_tokens()[: k - len(kept) - len(forced)]
+            if not more or not self._matcher.consume_tokens(more):
+                break
+            forced.extend(more)
+        consumed = len(kept) + len(forced)
+        if consumed:
+            self._matcher.rollback(consumed)
+        return kept + forced
+
+    def consume(self, tokens: list[int] | tuple[int, ...]) -> bool:
+        """Advance over tokens the runner chose (each allowed by its row's mask)."""
+        return all(self._matcher.consume_token(token) for token in tokens) if tokens else True
