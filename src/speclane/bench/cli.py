@@ -19,6 +19,7 @@ SCENARIOS: dict[str, str] = {
     "priority": "ticks from an urgent arrival to holding the lane",
     "overhead": "cost of a lane decision by number of waiters; the lane's share of tick time",
     "mtp": "held-out chat: MTP drafter vs n-gram vs off, acceptance per draft position",
+    "structured": "JSON-schema decoding vs unconstrained (1 and 8 streams); forced-token drafting, lane on vs off",
 }
 
 
@@ -94,8 +95,15 @@ def _run(name: str, config: EngineConfig, quick: bool) -> tuple[list[Table], dic
         "throughput": es.throughput,
         "priority": ls.priority,
         "mtp": _mtp,
+        "structured": _structured,
     }
     return runners[name](factory, quick=quick), {}
+
+
+def _structured(factory, quick: bool = False):
+    from speclane.bench.structured_scenario import structured
+
+    return structured(factory, quick=quick)
 
 
 def _mtp(factory, quick: bool = False):
