@@ -20,6 +20,7 @@ SCENARIOS: dict[str, str] = {
     "overhead": "cost of a lane decision by number of waiters; the lane's share of tick time",
     "mtp": "held-out chat: MTP drafter vs n-gram vs off, acceptance per draft position",
     "structured": "JSON-schema decoding vs unconstrained (1 and 8 streams); forced-token drafting, lane on vs off",
+    "toolcall": "one agent turn (tool call, tool result, answer) over HTTP: speclane vs llama.cpp's llama-server",
 }
 
 
@@ -78,6 +79,10 @@ def _run(name: str, config: EngineConfig, quick: bool) -> tuple[list[Table], dic
         from speclane.bench import decode
 
         return decode.run(config, repeats=2 if quick else 3, new_tokens=64 if quick else 128), {}
+    if name == "toolcall":
+        from speclane.bench.toolcall_scenario import toolcall
+
+        return toolcall(config, quick=quick), {}
     if name == "overhead":
         from speclane.bench.factory import EngineFactory
 
