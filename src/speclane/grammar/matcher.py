@@ -12,10 +12,9 @@ The runner owns one ``GrammarMatcher`` per constrained request (``engine/runner.
 
 from __future__ import annotations
 
+import llguidance
 import numpy as np
 import torch
-
-import llguidance
 
 
 class GrammarMatcher:
