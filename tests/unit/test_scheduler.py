@@ -524,3 +524,57 @@ def test_a_burst_is_one_round_of_its_grant_charged_to_its_tenant_even_when_it_en
     assert a.num_output_tokens == 8 and a.spec.rounds == 3
     assert story.scheduler.counts.burst_rounds == 3 and a.spec.grants == 1
     assert calls == [("round_done", "a"), ("remove", "a")]  # one round of its grant, then it leaves
+
+
+def shared(rid: str, source: str, num_prompt_tokens: int) -> Request:
+    request = make_request(rid, num_prompt_tokens)
+    request.prefill_source = source
+    return request
+
+
+def test_sequences_sharing_a_prompt_wait_for_its_prefill_then_copy_its_kv():
+    story = Story(make_scheduler(max_num_batched_tokens=40))
+    story.add(make_request("a", 100))
+    story.add(shared("a#1", "a", 100))
+    story.add(shared("a#2", "a", 100))
+    prefilled = 0
+    while "a" not in story.scheduler.running or not story.scheduler.running["a"].prefill_done:
+        plan, _ = story.tick()
+        assert set(rows(plan)) == {"a"}, "the siblings must not prefill while their source does"
+        assert plan.kv_copies == ()
+        prefilled += len(rows(plan)["a"].token_ids)
+    assert prefilled == 100
+    plan, events = story.tick()
+    slot_a = story.scheduler.slot_of["a"]
+    copies = {(c.src_slot, c.dst_slot, c.num_tokens) for c in plan.kv_copies}
+    assert copies == {(slot_a, story.scheduler.slot_of[r], 99) for r in ("a#1", "a#2")}
+    for rid in ("a#1", "a#2"):  # only the prompt's last position is computed, and sampled
+        seq = rows(plan)[rid]
+        assert (seq.start, len(seq.token_ids), seq.sample) == (99, 1, True)
+        assert events[rid].new_token_ids == [1000]
+    assert story.scheduler.counts.prefill_tokens == 100 + 2
+
+
+def test_a_sibling_whose_source_left_prefills_on_its_own():
+    story = Story(make_scheduler(max_num_seqs=1))
+    story.add(make_request("a", 8, max_tokens=1))
+    story.add(shared("a#1", "a", 8))
+    plan, events = story.tick()  # a prefills and finishes at once (max_tokens=1)
+    assert set(rows(plan)) == {"a"} and events["a"].finished
+    plan, _ = story.tick()
+    assert plan.kv_copies == () and rows(plan)["a#1"].start == 0 and len(rows(plan)["a#1"].token_ids) == 8
+
+
+def test_a_waiting_sibling_does_not_block_requests_behind_it():
+    story = Story(make_scheduler(max_num_batched_tokens=16))
+    story.add(make_request("a", 40))
+    story.add(shared("a#1", "a", 40))
+    story.add(make_request("b", 4))
+    plan, _ = story.tick()
+    assert "a#1" not in rows(plan)
+    seen_b = "b" in rows(plan)
+    while not seen_b:
+        plan, _ = story.tick()
+        assert "a#1" not in rows(plan) or story.scheduler.running["a"].prefill_done
+        seen_b = "b" in rows(plan)
+    assert seen_b

@@ -164,7 +164,8 @@ class LLMEngine:
         if isinstance(grammar, GrammarSpec):
             grammar = self.compile_grammar(grammar)
         vocab = self.model.config.vocab_size
-        for ids, what in ((prompt_token_ids, "prompt"), (prediction_token_ids, "prediction")):
+        bias_ids = [token for token, _ in sampling.logit_bias]
+        for ids, what in ((prompt_token_ids, "prompt"), (prediction_token_ids, "prediction"), (bias_ids, "logit_bias")):
             bad = next((t for t in ids if not 0 <= t < vocab), None)
             if bad is not None:
                 raise ValueError(f"{what} token id {bad} is outside the vocabulary [0, {vocab})")
@@ -183,6 +184,9 @@ class LLMEngine:
             prefill_source=prefill_source,
         )
         with self._lock:
+            source = self.scheduler.get(prefill_source) if prefill_source is not None else None
+            if source is None or source.prompt_token_ids != request.prompt_token_ids:
+                request.prefill_source = None  # nothing to share: prefill as usual
             self.scheduler.add_request(request, request.arrival_s)
             self._detoks[request_id] = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, sampling.stop)
         return request

@@ -7,6 +7,14 @@ prefill chunks, so the weights are read once for the whole tick. After
 verification, rejected positions are truncated from the KV cache; the target's own
 token at the first mismatch (or the bonus token after ``K`` accepted) is kept as the
 next input, exactly as in classic decoding.
+
+A request with a grammar (structured outputs, forced tool calls) has a matcher here.
+Its round's draft is cut to what the grammar allows and extended with the tokens the
+grammar forces (a fixed JSON key, punctuation), so forced tokens cost no drafting and
+ride the verify; every row it samples from is masked with the grammar state of that
+position (``logits.py``), and the matcher advances over the kept tokens only. Drafts
+under a grammar are verified by exact match, which keeps the output token for token
+what plain constrained decoding gives, seeded sampling included.
 """
 
 from __future__ import annotations
@@ -16,7 +24,10 @@ import time
 import torch
 
 from speclane.drafters.base import Draft, Drafter, HiddenObserver
+from speclane.engine.logits import constrain, token_logprobs
 from speclane.engine.sampling import choose_tokens
+from speclane.grammar.compiler import CompiledGrammar
+from speclane.grammar.matcher import GrammarMatcher
 from speclane.models.kv_cache import KVCache
 from speclane.models.llama import LlamaModel, RaggedBatch
 from speclane.request import Request
@@ -30,6 +41,7 @@ class ModelRunner:
         self.cache = cache
         self.drafter = drafter
         self._seeds: dict[str, int] = {}  # unseeded requests' own sampling streams
+        self._matchers: dict[str, GrammarMatcher] = {}  # constrained requests' grammar state
         # Who receives the target's final hidden states of every kept position: a drafter
         # that drafts from them (MTP), or a recorder (``speclane train-mtp``).
         self.hidden_observers: list[HiddenObserver] = []
@@ -39,6 +51,8 @@ class ModelRunner:
     def execute(self, plan: SchedulerPlan) -> RunnerResult:
         started = time.perf_counter()
         self._draft_timings = []
+        for copy in plan.kv_copies:  # shared prompts (n > 1): before anyone writes this tick
+            self.cache.copy_prefix(copy.src_slot, copy.dst_slot, copy.num_tokens)
         seqs = self._step(list(plan.seqs)) if plan.seqs else []
         return RunnerResult(seqs=tuple(seqs), elapsed_ms=(time.perf_counter() - started) * 1000,
                             draft_timings=tuple(self._draft_timings))
@@ -47,6 +61,7 @@ class ModelRunner:
         """Forget the per-request state (sampling stream, drafter state) of requests that left."""
         for rid in request_ids:
             self._seeds.pop(rid, None)
+            self._matchers.pop(rid, None)
             if self.drafter is not None:
                 self.drafter.release(rid)
 
@@ -54,6 +69,20 @@ class ModelRunner:
     def num_sampling_streams(self) -> int:
         """Unseeded requests whose sampling stream the runner keeps (a leak check for tests)."""
         return len(self._seeds)
+
+    @property
+    def num_grammar_matchers(self) -> int:
+        """Constrained requests whose matcher the runner keeps (a leak check for tests)."""
+        return len(self._matchers)
+
+    def _matcher(self, request: Request) -> GrammarMatcher | None:
+        if request.grammar is None:
+            return None
+        matcher = self._matchers.get(request.request_id)
+        if matcher is None:
+            assert isinstance(request.grammar, CompiledGrammar)
+            matcher = self._matchers[request.request_id] = request.grammar.new_matcher()
+        return matcher
 
     # -- one ragged forward -------------------------------------------------------------
     def _step(self, seqs: list[ScheduledSeq]) -> list[SeqResult]:
@@ -67,6 +96,9 @@ class ModelRunner:
                 elapsed = (time.perf_counter() - started) * 1000
                 if draft.catch_up_ms is not None:  # not a (re)seeding call
                     self._draft_timings.append((elapsed - draft.catch_up_ms, len(draft.token_ids), draft.catch_up_ms))
+                matcher = self._matcher(seq.request)
+                if matcher is not None:  # what the grammar allows, then what it forces; exact-match verify
+                    draft = Draft(matcher.draft(draft.token_ids[: seq.num_draft_tokens], seq.num_draft_tokens))
                 drafts.append(draft)
             else:
                 drafts.append(Draft([]))
@@ -94,6 +126,7 @@ class ModelRunner:
                 rows.extend(range(offset + len(tokens) - num_sampled, offset + len(tokens)))
             offset += len(tokens)
         logits = self.model.logits(hidden[rows]) if rows else None  # [R, vocab] float32
+        raw = self._constrain(seqs, drafts, logits) if logits is not None else {}
         # Greedy rows' argmax in one call for the tick: per sequence it cost ~80 µs a call
         # (8 streams: 2.6% of a closed batch's time); the first maximum either way.
         greedy = logits is not None and any(seq.sample and seq.request.sampling.greedy for seq in seqs)
@@ -113,7 +146,12 @@ class ModelRunner:
             verdict = self._choose(seq.request, logits[cursor : cursor + n], proposed, probs, seq.start + len(seq.token_ids),
                                    argmax[cursor : cursor + n] if argmax is not None else None)
             cursor += n
-            results.append(SeqResult(seq.request_id, tuple(verdict.token_ids), len(proposed)))
+            matcher = self._matcher(seq.request)
+            if matcher is not None and not matcher.consume(verdict.token_ids):
+                raise AssertionError(f"{seq.request_id}: a token outside the grammar's mask was chosen")
+            num_top = seq.request.sampling.logprobs
+            logprobs = token_logprobs(raw[seq.request_id], verdict.token_ids, num_top) if num_top is not None else ()
+            results.append(SeqResult(seq.request_id, tuple(verdict.token_ids), len(proposed), logprobs))
             # Keep the fed tokens and the accepted drafts; drop the rejected ones.
             kept.append(len(seq.token_ids) + verdict.num_accepted)
             if kept[-1] < len(tokens):
@@ -121,6 +159,25 @@ class ModelRunner:
         if self.hidden_observers:
             self._share_hidden(seqs, fed, kept, hidden)
         return results
+
+    def _constrain(self, seqs: list[ScheduledSeq], drafts: list[Draft], logits: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Bias and mask each sampling sequence's rows in place; returns the raw rows of
+        the sequences that asked for logprobs."""
+        raw: dict[str, torch.Tensor] = {}
+        cursor = 0
+        for seq, draft in zip(seqs, drafts, strict=True):
+            if not seq.sample:
+                continue
+            proposed = draft.token_ids[: seq.num_draft_tokens]
+            rows = logits[cursor : cursor + len(proposed) + 1]
+            cursor += len(proposed) + 1
+            params = seq.request.sampling
+            if params.logprobs is not None:
+                raw[seq.request_id] = rows.clone()
+            if params.logit_bias or seq.request.grammar is not None:
+                with torch.inference_mode():  # the logits are the forward's inference tensors
+                    constrain(rows, params, self._matcher(seq.request), proposed)
+        return raw
 
     def _share_hidden(self, seqs: list[ScheduledSeq], fed: list[list[int]], kept: list[int], hidden: torch.Tensor) -> None:
         """Hand each observer the hidden states of the positions that stay in the cache."""

@@ -38,21 +38,23 @@ class GrammarError(ValueError):
 class CompiledGrammar:
     """A validated grammar; ``new_matcher`` gives each request its own matcher."""
 
-    def __init__(self, spec: GrammarSpec, template: llguidance.LLMatcher, vocab_size: int) -> None:
+    def __init__(self, spec: GrammarSpec, template: llguidance.LLMatcher, vocab_size: int,
+                 eos_token_ids: list[int]) -> None:
         self.spec = spec
         self._template = template
         self.vocab_size = vocab_size
+        self._eos = eos_token_ids
 
     def new_matcher(self) -> GrammarMatcher:
-        return GrammarMatcher(self._template.deep_copy(), self.vocab_size)
+        return GrammarMatcher(self._template.deep_copy(), self.vocab_size, self._eos)
 
 
 class GrammarCompiler:
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, *, cache_size: int = DEFAULT_CACHE_SIZE) -> None:
         # Built once (a few hundred ms): llguidance's view of the vocabulary, ids past the
         # tokenizer's own (a model's padded vocabulary) never allowed.
-        self._tokenizer = llguidance.LLTokenizer(tokenizer.backend.to_str(), n_vocab=vocab_size,
-                                                 eos_token=sorted(tokenizer.eos_token_ids))
+        self._eos = sorted(tokenizer.eos_token_ids)
+        self._tokenizer = llguidance.LLTokenizer(tokenizer.backend.to_str(), n_vocab=vocab_size, eos_token=self._eos)
         self.vocab_size = vocab_size
         self._cache: OrderedDict[tuple[str, str], CompiledGrammar] = OrderedDict()
         self._cache_size = cache_size
@@ -67,7 +69,7 @@ class GrammarCompiler:
                 self._cache.move_to_end(spec.key)
                 self.hits += 1
                 return cached
-        compiled = CompiledGrammar(spec, self._build(spec), self.vocab_size)  # outside the lock: may be slow
+        compiled = CompiledGrammar(spec, self._build(spec), self.vocab_size, self._eos)  # outside the lock: may be slow
         with self._lock:
             self.misses += 1
             self._cache[spec.key] = compiled

@@ -18,9 +18,10 @@ import torch
 
 
 class GrammarMatcher:
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, eos_token_ids: list[int]) -> None:
         self._matcher = matcher
         self.vocab_size = vocab_size
+        self._eos = eos_token_ids
         self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
 
     @property
@@ -34,10 +35,16 @@ class GrammarMatcher:
         return self._matcher.is_stopped()
 
     def allowed(self) -> torch.Tensor:
-        """[vocab] bool: the tokens allowed next (only end-of-sequence tokens once stopped)."""
+        """[vocab] bool: the tokens allowed next (only end-of-sequence tokens once stopped).
+        A matcher in an error state allows only end-of-sequence tokens too: the request
+        ends rather than sampling from an empty distribution."""
         self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
         bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.vocab_size]
-        return torch.from_numpy(bits.view(np.bool_))
+        mask = torch.from_numpy(bits.view(np.bool_))
+        if self._matcher.is_error() or not bool(mask.any()):
+            mask = torch.zeros(self.vocab_size, dtype=torch.bool)
+            mask[self._eos] = True
+        return mask
 
     def masks(self, draft: list[int]) -> torch.Tensor:
         """[len(draft) + 1, vocab] bool: the allowed tokens at each verified position of a

@@ -36,6 +36,14 @@ class KVCache:
         """A new sequence takes this slot."""
         self.lengths[slot] = 0
 
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        """Give slot ``dst`` the first ``length`` positions of slot ``src`` (a shared prompt)."""
+        if not 0 < length <= self.lengths[src]:
+            raise ValueError(f"cannot copy {length} positions of slot {src}, which holds {self.lengths[src]}")
+        self.all_keys[:, dst, :, :length] = self.all_keys[:, src, :, :length]
+        self.all_values[:, dst, :, :length] = self.all_values[:, src, :, :length]
+        self.lengths[dst] = length
+
     def truncate(self, slot: int, length: int) -> None:
         """Keep only the first ``length`` positions of ``slot``."""
         if not 0 <= length <= self.lengths[slot]:

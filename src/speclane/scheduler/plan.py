@@ -37,12 +37,23 @@ class ScheduledSeq:
 
 
 @dataclass(frozen=True)
+class KVCopy:
+    """Copy the first ``num_tokens`` cached positions of one slot into another (a prompt
+    shared by the ``n`` sequences of one request), before the tick's forward."""
+
+    src_slot: int
+    dst_slot: int
+    num_tokens: int
+
+
+@dataclass(frozen=True)
 class SchedulerPlan:
     """What to compute in one tick."""
 
     seqs: tuple[ScheduledSeq, ...] = ()
     # Requests that left since the last plan: the runner drops their per-request state.
     released_request_ids: tuple[str, ...] = ()
+    kv_copies: tuple[KVCopy, ...] = ()
 
     @property
     def num_tokens(self) -> int:

@@ -11,7 +11,10 @@ Per tick (``schedule``):
    draft and verify ``K + 1`` positions instead);
 3. prompts being prefilled get chunks from what is left of the token budget;
 4. waiting requests are admitted (most urgent priority, then arrival) while a KV
-   slot is free, and get their first chunk.
+   slot is free, and get their first chunk. A request that shares its prompt with
+   another (``prefill_source``: the ``n`` sequences of one request) waits until that
+   one has prefilled, then copies its prompt's KV (``KVCopy``) and computes only the
+   prompt's last position; if the source has already left, it prefills on its own.
 
 Per tick (``update``), from the plan and the runner's chosen tokens: each request's
 computed length, its output (stopping exactly at EOS, a stop token, ``max_tokens`` or
@@ -32,7 +35,7 @@ from speclane.scheduler import draft_length
 from speclane.scheduler.counts import ScheduleCounts
 from speclane.scheduler.kv_slots import SlotAllocator
 from speclane.scheduler.lane import SpecLane
-from speclane.scheduler.plan import RunnerResult, ScheduledSeq, SchedulerPlan, SeqResult
+from speclane.scheduler.plan import KVCopy, RunnerResult, ScheduledSeq, SchedulerPlan, SeqResult
 
 
 class QueueFullError(RuntimeError):
@@ -185,18 +188,38 @@ class Scheduler:
                 seq = self._prefill_seq(request, budget)
                 seqs.append(seq)
                 budget -= len(seq.token_ids)
+        copies: list[KVCopy] = []
         while self.waiting and self.slots.can_allocate() and (budget > 0 or not seqs):
-            request = min(self.waiting.values(), key=lambda r: (r.priority, r.arrival_s))
-            if not self.config.enable_chunked_prefill and seqs and request.num_prompt_tokens > budget:
+            ready = [r for r in self.waiting.values() if self._may_admit(r)]
+            if not ready:
+                break  # only requests waiting for their prompt's source to prefill
+            request = min(ready, key=lambda r: (r.priority, r.arrival_s))
+            source = self.running.get(request.prefill_source) if request.prefill_source else None
+            if source is None and not self.config.enable_chunked_prefill and seqs and request.num_prompt_tokens > budget:
                 break  # the whole prompt must fit in one tick; wait for a lighter one
             del self.waiting[request.request_id]
             request.status = RequestStatus.RUNNING
-            self.slot_of[request.request_id] = self.slots.allocate(request.request_id)
+            slot = self.slot_of[request.request_id] = self.slots.allocate(request.request_id)
             self.running[request.request_id] = request
+            if source is not None:  # its prompt is cached in the source's slot but the last position
+                request.num_computed_tokens = request.num_prompt_tokens - 1
+                copies.append(KVCopy(self.slot_of[source.request_id], slot, request.num_computed_tokens))
             seq = self._prefill_seq(request, budget)
             seqs.append(seq)
             budget -= len(seq.token_ids)
-        return SchedulerPlan(seqs=tuple(seqs), released_request_ids=released)
+        return SchedulerPlan(seqs=tuple(seqs), released_request_ids=released, kv_copies=tuple(copies))
+
+    def _may_admit(self, request: Request) -> bool:
+        """False while the request's prompt source is still to prefill its prompt."""
+        if request.prefill_source is None:
+            return True
+        source = self.running.get(request.prefill_source)
+        if source is not None and request.num_prompt_tokens > 1:
+            return source.prefill_done
+        if source is None and request.prefill_source in self.waiting:
+            return False
+        request.prefill_source = None  # the source left (or never came): prefill alone
+        return True
 
     def _burst_seq(self, now: float) -> ScheduledSeq | None:
         """The burst holder's next round, granting the lane first if nobody holds a burst.

@@ -1,0 +1,43 @@
+"""What happens to a sequence's logit rows between the forward and the choice of tokens.
+
+In order, on the rows one sequence samples from (one per verified position of a round,
+or the single decode row):
+1. logprobs, if the request asks for them, are read from the raw rows: the model's own
+   distribution, before bias, grammar or temperature (as vLLM reports them);
+2. ``logit_bias`` is added;
+3. the grammar's mask sets every token it does not allow at that position to -inf.
+
+A row is processed identically whether it is a decode step or a verified draft
+position, so constrained outputs stay identical with speculation on and off.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from speclane.grammar.matcher import GrammarMatcher
+from speclane.request import SamplingParams, TokenLogprob
+
+
+def constrain(rows: torch.Tensor, params: SamplingParams, matcher: GrammarMatcher | None,
+              draft: list[int]) -> None:
+    """Apply bias and mask in place to ``rows`` [len(draft) + 1, V], row i continuing
+    ``draft[:i]``."""
+    if params.logit_bias:
+        ids = torch.tensor([token for token, _ in params.logit_bias], dtype=torch.long)
+        bias = torch.tensor([value for _, value in params.logit_bias], dtype=rows.dtype)
+        rows[:, ids] += bias
+    if matcher is not None:
+        rows.masked_fill_(~matcher.masks(draft), float("-inf"))
+
+
+def token_logprobs(raw_rows: torch.Tensor, chosen: list[int], num_top: int) -> tuple[TokenLogprob, ...]:
+    """Each chosen token's logprob and the ``num_top`` most likely tokens at its row."""
+    logprobs = torch.log_softmax(raw_rows[: len(chosen)].float(), dim=-1)
+    picked = logprobs[torch.arange(len(chosen)), torch.tensor(chosen, dtype=torch.long)].tolist()
+    if num_top:
+        values, ids = torch.topk(logprobs, num_top, dim=-1)
+        tops = [tuple(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), values.tolist(), strict=True)]
+    else:
+        tops = [()] * len(chosen)
+    return tuple(TokenLogprob(token, lp, top) for token, lp, top in zip(chosen, picked, tops, strict=True))
