@@ -93,7 +93,8 @@ class ChoiceState:
     def __init__(self, index: int, reading: Reading) -> None:
         self.index = index
         self.reading = reading
-        self.parser = (ToolCallParser(reading.tool_names, bare_json=reading.tool_parsing == "auto")
+        self.parser = (ToolCallParser(reading.tool_names, bare_json=reading.tool_parsing == "auto",
+                                      forced=reading.tool_parsing == "forced")
                        if reading.tool_parsing != "none" else None)
         self.content: list[str] = []
         self.calls: list[ParsedCall] = []

@@ -22,7 +22,8 @@ Grammar. ``tool_choice: "required"`` or a named function constrains the reply to
 call (``parallel_tool_calls: false``) or one or more, separated by newlines, each to a
 function of the choice with arguments that match its ``parameters`` schema (a Lark
 grammar that embeds each schema with ``%json``); nothing else may be generated, so even
-a small model answers with calls that parse and validate.
+a small model answers with calls that parse and validate. Calls follow one another with
+nothing between them, and a call cut short by ``max_tokens`` is dropped.
 
 Parsing (``auto``, ``required``, named). Text before and between calls stays
 ``content``; each complete ``<tool_call>`` block whose JSON names a known tool and gives
@@ -184,8 +185,10 @@ def _json_rule(schema: dict[str, Any] | bool) -> str:
 def tool_call_grammar(tools: Sequence[Tool], *, parallel: bool, answer: dict[str, Any] | bool | None = None) -> str:
     """A Lark grammar for one call (or, with ``parallel``, one or more) to one of ``tools``;
     with ``answer``, a JSON value matching that schema is allowed instead of the calls."""
-    more = ' ("\\n" call)*' if parallel else ""
-    lines = [f"calls: call{more}",
+    # Calls follow one another directly: right after "</tool_call>" a model weighs the end
+    # of its turn against "<", which it rarely picks, where a newline would have led it
+    # into one more (forced) call after another.
+    lines = [f"calls: call{'+' if parallel else ''}",
              "call: " + " | ".join(f"call_{i}" for i in range(len(tools)))]
     for i, tool in enumerate(tools):
         head = f'{OPEN}\n{{"name": {json.dumps(tool.function.name)}, "arguments": '
@@ -219,9 +222,10 @@ Event = str | ParsedCall  # a piece of content, or a complete call
 class ToolCallParser:
     """Splits a reply, fed as it streams, into content pieces and complete calls."""
 
-    def __init__(self, names: Sequence[str], *, bare_json: bool) -> None:
+    def __init__(self, names: Sequence[str], *, bare_json: bool, forced: bool = False) -> None:
         self._names = frozenset(names)
         self._bare_json = bare_json
+        self._forced = forced  # the grammar allows only calls: an unfinished one was cut short
         self._buffer = ""
         self._in_call = False
         self._bare = False  # the reply starts like bare JSON: held until the end
@@ -271,7 +275,8 @@ class ToolCallParser:
             else:
                 self._content(rest, events)
         elif self._in_call:
-            self._block(rest, events, closed=False)
+            if not self._forced or self._call(rest) is not None:
+                self._block(rest, events, closed=False)
         else:
             self._content(rest, events)
         if self.num_calls == 0 and self._held_space:
