@@ -205,3 +205,12 @@ def test_completion_logprobs_shape_and_logit_bias(client: openai.OpenAI, idle_af
     banned = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0,
                                        logit_bias={str(first): -100})
     assert banned.choices[0].text != reply.choices[0].text
+
+
+def test_leaving_a_stream_of_n_choices_aborts_them_all(client: openai.OpenAI, idle_after: AsyncEngine) -> None:
+    stream = client.chat.completions.create(model=MODEL, messages=ASK_ADD, max_tokens=500, temperature=1, n=3,
+                                            stream=True)
+    for chunk in stream:
+        if any(choice.delta.content for choice in chunk.choices):
+            break
+    stream.close()  # idle_after: every choice's request ends, no KV or stream is left
