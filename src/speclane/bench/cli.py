@@ -19,6 +19,8 @@ SCENARIOS: dict[str, str] = {
     "priority": "ticks from an urgent arrival to holding the lane",
     "overhead": "cost of a lane decision by number of waiters; the lane's share of tick time",
     "mtp": "held-out chat: MTP drafter vs n-gram vs off, acceptance per draft position",
+    "structured": "JSON-schema decoding vs unconstrained (1 and 8 streams); forced-token drafting, lane on vs off",
+    "toolcall": "one agent turn (tool call, tool result, answer) over HTTP: speclane vs llama.cpp's llama-server",
 }
 
 
@@ -77,6 +79,10 @@ def _run(name: str, config: EngineConfig, quick: bool) -> tuple[list[Table], dic
         from speclane.bench import decode
 
         return decode.run(config, repeats=2 if quick else 3, new_tokens=64 if quick else 128), {}
+    if name == "toolcall":
+        from speclane.bench.toolcall_scenario import toolcall
+
+        return toolcall(config, quick=quick), {}
     if name == "overhead":
         from speclane.bench.factory import EngineFactory
 
@@ -94,8 +100,15 @@ def _run(name: str, config: EngineConfig, quick: bool) -> tuple[list[Table], dic
         "throughput": es.throughput,
         "priority": ls.priority,
         "mtp": _mtp,
+        "structured": _structured,
     }
     return runners[name](factory, quick=quick), {}
+
+
+def _structured(factory, quick: bool = False):
+    from speclane.bench.structured_scenario import structured
+
+    return structured(factory, quick=quick)
 
 
 def _mtp(factory, quick: bool = False):

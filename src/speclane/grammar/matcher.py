@@ -39,12 +39,12 @@ class GrammarMatcher:
         A matcher in an error state allows only end-of-sequence tokens too: the request
         ends rather than sampling from an empty distribution."""
         self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-        bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.vocab_size]
-        mask = torch.from_numpy(bits.view(np.bool_))
-        if self._matcher.is_error() or not bool(mask.any()):
+        if self._matcher.is_error() or not self._bits.any():  # on the 32x smaller bit words
             mask = torch.zeros(self.vocab_size, dtype=torch.bool)
             mask[self._eos] = True
-        return mask
+            return mask
+        bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.vocab_size]
+        return torch.from_numpy(bits.view(np.bool_))
 
     def masks(self, draft: list[int]) -> torch.Tensor:
         """[len(draft) + 1, vocab] bool: the allowed tokens at each verified position of a
