@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slow
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 HI = [{"role": "user", "content": "hi"}]
+_ADD = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
 
 
 def _compact(body: dict[str, Any]) -> bytes:
@@ -65,7 +66,7 @@ CASES: list[tuple[str, str, bytes, int, str]] = [
     ("max_tokens astronomically large", CHAT, chat(max_tokens=10**30), 400, "max_tokens"),
     ("prompt beyond the context", CHAT, chat(messages=[{"role": "user", "content": "word " * 3000}]), 400,
      "shorten"),
-    ("n = 2", CHAT, chat(n=2), 400, "n=1"),
+    ("n beyond the cap", CHAT, chat(n=9), 400, "at most 8"),
     ("unknown model", CHAT, chat(model="gpt-17"), 404, MODEL),
     ("temperature above 2", CHAT, chat(temperature=3), 400, "temperature"),
     ("top_p zero", CHAT, chat(top_p=0), 400, "top_p"),
@@ -79,8 +80,28 @@ CASES: list[tuple[str, str, bytes, int, str]] = [
     ("a million-item stop list", CHAT, chat(stop=["a"] * 1_000_000), 400, "stop"),
     ("a 50 MB body", CHAT, chat(messages=[{"role": "user", "content": "x" * 50_000_000}]), 413, "MiB"),
     ("stream_options without stream", CHAT, chat(stream_options={"include_usage": True}), 400, "stream"),
-    ("logprobs requested", CHAT, chat(logprobs=True), 400, "logprobs"),
-    ("tools requested", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
+    ("top_logprobs without logprobs", CHAT, chat(top_logprobs=2), 400, "logprobs"),
+    ("top_logprobs beyond 20", CHAT, chat(logprobs=True, top_logprobs=21), 400, "top_logprobs"),
+    ("logit_bias id outside the vocabulary", CHAT, chat(logit_bias={"99999999": 5}), 400, "vocabulary"),
+    ("logit_bias id not a number", CHAT, chat(logit_bias={"hello": 5}), 400, "logit_bias"),
+    ("logit_bias beyond 100", CHAT, chat(logit_bias={"5": 101}), 400, "logit_bias"),
+    ("malformed JSON schema", CHAT, chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "strin"}}}}}), 400, "response_format"),
+    ("unsupported schema keyword", CHAT, chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "string", "format": "weird"}}}), 400, "format"),
+    ("bad regex", CHAT, chat(structured_outputs={"regex": "(a"}), 400, "structured_outputs"),
+    ("two constraints", CHAT, chat(response_format={"type": "json_object"}, guided_choice=["a"]), 400,
+     "at most one"),
+    ("unknown tool in tool_choice", CHAT, chat(tools=[_ADD], tool_choice={"type": "function", "function": {
+        "name": "sub"}}), 400, "no tool named"),
+    ("duplicate tool names", CHAT, chat(tools=[_ADD, _ADD]), 400, "unique"),
+    ("tool message without a matching call", CHAT, chat(messages=[*HI, {"role": "tool", "tool_call_id": "c9",
+                                                                       "content": "5"}]), 400, "matches no tool call"),
+    ("constraint with tool_choice required", CHAT, chat(tools=[_ADD], tool_choice="required",
+                                                         response_format={"type": "json_object"}), 400,
+     "cannot be combined"),
+    ("malformed tool parameters", CHAT, chat(tools=[{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "objekt"}}}], tool_choice="required"), 400, "parameters"),
     ("prediction of the wrong type", CHAT, chat(prediction={"type": "image", "content": "x"}), 400,
      "prediction"),
     ("prediction longer than the context", CHAT, chat(prediction={"type": "content", "content": "word " * 3000}),
@@ -92,7 +113,9 @@ CASES: list[tuple[str, str, bytes, int, str]] = [
     ("negative token id", COMPLETIONS, completion(prompt=[-1]), 400, "prompt"),
     ("a batch of prompts", COMPLETIONS, completion(prompt=["a", "b"]), 400, "one prompt"),
     ("echo", COMPLETIONS, completion(echo=True), 400, "echo"),
-    ("completions n = 3", COMPLETIONS, completion(n=3), 400, "n=1"),
+    ("completions n beyond the cap", COMPLETIONS, completion(n=9), 400, "at most 8"),
+    ("completions logprobs beyond 5", COMPLETIONS, completion(logprobs=6), 400, "logprobs"),
+    ("completions malformed guided_json", COMPLETIONS, completion(guided_json="{not json"), 400, "guided_json"),
     ("completions unknown field", COMPLETIONS, completion(messages=HI), 400, "messages"),
 ]
 

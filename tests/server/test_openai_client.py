@@ -103,8 +103,8 @@ def test_prediction_is_drafted_from(client: openai.OpenAI, idle_after: AsyncEngi
 
 def test_errors_map_to_openai_exceptions(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
-        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, n=2)
-    assert "n=1" in bad.value.message
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, n=9)
+    assert "at most 8" in bad.value.message and bad.value.param == "n"
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="no-such-model", messages=MESSAGES, max_tokens=2)
     with pytest.raises(openai.BadRequestError) as too_long:

@@ -11,6 +11,7 @@ from speclane.server.errors import validation_message
 from speclane.server.protocol import ChatCompletionRequest, CompletionRequest
 
 HI = [{"role": "user", "content": "hi"}]
+_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 
 
 def chat_error(**fields: Any) -> tuple[str, str | None]:
@@ -47,15 +48,25 @@ def test_completion_prompt_forms() -> None:
 
 @pytest.mark.parametrize(("fields", "param", "words"), [
     ({"frobnicate": 1}, "frobnicate", "unknown field"),
-    ({"n": 2}, "n", "n=1"),
+    ({"n": 9}, "n", "at most 8"),
     ({"max_tokens": "5"}, "max_tokens", "integer"),
     ({"temperature": True}, "temperature", "number"),
     ({"stop": [""]}, "stop[0]", "at least 1 character"),
     ({"stop": ["x"] * 17}, "stop", "at most 16"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "'user'"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role", "'user'"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0]", "tool_call_id"),
+    ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "c"}]}, "messages[0]", "matches no tool call"),
+    ({"top_logprobs": 3}, "top_logprobs", "logprobs=true"),
+    ({"logit_bias": {"x": 1}}, "logit_bias", "token ids"),
+    ({"tools": [_TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice", "no tool"),
+    ({"tools": [_TOOL, _TOOL]}, "tools", "unique"),
+    ({"tools": [_TOOL], "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format",
+     "cannot be combined"),
+    ({"response_format": {"type": "json_object"}, "guided_regex": "a+"}, "guided_regex", "at most one"),
+    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "exactly one"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "a string or a list"),
     ({"stream_options": {"include_usage": True}}, None, "stream=true"),
-    ({"tools": [{"type": "function"}]}, "tools", "not supported"),
+    ({"tools": [{"type": "function"}]}, "tools[0].function", "required"),
     ({"user": "u" * 257}, "user", "256"),
 ])
 def test_messages_name_the_field(fields: dict[str, Any], param: str | None, words: str) -> None:
@@ -74,3 +85,21 @@ def test_validation_message_of_broken_json() -> None:
     errors = [{"type": "json_invalid", "loc": ("body", 12), "msg": "JSON decode error",
                "ctx": {"error": "Expecting value"}}]
     assert validation_message(errors) == ("the body is not valid JSON (Expecting value at character 12)", None)
+
+
+def test_agent_fields_are_accepted() -> None:
+    request = ChatCompletionRequest.model_validate({
+        "model": "m", "n": 3, "logprobs": True, "top_logprobs": 20, "logit_bias": {"50": -100, "7": 2.5},
+        "tools": [_TOOL], "tool_choice": {"type": "function", "function": {"name": "f"}}, "parallel_tool_calls": False,
+        "messages": [{"role": "user", "content": "hi"},
+                     {"role": "assistant", "content": None, "tool_calls": [
+                         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                     {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "42"}]}]})
+    assert request.tool_mode == "named" and request.num_choices == 3
+    schema = {"type": "json_schema", "json_schema": {"name": "out", "schema": {"type": "object"}, "strict": True}}
+    assert ChatCompletionRequest.model_validate({"model": "m", "messages": HI, "response_format": schema}
+                                                ).constraint_fields == ["response_format"]
+    for extra in ({"structured_outputs": {"json": {"type": "object"}}}, {"guided_choice": ["a", "b"]},
+                  {"guided_json": '{"type": "object"}'}):
+        assert CompletionRequest.model_validate({"model": "m", "prompt": "x", "logprobs": 5, **extra}).constraint_fields
+    assert completion_error(logprobs=6)[1] == "logprobs"

@@ -30,6 +30,7 @@ from speclane.server.auth import KeyTable, Principal, resolve_principal
 from speclane.server.errors import APIError, install_error_handlers
 from speclane.server.lifecycle import ABORT_WAIT_S, DEFAULT_GRACE_S, DrainingServer, RequestTracker
 from speclane.server.limits import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
+from speclane.server.logprobs import TokenTexts
 from speclane.server.metrics import CONTENT_TYPE, ServerMetrics
 from speclane.server.prompts import EngineInput, Vocabulary, chat_input, completion_input
 from speclane.server.protocol import (
@@ -44,9 +45,10 @@ from speclane.server.protocol import (
 from speclane.server.streaming import (
     CANCELLED,
     EventStreamResponse,
+    Reading,
     ResponseMeta,
-    collect,
-    response_body,
+    choices_body,
+    collect_choices,
     sse_events,
     until_disconnect,
 )
@@ -72,7 +74,9 @@ class _Server:
         self.model_name = model_name
         model_vocab = getattr(getattr(getattr(engine, "model", None), "config", None), "vocab_size", None)
         self.vocab = Vocabulary(engine.tokenizer, engine.max_model_len,
-                                min(engine.tokenizer.vocab_size, model_vocab or engine.tokenizer.vocab_size))
+                                min(engine.tokenizer.vocab_size, model_vocab or engine.tokenizer.vocab_size),
+                                compile_grammar=getattr(engine, "compile_grammar", None))
+        self.token_texts = TokenTexts(engine.tokenizer)
         self.tracker = RequestTracker(async_engine)
 
     def check_model(self, model: str) -> None:
@@ -89,44 +93,57 @@ class _Server:
         build = chat_input if chat else completion_input
         engine_input: EngineInput = await anyio.to_thread.run_sync(build, body, self.vocab)
         meta = ResponseMeta.new(chat=chat, model=self.model_name)
-        rid = meta.id
+        n = engine_input.num_choices
+        # One engine request per choice; choices 1.. copy choice 0's prompt KV.
+        rids = [meta.id] if n == 1 else [f"{meta.id}-{i}" for i in range(n)]
         self.tracker.check_admitting()  # again: tokenizing took time
+        streams: list[Any] = []
         try:
-            outputs = await self.async_engine.generate(
-                engine_input.prompt_token_ids, engine_input.sampling, request_id=rid,
-                priority=engine_input.priority, tenant=principal.tenant, tenant_weight=principal.weight,
-                speculative=engine_input.speculative, prediction_token_ids=engine_input.prediction_token_ids)
-        except QueueFullError as exc:
-            raise APIError(429, f"{exc}", headers={"Retry-After": str(QUEUE_FULL_RETRY_AFTER_S)}) from None
-        except ValueError as exc:
-            raise APIError(400, str(exc)) from None
-        except RuntimeError as exc:  # the engine thread died earlier
-            raise APIError(500, str(exc), code="engine_stopped") from None
-        self.tracker.start(rid)
+            for i, rid in enumerate(rids):
+                streams.append(await self.async_engine.generate(
+                    engine_input.prompt_token_ids, engine_input.sampling_for(i), request_id=rid,
+                    priority=engine_input.priority, tenant=principal.tenant, tenant_weight=principal.weight,
+                    speculative=engine_input.speculative, prediction_token_ids=engine_input.prediction_token_ids,
+                    grammar=engine_input.grammar, prefill_source=rids[0] if i else None))
+        except (QueueFullError, ValueError, RuntimeError) as exc:
+            for rid in rids[: len(streams)]:
+                self.async_engine.abort(rid)
+            if isinstance(exc, QueueFullError):
+                raise APIError(429, f"{exc}", headers={"Retry-After": str(QUEUE_FULL_RETRY_AFTER_S)}) from None
+            if isinstance(exc, ValueError):
+                raise APIError(400, str(exc)) from None
+            raise APIError(500, str(exc), code="engine_stopped") from None  # the engine thread died earlier
+        for rid in rids:
+            self.tracker.start(rid)
+        reading = Reading(tool_parsing=engine_input.tool_parsing, tool_names=engine_input.tool_names,
+                          top_logprobs=engine_input.top_logprobs,
+                          texts=self.token_texts if engine_input.top_logprobs is not None else None)
 
         def cancelled(out: Any) -> APIError:
-            return self.tracker.cancelled_error(rid, out.finish_reason, getattr(out, "error", None))
+            return self.tracker.cancelled_error(out.request_id, out.finish_reason, getattr(out, "error", None))
 
         def end() -> None:
-            # Closing the engine stream early aborts the request, but only once the stream
+            # Closing the engine streams early aborts the requests, but only once a stream
             # was iterated; abort explicitly too (a no-op for a finished request).
-            self.async_engine.abort(rid)
-            self.tracker.done(rid)
+            for rid in rids:
+                self.async_engine.abort(rid)
+                self.tracker.done(rid)
 
         if body.stream:
-            events = sse_events(meta, outputs, include_usage=body.include_usage, cancelled_error=cancelled)
+            events = sse_events(meta, streams, include_usage=body.include_usage, cancelled_error=cancelled,
+                                reading=reading)
             return EventStreamResponse(events, on_close=end,
                                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            result = await until_disconnect(request, collect(outputs))
-            if result is None:
+            states = await until_disconnect(request, collect_choices(streams, reading))
+            if states is None:
                 return Response(status_code=499)  # nobody is listening; uvicorn drops it
-            text, final = result
-            if final.finish_reason in CANCELLED:
+            final = states[-1].final
+            if final is not None and final.finish_reason in CANCELLED:
                 raise cancelled(final)
         finally:
             end()
-        return JSONResponse(response_body(meta, text, final))
+        return JSONResponse(choices_body(meta, states))
 
 
 def create_app(

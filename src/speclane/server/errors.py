@@ -10,6 +10,7 @@ Messages say what to fix; they never echo the offending input (it may be megabyt
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -61,6 +62,9 @@ def error_body(status: int, message: str, *, param: str | None = None, code: str
 
 
 # -- validation errors -> one clear message ----------------------------------------------------
+
+# A check across fields (a model validator) names its field as the message's first word.
+_NAMED_FIELD = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\[\d+\])?(?:\.[A-Za-z_][A-Za-z0-9_]*)*): ")
 
 # Pydantic puts union members and validator names into ``loc``; they are not field names.
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "null"}
@@ -133,6 +137,8 @@ def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | 
     elif kind == "value_error":
         message = f"{param}: {ctx.get('error', err.get('msg', 'invalid value'))}" if param else str(
             ctx.get("error", err.get("msg")))
+        if param is None and (named := _NAMED_FIELD.match(message)):
+            param = named.group(1)
     elif (expected := _expected_types(errors, param)) is not None:
         return f"{param}: the value should be {expected}", param
     else:

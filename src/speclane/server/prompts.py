@@ -2,7 +2,8 @@
 
 Everything here may reject the request with a 400 that says what to fix: a prompt that
 does not fit the context, a ``max_tokens`` past it, a token id outside the vocabulary,
-a chat the template refuses. After this step the engine must not be able to fail on
+a chat the template refuses, a ``logit_bias`` id outside the vocabulary, a grammar the
+engine cannot compile (``constraints.py``). After this step the engine must not be able to fail on
 the request: whatever reaches ``add_request`` is in range.
 
 Tokenizing is CPU work proportional to the request (up to the body limit, a few MB), so
@@ -11,22 +12,26 @@ Tokenizing is CPU work proportional to the request (up to the body limit, a few 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import jinja2
 
 from speclane.request import SamplingParams
+from speclane.server.constraints import request_grammar
 from speclane.server.errors import APIError
 from speclane.server.protocol import (
     ChatCompletionRequest,
-    ChatMessage,
     CompletionRequest,
     content_text,
 )
+from speclane.server.tools import chat_messages
 
 if TYPE_CHECKING:
+    from speclane.grammar.compiler import CompiledGrammar
+    from speclane.grammar.spec import GrammarSpec
     from speclane.models.tokenizer import Tokenizer
 
 # OpenAI's default temperature is 1; below this, treat it as greedy (0) — dividing logits
@@ -40,10 +45,22 @@ class EngineInput:
     """The arguments of ``AsyncEngine.generate`` for one request (the tenant comes from auth)."""
 
     prompt_token_ids: list[int]
-    sampling: SamplingParams
+    sampling: SamplingParams  # of choice 0
     priority: int
     speculative: bool
     prediction_token_ids: list[int]
+    grammar: CompiledGrammar | None = None
+    num_choices: int = 1
+    # How replies are read: "none" (plain text), "auto" (calls or text), "forced" (calls).
+    tool_parsing: Literal["none", "auto", "forced"] = "none"
+    tool_names: tuple[str, ...] = ()
+    top_logprobs: int | None = None  # alternatives to report per token; None: no logprobs
+
+    def sampling_for(self, choice: int) -> SamplingParams:
+        """Choice i samples with seed + i (vLLM's convention), so it equals a single request with that seed."""
+        if choice == 0 or self.sampling.seed is None:
+            return self.sampling
+        return dataclasses.replace(self.sampling, seed=self.sampling.seed + choice)
 
 
 @dataclass(frozen=True)
@@ -53,11 +70,17 @@ class Vocabulary:
     tokenizer: Tokenizer
     max_model_len: int
     vocab_size: int  # ids must be < this (the smaller of the tokenizer's and the model's)
+    compile_grammar: Callable[[GrammarSpec], CompiledGrammar] | None = None  # the engine's
 
 
 def chat_input(request: ChatCompletionRequest, vocab: Vocabulary) -> EngineInput:
-    prompt_ids = vocab.tokenizer.encode(_render_chat(request.messages, vocab.tokenizer), add_special_tokens=False)
-    return _engine_input(request, prompt_ids, vocab)
+    prompt_ids = vocab.tokenizer.encode(_render_chat(request, vocab.tokenizer), add_special_tokens=False)
+    engine_input = _engine_input(request, prompt_ids, vocab)
+    mode = request.tool_mode
+    if mode == "none":
+        return engine_input
+    return dataclasses.replace(engine_input, tool_parsing="auto" if mode == "auto" else "forced",
+                               tool_names=tuple(t.function.name for t in request.tools or ()))
 
 
 def completion_input(request: CompletionRequest, vocab: Vocabulary) -> EngineInput:
@@ -73,11 +96,11 @@ def completion_input(request: CompletionRequest, vocab: Vocabulary) -> EngineInp
     return _engine_input(request, prompt_ids, vocab)  # type: ignore[arg-type]
 
 
-def _render_chat(messages: Sequence[ChatMessage], tokenizer: Tokenizer) -> str:
-    plain = [{"role": "system" if m.role == "developer" else m.role, "content": content_text(m.content)}
-             for m in messages]
+def _render_chat(request: ChatCompletionRequest, tokenizer: Tokenizer) -> str:
+    offered = request.tools or () if request.tool_mode != "none" else ()
+    messages, variables = chat_messages(request.messages, offered, tokenizer)
     try:
-        return tokenizer.apply_chat_template(plain, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, **variables)
     except jinja2.TemplateError as exc:
         raise APIError(400, f"the model's chat template rejected the messages: {exc}", param="messages") from None
 
@@ -107,16 +130,36 @@ def _engine_input(request: ChatCompletionRequest | CompletionRequest, prompt_ids
             raise APIError(400, f"the prediction has {len(prediction_ids)} tokens, more than the context "
                                 f"({vocab.max_model_len}): send at most the text you expect back",
                            param="prediction")
+    for key in request.logit_bias or {}:
+        if int(key) >= vocab.vocab_size:
+            raise APIError(400, f"logit_bias: token id {key} is outside the vocabulary (0 to {vocab.vocab_size - 1})",
+                           param="logit_bias")
+    grammar = None
+    if request.constraint_fields or (isinstance(request, ChatCompletionRequest) and request.tool_mode != "none"):
+        if vocab.compile_grammar is None:
+            raise APIError(400, "this server has no grammar engine: omit the output constraint")
+        grammar = request_grammar(request, vocab.compile_grammar)
+    top = _top_logprobs(request)
     return EngineInput(
         prompt_token_ids=prompt_ids,
-        sampling=sampling_params(request, max_tokens=requested if requested is not None else room),
+        sampling=sampling_params(request, max_tokens=requested if requested is not None else room, logprobs=top),
         priority=request.priority,
         speculative=request.speculative,
         prediction_token_ids=prediction_ids,
+        grammar=grammar,
+        num_choices=request.num_choices,
+        top_logprobs=top,
     )
 
 
-def sampling_params(request: ChatCompletionRequest | CompletionRequest, *, max_tokens: int) -> SamplingParams:
+def _top_logprobs(request: ChatCompletionRequest | CompletionRequest) -> int | None:
+    if isinstance(request, ChatCompletionRequest):
+        return (request.top_logprobs or 0) if request.logprobs else None
+    return request.logprobs
+
+
+def sampling_params(request: ChatCompletionRequest | CompletionRequest, *, max_tokens: int,
+                    logprobs: int | None = None) -> SamplingParams:
     temperature = DEFAULT_TEMPERATURE if request.temperature is None else request.temperature
     if temperature < GREEDY_BELOW:
         temperature = 0.0
@@ -129,6 +172,8 @@ def sampling_params(request: ChatCompletionRequest | CompletionRequest, *, max_t
             top_k=max(top_k, 0),
             seed=request.seed,
             stop=tuple(request.stop or ()),
+            logprobs=logprobs,
+            logit_bias=tuple((int(key), bias) for key, bias in (request.logit_bias or {}).items()),
         )
     except ValueError as exc:  # the protocol's bounds should already have caught it
         raise APIError(400, str(exc)) from None

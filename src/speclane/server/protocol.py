@@ -1,12 +1,13 @@
 """Request and response models of the HTTP API: OpenAI's fields plus ``priority``,
-``speculative`` and ``top_k``.
+``speculative`` and ``top_k``, and vLLM's structured-output fields (``structured_outputs``
+and the older ``guided_*``).
 
 Requests are strict (no "5" for 5, no 1 for true) and reject unknown fields, as OpenAI
 does. OpenAI fields we do not implement are accepted only at their neutral value
-(``n=1``, ``logprobs=false``, penalties 0, ...) so a client never silently gets less
-than it asked for. Limits that need the tokenizer or the engine (prompt length, context)
-are checked in ``prompts.py``. Responses are built in ``streaming.py``; their models
-here document the schema (``/openapi.json``).
+(``best_of=1``, penalties 0, ...) so a client never silently gets less than it asked
+for. Limits that need the tokenizer or the engine (prompt length, context, token ids,
+grammars) are checked in ``prompts.py``. Responses are built in ``streaming.py``; their
+models here document the schema (``/openapi.json``).
 """
 
 from __future__ import annotations
@@ -28,10 +29,20 @@ from pydantic import (
     model_validator,
 )
 
-from speclane.request import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, SpecStats
+from speclane.request import (
+    MAX_LOGIT_BIAS,
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_TOP_LOGPROBS,
+    SpecStats,
+)
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_USER_CHARS = 256
+MAX_N = 8  # choices per request
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's cap on the legacy completions' logprobs
+MAX_TOOLS = 128  # OpenAI's cap on tools
+FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function names
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's; chat's default is the rest of the context
 
 
@@ -78,34 +89,131 @@ class Prediction(_Strict):
     content: Content
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Strict):
+    id: str = Field(min_length=1, max_length=256)
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Content
+    """One message. ``tool_calls`` (and a missing or null ``content``) only on assistant
+    messages; ``tool_call_id`` only, and always, on tool messages."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Content | None = None
     name: str | None = None  # accepted for compatibility; the chat template does not use it
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    refusal: str | None = None  # accepted on assistant messages (an earlier refusal)
+
+    @model_validator(mode="after")
+    def _fields_of_the_role(self) -> ChatMessage:
+        if self.role == "assistant":
+            if self.content is None and not self.tool_calls and self.refusal is None:
+                raise ValueError("an assistant message needs content or tool_calls")
+        elif self.content is None:
+            raise ValueError(f"content is required in a {self.role} message")
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("tool_calls belong to assistant messages only")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        if self.tool_call_id is not None and self.role != "tool":
+            raise ValueError("tool_call_id belongs to tool messages only")
+        if self.refusal is not None and self.role != "assistant":
+            raise ValueError("refusal belongs to assistant messages only")
+        return self
+
+    @property
+    def text(self) -> str:
+        return "" if self.content is None else content_text(self.content)
+
+
+class FunctionDefinition(_Strict):
+    name: Annotated[str, StringConstraints(pattern=FUNCTION_NAME)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
+    strict: bool | None = None  # accepted: the arguments of constrained calls always match
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JSONSchemaFormat(_Strict):
+    name: Annotated[str, StringConstraints(pattern=FUNCTION_NAME)]
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")  # none: any JSON object
+    strict: bool | None = None  # accepted: the output always matches the schema
+
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+
+
+class TextFormat(_Strict):
+    type: Literal["text"]
+
+
+class JSONObjectFormat(_Strict):
+    type: Literal["json_object"]
+
+
+class JSONSchemaResponseFormat(_Strict):
+    type: Literal["json_schema"]
+    json_schema: JSONSchemaFormat
+
+
+ResponseFormat = Annotated[TextFormat | JSONObjectFormat | JSONSchemaResponseFormat, Field(discriminator="type")]
+
+
+class StructuredOutputs(_Strict):
+    """vLLM's ``structured_outputs``: exactly one constraint."""
+
+    json_: dict[str, Any] | bool | str | None = Field(default=None, alias="json")  # a schema, or its JSON text
+    regex: str | None = None
+    choice: Annotated[list[Annotated[str, StringConstraints(min_length=1)]], Field(min_length=1)] | None = None
+    grammar: str | None = None  # llguidance's Lark dialect
+    json_object: bool | None = None
+
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StructuredOutputs:
+        given = [name for name in ("json", "regex", "choice", "grammar", "json_object")
+                 if getattr(self, "json_" if name == "json" else name) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError("give exactly one of json, regex, choice, grammar or json_object"
+                             + (f" (got {', '.join(given)})" if given else ""))
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(name for name in ("json", "regex", "choice", "grammar", "json_object")
+                    if getattr(self, "json_" if name == "json" else name) not in (None, False))
 
 
 # Fields OpenAI defines that we accept only at their neutral value. The schema states the
 # neutral value; this check (run before it) says why, rather than "should be <= 1".
 _NEUTRAL: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "n": (lambda v: v in (None, 1), "only n=1 is supported: send n separate requests"),
     "best_of": (lambda v: v in (None, 1), "only best_of=1 is supported: omit the field"),
     "frequency_penalty": (lambda v: v in (None, 0), "not supported: omit it or send 0"),
     "presence_penalty": (lambda v: v in (None, 0), "not supported: omit it or send 0"),
-    "logprobs": (lambda v: v is None or v is False or (type(v) is int and v == 0),
-                 "not supported: omit the field"),
-    "top_logprobs": (lambda v: v in (None, 0), "not supported: omit the field"),
-    "logit_bias": (lambda v: v is None or v == {}, "not supported: omit the field"),
-    "tools": (lambda v: v is None or v == [], "not supported by this server: omit the field"),
-    "tool_choice": (lambda v: v in (None, "none", "auto"), "not supported (no tools): omit the field"),
-    "response_format": (lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
-                        'only {"type": "text"} is supported'),
     "echo": (lambda v: v is None or v is False, "not supported: omit the field"),
     "suffix": (lambda v: v is None or v == "", "not supported: omit the field"),
 }
-
-
-class ResponseFormat(_Strict):
-    type: Literal["text"]
 
 
 class _GenerationRequest(_Strict):
@@ -123,10 +231,18 @@ class _GenerationRequest(_Strict):
     prediction: Prediction | None = None
     priority: int = Field(default=0, ge=INT32_MIN, le=INT32_MAX, description="lower is more urgent")
     speculative: bool = Field(default=True, description="false keeps the request out of the lane")
-    n: int | None = Field(default=None, ge=1, le=1)
+    n: int | None = Field(default=None, ge=1, le=MAX_N, description=f"1 to {MAX_N} choices")
     frequency_penalty: float | None = Field(default=None, ge=0, le=0)
     presence_penalty: float | None = Field(default=None, ge=0, le=0)
-    logit_bias: Annotated[dict[str, float], Field(max_length=0)] | None = None
+    logit_bias: Annotated[dict[str, Annotated[float, Field(ge=-100, le=100)]],
+                          Field(max_length=MAX_LOGIT_BIAS)] | None = Field(
+        default=None, description="token id (as a string) -> bias from -100 to 100, added to the logits")
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = Field(default=None, description="vLLM's: one constraint")
+    guided_json: dict[str, Any] | bool | str | None = None  # vLLM's older spellings of structured_outputs
+    guided_regex: str | None = None
+    guided_choice: Annotated[list[Annotated[str, StringConstraints(min_length=1)]], Field(min_length=1)] | None = None
+    guided_grammar: str | None = None
     metadata: dict[str, str] | None = None  # accepted, not stored
     store: bool | None = None  # accepted, nothing is stored
     service_tier: str | None = None  # accepted, ignored: use priority
@@ -139,11 +255,45 @@ class _GenerationRequest(_Strict):
             raise ValueError(message)
         return value
 
+    @field_validator("n", mode="before")
+    @classmethod
+    def _n_in_range(cls, value: Any) -> Any:
+        if type(value) is int and value > MAX_N:
+            raise ValueError(f"at most {MAX_N} choices per request (n={value}): send several requests")
+        return value
+
+    @field_validator("logit_bias", mode="after")
+    @classmethod
+    def _token_id_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key in value or {}:
+            if not key.isascii() or not key.isdigit() or len(key) > 10:
+                raise ValueError(f"keys are token ids written as decimal strings (got '{key[:20]}')")
+        return value
+
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> _GenerationRequest:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options needs stream=true")
+        if self.seed is not None and self.seed + self.num_choices - 1 >= 2**63:
+            raise ValueError(f"seed: choice i uses seed + i, so with n={self.num_choices} the seed must be "
+                             f"below 2**63 - {self.num_choices - 1}")
+        given = self.constraint_fields
+        if len(given) > 1:
+            raise ValueError(f"{given[1]}: give at most one output constraint (got {' and '.join(given)})")
         return self
+
+    @property
+    def constraint_fields(self) -> list[str]:
+        """The fields that constrain the output, as given (at most one is valid)."""
+        fields = [name for name in ("structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                                    "guided_grammar") if getattr(self, name) is not None]
+        if self.response_format is not None and self.response_format.type != "text":
+            fields.insert(0, "response_format")
+        return fields
+
+    @property
+    def num_choices(self) -> int:
+        return 1 if self.n is None else self.n
 
     @property
     def include_usage(self) -> bool:
@@ -154,12 +304,45 @@ class ChatCompletionRequest(_GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1, description="default: the rest of the context")
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: Literal[False] | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=0)
-    tools: Annotated[list[dict[str, Any]], Field(max_length=0)] | None = None
-    tool_choice: Literal["none", "auto"] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    response_format: ResponseFormat | None = None
+
+    @model_validator(mode="after")
+    def _chat_rules(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs: needs logprobs=true")
+        names = [tool.function.name for tool in self.tools or ()]
+        duplicate = next((name for i, name in enumerate(names) if name in names[:i]), None)
+        if duplicate is not None:
+            raise ValueError(f"tools: two tools are named '{duplicate}': tool names must be unique")
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"tool_choice: no tool named '{choice.function.name[:64]}' in tools")
+        if choice == "required" and not names:
+            raise ValueError("tool_choice: 'required' needs at least one tool in tools")
+        if (choice == "required" or isinstance(choice, NamedToolChoice)) and self.constraint_fields:
+            raise ValueError(f"{self.constraint_fields[0]}: an output constraint cannot be combined with "
+                             "tool_choice 'required' or a named function (the output is the tool call)")
+        seen: set[str] = set()
+        for index, message in enumerate(self.messages):
+            for call in message.tool_calls or ():
+                seen.add(call.id)
+            if message.role == "tool" and message.tool_call_id not in seen:
+                raise ValueError(f"messages[{index}]: tool_call_id '{(message.tool_call_id or '')[:64]}' matches no "
+                                 "tool call of an earlier assistant message")
+        return self
+
+    @property
+    def tool_mode(self) -> str:
+        """``none`` (no tools offered), ``auto``, ``required``, or ``named``."""
+        if not self.tools or self.tool_choice == "none":
+            return "none"
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return "named"
+        return self.tool_choice or "auto"
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -178,7 +361,8 @@ class CompletionRequest(_GenerationRequest):
              | Annotated[list[PromptIds], Field(min_length=1, max_length=1)]) = Field(
         description="one prompt: a string or a list of token ids (a batch of one is accepted)")
     max_tokens: int | None = Field(default=COMPLETION_DEFAULT_MAX_TOKENS, ge=1, description="null: 16, as OpenAI")
-    logprobs: int | None = Field(default=None, ge=0, le=0)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS,
+                                 description="the chosen token's logprob and this many alternatives")
     echo: Literal[False] | None = None
     suffix: Literal[""] | None = None
     best_of: int | None = Field(default=None, ge=1, le=1)
@@ -228,14 +412,30 @@ class Usage(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None  # null when the reply is only tool calls
+    tool_calls: list[ToolCall] | None = None  # present when the reply calls tools
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprobItem(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprobItem]
+    refusal: None = None
 
 
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    finish_reason: str | None
-    logprobs: None = None
+    finish_reason: str | None = Field(description="stop, length or tool_calls")
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -247,11 +447,18 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage
 
 
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class CompletionResponse(BaseModel):

@@ -1,9 +1,14 @@
 """Engine outputs -> OpenAI response bodies and server-sent events.
 
-A stream is: (chat only) a chunk with ``delta.role``; one chunk per engine output with
-new text; a chunk with an empty delta and the ``finish_reason``; with
-``stream_options.include_usage`` a last chunk with no choices and the ``usage`` (every
-earlier chunk then carries ``"usage": null``, as OpenAI does); then ``data: [DONE]``.
+A request has ``n`` choices, one engine request each (``ChoiceState`` reads one: text,
+tool calls, logprobs). A stream is: (chat only) a chunk with ``delta.role`` per choice;
+chunks with each choice's new text (``delta.content``), tool calls (a chunk with the
+call's ``id``, ``type`` and name, then one with its ``arguments``) and logprobs, the
+choices interleaved as they come, each chunk naming its choice's ``index``; per choice
+a chunk with an empty delta and its ``finish_reason``; with
+``stream_options.include_usage`` a last chunk with no choices and the ``usage`` of all
+choices (every earlier chunk then carries ``"usage": null``, as OpenAI does); then
+``data: [DONE]``.
 A request the server had to cancel (shutdown) or that failed in the engine ends with
 an ``{"error": ...}`` event instead of the finish chunk, then ``data: [DONE]``.
 Leaving a stream early closes the engine stream, which aborts the request; the HTTP
@@ -27,7 +32,10 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from speclane.engine.engine import RequestOutput
+from speclane.request import TokenLogprob
 from speclane.server.errors import APIError
+from speclane.server.logprobs import TokenTexts, chat_logprobs, completion_logprobs
+from speclane.server.tools import ParsedCall, ToolCallParser
 
 T = TypeVar("T")
 DONE = b"data: [DONE]\n\n"
@@ -57,76 +65,249 @@ def sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
 
-def chunk(meta: ResponseMeta, *, text: str | None = None, role: bool = False, finish_reason: str | None = None,
-          include_usage: bool = False) -> dict[str, Any]:
-    if meta.chat:
-        delta: dict[str, str] = {"role": "assistant", "content": ""} if role else {}
-        if text is not None:
-            delta["content"] = text
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-    else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+@dataclass(frozen=True)
+class Reading:
+    """How a request's outputs become choices: tool calls parsed or not, logprobs or not."""
+
+    tool_parsing: str = "none"  # "none", "auto" or "forced" (see EngineInput)
+    tool_names: tuple[str, ...] = ()
+    top_logprobs: int | None = None
+    texts: TokenTexts | None = None  # needed with logprobs
+
+
+@dataclass
+class Delta:
+    """What one engine output (or the end of a choice) adds to the answer."""
+
+    content: str = ""
+    calls: list[ParsedCall] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+class ChoiceState:
+    """One choice of a request: turns its engine outputs into deltas and keeps the whole answer.
+
+    Streaming sends the deltas; a plain response is built from the same deltas, so both
+    carry the same content, calls and logprobs."""
+
+    def __init__(self, index: int, reading: Reading) -> None:
+        self.index = index
+        self.reading = reading
+        self.parser = (ToolCallParser(reading.tool_names, bare_json=reading.tool_parsing == "auto",
+                                      forced=reading.tool_parsing == "forced")
+                       if reading.tool_parsing != "none" else None)
+        self.content: list[str] = []
+        self.calls: list[ParsedCall] = []
+        self.logprobs: list[TokenLogprob] = []
+        self.text_offset = 0  # completions: characters of text in the logprobs so far
+        self.final: RequestOutput | None = None
+
+    def feed(self, out: RequestOutput) -> Delta:
+        delta = Delta(logprobs=list(out.logprobs or ()))
+        events = self.parser.feed(out.text) if self.parser is not None else [out.text] if out.text else []
+        if out.finished:
+            self.final = out
+            if self.parser is not None:
+                events += self.parser.finish()
+        for event in events:
+            if isinstance(event, str):
+                delta.content += event
+            else:
+                delta.calls.append(event)
+        self.content.append(delta.content)
+        self.calls.extend(delta.calls)
+        self.logprobs.extend(delta.logprobs)
+        return delta
+
+    @property
+    def finish_reason(self) -> str | None:
+        reason = self.final.finish_reason if self.final is not None else None
+        return "tool_calls" if self.calls and reason == "stop" else reason
+
+    def chat_logprobs(self, entries: list[TokenLogprob]) -> dict[str, Any] | None:
+        if self.reading.top_logprobs is None or self.reading.texts is None:
+            return None
+        return {"content": chat_logprobs(entries, self.reading.top_logprobs, self.reading.texts), "refusal": None}
+
+    def completion_logprobs(self, entries: list[TokenLogprob]) -> dict[str, Any] | None:
+        if self.reading.top_logprobs is None or self.reading.texts is None:
+            return None
+        body = completion_logprobs(entries, self.reading.top_logprobs, self.reading.texts, self.text_offset)
+        self.text_offset += sum(len(token) for token in body["tokens"])
+        return body
+
+    # -- streaming --------------------------------------------------------------------
+
+    def chunk_choices(self, delta: Delta, *, chat: bool) -> list[dict[str, Any]]:
+        """The chunk choices of one delta (none when it adds nothing)."""
+        if not chat:
+            if not delta.content and not delta.logprobs:
+                return []
+            return [{"index": self.index, "text": delta.content,
+                     "logprobs": self.completion_logprobs(delta.logprobs), "finish_reason": None}]
+        deltas: list[dict[str, Any]] = []
+        if delta.content:
+            deltas.append({"content": delta.content})
+        first_call = len(self.calls) - len(delta.calls)
+        for number, call in enumerate(delta.calls, start=first_call):
+            deltas.append({"tool_calls": [{"index": number, "id": call.id, "type": "function",
+                                           "function": {"name": call.name, "arguments": ""}}]})
+            deltas.append({"tool_calls": [{"index": number, "function": {"arguments": call.arguments}}]})
+        if not deltas and delta.logprobs:
+            deltas.append({})
+        return [{"index": self.index, "delta": d, "logprobs": self.chat_logprobs(delta.logprobs) if i == 0 else None,
+                 "finish_reason": None} for i, d in enumerate(deltas)]
+
+    def finish_choice(self, *, chat: bool) -> dict[str, Any]:
+        if chat:
+            return {"index": self.index, "delta": {}, "logprobs": None, "finish_reason": self.finish_reason}
+        return {"index": self.index, "text": "", "logprobs": None, "finish_reason": self.finish_reason}
+
+    # -- the whole answer -------------------------------------------------------------
+
+    def answer(self, *, chat: bool) -> dict[str, Any]:
+        text = "".join(self.content)
+        if not chat:
+            self.text_offset = 0
+            return {"index": self.index, "text": text, "logprobs": self.completion_logprobs(self.logprobs),
+                    "finish_reason": self.finish_reason}
+        message: dict[str, Any] = {"role": "assistant", "content": text if text or not self.calls else None}
+        if self.calls:
+            message["tool_calls"] = [call.as_dict() for call in self.calls]
+        return {"index": self.index, "message": message, "logprobs": self.chat_logprobs(self.logprobs),
+                "finish_reason": self.finish_reason}
+
+
+def chunk(meta: ResponseMeta, choices: list[dict[str, Any]], *, include_usage: bool = False) -> dict[str, Any]:
     body: dict[str, Any] = {"id": meta.id, "object": meta.chunk_object, "created": meta.created,
-                            "model": meta.model, "choices": [choice]}
+                            "model": meta.model, "choices": choices}
     if include_usage:
         body["usage"] = None
     return body
 
 
-def usage_chunk(meta: ResponseMeta, final: RequestOutput) -> dict[str, Any]:
+def role_choice(index: int) -> dict[str, Any]:
+    return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+
+
+def total_usage(finals: list[RequestOutput]) -> dict[str, Any]:
+    """``usage`` of a request's choices: the prompt once, every choice's completion tokens."""
+    usage = finals[0].usage
+    for final in finals[1:]:
+        more = final.usage
+        usage["completion_tokens"] += more["completion_tokens"]  # type: ignore[operator]
+        details, more_details = usage["completion_tokens_details"], more["completion_tokens_details"]
+        for key in details:  # type: ignore[attr-defined]
+            details[key] += more_details[key]  # type: ignore[index]
+        spec, more_spec = usage["speculative"], more["speculative"]
+        for key in spec:  # type: ignore[attr-defined]
+            spec[key] += more_spec.get(key, 0)  # type: ignore[index,union-attr]
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]  # type: ignore[operator]
+    if "wait_ms" in usage["speculative"]:  # type: ignore[operator]
+        usage["speculative"]["wait_ms"] = round(usage["speculative"]["wait_ms"], 3)  # type: ignore[index]
+    return usage
+
+
+def usage_chunk(meta: ResponseMeta, usage: dict[str, Any]) -> dict[str, Any]:
     return {"id": meta.id, "object": meta.chunk_object, "created": meta.created, "model": meta.model,
-            "choices": [], "usage": final.usage}
+            "choices": [], "usage": usage}
+
+
+async def merged(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """The outputs of a request's choices as they come, each with its choice's index.
+    Leaving early closes every stream (which aborts the choices still running)."""
+    if len(streams) == 1:
+        async with contextlib.aclosing(streams[0]):  # type: ignore[type-var]
+            async for out in streams[0]:
+                yield 0, out
+        return
+    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async with contextlib.aclosing(stream):  # type: ignore[type-var]
+                async for out in stream:
+                    await queue.put((index, out))
+            await queue.put((index, None))
+        except Exception as exc:  # noqa: BLE001 - handed to the reader
+            await queue.put((index, exc))
+
+    tasks = [asyncio.ensure_future(pump(i, stream)) for i, stream in enumerate(streams)]
+    try:
+        running = len(tasks)
+        while running:
+            index, item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def sse_events(
     meta: ResponseMeta,
-    outputs: AsyncIterator[RequestOutput],
+    streams: list[AsyncIterator[RequestOutput]],
     *,
     include_usage: bool,
     cancelled_error: Callable[[RequestOutput], APIError],
+    reading: Reading | None = None,
 ) -> AsyncIterator[bytes]:
-    """The event stream of one request; ``cancelled_error`` says why an aborted one ended."""
+    """The event stream of one request and its choices; ``cancelled_error`` says why an aborted one ended."""
+    states = [ChoiceState(i, reading or Reading()) for i in range(len(streams))]
+    outputs = merged(streams)
     async with contextlib.aclosing(outputs):  # type: ignore[type-var]
         if meta.chat:
-            yield sse(chunk(meta, role=True, include_usage=include_usage))
+            for state in states:
+                yield sse(chunk(meta, [role_choice(state.index)], include_usage=include_usage))
         try:
-            async for out in outputs:
+            unfinished = len(states)
+            async for index, out in outputs:
                 if out.finished and out.finish_reason in CANCELLED:
                     yield sse(cancelled_error(out).body())
                     break
-                if out.text:
-                    yield sse(chunk(meta, text=out.text, include_usage=include_usage))
+                state = states[index]
+                for choice in state.chunk_choices(state.feed(out), chat=meta.chat):
+                    yield sse(chunk(meta, [choice], include_usage=include_usage))
                 if out.finished:
-                    yield sse(chunk(meta, finish_reason=out.finish_reason, include_usage=include_usage))
-                    if include_usage:
-                        yield sse(usage_chunk(meta, out))
-                    break
+                    yield sse(chunk(meta, [state.finish_choice(chat=meta.chat)], include_usage=include_usage))
+                    unfinished -= 1
+                    if unfinished == 0:
+                        if include_usage:
+                            yield sse(usage_chunk(meta, total_usage([s.final for s in states if s.final])))
+                        break
         except RuntimeError as exc:  # the engine stopped: say so, do not hang the client
             yield sse(APIError(500, f"the engine failed: {exc}").body())
         yield DONE
 
 
-async def collect(outputs: AsyncIterator[RequestOutput]) -> tuple[str, RequestOutput]:
-    """The whole text and the final output of a non-streaming request."""
-    parts: list[str] = []
+async def collect_choices(streams: list[AsyncIterator[RequestOutput]], reading: Reading | None = None) -> (
+        list[ChoiceState]):
+    """Every choice of a non-streaming request, finished (or the first that was cancelled)."""
+    states = [ChoiceState(i, reading or Reading()) for i in range(len(streams))]
+    outputs = merged(streams)
+    unfinished = len(states)
     async with contextlib.aclosing(outputs):  # type: ignore[type-var]
-        async for out in outputs:
-            parts.append(out.text)
+        async for index, out in outputs:
+            states[index].feed(out)
             if out.finished:
-                return "".join(parts), out
+                if out.finish_reason in CANCELLED:
+                    return [states[index]]
+                unfinished -= 1
+                if unfinished == 0:
+                    return states
     raise RuntimeError("the engine stream ended without a final output")
 
 
-def response_body(meta: ResponseMeta, text: str, final: RequestOutput) -> dict[str, Any]:
-    if meta.chat:
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                  "logprobs": None, "finish_reason": final.finish_reason}
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": final.finish_reason}
-        obj = "text_completion"
-    return {"id": meta.id, "object": obj, "created": meta.created, "model": meta.model,
-            "choices": [choice], "usage": final.usage}
+def choices_body(meta: ResponseMeta, states: list[ChoiceState]) -> dict[str, Any]:
+    return {"id": meta.id, "object": "chat.completion" if meta.chat else "text_completion",
+            "created": meta.created, "model": meta.model,
+            "choices": [state.answer(chat=meta.chat) for state in states],
+            "usage": total_usage([state.final for state in states if state.final is not None])}
 
 
 # -- HTTP: streaming responses and disconnects ----------------------------------------

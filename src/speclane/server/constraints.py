@@ -1,0 +1,120 @@
+"""What a request's output must match: ``response_format``, vLLM's ``structured_outputs``
+or its older ``guided_*`` fields, and tool calls (``tools.py``), as one grammar.
+
+``request_grammar`` runs in the worker thread that tokenizes the request: compiling a
+new grammar costs its own client the time, never the engine's tick. A grammar the engine
+cannot compile (a malformed schema, an unsupported keyword, a bad regex) is a 400 that
+names the field and the problem.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from speclane.grammar.compiler import CompiledGrammar
+from speclane.grammar.spec import GrammarSpec
+from speclane.server.errors import APIError
+from speclane.server.protocol import ChatCompletionRequest, CompletionRequest, NamedToolChoice
+from speclane.server.tools import tool_call_grammar
+
+Compile = Callable[[GrammarSpec], CompiledGrammar]
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+@dataclass(frozen=True)
+class Constraint:
+    param: str  # the field it came from
+    spec: GrammarSpec
+    schema: dict[str, Any] | bool | None = None  # the JSON schema, for the JSON kinds
+
+
+def output_constraint(request: ChatCompletionRequest | CompletionRequest) -> Constraint | None:
+    """The request's one output constraint (protocol.py allows at most one), or None."""
+    fields = request.constraint_fields
+    if not fields:
+        return None
+    param = fields[0]
+    try:
+        return _constraint(request, param)
+    except ValueError as exc:
+        raise APIError(400, f"{param}: {exc}", param=param) from None
+
+
+def _json(param: str, value: dict[str, Any] | bool | str) -> Constraint:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise ValueError(f"the schema is not valid JSON ({exc})") from None
+        if not isinstance(value, dict | bool):
+            raise ValueError("the schema must be a JSON object (or true/false)")
+    return Constraint(param, GrammarSpec.json_schema(value), value)
+
+
+def _constraint(request: ChatCompletionRequest | CompletionRequest, param: str) -> Constraint:
+    if param == "response_format":
+        fmt = request.response_format
+        if fmt is not None and fmt.type == "json_schema":
+            schema = fmt.json_schema.schema_  # type: ignore[union-attr]
+            if schema is not None:
+                return Constraint(param, GrammarSpec.json_schema(schema), schema)
+        return Constraint(param, GrammarSpec.json_object(), ANY_OBJECT)
+    if param == "structured_outputs":
+        so = request.structured_outputs
+        assert so is not None
+        kind = so.kind
+        if kind == "json":
+            return _json(param, so.json_)  # type: ignore[arg-type]
+        if kind == "json_object":
+            return Constraint(param, GrammarSpec.json_object(), ANY_OBJECT)
+        if kind == "regex":
+            return Constraint(param, GrammarSpec.regex(so.regex or ""))
+        if kind == "choice":
+            return Constraint(param, GrammarSpec.choice(list(so.choice or ())))
+        return Constraint(param, GrammarSpec.lark(so.grammar or ""))
+    if param == "guided_json":
+        return _json(param, request.guided_json)  # type: ignore[arg-type]
+    if param == "guided_regex":
+        return Constraint(param, GrammarSpec.regex(request.guided_regex or ""))
+    if param == "guided_choice":
+        return Constraint(param, GrammarSpec.choice(list(request.guided_choice or ())))
+    return Constraint(param, GrammarSpec.lark(request.guided_grammar or ""))
+
+
+def request_grammar(request: ChatCompletionRequest | CompletionRequest, compile_grammar: Compile) -> (
+        CompiledGrammar | None):
+    """The compiled grammar the output must match, or None when it is free."""
+    constraint = output_constraint(request)
+    mode = request.tool_mode if isinstance(request, ChatCompletionRequest) else "none"
+    if mode == "none":
+        return None if constraint is None else _compile(compile_grammar, constraint.spec, constraint.param)
+    assert isinstance(request, ChatCompletionRequest) and request.tools
+    tools = request.tools
+    if mode == "named":
+        assert isinstance(request.tool_choice, NamedToolChoice)
+        tools = [t for t in tools if t.function.name == request.tool_choice.function.name]
+    elif mode == "auto":
+        if constraint is None:
+            return None
+        if constraint.schema is None:
+            raise APIError(400, f"{constraint.param}: with tools offered (tool_choice 'auto'), only a JSON "
+                                "constraint can apply (the reply is a call or the JSON); send tool_choice 'none' "
+                                "to constrain the reply alone", param=constraint.param)
+    for index, tool in enumerate(request.tools):  # an unsupported keyword in a schema is refused, not ignored
+        if tool in tools and tool.function.parameters is not None:
+            params = tool.function.parameters
+            _compile(compile_grammar, lambda params=params: GrammarSpec.json_schema(params),  # type: ignore[misc]
+                     f"tools[{index}].function.parameters")
+    answer = constraint.schema if constraint is not None else None
+    lark = tool_call_grammar(tools, parallel=request.parallel_tool_calls is not False, answer=answer)
+    return _compile(compile_grammar, lambda: GrammarSpec.lark(lark), constraint.param if constraint else "tools")
+
+
+def _compile(compile_grammar: Compile, spec: Callable[[], GrammarSpec] | GrammarSpec, param: str) -> CompiledGrammar:
+    try:
+        return compile_grammar(spec if isinstance(spec, GrammarSpec) else spec())
+    except ValueError as exc:  # GrammarError, or a spec too long
+        raise APIError(400, f"{param}: {exc}", param=param) from None

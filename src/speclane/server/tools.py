@@ -1,0 +1,344 @@
+"""Tool calling on chat: the prompt that offers the tools, the grammar that forces a call,
+and the parser that turns a reply back into OpenAI's ``tool_calls``.
+
+The call format is Hermes's, which Qwen 2.5 and 3 use natively::
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+Prompt. A chat template that uses a ``tools`` variable (Qwen 2.5, Hermes, Llama 3.1
+style) renders the tools and the history itself: it gets ``tools=[...]`` and the
+messages in the shape transformers passes them (assistant ``tool_calls`` with the
+arguments as an object, ``tool`` messages with their ``tool_call_id`` and ``name``).
+Any other template gets the generic format: a system preamble that lists the tools as
+JSON and asks for calls in the format above (joined to the first system message, or a
+system message of its own); an earlier assistant call is rendered as that same text, and
+tool results as one user message per run of results, each result in
+``<tool_response>...</tool_response>`` (user, because many templates accept no other
+role). With ``tool_choice: "none"`` no tools are offered and replies are never parsed.
+
+Grammar. ``tool_choice: "required"`` or a named function constrains the reply to one
+call (``parallel_tool_calls: false``) or one or more, separated by newlines, each to a
+function of the choice with arguments that match its ``parameters`` schema (a Lark
+grammar that embeds each schema with ``%json``); nothing else may be generated, so even
+a small model answers with calls that parse and validate. Calls follow one another with
+nothing between them, and a call cut short by ``max_tokens`` is dropped.
+
+Parsing (``auto``, ``required``, named). Text before and between calls stays
+``content``; each complete ``<tool_call>`` block whose JSON names a known tool and gives
+its ``arguments`` (or ``parameters``) as an object becomes a call; a block that does not
+parse stays content. With ``auto``, a reply that is one bare JSON object (or a list of
+them) naming a known tool with its arguments is a call too. ``ToolCallParser`` works on
+the text as it streams: it holds back text that may be the start of a ``<tool_call>``
+tag, whitespace that may come before a call, and a reply that starts like bare JSON,
+until it knows; a call is emitted once its block is complete. The non-streaming answer
+runs the same parser over the whole text, so both give the same calls and content.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+import jinja2
+import jinja2.meta
+
+from speclane.grammar.compiler import JSON_OPTIONS
+from speclane.server.protocol import ChatMessage, Tool
+
+if TYPE_CHECKING:
+    from speclane.models.tokenizer import Tokenizer
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+PREAMBLE = """# Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{tools}
+</tools>
+
+For each function call, return a json object with function name and arguments within \
+<tool_call></tool_call> XML tags:
+<tool_call>
+{{"name": <function-name>, "arguments": <args-json-object>}}
+</tool_call>"""
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def tool_dict(tool: Tool) -> dict[str, Any]:
+    """A tool as OpenAI's JSON (unset fields left out), as templates and the preamble show it."""
+    function: dict[str, Any] = {"name": tool.function.name}
+    if tool.function.description is not None:
+        function["description"] = tool.function.description
+    function["parameters"] = tool.function.parameters if tool.function.parameters is not None else ANY_OBJECT
+    return {"type": "function", "function": function}
+
+
+# -- the prompt ------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=16)
+def template_uses_tools(template: str) -> bool:
+    """Whether a chat template reads a ``tools`` variable (then it renders tools itself)."""
+    try:
+        return "tools" in jinja2.meta.find_undeclared_variables(jinja2.Environment().parse(template))
+    except jinja2.TemplateError:
+        return False
+
+
+def chat_messages(messages: Sequence[ChatMessage], tools: Sequence[Tool], tokenizer: Tokenizer) -> tuple[
+        list[dict[str, Any]], dict[str, Any]]:
+    """The messages to render and the extra template variables (``tools``), for either format."""
+    template = tokenizer.chat_template
+    if template is not None and template_uses_tools(template):
+        extra: dict[str, Any] = {"tools": [tool_dict(t) for t in tools]} if tools else {}
+        return _template_messages(messages), extra
+    return _generic_messages(messages, tools), {}
+
+
+def _role(message: ChatMessage) -> str:
+    return "system" if message.role == "developer" else message.role
+
+
+def _arguments_object(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
+
+
+def _template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    names: dict[str, str] = {}
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        entry: dict[str, Any] = {"role": _role(m), "content": m.text}
+        if m.tool_calls:
+            entry["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name, "arguments": _arguments_object(c.function.arguments)}}
+                for c in m.tool_calls]
+            names.update((c.id, c.function.name) for c in m.tool_calls)
+        if m.role == "tool":
+            entry["tool_call_id"] = m.tool_call_id
+            entry["name"] = names.get(m.tool_call_id or "", "")
+        out.append(entry)
+    return out
+
+
+def call_text(name: str, arguments: Any) -> str:
+    """One call in the Hermes format (the arguments as compact JSON, as the grammar writes it)."""
+    return f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}\n{CLOSE}"
+
+
+def _generic_messages(messages: Sequence[ChatMessage], tools: Sequence[Tool]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m.role == "tool":
+            result = f"<tool_response>\n{m.text}\n</tool_response>"
+            if out and out[-1].get("tool_results"):
+                out[-1]["content"] += "\n" + result
+            else:
+                out.append({"role": "user", "content": result, "tool_results": True})
+            continue
+        text = m.text
+        if m.tool_calls:
+            calls = "\n".join(call_text(c.function.name, _arguments_object(c.function.arguments))
+                              for c in m.tool_calls)
+            text = f"{text}\n{calls}" if text else calls
+        out.append({"role": _role(m), "content": text})
+    for entry in out:
+        entry.pop("tool_results", None)
+    if tools:
+        preamble = PREAMBLE.format(tools="\n".join(json.dumps(tool_dict(t), ensure_ascii=False) for t in tools))
+        if out and out[0]["role"] == "system":
+            out[0]["content"] = f"{out[0]['content']}\n\n{preamble}" if out[0]["content"] else preamble
+        else:
+            out.insert(0, {"role": "system", "content": preamble})
+    return out
+
+
+# -- the grammar -----------------------------------------------------------------------------
+
+
+def _lark_string(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _json_rule(schema: dict[str, Any] | bool) -> str:
+    """``%json`` with the compiler's fixed spacing, so a call reads as ``call_text`` writes it."""
+    body = {**schema, "x-guidance": JSON_OPTIONS} if isinstance(schema, dict) else {
+        "x-guidance": JSON_OPTIONS} if schema else {"not": {}}
+    return "%json " + json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+
+
+def tool_call_grammar(tools: Sequence[Tool], *, parallel: bool, answer: dict[str, Any] | bool | None = None) -> str:
+    """A Lark grammar for one call (or, with ``parallel``, one or more) to one of ``tools``;
+    with ``answer``, a JSON value matching that schema is allowed instead of the calls."""
+    # Calls follow one another directly: right after "</tool_call>" a model weighs the end
+    # of its turn against "<", which it rarely picks, where a newline would have led it
+    # into one more (forced) call after another.
+    lines = [f"calls: call{'+' if parallel else ''}",
+             "call: " + " | ".join(f"call_{i}" for i in range(len(tools)))]
+    for i, tool in enumerate(tools):
+        head = f'{OPEN}\n{{"name": {json.dumps(tool.function.name)}, "arguments": '
+        lines.append(f"call_{i}: {_lark_string(head)} args_{i} {_lark_string('}' + chr(10) + CLOSE)}")
+        params = tool.function.parameters if tool.function.parameters is not None else ANY_OBJECT
+        lines.append(f"args_{i}: {_json_rule(params)}")
+    if answer is not None:
+        lines.insert(0, "start: calls | answer")
+        lines.append(f"answer: {_json_rule(answer)}")
+    else:
+        lines.insert(0, "start: calls")
+    return "\n".join(lines) + "\n"
+
+
+# -- parsing the reply -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParsedCall:
+    id: str
+    name: str
+    arguments: str  # JSON text
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+Event = str | ParsedCall  # a piece of content, or a complete call
+
+
+class ToolCallParser:
+    """Splits a reply, fed as it streams, into content pieces and complete calls."""
+
+    def __init__(self, names: Sequence[str], *, bare_json: bool, forced: bool = False) -> None:
+        self._names = frozenset(names)
+        self._bare_json = bare_json
+        self._forced = forced  # the grammar allows only calls: an unfinished one was cut short
+        self._buffer = ""
+        self._in_call = False
+        self._bare = False  # the reply starts like bare JSON: held until the end
+        self._started = False  # a non-whitespace character was seen
+        self._after_call = False  # whitespace right after a call is dropped
+        self._held_space = ""
+        self.num_calls = 0
+
+    def feed(self, text: str) -> list[Event]:
+        self._buffer += text
+        events: list[Event] = []
+        while not self._bare:
+            if not self._in_call:
+                if not self._started:
+                    stripped = self._buffer.lstrip()
+                    if not stripped:
+                        break
+                    self._started = True
+                    if self._bare_json and stripped[0] in "{[":
+                        self._bare = True
+                        break
+                at = self._buffer.find(OPEN)
+                if at < 0:
+                    keep = _partial_tag(self._buffer)
+                    self._content(self._buffer[: len(self._buffer) - keep], events)
+                    self._buffer = self._buffer[len(self._buffer) - keep:]
+                    break
+                self._content(self._buffer[:at], events)
+                self._buffer = self._buffer[at + len(OPEN):]
+                self._in_call = True
+            at = self._buffer.find(CLOSE)
+            if at < 0:
+                break
+            body, self._buffer = self._buffer[:at], self._buffer[at + len(CLOSE):]
+            self._in_call = False
+            self._block(body, events, closed=True)
+        return events
+
+    def finish(self) -> list[Event]:
+        events: list[Event] = []
+        rest, self._buffer = self._buffer, ""
+        if self._bare:
+            calls = self._bare_calls(rest)
+            if calls:
+                events.extend(calls)
+                self.num_calls += len(calls)
+            else:
+                self._content(rest, events)
+        elif self._in_call:
+            if not self._forced or self._call(rest) is not None:
+                self._block(rest, events, closed=False)
+        else:
+            self._content(rest, events)
+        if self.num_calls == 0 and self._held_space:
+            events.append(self._held_space)
+        self._held_space = ""
+        return events
+
+    def _content(self, text: str, events: list[Event]) -> None:
+        if self._after_call:
+            text = text.lstrip()
+            if not text:
+                return
+            self._after_call = False
+        text = self._held_space + text
+        body = text.rstrip()
+        self._held_space = text[len(body):]
+        if body:
+            events.append(body)
+
+    def _block(self, body: str, events: list[Event], *, closed: bool) -> None:
+        call = self._call(body)
+        if call is None:
+            self._content(OPEN + body + (CLOSE if closed else ""), events)
+            return
+        self._held_space = ""
+        self.num_calls += 1
+        self._after_call = True
+        events.append(call)
+
+    def _call(self, text: str) -> ParsedCall | None:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return None
+        return self._call_of(value)
+
+    def _call_of(self, value: Any) -> ParsedCall | None:
+        if not isinstance(value, dict) or value.get("name") not in self._names:
+            return None
+        arguments = value.get("arguments", value.get("parameters"))
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                return None
+        if not isinstance(arguments, dict) or set(value) - {"name", "arguments", "parameters"}:
+            return None
+        return ParsedCall(new_call_id(), value["name"], json.dumps(arguments, ensure_ascii=False))
+
+    def _bare_calls(self, text: str) -> list[ParsedCall]:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return []
+        items = value if isinstance(value, list) and value else [value]
+        calls = [self._call_of(item) for item in items]
+        return [c for c in calls if c is not None] if all(calls) else []
+
+
+def _partial_tag(text: str) -> int:
+    """The length of the longest end of ``text`` that may begin a ``<tool_call>`` tag."""
+    for size in range(min(len(OPEN) - 1, len(text)), 0, -1):
+        if OPEN.startswith(text[-size:]):
+            return size
+    return 0

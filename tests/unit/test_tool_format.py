@@ -1,0 +1,114 @@
+"""Tool calling without a model: the prompt in both formats (a template that renders
+``tools`` itself, and the generic Hermes preamble), and the reply parser, whose streamed
+pieces equal its answer over the whole text."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import tokenizers
+from tokenizers import models
+
+from speclane.models.tokenizer import Tokenizer
+from speclane.server.protocol import ChatCompletionRequest
+from speclane.server.tools import (
+    PREAMBLE,
+    ParsedCall,
+    ToolCallParser,
+    call_text,
+    chat_messages,
+    tool_call_grammar,
+)
+
+ADD = {"type": "function", "function": {"name": "add", "description": "Add", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}
+HISTORY: list[Any] = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "1 + 1?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "2"},
+]
+# A Qwen-like template that renders tools and tool messages itself.
+TOOLS_TEMPLATE = (
+    "{% if tools %}TOOLS:{% for t in tools %}{{ t.function.name }};{% endfor %}\n{% endif %}"
+    "{% for m in messages %}[{{ m.role }}]"
+    "{% if m.tool_calls %}{% for c in m.tool_calls %}CALL {{ c.function.name }} {{ c.function.arguments | tojson }}"
+    "{% endfor %}{% elif m.role == 'tool' %}RESULT {{ m.name }} {{ m.tool_call_id }} {{ m.content }}"
+    "{% else %}{{ m.content }}{% endif %}\n{% endfor %}"
+)
+
+
+def tokenizer(template: str | None) -> Tokenizer:
+    backend = tokenizers.Tokenizer(models.WordLevel({"<unk>": 0, "<s>": 1, "</s>": 2}, unk_token="<unk>"))
+    return Tokenizer(backend, bos_token_id=1, eos_token_id=2, chat_template=template)
+
+
+def request(**fields: Any) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({"model": "m", "messages": HISTORY, "tools": [ADD], **fields})
+
+
+def test_a_template_with_tools_renders_them_itself() -> None:
+    tok = tokenizer(TOOLS_TEMPLATE)
+    req = request()
+    messages, variables = chat_messages(req.messages, req.tools or (), tok)
+    text = tok.apply_chat_template(messages, add_generation_prompt=False, **variables)
+    assert text.startswith("TOOLS:add;") and "[system]Be brief." in text
+    assert 'CALL add {"a": 1}' in text  # arguments passed as an object, as transformers does
+    assert "[tool]RESULT add c1 2" in text
+
+
+def test_the_generic_format_writes_hermes_calls_and_results() -> None:
+    tok = tokenizer(None)  # plain ChatML, no tools variable
+    req = request()
+    messages, variables = chat_messages(req.messages, req.tools or (), tok)
+    assert variables == {}
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+    assert messages[0]["content"].startswith("Be brief.\n\n# Tools") and json.dumps(ADD) in messages[0]["content"]
+    assert messages[2]["content"] == call_text("add", {"a": 1})
+    assert messages[3]["content"] == "<tool_response>\n2\n</tool_response>"
+    without = chat_messages(req.messages, (), tok)[0]  # tool_choice "none": nothing offered
+    assert without[0]["content"] == "Be brief." and PREAMBLE[:7] not in without[0]["content"]
+
+
+def test_the_grammar_names_each_function_and_embeds_its_schema() -> None:
+    req = request()
+    one = tool_call_grammar(req.tools or (), parallel=False)
+    assert one.startswith("start: calls\ncalls: call\n") and '\\"name\\": \\"add\\"' in one
+    assert "%json" in one and '"required":["a"]' in one
+    assert "calls: call+" in tool_call_grammar(req.tools or (), parallel=True, answer={"type": "object"})
+
+
+def parse(text: str, pieces: int | None = None, **options: Any) -> list[str | ParsedCall]:
+    parser = ToolCallParser(["add"], **{"bare_json": True, **options})
+    size = pieces or len(text) or 1
+    events = [e for i in range(0, len(text), size) for e in parser.feed(text[i:i + size])]
+    return events + parser.finish()
+
+
+def summary(events: list[str | ParsedCall]) -> tuple[str, list[tuple[str, str]]]:
+    return ("".join(e for e in events if isinstance(e, str)),
+            [(e.name, e.arguments) for e in events if isinstance(e, ParsedCall)])
+
+
+@pytest.mark.parametrize(("text", "content", "calls"), [
+    ("Hello <b>world</b>", "Hello <b>world</b>", []),
+    ("Sure.\n" + call_text("add", {"a": 1}) + "\n", "Sure.", [("add", '{"a": 1}')]),
+    (call_text("add", {"a": 1}) + call_text("add", {"a": 2}), "", [("add", '{"a": 1}'), ("add", '{"a": 2}')]),
+    ('{"name": "add", "arguments": {"a": 3}}', "", [("add", '{"a": 3}')]),
+    ('{"name": "sub", "arguments": {}}', '{"name": "sub", "arguments": {}}', []),
+    ("<tool_call>\nnot json\n</tool_call> ok", "<tool_call>\nnot json\n</tool_call> ok", []),
+    ("<tool_call>\n" + '{"name": "add", "parameters": {"a": 4}}', "", [("add", '{"a": 4}')]),
+])
+def test_streamed_pieces_equal_the_whole_answer(text: str, content: str, calls: list[tuple[str, str]]) -> None:
+    assert summary(parse(text)) == (content, calls)
+    for size in (1, 2, 3, 7):
+        assert summary(parse(text, size)) == (content, calls)
+
+
+def test_a_forced_call_cut_short_is_dropped() -> None:
+    text = call_text("add", {"a": 1}) + '<tool_call>\n{"name": "add", "argu'
+    assert summary(parse(text, 1, bare_json=False, forced=True)) == ("", [("add", '{"a": 1}')])
+    assert summary(parse(text, 1, bare_json=False))[0] == '<tool_call>\n{"name": "add", "argu'
