@@ -121,3 +121,16 @@ def test_a_matcher_that_consumed_a_refused_token_allows_only_end_of_sequence(com
     assert not matcher.consume(tokenizer.encode("abc"))
     assert matcher.error
     assert set(matcher.allowed().nonzero().flatten().tolist()) == set(tokenizer.eos_token_ids)
+
+
+def test_a_draft_that_ends_the_grammar_with_end_of_sequence_leaves_the_state_unchanged(compiler, tokenizer):
+    # llguidance does not count a consumed end-of-sequence token in its rollback history,
+    # so trying a draft must not consume it on the request's own matcher.
+    matcher = compiler.compile(GrammarSpec.choice(["yes please"])).new_matcher()
+    tokens = tokenizer.encode("yes please")
+    eos = sorted(tokenizer.eos_token_ids)[0]
+    assert matcher.draft(tokens + [eos], 8) == tokens + [eos]
+    masks = matcher.masks(tokens + [eos])
+    assert masks.shape[0] == len(tokens) + 2
+    assert not matcher.is_stopped and matcher.consume(tokens) and matcher.is_stopped
+    assert matcher.consume([eos])

@@ -19,6 +19,7 @@ what plain constrained decoding gives, seeded sampling included.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -32,6 +33,8 @@ from speclane.models.kv_cache import KVCache
 from speclane.models.llama import LlamaModel, RaggedBatch
 from speclane.request import Request
 from speclane.scheduler.plan import RunnerResult, ScheduledSeq, SchedulerPlan, SeqResult
+
+logger = logging.getLogger(__name__)
 
 
 class ModelRunner:
@@ -148,7 +151,9 @@ class ModelRunner:
             cursor += n
             matcher = self._matcher(seq.request)
             if matcher is not None and not matcher.consume(verdict.token_ids):
-                raise AssertionError(f"{seq.request_id}: a token outside the grammar's mask was chosen")
+                # Never expected (every row was masked); the matcher now allows only an
+                # end-of-sequence token, so the request ends instead of the engine.
+                logger.error("%s: the grammar refused a chosen token: %s", seq.request_id, matcher.error)
             num_top = seq.request.sampling.logprobs
             logprobs = token_logprobs(raw[seq.request_id], verdict.token_ids, num_top) if num_top is not None else ()
             results.append(SeqResult(seq.request_id, tuple(verdict.token_ids), len(proposed), logprobs))

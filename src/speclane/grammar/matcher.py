@@ -1,4 +1,4 @@
-"""One request's grammar state: which tokens may come next, forced tokens, rollback.
+"""One request's grammar state: which tokens may come next, forced tokens, masks per draft position.
 
 The runner owns one ``GrammarMatcher`` per constrained request (``engine/runner.py``):
 - before a forward it trims the request's draft to the prefix the grammar allows and
@@ -7,7 +7,9 @@ The runner owns one ``GrammarMatcher`` per constrained request (``engine/runner.
   that row continues (``masks``: the state after the drafts before it), so a verified
   position is constrained exactly as in plain decoding;
 - then it advances over the tokens kept (``consume``); rejected drafts never enter
-  the state, because ``draft`` and ``masks`` roll back what they consumed.
+  the state, because ``draft`` and ``masks`` walk a copy of it. (A copy, not consume
+  and roll back: a draft may end with an end-of-sequence token, which llguidance
+  cannot roll back.)
 """
 
 from __future__ import annotations
@@ -38,43 +40,43 @@ class GrammarMatcher:
         """[vocab] bool: the tokens allowed next (only end-of-sequence tokens once stopped).
         A matcher in an error state allows only end-of-sequence tokens too: the request
         ends rather than sampling from an empty distribution."""
-        self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-        if self._matcher.is_error() or not self._bits.any():  # on the 32x smaller bit words
-            mask = torch.zeros(self.vocab_size, dtype=torch.bool)
-            mask[self._eos] = True
-            return mask
-        bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.vocab_size]
-        return torch.from_numpy(bits.view(np.bool_))
+        return _allowed(self._matcher, self._bits, self.vocab_size, self._eos)
 
     def masks(self, draft: list[int]) -> torch.Tensor:
         """[len(draft) + 1, vocab] bool: the allowed tokens at each verified position of a
         round drafting ``draft`` (row i: after the first i drafts). Leaves the state as it was."""
         rows = [self.allowed()]
-        for token in draft:
-            if not self._matcher.consume_token(token):
-                raise AssertionError(f"draft token {token} was not allowed by the grammar")
-            rows.append(self.allowed())
         if draft:
-            self._matcher.rollback(len(draft))
+            probe = self._matcher.deep_copy()  # not consume + rollback: an end-of-sequence draft cannot roll back
+            for token in draft:
+                if not probe.consume_token(token):
+                    raise AssertionError(f"draft token {token} was not allowed by the grammar")
+                rows.append(_allowed(probe, self._bits, self.vocab_size, self._eos))
         return torch.stack(rows)
 
     def draft(self, proposed: list[int], k: int) -> list[int]:
         """Up to ``k`` draft tokens: the longest allowed prefix of ``proposed``, then the
         tokens the grammar forces from there. Leaves the state as it was."""
         kept = list(proposed[: self._matcher.validate_tokens(list(proposed[:k]))]) if proposed else []
-        if kept and not self._matcher.consume_tokens(kept):
+        probe = self._matcher.deep_copy()
+        if kept and not probe.consume_tokens(kept):
             raise AssertionError("validated draft tokens were refused")
-        forced: list[int] = []
-        while len(kept) + len(forced) < k:
-            more = self._matcher.compute_ff_tokens()[: k - len(kept) - len(forced)]
-            if not more or not self._matcher.consume_tokens(more):
+        while len(kept) < k and not probe.is_stopped():
+            forced = probe.compute_ff_tokens()[: k - len(kept)]
+            if not forced or not probe.consume_tokens(forced):
                 break
-            forced.extend(more)
-        consumed = len(kept) + len(forced)
-        if consumed:
-            self._matcher.rollback(consumed)
-        return kept + forced
+            kept.extend(forced)
+        return kept
 
     def consume(self, tokens: list[int] | tuple[int, ...]) -> bool:
         """Advance over tokens the runner chose (each allowed by its row's mask)."""
         return all(self._matcher.consume_token(token) for token in tokens) if tokens else True
+
+
+def _allowed(matcher: llguidance.LLMatcher, bits: np.ndarray, vocab_size: int, eos: list[int]) -> torch.Tensor:
+    matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+    if matcher.is_error() or not bits.any():  # on the 32x smaller bit words
+        mask = torch.zeros(vocab_size, dtype=torch.bool)
+        mask[eos] = True
+        return mask
+    return torch.from_numpy(np.unpackbits(bits.view(np.uint8), bitorder="little")[:vocab_size].view(np.bool_))
