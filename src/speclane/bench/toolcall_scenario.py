@@ -105,14 +105,14 @@ def agent_turn(url: str, model: str, question: str, extra: dict[str, Any] | None
     first = client.chat.completions.create(model=model, messages=messages, tools=[ADD_TOOL], tool_choice="required",
                                            temperature=0, max_tokens=MAX_TOKENS, extra_body=extra)
     calls = first.choices[0].message.tool_calls or []
-    if not calls:
-        raise RuntimeError(f"{url}: no tool call for {question!r}: {first.choices[0].message.content!r}")
+    if not calls:  # the server answered in text although a call was required: no second request
+        return {"wall_s": time.perf_counter() - started, "tokens": first.usage.completion_tokens, "call": None,
+                "answer": first.choices[0].message.content or ""}
     call = calls[0]
-    args = json.loads(call.function.arguments)
-    result = int(args["a"]) + int(args["b"])
+    result = _sum(call.function.arguments)
     messages.append({"role": "assistant", "content": None, "tool_calls": [
         {"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": call.function.arguments}}]})
-    messages.append({"role": "tool", "tool_call_id": call.id, "content": str(result)})
+    messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
     second = client.chat.completions.create(model=model, messages=messages, tools=[ADD_TOOL], temperature=0,
                                             max_tokens=MAX_TOKENS, extra_body=extra)
     wall = time.perf_counter() - started
@@ -148,14 +148,21 @@ def toolcall(config: EngineConfig, quick: bool = False) -> list[Table]:
             arms["llama.cpp llama-server"] = arm("llama.cpp llama-server", theirs, model)
         progress("toolcall: " + ", ".join(arms))
         runs = alternate(arms, repeats=repeats)
-    table = Table("One agent turn over HTTP (tool_choice required -> tool result -> answer), median per turn",
-                  ["server", "turn s (median)", "completion tokens per turn", "vs llama.cpp", "calls that parse"])
-    reference = median(runs["llama.cpp llama-server"]) if "llama.cpp llama-server" in runs else None
+    table = Table("One agent turn over HTTP (tool_choice required -> tool result -> answer)",
+                  ["server", "turns with a valid call", "turn s (median)", "completion tokens per turn",
+                   "tok/s over the turn", "tok/s vs llama.cpp"])
+    rates = {}
+    for name in runs:
+        results = [r for rep in turns[name] for r in rep]
+        rates[name] = sum(r["tokens"] for r in results) / sum(r["wall_s"] for r in results)
+    reference = rates.get("llama.cpp llama-server")
     for name, values in runs.items():
         results = [r for rep in turns[name] for r in rep]
-        parsed = sum(1 for r in results if _parses(r["call"]))
-        ratio = f"{reference / median(values):.2f}x faster" if reference else "-"
-        table.add(name, median(values), median([r["tokens"] for r in results]), ratio, f"{parsed}/{len(results)}")
+        valid = sum(1 for r in results if _parses(r["call"]))
+        table.add(name, f"{valid}/{len(results)}", median(values), median([r["tokens"] for r in results]),
+                  rates[name], f"{rates[name] / reference:.2f}x" if reference else "-")
+    table.notes.append("A turn without a tool call (the server answered in text although the call was required) ends "
+                       "after its first request; 'turns with a valid call' counts calls whose arguments parse as two integers.")
     table.notes.append(f"{len(QUESTIONS)} questions per run, {repeats} runs per arm after a warm-up, alternating; greedy, "
                        f"max_tokens {MAX_TOKENS} per request; both servers on {threads} threads and the same GGUF.")
     if binary is None:
@@ -165,9 +172,17 @@ def toolcall(config: EngineConfig, quick: bool = False) -> list[Table]:
     return [table]
 
 
-def _parses(arguments: str) -> bool:
+def _parses(arguments: str | None) -> bool:
     try:
-        args = json.loads(arguments)
+        args = json.loads(arguments) if arguments is not None else None
     except json.JSONDecodeError:
         return False
     return isinstance(args, dict) and isinstance(args.get("a"), int) and isinstance(args.get("b"), int)
+
+
+def _sum(arguments: str) -> str:
+    """What the tool returns: the sum, or the error a real tool would report."""
+    if not _parses(arguments):
+        return f"error: expected integer arguments a and b, got {arguments!r}"
+    args = json.loads(arguments)
+    return str(args["a"] + args["b"])
