@@ -91,12 +91,12 @@ def test_tools_tool_choice_and_text_formats_take_chat_shapes() -> None:
     params = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
     body = chat_body(request(
         input="x", tools=[{"type": "function", "name": "weather", "description": "Forecast.", "parameters": params,
-                           "strict": True}, {"type": "function", "name": "now"}],
+                           "strict": True}, {"type": "function", "name": "clock"}],
         tool_choice={"type": "function", "name": "weather"}, parallel_tool_calls=False))
     assert body["tools"] == [
         {"type": "function", "function": {"name": "weather", "description": "Forecast.", "parameters": params,
                                           "strict": True}},
-        {"type": "function", "function": {"name": "now"}}]
+        {"type": "function", "function": {"name": "clock"}}]
     assert body["tool_choice"] == {"type": "function", "function": {"name": "weather"}}
     assert body["parallel_tool_calls"] is False
     assert chat_body(request(input="x", tool_choice="required"))["tool_choice"] == "required"
@@ -186,14 +186,14 @@ def test_a_cut_answer_is_incomplete() -> None:
 
 def test_tool_calls_become_function_call_items() -> None:
     calls = [{"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city":"Oslo"}'}},
-             {"id": "call_2", "type": "function", "function": {"name": "now", "arguments": "{}"}}]
+             {"id": "call_2", "type": "function", "function": {"name": "clock", "arguments": "{}"}}]
     body = response_from_chat(chat_completion({"content": None, "tool_calls": calls}, "tool_calls"),
                               echo_fields(request(input="x")))
     resp = parsed(body)
     assert resp.status == "completed" and resp.output_text == ""
     assert [(i["type"], i["call_id"], i["name"], i["arguments"], i["status"]) for i in body["output"]] == [
         ("function_call", "call_1", "weather", '{"city":"Oslo"}', "completed"),
-        ("function_call", "call_2", "now", "{}", "completed")]
+        ("function_call", "call_2", "clock", "{}", "completed")]
     assert all(i["id"].startswith("fc_") for i in body["output"])
     with_text = response_from_chat(chat_completion({"content": "Let me check.", "tool_calls": calls[:1]},
                                                    "tool_calls"), echo_fields(request(input="x")))
@@ -268,7 +268,7 @@ def test_streamed_tool_call_deltas() -> None:
         chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city":'}}]}),
         chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"Oslo"}'}}]}),
         chunk({"tool_calls": [{"index": 1, "id": "call_b", "type": "function",
-                               "function": {"name": "now", "arguments": "{}"}}]}),
+                               "function": {"name": "clock", "arguments": "{}"}}]}),
         chunk(finish_reason="tool_calls"), USAGE_CHUNK])
     assert kinds(events) == [
         "response.created", "response.in_progress",
@@ -289,7 +289,7 @@ def test_streamed_tool_call_deltas() -> None:
     final = Response.model_validate(events[-1]["response"])
     assert final.status == "completed" and final.output_text == "Checking."
     assert [(i.type, getattr(i, "name", None)) for i in final.output] == [
-        ("message", None), ("function_call", "weather"), ("function_call", "now")]
+        ("message", None), ("function_call", "weather"), ("function_call", "clock")]
 
 
 def test_an_error_event_fails_the_response() -> None:
