@@ -198,6 +198,10 @@ def test_tool_calls_become_function_call_items() -> None:
     with_text = response_from_chat(chat_completion({"content": "Let me check.", "tool_calls": calls[:1]},
                                                    "tool_calls"), echo_fields(request(input="x")))
     assert [i["type"] for i in with_text["output"]] == ["message", "function_call"]
+    cut = parsed(response_from_chat(chat_completion({"content": "<tool_call>\n{", "tool_calls": calls[:1]},
+                                                    "length"), echo_fields(request(input="x"))))
+    assert cut.status == "incomplete"
+    assert [(i.type, i.status) for i in cut.output] == [("message", "incomplete"), ("function_call", "completed")]
 
 
 # -- chat chunks -> events ----------------------------------------------------------------------------
@@ -270,6 +274,10 @@ def test_streamed_tool_call_deltas() -> None:
         chunk({"tool_calls": [{"index": 1, "id": "call_b", "type": "function",
                                "function": {"name": "clock", "arguments": "{}"}}]}),
         chunk(finish_reason="tool_calls"), USAGE_CHUNK])
+    cut = run_stream([chunk({"tool_calls": [{"index": 0, "id": "call_c", "type": "function",
+                                             "function": {"name": "clock", "arguments": "{}"}}]}),
+                      chunk(finish_reason="length"), USAGE_CHUNK])
+    assert cut[-1]["type"] == "response.incomplete" and cut[-1]["response"]["output"][0]["status"] == "completed"
     assert kinds(events) == [
         "response.created", "response.in_progress",
         "response.output_item.added", "response.content_part.added", "response.output_text.delta",
@@ -497,3 +505,49 @@ def test_a_hang_up_aborts_the_request(live: LiveServer, async_engine: AsyncEngin
     wait_until(lambda: engine_idle(async_engine), timeout=60, what="the aborted request to leave the engine")
     generated = async_engine.engine.counters.snapshot()["generated_by_tenant"].get("hangup", 0) - before
     assert generated < 200, generated
+
+
+WEATHER_TOOL: Any = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
+                     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                    "required": ["city"], "additionalProperties": False}, "strict": True}
+
+
+def forced_call(client: openai.OpenAI, **fields: Any) -> Any:
+    try:
+        return client.responses.create(model=MODEL, input="What is the weather in Paris?", max_output_tokens=48,
+                                       temperature=0, tools=[WEATHER_TOOL],
+                                       tool_choice={"type": "function", "name": "get_weather"}, **fields)
+    except openai.BadRequestError as exc:  # a chat endpoint without tools says so
+        assert exc.param in ("tools", "tool_choice"), exc.message
+        pytest.skip(f"the chat endpoint rejects tools: {exc.message}")
+
+
+@pytest.mark.slow
+def test_function_calls_end_to_end(client: openai.OpenAI, idle_after: AsyncEngine) -> None:
+    resp = forced_call(client)
+    calls = [item for item in resp.output if item.type == "function_call"]
+    assert calls, resp.output  # the grammar admits one call or more: the small model may run to the limit
+    call = calls[0]
+    assert call.name == "get_weather" and call.id.startswith("fc_") and call.call_id
+    assert set(json.loads(call.arguments)) == {"city"}
+    assert resp.tools[0].name == "get_weather"  # type: ignore[union-attr]
+
+    events = list(forced_call(client, stream=True))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    added = [e.item for e in events if e.type == "response.output_item.added"]  # type: ignore[union-attr]
+    assert any(item.type == "function_call" and item.name == "get_weather" for item in added)
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert done and done[0].arguments == call.arguments  # type: ignore[union-attr]
+    first = done[0].item_id  # type: ignore[union-attr]
+    deltas = "".join(e.delta for e in events  # type: ignore[union-attr]
+                     if e.type == "response.function_call_arguments.delta" and e.item_id == first)
+    assert deltas == call.arguments
+    final = events[-1].response  # type: ignore[union-attr]
+    assert [i.arguments for i in final.output if i.type == "function_call"] == [c.arguments for c in calls]
+    assert events[-1].type in ("response.completed", "response.incomplete")
+
+    answer = client.responses.create(model=MODEL, max_output_tokens=16, temperature=0, tools=[WEATHER_TOOL], input=[
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 24 C."}])
+    assert answer.status in ("completed", "incomplete") and answer.output

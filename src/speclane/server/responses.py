@@ -426,7 +426,9 @@ def function_call_item(call: dict[str, Any], *, status: str = "completed") -> di
 
 def response_from_chat(chat: dict[str, Any], echo: dict[str, Any]) -> dict[str, Any]:
     """A ``chat.completion`` body -> a ``response`` object: the message's text (if any, or
-    if there is nothing else) as a message item, then one ``function_call`` item per tool call."""
+    if there is nothing else) as a message item, then one ``function_call`` item per tool call.
+    A cut answer (``length``) is ``incomplete``, and so is its message item; the function
+    calls are whole (chat returns only calls that parsed) and ``completed``."""
     choice = (chat.get("choices") or [{}])[0]
     message = choice.get("message") or {}
     status, details = _status(choice.get("finish_reason"))
@@ -436,7 +438,7 @@ def response_from_chat(chat: dict[str, Any], echo: dict[str, Any]) -> dict[str, 
     output: list[dict[str, Any]] = []
     if text or message.get("refusal") is not None or not calls:
         output.append(message_item(text, status=item_status, refusal=message.get("refusal")))
-    output += [function_call_item(call, status=item_status) for call in calls]
+    output += [function_call_item(call) for call in calls]  # chat gives only whole calls
     return response_object(rid=response_id(chat.get("id")), created_at=chat.get("created", time.time()),
                            model=chat.get("model", ""), echo=echo, status=status, output=output,
                            usage=response_usage(chat.get("usage")), incomplete_details=details)
@@ -575,7 +577,8 @@ class ResponseStream:
         status, details = _status(self.finish_reason)
         if not self.output:  # an empty answer is still one (empty) message, as non-streamed
             events += self._open(message_item("", status="in_progress"))
-        events += self._close_current("incomplete" if status == "incomplete" else "completed")
+        cut = status == "incomplete" and self.current is not None and self.current["type"] == "message"
+        events += self._close_current("incomplete" if cut else "completed")
         self.ended = True
         kind = "response.completed" if status == "completed" else "response.incomplete"
         return events + [self._event(kind, response=self._response(
