@@ -4,7 +4,8 @@ and every answer has the documented shape (a response model, an event stream end
 ``[DONE]``, or an OpenAI error).
 
 Half the generated requests name the served model so that valid ones reach the engine;
-``max_tokens`` is capped at 3 there to keep the run short on two shared cores.
+``max_tokens`` (``max_output_tokens`` for ``/v1/responses``) is capped at 3 there to keep
+the run short on two shared cores.
 """
 
 from __future__ import annotations
@@ -27,21 +28,29 @@ from speclane.server.protocol import (
     ErrorResponse,
     ModelList,
 )
+from speclane.server.responses import ResponseObject
 
 pytestmark = pytest.mark.slow
 
 MAX_EXAMPLES = 120
 REQUEST_TIMEOUT_S = 60.0  # an answer slower than this is a hang
 RESPONSE_MODELS: dict[str, Any] = {"/v1/chat/completions": ChatCompletionResponse,
-                                   "/v1/completions": CompletionResponse, "/v1/models": ModelList}
+                                   "/v1/completions": CompletionResponse, "/v1/models": ModelList,
+                                   "/v1/responses": ResponseObject}
+RESPONSES_END = ("event: response.completed", "event: response.incomplete", "event: response.failed")
 
 
-def _shape_for_the_engine(body: Any, served: bool) -> Any:
+def _shape_for_the_engine(body: Any, served: bool, path: str) -> Any:
     if not isinstance(body, dict):
         return body
     body = dict(body)
     if served:
         body["model"] = MODEL
+    if path == "/v1/responses":
+        limit = body.get("max_output_tokens")
+        if limit is None or (isinstance(limit, int) and not isinstance(limit, bool) and limit > 3):
+            body["max_output_tokens"] = 3
+        return body
     for field in ("max_tokens", "max_completion_tokens"):
         if isinstance(body.get(field), int) and not isinstance(body[field], bool) and body[field] > 3:
             body[field] = 3
@@ -66,7 +75,11 @@ def check_response(path: str, response: httpx.Response, streamed: bool) -> None:
         ErrorResponse.model_validate(response.json())
     elif path in RESPONSE_MODELS:
         if streamed and response.headers["content-type"].startswith("text/event-stream"):
-            assert response.text.rstrip().endswith("data: [DONE]"), response.text[-300:]
+            if path == "/v1/responses":
+                last = response.text.rstrip().rsplit("\n\n", 1)[-1]
+                assert last.startswith(RESPONSES_END), response.text[-300:]
+            else:
+                assert response.text.rstrip().endswith("data: [DONE]"), response.text[-300:]
         else:
             RESPONSE_MODELS[path].model_validate(response.json())
 
@@ -84,9 +97,9 @@ def test_fuzz_the_openapi_schema(live: LiveServer, async_engine: AsyncEngine) ->
                   suppress_health_check=list(HealthCheck))
         @given(case=strategy, served=st.booleans())
         def request_never_breaks_the_server(case: Any, served: bool) -> None:
-            body = _shape_for_the_engine(case.body, served)
-            content, headers = _encode(case, body)
             path = case.formatted_path
+            body = _shape_for_the_engine(case.body, served, path)
+            content, headers = _encode(case, body)
             try:
                 response = client.request(case.method, path, content=content, headers=headers,
                                           params=case.query or None)

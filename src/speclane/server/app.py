@@ -1,7 +1,8 @@
 """The FastAPI app (``create_app``) and ``speclane serve`` (``serve``).
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``
-(these three need a key when ``--api-keys`` is given), ``GET /health``, ``GET /metrics``.
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``
+(an adapter over chat, ``responses.py``), ``GET /v1/models`` (these four need a key when
+``--api-keys`` is given), ``GET /health``, ``GET /metrics``.
 
 A generation request goes: drain check (503) -> key (401) -> body validation (400) ->
 model (404) -> priority allowance (403) -> tokenize in a worker thread (400 if it does
@@ -42,6 +43,7 @@ from speclane.server.protocol import (
     ModelCard,
     ModelList,
 )
+from speclane.server.responses import ResponseObject, ResponsesRequest, create_response
 from speclane.server.streaming import (
     CANCELLED,
     EventStreamResponse,
@@ -192,6 +194,15 @@ def create_app(
     async def completions(body: CompletionRequest, request: Request,
                           who: Principal = Depends(principal)) -> Response:
         return await server.generate(request, body, who, chat=False)
+
+    @app.post("/v1/responses", response_model=ResponseObject, dependencies=guarded,
+              responses={200: _STREAM, **_ERRORS})
+    async def responses(body: ResponsesRequest, request: Request,
+                        who: Principal = Depends(principal)) -> Response:
+        async def chat(chat_body: ChatCompletionRequest) -> Response:
+            return await server.generate(request, chat_body, who, chat=True)
+
+        return await create_response(body, chat)
 
     @app.get("/v1/models", response_model=ModelList, responses={401: _ERRORS[401]})
     async def models(who: Principal = Depends(principal)) -> ModelList:
