@@ -11,10 +11,18 @@ import pytest
 import torch
 
 from speclane.bench.structured_cases import CASES, FIXED_KEY_CASES
+from speclane.engine.engine import LLMEngine
 from speclane.grammar.spec import GrammarSpec
 from speclane.request import SamplingParams
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def mtp_engine(llm_default) -> LLMEngine:
+    """The default engine's model with the MTP drafter (its drafts carry probabilities)."""
+    base = llm_default.engine
+    return LLMEngine.from_parts(base.config.replace(drafter="mtp"), base.model, base.tokenizer)
 
 
 def chat_ids(engine, text: str) -> list[int]:
@@ -43,11 +51,13 @@ def schema_requests(engine, cases, sampling: SamplingParams, speculative: bool) 
                             grammar=engine.compile_grammar(GrammarSpec.json_schema(case.schema))) for case in cases}
 
 
+@pytest.mark.parametrize("drafter", ["ngram", "mtp"])
 @pytest.mark.parametrize("sampling", [SamplingParams(max_tokens=160),
                                       SamplingParams(max_tokens=160, temperature=0.8, seed=11)],
                          ids=["greedy", "seeded"])
-def test_json_schema_outputs_validate_and_speculation_changes_nothing(llm_default, sampling):
-    engine = llm_default.engine
+def test_json_schema_outputs_validate_and_speculation_changes_nothing(llm_default, mtp_engine, sampling, drafter):
+    engine = llm_default.engine if drafter == "ngram" else mtp_engine
+    assert engine.drafter.name == drafter
     on = run(engine, schema_requests(engine, CASES, sampling, speculative=True))
     off = run(engine, schema_requests(engine, CASES, sampling, speculative=False))
     for case in CASES:

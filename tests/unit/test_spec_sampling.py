@@ -231,3 +231,14 @@ def test_greedy_verification_takes_the_ticks_argmax_when_given():
     other = [own[0], (own[1] + 1) % 50, own[2]]  # the slice says the second draft is wrong
     verdict = sampling.choose_tokens(logits, greedy, 0, 10, draft, argmax=other)
     assert verdict.num_accepted == 1 and verdict.token_ids == [own[0], other[1]]
+
+
+def test_a_zero_uniform_draw_never_picks_a_token_of_probability_zero(monkeypatch):
+    # torch.rand returns exactly 0 about once in 2**24 draws; E = -log1p(-0) = 0 made
+    # p / E NaN for a forbidden (p = 0) token, and argmax took the NaN.
+    probs = torch.tensor([0.0, 0.25, 0.75, 0.0])
+    monkeypatch.setattr(sampling, "_uniform", lambda seed, position, size, stream=0: torch.tensor([0.0, 0.5, 0.5, 0.0]))
+    assert sampling.sample_at(probs, seed=1, position=0) == 2
+    # A zero draw for a token with p > 0 gives it a small but finite E, as its bin [0, 2**-24) would.
+    monkeypatch.setattr(sampling, "_uniform", lambda seed, position, size, stream=0: torch.tensor([0.5, 0.0, 0.5, 0.5]))
+    assert sampling.sample_at(probs, seed=1, position=0) == 1

@@ -61,7 +61,12 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 def sample_at(probs: torch.Tensor, seed: int, position: int) -> int:
     """One token from ``probs`` [V] with the noise of ``position``."""
-    exp_noise = -torch.log1p(-_uniform(seed, position, probs.shape[-1]))  # Exp(1), never 0
+    # Exp(1) noise. torch.rand draws multiples of 2**-24 from [0, 1), so u = 0 comes up
+    # about once in 17 million draws (a few times per thousand 49k-token rows): it would
+    # make E = 0 and p / E infinite, or NaN where p = 0 (a token the grammar forbids),
+    # which argmax then picks. u = 0 stands for its bin [0, 2**-24): take the bin's middle.
+    uniform = _uniform(seed, position, probs.shape[-1]).clamp_min_(2.0**-25)
+    exp_noise = -torch.log1p(-uniform)
     return int(torch.argmax(probs / exp_noise))
 
 
