@@ -207,6 +207,19 @@ class StructuredOutputs(_Strict):
 
 # Fields OpenAI defines that we accept only at their neutral value. The schema states the
 # neutral value; this check (run before it) says why, rather than "should be <= 1".
+def neutral_values(table: dict[str, tuple[Callable[[Any], bool], str]]) -> Any:
+    """A before-validator for the fields of ``table``: each accepts only its neutral value
+    and otherwise fails with the table's message (which says why, rather than "should be <= 1")."""
+
+    def check(cls: type, value: Any, info: ValidationInfo) -> Any:
+        is_neutral, message = table[info.field_name or ""]
+        if not is_neutral(value):
+            raise ValueError(message)
+        return value
+
+    return field_validator(*table, mode="before", check_fields=False)(check)
+
+
 _NEUTRAL: dict[str, tuple[Callable[[Any], bool], str]] = {
     "best_of": (lambda v: v in (None, 1), "only best_of=1 is supported: omit the field"),
     "frequency_penalty": (lambda v: v in (None, 0), "not supported: omit it or send 0"),
@@ -247,13 +260,7 @@ class _GenerationRequest(_Strict):
     store: bool | None = None  # accepted, nothing is stored
     service_tier: str | None = None  # accepted, ignored: use priority
 
-    @field_validator(*_NEUTRAL, mode="before", check_fields=False)
-    @classmethod
-    def _only_neutral(cls, value: Any, info: ValidationInfo) -> Any:
-        is_neutral, message = _NEUTRAL[info.field_name or ""]
-        if not is_neutral(value):
-            raise ValueError(message)
-        return value
+    _only_neutral = neutral_values(_NEUTRAL)
 
     @field_validator("n", mode="before")
     @classmethod

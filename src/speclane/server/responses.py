@@ -31,12 +31,17 @@ from pydantic import (
     Field,
     Tag,
     ValidationError,
-    ValidationInfo,
     field_validator,
 )
 
 from speclane.server.errors import APIError, validation_message
-from speclane.server.protocol import INT32_MAX, INT32_MIN, MAX_USER_CHARS, ChatCompletionRequest
+from speclane.server.protocol import (
+    INT32_MAX,
+    INT32_MIN,
+    MAX_USER_CHARS,
+    ChatCompletionRequest,
+    neutral_values,
+)
 from speclane.server.streaming import EventStreamResponse
 
 STATELESS = ("this server is stateless and stores no responses: send the whole conversation "
@@ -196,13 +201,7 @@ class ResponsesRequest(_Strict):
     reasoning: None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=0)
 
-    @field_validator(*_NEUTRAL, mode="before")
-    @classmethod
-    def _only_neutral(cls, value: Any, info: ValidationInfo) -> Any:
-        is_neutral, message = _NEUTRAL[info.field_name or ""]
-        if not is_neutral(value):
-            raise ValueError(message)
-        return value
+    _only_neutral = neutral_values(_NEUTRAL)
 
     @field_validator("tools", mode="before")
     @classmethod
