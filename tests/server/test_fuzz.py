@@ -28,7 +28,7 @@ from speclane.server.protocol import (
     ErrorResponse,
     ModelList,
 )
-from speclane.server.responses import ResponseObject
+from speclane.server.responses_protocol import ResponseObject
 
 pytestmark = pytest.mark.slow
 

@@ -19,16 +19,10 @@ from server_helpers import MODEL, LiveServer, engine_idle, wait_until
 
 from speclane.engine.async_engine import AsyncEngine
 from speclane.server.errors import validation_message
-from speclane.server.responses import (
-    ResponseObject,
-    ResponsesRequest,
-    ResponseStream,
-    chat_body,
-    chat_request,
-    echo_fields,
-    relay,
-    response_from_chat,
-)
+from speclane.server.responses import chat_body, chat_request, relay
+from speclane.server.responses_output import echo_fields, response_from_chat
+from speclane.server.responses_protocol import ResponseObject, ResponsesRequest
+from speclane.server.responses_stream import ResponseStream
 
 EVENTS: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 QUESTION = "Name three colors."

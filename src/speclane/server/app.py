@@ -43,7 +43,8 @@ from speclane.server.protocol import (
     ModelCard,
     ModelList,
 )
-from speclane.server.responses import ResponseObject, ResponsesRequest, create_response
+from speclane.server.responses import create_response
+from speclane.server.responses_protocol import ResponseObject, ResponsesRequest
 from speclane.server.streaming import (
     CANCELLED,
     EventStreamResponse,
