@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from speclane.config import KERNELS as CHOICES
-from speclane.kernels import attention_cpu, build, int4_cpu, mtp_step_cpu, norm_cpu
+from speclane.kernels import attention_cpu, build, int4_cpu, int8_cpu, mtp_step_cpu, norm_cpu
 from speclane.kernels.build import Kernel, KernelUnavailable
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,9 @@ class Kernels:
     ``int4``: the int4 matmul (``Int4Weight``); ``tiles``: its tile kernel for calls of
     ``int4_cpu.TILE_MIN_ROWS`` rows or more (the same bits; only beside ``int4``);
     ``attention`` and ``norm``: a bfloat16 forward's attention and add + RMSNorm / SiLU;
-    ``mtp_step``: the MTP head's draft step in one C call (else its kernels one by one).
+    ``mtp_step``: the MTP head's draft step in one C call (else its kernels one by one);
+    ``int8``: the int8-group matmul of the GGUF types int4 cannot hold (``GroupInt8Weight``;
+    None: those layers run dense).
     """
 
     int4: Kernel | None = None
@@ -50,6 +52,7 @@ class Kernels:
     attention: Kernel | None = None
     norm: Kernel | None = None
     mtp_step: Kernel | None = None
+    int8: Kernel | None = None
 
     @classmethod
     def load(cls, choice: str = "auto", *, isa: str | None = None, tiles: bool | None = None,
@@ -90,6 +93,7 @@ class Kernels:
             attention=attempt(attention_cpu.SOURCE.name, lambda: attention_cpu.load(isa)),
             norm=attempt(norm_cpu.SOURCE.name, lambda: norm_cpu.load(isa)),
             mtp_step=attempt(mtp_step_cpu.SOURCE.name, lambda: mtp_step_cpu.load(isa)) if mtp_step else None,
+            int8=attempt(int8_cpu.SOURCE.name, lambda: int8_cpu.load(isa)),
         )
         if unavailable:
             log.warning("kernels: ours unavailable here, torch's ops (for the tile kernel, the int4 matmul) stand in: %s",
@@ -144,9 +148,13 @@ class Kernels:
     def mtp_step_name(self) -> str:
         return _name(self.mtp_step)
 
+    @property
+    def int8_name(self) -> str:
+        return _name(self.int8)
+
     def describe(self) -> str:
         return (f"int4={self.int4_name} tiles={self.tile_name} attention={self.attention_name} "
-                f"norm={self.norm_name} mtp_step={self.mtp_step_name}")
+                f"norm={self.norm_name} mtp_step={self.mtp_step_name} int8={self.int8_name}")
 
     def fingerprint(self, bfloat16: bool) -> list[str]:
         """Which kernels a forward of a model runs here (``bfloat16``: its dtype), and their

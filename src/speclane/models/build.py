@@ -1,10 +1,12 @@
 """Turn a ``WeightSet`` into a runnable ``LlamaModel`` with the requested dtype and kernels.
 
 Quantization (``--quantization``):
-- ``auto``: a GGUF's Q4_1 weights run as int4 on the file's own 4-bit values (bfloat16
-  only); everything else dense. The tied output head runs as int4 (coarse pass) with a
-  float32 refinement of its top candidates.
-- ``int4`` / ``int8``: every layer linear quantized (int4 reuses Q4_1 blocks when present).
+- ``auto``: a GGUF's layer weights of a type our kernels run (``models/gguf_types.py``)
+  run on the file's own values (bfloat16 only): Q4_0, Q4_1 and Q4_K on the int4 kernel,
+  Q8_0, Q6_K and Q5_* on the int8-group kernel; everything else dense. The output head
+  runs as int4 (coarse pass) with a float32 refinement of its top candidates.
+- ``int4`` / ``int8``: every layer linear quantized (int4 runs a GGUF's own blocks as auto
+  does, and quantizes the rest to int4 groups; int8 quantizes every layer per channel).
 - ``none``: dense weights in ``--dtype`` (the float32 reference path of the tests).
 Quantized layers run their kernel at every batch width (batch-invariant results).
 """
@@ -15,7 +17,16 @@ import torch
 
 from speclane.config import ModelConfig
 from speclane.kernels.select import Kernels
-from speclane.models.linear import INT4_GROUP, Int4Weight, Int8Weight, Linear, quantize_int4_groups
+from speclane.models.gguf_types import QuantizedTensor
+from speclane.models.linear import (
+    INT4_GROUP,
+    GroupInt8Weight,
+    Int4Weight,
+    Int8Weight,
+    Linear,
+    SplitWeight,
+    quantize_int4_groups,
+)
 from speclane.models.llama import Layer, LlamaModel
 from speclane.models.loader import ModelLoadError
 from speclane.models.weights import WeightSet
@@ -27,7 +38,7 @@ def effective_quantization(config: ModelConfig, weights: WeightSet) -> str:
             raise ModelLoadError(f"--quantization {config.quantization} runs bfloat16 kernels; use --dtype bfloat16 or --quantization none")
         return "none"
     if config.quantization == "auto":
-        return "int4" if weights.q4_blocks else "none"
+        return "int4" if weights.quantized else "none"
     return config.quantization
 
 
@@ -45,23 +56,40 @@ def build_model(weights: WeightSet, config: ModelConfig, kernels: Kernels | None
 
     def take(name: str) -> torch.Tensor:
         try:
-            return w[name]
+            return weights.float_weight(name)
         except KeyError:
             raise ModelLoadError(f"{weights.source}: missing tensor {name}") from None
 
-    def linear(names: list[str], bias_names: list[str] | None = None) -> Linear:
-        dense = torch.cat([take(n) for n in names], dim=0)  # [out, in]
-        bias = torch.cat([take(n) for n in bias_names]).to(dtype) if bias_names else None
-        quantized: Int4Weight | Int8Weight | None = None
-        if mode == "int4" and dense.shape[1] % INT4_GROUP == 0:
-            if all(n in weights.q4_blocks for n in names):
-                parts = [weights.q4_blocks[n] for n in names]
-                q, d, m = (torch.cat([p[i] for p in parts], dim=0) for i in range(3))
+    def file_blocks(names: list[str]) -> Int4Weight | GroupInt8Weight | SplitWeight | None:
+        """The layer on the file's own blocks: runs of consecutive parts of one kind fused
+        into one weight (the default model's q/k/v: one int4 weight), or None where a part
+        has no blocks or no kernel of ours runs it."""
+        if not all(n in weights.quantized for n in names):
+            return None
+        runs: list[tuple[str, list[QuantizedTensor]]] = []
+        for name in names:
+            part = weights.quantized[name]
+            kind = _block_kernel(part, kernels)
+            if kind is None:
+                return None
+            if runs and runs[-1][0] == kind and runs[-1][1][0].group == part.group:
+                runs[-1][1].append(part)
             else:
-                q, d, m = quantize_int4_groups(dense)
-            quantized = Int4Weight(q, d, m, kernels)
-        elif mode == "int8":
-            quantized = Int8Weight(dense)
+                runs.append((kind, [part]))
+        fused = [_block_weight(kind, parts, kernels) for kind, parts in runs]
+        return fused[0] if len(fused) == 1 else SplitWeight(fused)
+
+    def linear(names: list[str], bias_names: list[str] | None = None) -> Linear:
+        bias = torch.cat([take(n) for n in bias_names]).to(dtype) if bias_names else None
+        quantized: Int4Weight | GroupInt8Weight | SplitWeight | Int8Weight | None = None
+        if mode == "int4":
+            quantized = file_blocks(names)
+        if quantized is None:
+            dense = torch.cat([take(n) for n in names], dim=0)  # [out, in]
+            if mode == "int4" and dense.shape[1] % INT4_GROUP == 0:
+                quantized = Int4Weight(*quantize_int4_groups(dense), kernels)
+            elif mode == "int8":
+                quantized = Int8Weight(dense)
         if quantized is not None:
             # One kernel at every width: a row's result must not depend on its neighbours
             # (batch-invariant greedy output); our int4 kernel is also faster than a dense
@@ -102,3 +130,27 @@ def build_model(weights: WeightSet, config: ModelConfig, kernels: Kernels | None
     model = LlamaModel(cfg, embed.to(dtype).contiguous(), layers, take("model.norm.weight"), lm_head, dtype, kernels,
                        quantization=mode)
     return model
+
+
+def _block_kernel(part: QuantizedTensor, kernels: Kernels) -> str | None:
+    """The kernel that runs a weight's own blocks: ``int4`` for int4 blocks whose scales and
+    minimums fit float16 (the int4 kernel keeps them so; Q4_K's d * sc may not), else
+    ``int8`` where our int8 kernel runs (it holds 0..15 as well, in float32 scales), else
+    None (the layer is quantized from its dequantized values)."""
+    if part.kernel == "int4" and part.group == INT4_GROUP:
+        fits = bool(torch.isfinite(part.scale.half()).all()) and bool(torch.isfinite(part.minimum.half()).all())
+        if fits:
+            return "int4"
+    if GroupInt8Weight.supports(part.shape[0], kernels):
+        return f"int8/{part.minimum is not None}"
+    return None
+
+
+def _block_weight(kind: str, parts: list[QuantizedTensor], kernels: Kernels) -> Int4Weight | GroupInt8Weight:
+    """One weight of ``parts`` (one kind and group width) stacked by rows."""
+    q = torch.cat([p.q for p in parts])
+    scale = torch.cat([p.scale for p in parts])
+    minimum = None if parts[0].minimum is None else torch.cat([p.minimum for p in parts])
+    if kind == "int4":
+        return Int4Weight(q, scale, minimum, kernels)
+    return GroupInt8Weight(q.to(torch.int8), scale, minimum, kernels)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from speclane.kernels import int4_cpu
+from speclane.kernels import int4_cpu, int8_cpu
 from speclane.kernels.select import Kernels
 
 INT4_GROUP = 32
@@ -94,6 +94,49 @@ class Int4Weight:
         return INT4_MM(x, self.tensors[0], self.group, self.tensors[1])
 
 
+class GroupInt8Weight:
+    """A GGUF weight in int8 groups (Q8_0, Q6_K, Q5_*: ``models/gguf_types.py``) on our
+    int8-group kernel (``kernels/int8_x86.c``): scale * sum(x q) + minimum * sum(x) per
+    group, the file's values exactly (float32 scales and minimums), in float32; a row's
+    result does not depend on the other rows of its call. ``kernels.int8`` must hold the
+    kernel and ``out_features`` be a multiple of 16 (``supports``)."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None, kernels: Kernels):
+        if not self.supports(q.shape[0], kernels):
+            raise ValueError(f"our int8 kernel needs out_features % {int8_cpu.LANES} == 0 and kernels.int8; "
+                             f"got {q.shape[0]}, {kernels.int8}")
+        self.out_features = q.shape[0]
+        self.kernel = kernels.int8.isa
+        q8, scale8, minimum8 = int8_cpu.pack(q, scale, minimum)
+        self.tensors: tuple[torch.Tensor, ...] = tuple(t for t in (q8, scale8, minimum8) if t is not None)
+        self.matmul = int8_cpu.bind(q8, scale8, minimum8, kernels.int8.library)
+
+    @staticmethod
+    def supports(out_features: int, kernels: Kernels) -> bool:
+        return kernels.int8 is not None and out_features % int8_cpu.LANES == 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
+
+class SplitWeight:
+    """Weights of different kinds side by side in one layer (a fused q/k/v whose v is
+    Q6_K and q, k Q4_K, as llama.cpp's Q4_K_M files have): each part's kernel on the whole
+    input, the outputs side by side. Each output column is its part's, so the parts' batch
+    invariance is the whole's."""
+
+    def __init__(self, parts: list[Int4Weight | GroupInt8Weight]):
+        self.parts = parts
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p.matmul(x) for p in self.parts], dim=1)
+
+
 class Int8Weight:
     """Per-output-channel symmetric int8 for ``torch._weight_int8pack_mm``."""
 
@@ -120,7 +163,7 @@ class Linear:
     def __init__(
         self,
         dense: torch.Tensor | None,
-        quantized: Int4Weight | Int8Weight | None = None,
+        quantized: Int4Weight | GroupInt8Weight | SplitWeight | Int8Weight | None = None,
         bias: torch.Tensor | None = None,
     ):
         if dense is None and quantized is None:

@@ -1,7 +1,8 @@
 """Find a model by name, path or repo id and read its weights (GGUF or safetensors).
 
-Weight formats produce one neutral ``WeightSet`` (``models/weights.py``: dense float32
-tensors in the Hugging Face layout, plus the GGUF's raw 4-bit blocks where it had them);
+Weight formats produce one neutral ``WeightSet`` (``models/weights.py``: tensors in the
+Hugging Face layout, a GGUF's matmul weights in their own block values where our kernels
+run their type, ``models/gguf_types.py``, the rest dense float32);
 ``models/build.py`` turns that into a runnable ``LlamaModel``. A GGUF's weights go
 through the weight cache (``models/weight_cache.py``) at the folder ``RuntimeEnv`` names.
 """
@@ -18,7 +19,8 @@ import numpy as np
 import torch
 
 from speclane.config import RuntimeEnv, runtime_env
-from speclane.models import weight_cache
+from speclane.models import gguf_types, weight_cache
+from speclane.models.gguf_types import QuantizedTensor
 from speclane.models.llama import LlamaConfig
 from speclane.models.weights import WeightSet
 
@@ -139,14 +141,31 @@ def _unpermute_rows(num_rows: int, num_heads: int) -> torch.Tensor:
     return idx
 
 
-def _q4_1_blocks(raw: np.ndarray, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Split Q4_1 blocks (f16 d, f16 m, 16 bytes of nibbles per 32 weights) into q, d, m."""
-    blocks = raw.reshape(rows, cols // 32, 20)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-    nibbles = blocks[..., 4:]
-    q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).astype(np.int32)  # [rows, blocks, 32]
-    return torch.from_numpy(q.reshape(rows, cols)), torch.from_numpy(d), torch.from_numpy(m)
+def _is_layer_matmul(name: str) -> bool:
+    """A layer's linear weight (q/k/v/o, gate/up/down): what our quantized kernels run. The
+    token embedding, the output head and the norms are not (see ``_gguf_tensor``)."""
+    return name.startswith("model.layers.") and name.endswith("_proj.weight")
+
+
+def _gguf_tensor(path: Path, tensor: Any, name: str) -> torch.Tensor | QuantizedTensor:
+    """One GGUF tensor as the model keeps it: a layer's matmul weight of a type our kernels
+    run as a ``QuantizedTensor`` of the file's own values (no dense copy); anything else
+    float32, dequantized by gguf-py. The token embedding and the output head stay dense
+    float32 whatever their type: the model looks embedding rows up and refines the head's
+    top logits in float32 (``LlamaModel.logits``), and the tied head is the embedding."""
+    import gguf
+
+    kind = gguf_types.TYPES.get(tensor.tensor_type.name)
+    if kind is None:
+        raise ModelLoadError(f"{path}: tensor {tensor.name} has {gguf_types.unsupported_message(tensor.tensor_type.name)}")
+    rows, cols = (int(n) for n in reversed(tensor.shape)) if len(tensor.shape) == 2 else (0, 0)
+    if kind.load == "native" and _is_layer_matmul(name) and rows and cols % kind.block_values == 0:
+        return gguf_types.quantized_tensor(kind, tensor.data, rows, cols)
+    try:
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    except NotImplementedError:
+        raise ModelLoadError(f"{path}: tensor {tensor.name} has {gguf_types.unsupported_message(kind.name)}") from None
+    return torch.from_numpy(np.array(values, dtype=np.float32))  # copy: F32 data is a read-only memmap
 
 
 def read_gguf(path: Path, cache_dir: Path | None = None) -> WeightSet:
@@ -156,8 +175,8 @@ def read_gguf(path: Path, cache_dir: Path | None = None) -> WeightSet:
 
     cached = weight_cache.load_cached(path, cache_dir)
     if cached is not None:
-        config, dense, q4 = cached
-        return WeightSet(config, dense, q4, tokenizer_source=read_gguf_metadata(path), source=str(path))  # type: ignore[arg-type]
+        config, dense, quantized = cached
+        return WeightSet(config, dense, quantized, tokenizer_source=read_gguf_metadata(path), source=str(path))  # type: ignore[arg-type]
     weights = _read_gguf_file(path)
     weight_cache.store(path, weights, cache_dir)
     return weights
@@ -210,29 +229,23 @@ def _read_gguf_file(path: Path) -> WeightSet:
     # LlamaModel.permute); qwen2 files keep the Hugging Face order.
     permute = arch == "llama"
     dense: dict[str, torch.Tensor] = {}
-    q4: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    quantized: dict[str, QuantizedTensor] = {}
     for tensor in reader.tensors:
         name = _hf_name(tensor.name)
         if name is None:
             continue
-        kind = tensor.tensor_type
-        try:
-            values = gguf.quants.dequantize(tensor.data, kind)
-        except NotImplementedError:
-            raise ModelLoadError(f"{path}: tensor {tensor.name} has unsupported type {kind.name}") from None
-        weight = torch.from_numpy(np.array(values, dtype=np.float32))  # copy: F32 data is a read-only memmap
-        order = None
+        weight = _gguf_tensor(path, tensor, name)
         if permute and (".q_proj." in name or ".k_proj." in name):
             heads = config.num_heads if ".q_proj." in name else config.num_kv_heads
             order = _unpermute_rows(weight.shape[0], heads)
-            weight = weight[order].contiguous()
-        dense[name] = weight
-        if kind == gguf.GGMLQuantizationType.Q4_1 and weight.dim() == 2:
-            blocks = _q4_1_blocks(np.asarray(tensor.data), *weight.shape)
-            q4[name] = tuple(b[order] if order is not None else b for b in blocks)  # type: ignore[assignment]
+            weight = weight.rows(order) if isinstance(weight, QuantizedTensor) else weight[order].contiguous()
+        if isinstance(weight, QuantizedTensor):
+            quantized[name] = weight
+        else:
+            dense[name] = weight
     if "model.embed_tokens.weight" not in dense:
         raise ModelLoadError(f"{path}: no token_embd.weight tensor")
-    return WeightSet(config, dense, q4, tokenizer_source=meta, source=str(path))
+    return WeightSet(config, dense, quantized, tokenizer_source=meta, source=str(path))
 
 
 # -- Hugging Face folder ---------------------------------------------------------------

@@ -20,11 +20,12 @@ from pathlib import Path
 
 import torch
 
+from speclane.models.gguf_types import QuantizedTensor
 from speclane.models.llama import LlamaConfig
 from speclane.models.weights import WeightSet
 
-CACHE_VERSION = 1
-_Q4 = "q4."
+CACHE_VERSION = 2  # 2: quantized tensors of any native GGML type (q, scale, minimum)
+_QUANTIZED = "quantized."
 
 
 def cache_path(source: Path, directory: Path) -> Path:
@@ -34,7 +35,7 @@ def cache_path(source: Path, directory: Path) -> Path:
 
 
 def load_cached(source: Path, directory: Path | None
-                ) -> tuple[LlamaConfig, dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, ...]]] | None:
+                ) -> tuple[LlamaConfig, dict[str, torch.Tensor], dict[str, QuantizedTensor]] | None:
     """``source``'s cached weights in ``directory`` (None: the cache is off), or None."""
     if directory is None:
         return None
@@ -50,16 +51,17 @@ def load_cached(source: Path, directory: Path | None
         config_fields = json.loads(meta["config"])
         config_fields["rope_scaling"] = tuple(tuple(x) for x in config_fields["rope_scaling"])
         config = LlamaConfig(**config_fields)
+        kinds = json.loads(meta.get("quantized", "{}"))
         tensors = load_file(str(path))
+        dense = {k: v for k, v in tensors.items() if not k.startswith(_QUANTIZED)}
+        quantized = {
+            name: QuantizedTensor(tensors[f"{_QUANTIZED}{name}.q"], tensors[f"{_QUANTIZED}{name}.scale"],
+                                  tensors.get(f"{_QUANTIZED}{name}.minimum"), group, kernel, ggml_type)
+            for name, (group, kernel, ggml_type) in kinds.items()
+        }
     except Exception:  # a stale or damaged cache is simply rebuilt
         return None
-    dense = {k: v for k, v in tensors.items() if not k.startswith(_Q4)}
-    q4: dict[str, tuple[torch.Tensor, ...]] = {}
-    for key in tensors:
-        if key.startswith(_Q4) and key.endswith(".q"):
-            name = key[len(_Q4) : -2]
-            q4[name] = (tensors[key].to(torch.int32), tensors[f"{_Q4}{name}.d"], tensors[f"{_Q4}{name}.m"])
-    return config, dense, q4
+    return config, dense, quantized
 
 
 def store(source: Path, weights: WeightSet, directory: Path | None) -> None:
@@ -70,11 +72,14 @@ def store(source: Path, weights: WeightSet, directory: Path | None) -> None:
 
     path = cache_path(source, directory)
     tensors = {k: v.contiguous() for k, v in weights.dense.items()}
-    for name, (q, d, m) in weights.q4_blocks.items():
-        tensors[f"{_Q4}{name}.q"] = q.to(torch.uint8).contiguous()
-        tensors[f"{_Q4}{name}.d"] = d.contiguous()
-        tensors[f"{_Q4}{name}.m"] = m.contiguous()
-    meta = {"config": json.dumps(dataclasses.asdict(weights.config)), "source": str(source)}
+    kinds = {}
+    for name, weight in weights.quantized.items():
+        tensors[f"{_QUANTIZED}{name}.q"] = weight.q.contiguous()
+        tensors[f"{_QUANTIZED}{name}.scale"] = weight.scale.contiguous()
+        if weight.minimum is not None:
+            tensors[f"{_QUANTIZED}{name}.minimum"] = weight.minimum.contiguous()
+        kinds[name] = (weight.group, weight.kernel, weight.ggml_type)
+    meta = {"config": json.dumps(dataclasses.asdict(weights.config)), "source": str(source), "quantized": json.dumps(kinds)}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")

@@ -12,17 +12,37 @@ from typing import Any
 
 import torch
 
+from speclane.models.gguf_types import QuantizedTensor
 from speclane.models.llama import LlamaConfig
 
 
 @dataclass
 class WeightSet:
-    """Weights in the Hugging Face layout (``model.layers.N.self_attn.q_proj.weight``...)."""
+    """Weights in the Hugging Face layout (``model.layers.N.self_attn.q_proj.weight``...).
+
+    A name is in ``dense`` or in ``quantized``, never both: a GGUF's matmul weights of a
+    type our kernels run keep only the file's own values (``gguf_types.QuantizedTensor``),
+    so the kernels run on them instead of re-quantizing, and no dense copy is held.
+    """
 
     config: LlamaConfig
     dense: dict[str, torch.Tensor]  # float32 (or the file's float dtype) tensors
-    # GGUF Q4_1 blocks of a weight: (q [out, in] int32 0..15, d [out, in/32], m [out, in/32]),
-    # so int4 can run on the file's own values instead of re-quantizing.
-    q4_blocks: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    quantized: dict[str, QuantizedTensor] = field(default_factory=dict)
     tokenizer_source: Any = None  # GGUF metadata dict, or the HF folder path
     source: str = ""
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.dense or name in self.quantized
+
+    def float_weight(self, name: str) -> torch.Tensor:
+        """``name``'s values as a float tensor: the dense one, or the quantized one's
+        dequantization (a fresh float32 copy). KeyError where there is neither."""
+        if name in self.dense:
+            return self.dense[name]
+        return self.quantized[name].dequantize()
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes the weights hold in memory."""
+        return (sum(t.numel() * t.element_size() for t in self.dense.values())
+                + sum(t.nbytes for t in self.quantized.values()))

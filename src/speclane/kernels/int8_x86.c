@@ -1,0 +1,135 @@
+// Weight-only int8-group matmul for x86-64: bfloat16 activations, float32 accumulation,
+// bfloat16 output. Built twice by build.py and loaded by int8_cpu.py: for AVX-512 and for
+// AVX2 + FMA + F16C. It runs the GGUF types whose values do not fit our int4 kernel's
+// 0..15 (Q8_0, Q6_K, Q5_0, Q5_1, Q5_K): each keeps its own integers, widened to int8.
+//
+// The arithmetic: a weight is w = q * scale + minimum (q an int8, one float32 scale and
+// minimum per G input columns, a "group"; G is 32 or 16), so a group's share of an output is
+//     scale * sum(x[k] * q[k]) + minimum * sum(x[k]).
+// A product of a bfloat16 input (8 significant bits) and an int8 (8 bits) is exact in
+// float32; the sums round. Every output element is one fixed sequence of operations,
+// whatever the number of rows M, the thread split and the build:
+//     acc = 0;  per group:  d = 0;  for k in the group, in order:  d = fma(x[k], q[k], d)
+//                           acc = fma(scale, d, acc);  [acc = fma(minimum, sum_x, acc)]
+// with sum_x the group's inputs added left to right in float32 (only where the weight has
+// minimums). Each output column is one vector lane, so a row's result does not depend on
+// the other rows of its call (batch invariance) nor on the build (AVX-512 and AVX2 do the
+// same lane operations). Unlike the int4 kernel the inputs are not rounded to a grid: no
+// kernel here adds a group in an order of its own, so none is needed.
+//
+// Layout (int8_cpu.pack): q [N/16][K][16] int8 (lane j of input column k: column n0+j),
+// scale and minimum [N/16][K/G][16] float32 (minimum may be NULL: no minimum term).
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16.h"
+#include "q4.h"  // input_buffer_for: the calling thread's scratch
+
+#define LANES 16  // output columns per packed tile
+#define UNROLL _Pragma("GCC unroll 16")
+
+#ifdef __AVX512F__
+#define VW 16
+#define ROW_BLOCK 8  // rows sharing a tile's widened weights: 8 partial + 8 running sums
+typedef __m512 vec;
+INLINE vec v_zero(void) { return _mm512_setzero_ps(); }
+INLINE vec v_bcast(const float *p) { return _mm512_set1_ps(*p); }
+INLINE vec v_fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+INLINE vec v_load(const float *p) { return _mm512_loadu_ps(p); }
+INLINE void v_store(float *p, vec v) { _mm512_storeu_ps(p, v); }
+INLINE vec v_int8(const int8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
+#else
+#define VW 8
+#define ROW_BLOCK 3  // a tile is two vectors: 6 partial + 6 running sums + 2 weights + a broadcast
+typedef __m256 vec;
+INLINE vec v_zero(void) { return _mm256_setzero_ps(); }
+INLINE vec v_bcast(const float *p) { return _mm256_broadcast_ss(p); }
+INLINE vec v_fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+INLINE vec v_load(const float *p) { return _mm256_loadu_ps(p); }
+INLINE void v_store(float *p, vec v) { _mm256_storeu_ps(p, v); }
+INLINE vec v_int8(const int8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
+#endif
+#define NV (LANES / VW)
+
+typedef struct {
+    const int8_t *q;
+    const float *scale, *minimum;
+    int n, k, group;
+} q8_weight;
+
+// R rows (R <= ROW_BLOCK, a compile-time constant once inlined) of one 16-column tile.
+INLINE void rows_tile(const int R, const q8_weight *w, const float *x, const float *sums, int tile, uint16_t *y) {
+    const int K = w->k, N = w->n, G = w->group, groups = K / G;
+    vec acc[ROW_BLOCK][NV];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) acc[r][v] = v_zero();
+    const int8_t *q = w->q + (size_t)tile * K * LANES;
+    for (int g = 0; g < groups; g++) {
+        vec d[ROW_BLOCK][NV];
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) d[r][v] = v_zero();
+        for (int k = g * G; k < (g + 1) * G; k++) {
+            vec wq[NV];
+            UNROLL for (int v = 0; v < NV; v++) wq[v] = v_int8(q + (size_t)k * LANES + VW * v);
+            UNROLL for (int r = 0; r < R; r++) {
+                const vec xv = v_bcast(x + (size_t)r * K + k);
+                UNROLL for (int v = 0; v < NV; v++) d[r][v] = v_fma(xv, wq[v], d[r][v]);
+            }
+        }
+        const size_t at = ((size_t)tile * groups + g) * LANES;
+        UNROLL for (int v = 0; v < NV; v++) {
+            const vec s = v_load(w->scale + at + VW * v);
+            UNROLL for (int r = 0; r < R; r++) acc[r][v] = v_fma(s, d[r][v], acc[r][v]);
+        }
+        if (w->minimum) {
+            UNROLL for (int v = 0; v < NV; v++) {
+                const vec m = v_load(w->minimum + at + VW * v);
+                UNROLL for (int r = 0; r < R; r++) acc[r][v] = v_fma(m, v_bcast(sums + (size_t)r * groups + g), acc[r][v]);
+            }
+        }
+    }
+    UNROLL for (int r = 0; r < R; r++) {
+        float out[LANES];
+        UNROLL for (int v = 0; v < NV; v++) v_store(out + VW * v, acc[r][v]);
+        UNROLL for (int j = 0; j < LANES; j += 8) store_bf16(y + (size_t)r * N + (size_t)tile * LANES + j, _mm256_loadu_ps(out + j));
+    }
+}
+
+static void any_rows_tile(int R, const q8_weight *w, const float *x, const float *sums, int tile, uint16_t *y) {
+    switch (R) {  // a compile-time R per case: the sums stay in registers
+#define CASE(r) case r: rows_tile(r, w, x, sums, tile, y); break;
+    CASE(1) CASE(2)
+#if ROW_BLOCK > 3
+    CASE(3) CASE(4) CASE(5) CASE(6) CASE(7)
+#endif
+#undef CASE
+    default: rows_tile(ROW_BLOCK, w, x, sums, tile, y); break;
+    }
+}
+
+// y = x @ W^T. x: [M][K] bfloat16, y: [M][N] bfloat16; G divides K, 16 divides N (the
+// caller checks and passes contiguous tensors). minimum: NULL where the weight has none.
+void int8_matmul(const uint16_t *x, const int8_t *q, const float *scale, const float *minimum, uint16_t *y,
+                 int M, int N, int K, int G) {
+    const int groups = K / G;
+    const size_t n = (size_t)M * K;
+    const size_t x_floats = (n + 15) / 16 * 16;
+    float *x32 = input_buffer_for(x_floats + (size_t)M * groups);
+    float *sums = x32 + x_floats;
+    for (size_t i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x32 + i, load_bf16(x + i));
+    for (size_t i = n / 8 * 8; i < n; i++) x32[i] = from_bf16(x[i]);
+    if (minimum)
+        for (int r = 0; r < M; r++)
+            for (int g = 0; g < groups; g++) {
+                float s = 0.0f;  // left to right: -ffp-contract=off and no -ffast-math keep this order
+                for (int k = g * G; k < (g + 1) * G; k++) s += x32[(size_t)r * K + k];
+                sums[(size_t)r * groups + g] = s;
+            }
+    const q8_weight w = {q, scale, minimum, N, K, G};
+    const int tiles = N / LANES;
+    #pragma omp parallel for schedule(static)
+    for (int t = 0; t < tiles; t++)
+        for (int r0 = 0; r0 < M; r0 += ROW_BLOCK)
+            any_rows_tile(M - r0 < ROW_BLOCK ? M - r0 : ROW_BLOCK, &w, x32 + (size_t)r0 * K, sums + (size_t)r0 * groups, t,
+                          y + (size_t)r0 * N);
+}

@@ -1,0 +1,259 @@
+"""GGUF types on our kernels (models/gguf_types.py): the blocks' values, each kernel against
+gguf-py's dequantize, batch invariance, and a crafted GGUF of every native type loaded and run.
+
+The bounds, per output y of a row x against ref = x @ dequantize(blocks).T (float64):
+    |y - ref| <= 2^-8 |ref| + (K 2^-24 + s) (|x| @ |W|.T) + 2^-14 (X @ |W|.T)
+- 2^-8 |ref|: the bfloat16 output's rounding (half an ulp is at most 2^-9 of the value;
+  2^-8 leaves room for the float32 sum's rounding before it);
+- K 2^-24 (|x| @ |W|.T): float32 accumulation over K inputs;
+- s = 2^-11 for Q4_K only: the int4 kernel keeps scales and minimums in float16, and Q4_K's
+  d * sc and dmin * m are float32 products that float16 rounds by at most 2^-11 of their
+  value (Q4_0's d and -8 d and Q4_1's d and m are the file's float16s: exact, s = 0);
+- 2^-14 (X @ |W|.T), X each input's group maximum |x|: the int4 kernel's grid rounding of
+  its inputs (kernels/q4.h, an input moves by at most 2^(E - 15) <= 2^-14 of the group's
+  largest); the int8 kernel reads the inputs as they are (term 0).
+"""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from speclane.config import ModelConfig
+from speclane.kernels import build, int8_cpu
+from speclane.kernels.select import Kernels
+from speclane.models import gguf_types
+from speclane.models.build import _block_kernel, _block_weight, build_model
+from speclane.models.gguf_types import TYPES, QuantizedTensor, quantized_tensor
+from speclane.models.kv_cache import KVCache
+from speclane.models.linear import GroupInt8Weight, Int4Weight, SplitWeight
+from speclane.models.llama import RaggedBatch
+from speclane.models.loader import ModelLoadError, _gguf_tensor, _unpermute_rows, read_gguf
+
+gguf = pytest.importorskip("gguf")
+GGML = gguf.GGMLQuantizationType
+KERNELS = Kernels.load("auto")
+needs_kernels = pytest.mark.skipif(KERNELS.int4 is None or KERNELS.int8 is None, reason="no AVX2 CPU or no C compiler here")
+NATIVE = [name for name, t in TYPES.items() if t.load == "native"]
+QUANTIZABLE = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}  # gguf-py quantizes these; the K types it only reads
+
+
+def random_blocks(type_name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """[rows, bytes] of ``type_name`` blocks: gguf-py's quantization of random weights where
+    it has one, else random bytes with sane float16 scales (every index pattern occurs)."""
+    rng = np.random.default_rng(seed)
+    kind = TYPES[type_name]
+    if type_name in QUANTIZABLE:
+        return gguf.quants.quantize((rng.standard_normal((rows, cols)) * 0.05).astype(np.float32), GGML[type_name])
+    raw = rng.integers(0, 256, (rows, cols // kind.block_values, kind.block_bytes), dtype=np.uint8)
+    # d (and dmin), sized for weights of order 0.05 (as a model's are)
+    at, high = ([208], 8e-5) if type_name == "Q6_K" else ([0, 2], 3e-4)
+    for offset in at:
+        raw[..., offset : offset + 2] = (rng.uniform(high / 4, high, raw.shape[:2]).astype(np.float16)
+                                         .view(np.uint8).reshape(*raw.shape[:2], 2))
+    return raw.reshape(rows, -1)
+
+
+def reference(type_name: str, raw: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.array(gguf.quants.dequantize(raw, GGML[type_name]), dtype=np.float32))
+
+
+@pytest.mark.parametrize("type_name", NATIVE)
+def test_blocks_dequantize_to_gguf_py_values_bit_for_bit(type_name):
+    rows, cols = 32, 512
+    raw = random_blocks(type_name, rows, cols)
+    weight = quantized_tensor(TYPES[type_name], raw, rows, cols)
+    assert weight.q.dtype == (torch.uint8 if weight.kernel == "int4" else torch.int8)
+    assert weight.scale.shape == (rows, cols // weight.group)
+    assert torch.equal(weight.dequantize(), reference(type_name, raw))
+
+
+def test_q4_k_nibbles_follow_llama_cpps_sub_block_layout():
+    """Byte i of a super-block's 32-byte chunk j: low nibble is value i of sub-block 2j,
+    high nibble value i of sub-block 2j + 1 (checked on one marked byte, not only against gguf-py)."""
+    raw = np.zeros((1, 144), np.uint8)
+    raw[0, 0:2] = np.array([1.0], np.float16).view(np.uint8)  # d = 1
+    raw[0, 4:16] = 1  # every sub-block's scale index 1 (and min index 1, dmin = 0)
+    raw[0, 16 + 32 * 1 + 5] = 0x3A  # chunk 1, byte 5: sub-block 2 gets 0xA, sub-block 3 gets 0x3
+    w = quantized_tensor(TYPES["Q4_K"], raw, 1, 256).dequantize()[0]
+    assert w[2 * 32 + 5] == 10 and w[3 * 32 + 5] == 3 and int((w != 0).sum()) == 2
+
+
+def layer(type_name: str, rows: int, cols: int, seed: int = 0) -> tuple[Int4Weight | GroupInt8Weight, torch.Tensor, QuantizedTensor]:
+    raw = random_blocks(type_name, rows, cols, seed)
+    weight = quantized_tensor(TYPES[type_name], raw, rows, cols)
+    kind = _block_kernel(weight, KERNELS)
+    assert kind is not None and kind.startswith(TYPES[type_name].kernel)
+    return _block_weight(kind, [weight], KERNELS), reference(type_name, raw), weight
+
+
+@needs_kernels
+@pytest.mark.parametrize("type_name", NATIVE)
+@pytest.mark.parametrize("rows", [1, 3, 13])
+def test_kernel_matches_gguf_py_dequantize_within_the_stated_bound(type_name, rows):
+    out, k = 48, 768
+    weight, dense, _ = layer(type_name, out, k)
+    torch.manual_seed(rows)
+    x = torch.randn(rows, k).bfloat16()
+    got = weight.matmul(x).double()
+    xd, wd = x.double(), dense.double()
+    ref = xd @ wd.T
+    magnitude = xd.abs() @ wd.abs().T
+    scale_term = 2.0**-11 if type_name == "Q4_K" else 0.0
+    bound = 2.0**-8 * ref.abs() + (k * 2.0**-24 + scale_term) * magnitude
+    if TYPES[type_name].kernel == "int4":
+        group_max = xd.abs().reshape(rows, -1, 32).amax(-1, keepdim=True).expand(-1, -1, 32).reshape(rows, k)
+        bound = bound + 2.0**-14 * (group_max @ wd.abs().T)
+    assert ((got - ref).abs() <= bound).all(), float(((got - ref).abs() / bound).max())
+
+
+@needs_kernels
+@pytest.mark.parametrize("type_name", NATIVE)
+def test_a_rows_result_has_the_same_bits_at_one_row_and_at_seven(type_name):
+    weight, _, _ = layer(type_name, 64, 512, seed=3)
+    x = torch.randn(7, 512, generator=torch.Generator().manual_seed(4)).bfloat16()
+    together = weight.matmul(x)
+    alone = torch.cat([weight.matmul(x[i : i + 1]) for i in range(7)])
+    assert torch.equal(together, alone)
+
+
+@needs_kernels
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q6_K", "Q5_K"])
+def test_int8_kernel_builds_give_the_same_bits(type_name):
+    builds = [isa for isa in int8_cpu.ISAS if not build.missing_cpu_flags(isa)]
+    _, _, weight = layer(type_name, 32, 512)
+    x = torch.randn(9, 512, generator=torch.Generator().manual_seed(5)).bfloat16()
+    outs = [int8_cpu.bind(*int8_cpu.pack(weight.q, weight.scale, weight.minimum), int8_cpu.load(isa).library)(x)
+            for isa in builds]
+    assert all(torch.equal(outs[0], o) for o in outs[1:]), builds
+
+
+def test_an_unsupported_type_is_a_one_line_error_listing_the_supported_ones():
+    tensor = types.SimpleNamespace(name="blk.0.attn_q.weight", tensor_type=GGML.MXFP4, shape=np.array([64, 16]), data=None)
+    with pytest.raises(ModelLoadError) as err:
+        _gguf_tensor(Path("m.gguf"), tensor, "model.layers.0.self_attn.q_proj.weight")
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("m.gguf: tensor blk.0.attn_q.weight has unsupported type MXFP4 (supported: Q4_0, Q4_1, Q4_K, Q8_0")
+    assert gguf_types.unsupported_message("MXFP4") in message
+
+
+# -- a crafted GGUF of the native types -------------------------------------------------------
+HIDDEN, FFN, HEADS, KV_HEADS, VOCAB = 256, 512, 4, 2, 64
+# Each layer's types (q, k, v, o, gate, up, down): every native type at least once, and a
+# q/k/v of mixed kernels (Q4_K_M files' Q6_K v beside Q4_K q and k).
+LAYER_TYPES = [
+    ("Q4_K", "Q4_K", "Q6_K", "Q8_0", "Q5_K", "Q5_0", "Q6_K"),
+    ("Q4_0", "Q4_1", "Q4_0", "Q5_1", "Q4_1", "Q8_0", "Q4_K"),
+]
+NAMES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def shape_of(name: str) -> tuple[int, int]:
+    head_dim = HIDDEN // HEADS
+    return {"attn_q": (HIDDEN, HIDDEN), "attn_k": (KV_HEADS * head_dim, HIDDEN), "attn_v": (KV_HEADS * head_dim, HIDDEN),
+            "attn_output": (HIDDEN, HIDDEN), "ffn_gate": (FFN, HIDDEN), "ffn_up": (FFN, HIDDEN),
+            "ffn_down": (HIDDEN, FFN)}[name]
+
+
+@pytest.fixture(scope="module")
+def crafted(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("gguf") / "mixed.gguf"
+    rng = np.random.default_rng(7)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, value in [("embedding_length", HIDDEN), ("feed_forward_length", FFN), ("block_count", len(LAYER_TYPES)),
+                       ("attention.head_count", HEADS), ("attention.head_count_kv", KV_HEADS), ("vocab_size", VOCAB)]:
+        writer.add_uint32(f"llama.{key}", value)
+    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    embed = gguf.quants.quantize(rng.standard_normal((VOCAB, HIDDEN)).astype(np.float32), GGML.Q8_0)
+    writer.add_tensor("token_embd.weight", embed, raw_dtype=GGML.Q8_0)
+    writer.add_tensor("output_norm.weight", (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
+    for i, kinds in enumerate(LAYER_TYPES):
+        for name, type_name in zip(NAMES, kinds, strict=True):
+            raw = random_blocks(type_name, *shape_of(name), seed=100 * i + NAMES.index(name))
+            writer.add_tensor(f"blk.{i}.{name}.weight", raw, raw_dtype=GGML[type_name])
+        for norm in ("attn_norm", "ffn_norm"):
+            writer.add_tensor(f"blk.{i}.{norm}.weight", (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_crafted_gguf_keeps_only_the_blocks_of_its_matmul_weights(crafted):
+    weights = read_gguf(crafted, None)
+    reader = gguf.GGUFReader(str(crafted))
+    for tensor in reader.tensors:
+        if not tensor.name.startswith("blk.") or "norm" in tensor.name:
+            continue
+        layer_index, short = int(tensor.name.split(".")[1]), tensor.name.split(".")[2]
+        hf = next(n for n in weights.quantized if n.startswith(f"model.layers.{layer_index}.") and
+                  n.endswith({"attn_q": "q_proj.weight", "attn_k": "k_proj.weight", "attn_v": "v_proj.weight",
+                              "attn_output": "o_proj.weight", "ffn_gate": "gate_proj.weight", "ffn_up": "up_proj.weight",
+                              "ffn_down": "down_proj.weight"}[short]))
+        assert hf not in weights.dense and weights.quantized[hf].ggml_type == tensor.tensor_type.name
+        expected = reference(tensor.tensor_type.name, np.asarray(tensor.data))
+        if short in ("attn_q", "attn_k"):
+            expected = expected[_unpermute_rows(expected.shape[0], HEADS if short == "attn_q" else KV_HEADS)]
+        assert torch.equal(weights.float_weight(hf), expected), tensor.name
+    assert len(weights.quantized) == 7 * len(LAYER_TYPES)
+    # The embedding (Q8_0 in the file) and the norms stay dense float32.
+    assert set(weights.dense) == {"model.embed_tokens.weight", "model.norm.weight",
+                                  *(f"model.layers.{i}.{n}.weight" for i in range(2)
+                                    for n in ("input_layernorm", "post_attention_layernorm"))}
+
+
+def test_the_weight_cache_keeps_the_blocks(crafted, tmp_path):
+    first = read_gguf(crafted, tmp_path)
+    again = read_gguf(crafted, tmp_path)  # from the cache
+    assert list(tmp_path.glob("*.safetensors"))
+    assert set(again.quantized) == set(first.quantized)
+    for name, weight in first.quantized.items():
+        other = again.quantized[name]
+        assert (other.group, other.kernel, other.ggml_type) == (weight.group, weight.kernel, weight.ggml_type)
+        assert torch.equal(other.q, weight.q) and torch.equal(other.scale, weight.scale)
+        assert (other.minimum is None) == (weight.minimum is None)
+
+
+def forward(model, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the final hidden states, the logits) of ``tokens`` run alone in a fresh cache."""
+    c = model.config
+    cache = KVCache(c.num_layers, 1, 64, c.num_kv_heads, c.head_dim, model.dtype)
+    hidden = model(RaggedBatch(torch.tensor(tokens), torch.arange(len(tokens)), [0], [0], [len(tokens)]), cache)
+    return hidden.float(), model.logits(hidden).float()
+
+
+# The tolerance: the final hidden states (what the head reads) within 1.5x the dense
+# bfloat16 model's own error on the same file, relative in norm, plus 1e-3 (measured here:
+# ours 0.52%, dense bfloat16 0.60%: both are the bfloat16 activations' rounding at every
+# layer). A wrong layout, scale or permutation gives errors of order 100%. The logits are
+# compared by their argmax and top value only: the quantized head's coarse pass gives the
+# rest (its top candidates are refined in float32, LlamaModel.logits).
+@needs_kernels
+def test_a_crafted_gguf_runs_on_our_kernels_and_matches_the_float_reference(crafted):
+    weights = read_gguf(crafted, None)
+    ours = build_model(weights, ModelConfig(dtype="bfloat16", quantization="auto"), KERNELS)
+    reference_model = build_model(weights, ModelConfig(dtype="float32", quantization="none"))
+    dense_bf16 = build_model(weights, ModelConfig(dtype="bfloat16", quantization="none"), KERNELS)
+    kinds = {type(linear.quantized) for layer_ in ours.layers for linear in (layer_.qkv, layer_.o, layer_.gate_up, layer_.down)}
+    assert kinds == {Int4Weight, GroupInt8Weight, SplitWeight}
+    tokens = [3, 17, 42, 5, 63, 0, 8, 8, 21]
+    want_hidden, want_logits = forward(reference_model, tokens)
+    hidden, got_logits = forward(ours, tokens)
+
+    def relative(h: torch.Tensor) -> float:
+        return float((h - want_hidden).norm() / want_hidden.norm())
+
+    dense_error = relative(forward(dense_bf16, tokens)[0])
+    assert relative(hidden) <= 1.5 * dense_error + 1e-3, (relative(hidden), dense_error)
+    assert torch.equal(got_logits.argmax(-1), want_logits.argmax(-1))
+    top = want_logits.amax(-1)
+    assert torch.allclose(got_logits.amax(-1), top, rtol=0.02, atol=0.05)
+    # Batch invariance through the whole model: a prefix's last position has the same bits
+    # run alone as inside the longer call.
+    assert torch.equal(forward(ours, tokens[:5])[0][-1], hidden[4])
