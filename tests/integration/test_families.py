@@ -143,6 +143,14 @@ def test_the_family_config_is_read(family, ours):
 
 def test_ragged_logits_match_transformers(family, ours):
     name, hf, _ = family
+    worst = _ragged_difference(hf, ours)
+    print(f"{name}: max abs logit difference {worst:.3g}")
+    assert worst < LOGITS_ATOL, f"{name}: max abs logit difference {worst:.3g}"
+
+
+def _ragged_difference(hf, ours: LlamaModel) -> float:
+    """Max abs difference of our logits, over a ragged prefill then decode steps and a
+    3-token row, from transformers' logits of each sequence alone; argmax equal."""
     prompts = _prompts()
     with torch.inference_mode():
         theirs = [hf(torch.tensor([p])).logits[0].float() for p in prompts]
@@ -173,8 +181,39 @@ def test_ragged_logits_match_transformers(family, ours):
         assert g.shape == t.shape
         worst = max(worst, (g - t).abs().max().item())
         assert torch.equal(g.argmax(-1), t.argmax(-1))
-    print(f"{name}: max abs logit difference {worst:.3g}")
-    assert worst < LOGITS_ATOL, f"{name}: max abs logit difference {worst:.3g}"
+    return worst
+
+
+def test_a_gemma_3_270m_style_config_json(tmp_path):
+    """gemma-3-270m's config.json as the Hub has it (transformers 4 keys: rope_theta,
+    rope_local_base_freq, rope_scaling, _sliding_window_pattern), at a tiny size with its
+    head layout (4 query heads, 1 KV head, head_dim larger than hidden / heads)."""
+    layer_types = ["sliding_attention"] * 5 + ["full_attention"] + ["sliding_attention"] * 2
+    old_style = {
+        "_sliding_window_pattern": 6, "architectures": ["Gemma3ForCausalLM"], "attention_bias": False,
+        "attention_dropout": 0.0, "attn_logit_softcapping": None, "bos_token_id": 2, "eos_token_id": 1,
+        "final_logit_softcapping": None, "head_dim": 32, "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": 64, "initializer_range": 0.02, "intermediate_size": 128, "layer_types": layer_types,
+        "max_position_embeddings": 32768, "model_type": "gemma3_text", "num_attention_heads": 4,
+        "num_hidden_layers": 8, "num_key_value_heads": 1, "pad_token_id": 0, "query_pre_attn_scalar": 32,
+        "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000.0, "rope_scaling": None, "rope_theta": 1000000.0,
+        "sliding_window": 8, "torch_dtype": "float32", "transformers_version": "4.55.0.dev0",
+        "use_bidirectional_attention": False, "use_cache": True, "vocab_size": VOCAB,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(old_style))
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(tmp_path)).float().eval()
+    _widen(hf)
+    hf.save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(old_style))  # save_pretrained writes transformers 5 keys
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    weights = read_weights(str(tmp_path))
+    c = weights.config
+    assert (c.rope_theta, c.traits.sliding_rope_theta, c.max_position_embeddings) == (1e6, 1e4, 32768)
+    assert c.traits.layer_windows == tuple(8 if t == "sliding_attention" else 0 for t in layer_types)
+    ours = build_model(weights, ModelConfig(dtype="float32", quantization="none"))
+    worst = _ragged_difference(hf, ours)
+    assert worst < LOGITS_ATOL, f"max abs logit difference {worst:.3g}"
 
 
 def test_greedy_continuations_match_transformers(family):

@@ -172,7 +172,8 @@ def _layer_types(cfg: dict[str, Any], family: str, num_layers: int, source: Path
         elif family == "gemma2":
             types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]
         elif family == "gemma3":
-            pattern = int(cfg.get("sliding_window_pattern", 6))
+            # transformers 4 configs on the Hub spell it with a leading underscore
+            pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
             types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
         elif family in ("mistral", "phi3") and window is not None:
             types = ["sliding_attention"] * num_layers
