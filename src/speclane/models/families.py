@@ -302,3 +302,98 @@ def to_llama_names(config: LlamaConfig, dense: dict[str, torch.Tensor]) -> None:
     mapper = _TENSOR_MAPS.get(config.architecture)
     if mapper is not None:
         mapper(config, dense)
+
+
+# -- GGUF ------------------------------------------------------------------------------------
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+# llama.cpp's Gemma 3 defaults for what its converter does not write (llama-model.cpp).
+_GEMMA3_GGUF_PATTERN = 6
+_GEMMA3_GGUF_LOCAL_THETA = 10_000.0
+
+
+def gguf_config(meta: dict[str, Any], tensor_names: set[str], path: Path) -> LlamaConfig:
+    """The ``LlamaConfig`` of a GGUF's metadata (``general.architecture`` and the
+    ``{arch}.*`` keys llama.cpp's converter writes), or a ModelLoadError."""
+    arch = meta.get("general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ModelLoadError(f"{path}: unsupported GGUF architecture {arch!r} (supported: {', '.join(GGUF_ARCHITECTURES)})")
+
+    def key(name: str, default: Any = None) -> Any:
+        value = meta.get(f"{arch}.{name}", default)
+        if value is None:
+            raise ModelLoadError(f"{path}: GGUF metadata lacks {arch}.{name}")
+        return value
+
+    if "rope_freqs.weight" in tensor_names:
+        # Llama 3.1's rope scaling as a tensor of per-frequency divisors: not read here.
+        raise ModelLoadError(f"{path}: per-frequency rope factors (rope_freqs.weight, Llama 3.1-style rope scaling) "
+                             "in a GGUF are not supported; use the model's Hugging Face folder")
+    scaling_type = meta.get(f"{arch}.rope.scaling.type", "none")
+    if scaling_type not in ("none", "linear"):
+        raise ModelLoadError(f"{path}: unsupported GGUF rope scaling type {scaling_type!r} (supported: none, linear)")
+    scaling = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))} if scaling_type == "linear" else {}
+    for name in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if meta.get(f"{arch}.{name}") and arch != "gemma3":
+            raise ModelLoadError(f"{path}: {arch}.{name} is not supported for {arch} models")
+
+    vocab_size = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ())
+    if not vocab_size:
+        raise ModelLoadError(f"{path}: GGUF metadata lacks both {arch}.vocab_size and tokenizer.ggml.tokens")
+    hidden, heads, layers = int(key("embedding_length")), int(key("attention.head_count")), int(key("block_count"))
+    head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // heads)
+    if int(meta.get(f"{arch}.attention.value_length") or head_dim) != head_dim:
+        raise ModelLoadError(f"{path}: key and value heads of different sizes are not supported")
+    max_pos = int(key("context_length", 2048))
+    traits = FamilyTraits(qk_norm=arch == "qwen3")
+    if arch == "gemma3":
+        window = int(key("attention.sliding_window"))
+        pattern = int(meta.get(f"{arch}.attention.sliding_window_pattern") or _GEMMA3_GGUF_PATTERN)
+        windows = tuple(window if (i + 1) % pattern and window < max_pos else 0 for i in range(layers))
+        local_theta = float(meta.get(f"{arch}.rope.freq_base_swa") or _GEMMA3_GGUF_LOCAL_THETA)
+        # llama.cpp scales Gemma 3 27B's queries by hidden / heads, every other size by head_dim.
+        scalar = hidden / heads if layers == 62 else head_dim
+        log.info("%s: gemma3 GGUF: sliding pattern %d, sliding rope base %g, query_pre_attn_scalar %g "
+                 "(llama.cpp's values where the file has no key)", path, pattern, local_theta, scalar)
+        traits = FamilyTraits(
+            qk_norm=True,
+            norm_offset=0.0,  # llama.cpp's converter stores Gemma's norm weights as 1 + w
+            embed_scale=float(torch.tensor(hidden**0.5, dtype=torch.float32)),
+            activation="gelu_tanh",
+            sandwich_norms=True,
+            query_pre_attn_scalar=float(scalar),
+            attn_softcap=float(meta.get(f"{arch}.attn_logit_softcapping") or 0.0),
+            final_softcap=float(meta.get(f"{arch}.final_logit_softcapping") or 0.0),
+            layer_windows=windows if any(windows) else (),
+            sliding_rope_theta=local_theta if any(windows) else 0.0,
+        )
+    return LlamaConfig(
+        vocab_size=int(vocab_size),
+        hidden_size=hidden,
+        intermediate_size=int(key("feed_forward_length")),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=int(key("attention.head_count_kv", key("attention.head_count"))),
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6 if arch == "gemma3" else 1e-5)),
+        rope_theta=float(key("rope.freq_base", 1_000_000.0 if arch == "gemma3" else 10000.0)),
+        rope_scaling=tuple(sorted(scaling.items())),
+        max_position_embeddings=max_pos,
+        tie_word_embeddings="output.weight" not in tensor_names,
+        attention_bias="blk.0.attn_q.bias" in tensor_names,
+        architecture=arch,
+        explicit_head_dim=head_dim if head_dim * heads != hidden else 0,
+        traits=traits,
+    )
+
+
+def gguf_to_llama_names(config: LlamaConfig, dense: dict[str, torch.Tensor]) -> None:
+    """Gemma 3's GGUF norms under the names build.py reads: llama.cpp's ``ffn_norm`` (read
+    as Llama's ``post_attention_layernorm``) is the pre-MLP norm, its ``post_attention_norm``
+    the attention output's."""
+    if config.architecture != "gemma3":
+        return
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        if p + "post_attention_layernorm.weight" in dense:
+            dense[p + "pre_feedforward_layernorm.weight"] = dense.pop(p + "post_attention_layernorm.weight")
+        if p + "post_attention_norm.weight" in dense:
+            dense[p + "post_attention_layernorm.weight"] = dense.pop(p + "post_attention_norm.weight")

@@ -19,8 +19,14 @@ import torch
 
 from speclane.config import RuntimeEnv, runtime_env
 from speclane.models import weight_cache
-from speclane.models.families import ARCHITECTURES, hf_config, rope_settings, to_llama_names
-from speclane.models.llama import LlamaConfig
+from speclane.models.families import (
+    ARCHITECTURES,
+    gguf_config,
+    gguf_to_llama_names,
+    hf_config,
+    rope_settings,
+    to_llama_names,
+)
 from speclane.models.weights import ModelLoadError, WeightSet
 
 __all__ = ["ModelLoadError", "SUPPORTED_ARCHITECTURES", "read_hf_folder", "read_weights", "resolve_model", "rope_settings"]
@@ -102,6 +108,10 @@ _GGUF_LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm",  # Qwen3, Gemma 3
+    "attn_k_norm": "self_attn.k_norm",
+    "post_attention_norm": "post_attention_norm",  # Gemma 3 (families.gguf_to_llama_names)
+    "post_ffw_norm": "post_feedforward_layernorm",
 }
 _GGUF_TOP_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -170,34 +180,9 @@ def _read_gguf_file(path: Path) -> WeightSet:
             meta[key] = fld.contents()
         except Exception:  # a field type we do not use
             continue
-    arch = meta.get("general.architecture")
-    if arch not in ("llama", "qwen2"):
-        raise ModelLoadError(f"{path}: unsupported GGUF architecture {arch!r} (supported: llama, qwen2)")
-
-    def key(name: str, default: Any = None) -> Any:
-        value = meta.get(f"{arch}.{name}", default)
-        if value is None:
-            raise ModelLoadError(f"{path}: GGUF metadata lacks {arch}.{name}")
-        return value
-
     tensor_names = {t.name for t in reader.tensors}
-    vocab_size = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ())
-    if not vocab_size:
-        raise ModelLoadError(f"{path}: GGUF metadata lacks both {arch}.vocab_size and tokenizer.ggml.tokens")
-    config = LlamaConfig(
-        vocab_size=int(vocab_size),
-        hidden_size=int(key("embedding_length")),
-        intermediate_size=int(key("feed_forward_length")),
-        num_layers=int(key("block_count")),
-        num_heads=int(key("attention.head_count")),
-        num_kv_heads=int(key("attention.head_count_kv", key("attention.head_count"))),
-        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(key("rope.freq_base", 10000.0)),
-        max_position_embeddings=int(key("context_length", 2048)),
-        tie_word_embeddings="output.weight" not in tensor_names,
-        attention_bias="blk.0.attn_q.bias" in tensor_names,
-        architecture=arch,
-    )
+    config = gguf_config(meta, tensor_names, path)  # models/families.py: the architecture's keys
+    arch = config.architecture
     # llama.cpp permutes q/k rows only for the llama architecture (its converter's
     # LlamaModel.permute); qwen2 files keep the Hugging Face order.
     permute = arch == "llama"
@@ -224,6 +209,7 @@ def _read_gguf_file(path: Path) -> WeightSet:
             q4[name] = tuple(b[order] if order is not None else b for b in blocks)  # type: ignore[assignment]
     if "model.embed_tokens.weight" not in dense:
         raise ModelLoadError(f"{path}: no token_embd.weight tensor")
+    gguf_to_llama_names(config, dense)
     return WeightSet(config, dense, q4, tokenizer_source=meta, source=str(path))
 
 
