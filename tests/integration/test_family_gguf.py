@@ -36,7 +36,12 @@ _GEMMA_NORMS = {"post_attention_layernorm": "post_attention_norm", "pre_feedforw
                 "post_feedforward_layernorm": "post_ffw_norm"}
 
 
-def _write_gguf(path: Path, arch: str, hf, keys: dict) -> Path:
+def _llama_cpp_permute(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp's converter's q/k row order for the llama architecture (LlamaModel.permute)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _write_gguf(path: Path, arch: str, hf, keys: dict, extra: dict | None = None) -> Path:
     cfg = hf.config
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_uint32(f"{arch}.context_length", cfg.max_position_embeddings)
@@ -45,8 +50,9 @@ def _write_gguf(path: Path, arch: str, hf, keys: dict) -> Path:
     writer.add_uint32(f"{arch}.block_count", cfg.num_hidden_layers)
     writer.add_uint32(f"{arch}.attention.head_count", cfg.num_attention_heads)
     writer.add_uint32(f"{arch}.attention.head_count_kv", cfg.num_key_value_heads)
-    writer.add_uint32(f"{arch}.attention.key_length", cfg.head_dim)
-    writer.add_uint32(f"{arch}.attention.value_length", cfg.head_dim)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    writer.add_uint32(f"{arch}.attention.key_length", head_dim)
+    writer.add_uint32(f"{arch}.attention.value_length", head_dim)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
     writer.add_uint32(f"{arch}.vocab_size", cfg.vocab_size)
     for name, value in keys.items():
@@ -57,6 +63,8 @@ def _write_gguf(path: Path, arch: str, hf, keys: dict) -> Path:
         tensor = tensor.float()
         if arch == "gemma3" and name.endswith("norm.weight"):
             tensor = tensor + 1  # llama.cpp's Gemma converter stores the scale 1 + w
+        if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
+            tensor = _llama_cpp_permute(tensor, cfg.num_attention_heads if ".q_proj." in name else cfg.num_key_value_heads)
         if name == "model.embed_tokens.weight":
             out = "token_embd.weight"
         elif name == "model.norm.weight":
@@ -70,6 +78,8 @@ def _write_gguf(path: Path, arch: str, hf, keys: dict) -> Path:
             module, kind = rest.rsplit(".", 1)
             out = f"blk.{layer}.{names[module]}.{kind}"
         writer.add_tensor(out, np.ascontiguousarray(tensor.numpy()))
+    for name, tensor in (extra or {}).items():
+        writer.add_tensor(name, np.ascontiguousarray(tensor.numpy()))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -121,3 +131,33 @@ def test_gguf_rope_it_does_not_read_is_an_error(tmp_path, monkeypatch):
     path = _write_gguf(tmp_path / "yarn.gguf", "qwen3", hf, {**keys, "rope.scaling.type": "yarn"})
     with pytest.raises(ModelLoadError, match="unsupported GGUF rope scaling type 'yarn'"):
         read_weights(str(path))
+
+
+def test_a_llama_3_gguf_with_rope_freqs_matches_transformers(tmp_path, monkeypatch):
+    """llama.cpp writes Llama 3.1's rope scaling as a rope_freqs tensor (one divisor per
+    frequency: default / scaled inverse frequency); without it the positions rotate as an
+    unscaled Llama's (the control below)."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    monkeypatch.setenv("SPECLANE_NO_WEIGHT_CACHE", "1")
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                      rope_parameters=rope, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(config).float().eval()
+    _widen(hf)
+    plain = transformers.LlamaConfig(**{**config.to_dict(), "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}})
+    factors = LlamaRotaryEmbedding(plain).inv_freq / LlamaRotaryEmbedding(config).inv_freq
+    assert factors.max() > 7  # the scaling matters at these frequencies
+    keys = {"rope.freq_base": 500000.0}
+    weights = read_weights(str(_write_gguf(tmp_path / "llama3.gguf", "llama", hf, keys, {"rope_freqs.weight": factors})))
+    assert dict(weights.config.rope_scaling)["rope_type"] == "freq_factors" and "rope_freqs.weight" not in weights.dense
+    worst = _ragged_difference(hf, build_model(weights, ModelConfig(dtype="float32", quantization="none")))
+    assert worst < LOGITS_ATOL, f"max abs logit difference {worst:.3g}"
+
+    unscaled = read_weights(str(_write_gguf(tmp_path / "plain.gguf", "llama", hf, keys)))
+    model = build_model(unscaled, ModelConfig(dtype="float32", quantization="none"))
+    with pytest.raises(AssertionError):  # argmax or logits differ
+        assert _ragged_difference(hf, model) < 0.1

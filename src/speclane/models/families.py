@@ -11,6 +11,7 @@ are logged. Fields that do not change the forward (dropout, initializer, token i
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable
@@ -324,10 +325,6 @@ def gguf_config(meta: dict[str, Any], tensor_names: set[str], path: Path) -> Lla
             raise ModelLoadError(f"{path}: GGUF metadata lacks {arch}.{name}")
         return value
 
-    if "rope_freqs.weight" in tensor_names:
-        # Llama 3.1's rope scaling as a tensor of per-frequency divisors: not read here.
-        raise ModelLoadError(f"{path}: per-frequency rope factors (rope_freqs.weight, Llama 3.1-style rope scaling) "
-                             "in a GGUF are not supported; use the model's Hugging Face folder")
     scaling_type = meta.get(f"{arch}.rope.scaling.type", "none")
     if scaling_type not in ("none", "linear"):
         raise ModelLoadError(f"{path}: unsupported GGUF rope scaling type {scaling_type!r} (supported: none, linear)")
@@ -385,12 +382,26 @@ def gguf_config(meta: dict[str, Any], tensor_names: set[str], path: Path) -> Lla
     )
 
 
-def gguf_to_llama_names(config: LlamaConfig, dense: dict[str, torch.Tensor]) -> None:
-    """Gemma 3's GGUF norms under the names build.py reads: llama.cpp's ``ffn_norm`` (read
-    as Llama's ``post_attention_layernorm``) is the pre-MLP norm, its ``post_attention_norm``
-    the attention output's."""
-    if config.architecture != "gemma3":
-        return
+def gguf_finish(config: LlamaConfig, dense: dict[str, torch.Tensor], path: Path) -> LlamaConfig:
+    """What a GGUF keeps in tensors rather than metadata, taken out of ``dense``: llama.cpp's
+    ``rope_freqs`` (Llama 3.1-style rope scaling written as one divisor per frequency)
+    into the config; and Gemma 3's norms under the names build.py reads."""
+    factors = dense.pop("rope_freqs.weight", None)
+    if factors is not None:
+        if config.rope_scaling:
+            raise ModelLoadError(f"{path}: both a rope scaling type and a rope_freqs tensor")
+        if factors.numel() != config.head_dim // 2:
+            raise ModelLoadError(f"{path}: rope_freqs has {factors.numel()} values for {config.head_dim // 2} frequencies")
+        config = dataclasses.replace(config, rope_scaling=(("factors", tuple(factors.double().tolist())),
+                                                           ("rope_type", "freq_factors")))
+    if config.architecture == "gemma3":
+        _gemma3_gguf_norms(config, dense)
+    return config
+
+
+def _gemma3_gguf_norms(config: LlamaConfig, dense: dict[str, torch.Tensor]) -> None:
+    """llama.cpp's ``ffn_norm`` (read as Llama's ``post_attention_layernorm``) is Gemma's
+    pre-MLP norm, its ``post_attention_norm`` the attention output's."""
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
         if p + "post_attention_layernorm.weight" in dense:

@@ -139,6 +139,8 @@ def rope_inv_freq(config: LlamaConfig, sliding: bool = False) -> torch.Tensor:
         if factors.numel() != inv_freq.numel():
             raise ValueError(f"longrope short_factor has {factors.numel()} values for {inv_freq.numel()} frequencies")
         inv_freq = 1.0 / (factors * theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    elif kind == "freq_factors":  # a GGUF's rope_freqs tensor (models/families.gguf_finish)
+        inv_freq = inv_freq / torch.tensor(scaling["factors"], dtype=torch.float64)
     elif kind == "llama3":
         # Llama 3.1's frequency-dependent scaling: long wavelengths are divided by
         # `factor`, short ones kept, the band between interpolated smoothly.
@@ -154,7 +156,7 @@ def rope_inv_freq(config: LlamaConfig, sliding: bool = False) -> torch.Tensor:
     elif kind == "linear":
         inv_freq = inv_freq / float(scaling["factor"])
     elif kind not in (None, "default"):
-        raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3, longrope)")
+        raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3, longrope, freq_factors)")
     return inv_freq
 
 

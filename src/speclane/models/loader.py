@@ -22,7 +22,7 @@ from speclane.models import weight_cache
 from speclane.models.families import (
     ARCHITECTURES,
     gguf_config,
-    gguf_to_llama_names,
+    gguf_finish,
     hf_config,
     rope_settings,
     to_llama_names,
@@ -117,6 +117,7 @@ _GGUF_TOP_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
+    "rope_freqs.weight": "rope_freqs.weight",  # families.gguf_finish moves it into the config
 }
 
 
@@ -209,7 +210,7 @@ def _read_gguf_file(path: Path) -> WeightSet:
             q4[name] = tuple(b[order] if order is not None else b for b in blocks)  # type: ignore[assignment]
     if "model.embed_tokens.weight" not in dense:
         raise ModelLoadError(f"{path}: no token_embd.weight tensor")
-    gguf_to_llama_names(config, dense)
+    config = gguf_finish(config, dense, path)  # rope_freqs into the config, Gemma 3's norm names
     return WeightSet(config, dense, q4, tokenizer_source=meta, source=str(path))
 
 
