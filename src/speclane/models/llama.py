@@ -15,7 +15,7 @@ on ``[batch, kv_heads, tokens * group, head_dim]`` against un-repeated keys.
 Sliding-window layers (a query at position p sees keys in ``(p - window, p]``) and
 soft-capped attention always take the torch path: SDPA with a windowed mask, or, with
 soft-capping, an explicit softmax. Their keys stay in the cache at every position (the
-cache is not a ring buffer), so a window saves compute in no kernel and memory nowhere.
+cache is not a ring buffer): a window limits what a query sees, not the cache's memory.
 """
 
 from __future__ import annotations
@@ -246,8 +246,10 @@ class LlamaModel(nn.Module):
         traits = cfg.traits
         kernel = self.attention_library if any(self.kernel_layers) else None
         attn = _AttentionPlan(batch, cfg, self.dtype, kernel, need_torch=not all(self.kernel_layers))
-        # Per rope table, the rows of this forward's positions (our kernel rotates inside).
-        tables = [(cos[batch.positions].unsqueeze(1), sin[batch.positions].unsqueeze(1)) for cos, sin in self.rope]
+        # Per rope table, the rows of this forward's positions, for the torch path (our
+        # kernel rotates inside).
+        tables = [] if attn.ours and all(self.kernel_layers) else [
+            (cos[batch.positions].unsqueeze(1), sin[batch.positions].unsqueeze(1)) for cos, sin in self.rope]
         # The residual stream stays in float32 (it is only [T, hidden]); the linears run in
         # self.dtype. In bfloat16 this keeps near-tied logits in the float32 order.
         x = F.embedding(batch.input_ids, self.embed).float()  # [T, hidden]
