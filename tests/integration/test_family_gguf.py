@@ -1,12 +1,13 @@
-"""Qwen3 and Gemma 3 GGUF files, written the way llama.cpp's converter writes them
+"""Qwen3, Gemma 2 and Gemma 3 GGUF files (and a Llama 3 one with rope_freqs), written the way llama.cpp's converter writes them
 (its tensor names, no q/k row permutation for these architectures, Gemma's norm weights
 stored as 1 + w, the ``{arch}.*`` metadata keys), read by speclane and compared with the
 transformers model they were written from (float32, F32 tensors).
 
 Gemma 3's file carries only what llama.cpp writes: the sliding layers follow its fixed
 pattern (every 6th layer global), their rope base its 10000, the query scale head_dim.
-The transformers model is made with those values. For Gemma 3 transformers' own GGUF
-reader (``gguf_file=``) is the check that the file follows llama.cpp's conventions.
+Gemma 2's alternate (every 2nd layer global). The transformers model is made with those
+values. For Gemma, transformers' own GGUF reader (``gguf_file=``) is the check that the
+file follows llama.cpp's conventions.
 """
 
 from __future__ import annotations
@@ -58,10 +59,10 @@ def _write_gguf(path: Path, arch: str, hf, keys: dict, extra: dict | None = None
     for name, value in keys.items():
         add = {float: writer.add_float32, str: writer.add_string}.get(type(value), writer.add_uint32)
         add(f"{arch}.{name}", value)
-    names = {**_NAMES, **(_GEMMA_NORMS if arch == "gemma3" else _LLAMA_NORMS)}
+    names = {**_NAMES, **(_GEMMA_NORMS if arch.startswith("gemma") else _LLAMA_NORMS)}
     for name, tensor in hf.state_dict().items():
         tensor = tensor.float()
-        if arch == "gemma3" and name.endswith("norm.weight"):
+        if arch.startswith("gemma") and name.endswith("norm.weight"):
             tensor = tensor + 1  # llama.cpp's Gemma converter stores the scale 1 + w
         if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
             tensor = _llama_cpp_permute(tensor, cfg.num_attention_heads if ".q_proj." in name else cfg.num_key_value_heads)
@@ -104,7 +105,19 @@ def _gemma3():
         "rope.freq_base": 1e6, "attention.sliding_window": 8}
 
 
-@pytest.mark.parametrize("arch, make", [("qwen3", _qwen3), ("gemma3", _gemma3)])
+def _gemma2():
+    # transformers' GGUF reader takes Gemma2Config's soft-caps (50, 30) and query scale (256)
+    # where llama.cpp writes keys for them: the same values here keep it a check of the file.
+    return transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256, max_position_embeddings=128,
+        sliding_window=8, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4})), {
+        "rope.freq_base": 1e4, "attention.sliding_window": 8, "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0}
+
+
+@pytest.mark.parametrize("arch, make", [("qwen3", _qwen3), ("gemma2", _gemma2), ("gemma3", _gemma3)])
 def test_a_gguf_of_the_family_matches_transformers(tmp_path, monkeypatch, arch, make):
     monkeypatch.setenv("SPECLANE_NO_WEIGHT_CACHE", "1")
     torch.manual_seed(0)
@@ -114,8 +127,9 @@ def test_a_gguf_of_the_family_matches_transformers(tmp_path, monkeypatch, arch, 
     path = _write_gguf(tmp_path / f"{arch}.gguf", arch, hf, keys)
     weights = read_weights(str(path))
     assert weights.config.architecture == arch and weights.config.head_dim == hf.config.head_dim
-    if arch == "gemma3":
-        assert weights.config.traits.layer_windows == (8, 8, 8, 8, 8, 0, 8)
+    if arch.startswith("gemma"):
+        windows = (8, 0, 8) if arch == "gemma2" else (8, 8, 8, 8, 8, 0, 8)
+        assert weights.config.traits.layer_windows == windows
         theirs = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, dtype=torch.float32)
         ids = torch.arange(3, 33)[None]
         with torch.inference_mode():

@@ -306,10 +306,13 @@ def to_llama_names(config: LlamaConfig, dense: dict[str, torch.Tensor]) -> None:
 
 
 # -- GGUF ------------------------------------------------------------------------------------
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
-# llama.cpp's Gemma 3 defaults for what its converter does not write (llama-model.cpp).
-_GEMMA3_GGUF_PATTERN = 6
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
+# llama.cpp's Gemma values for what its converter does not write (llama-model.cpp): the
+# sliding layer pattern, Gemma 3's sliding rope base, and the layer count of the 27B
+# models, whose queries it scales by hidden / heads instead of head_dim.
+_GEMMA_GGUF_PATTERN = {"gemma2": 2, "gemma3": 6}
 _GEMMA3_GGUF_LOCAL_THETA = 10_000.0
+_GEMMA_GGUF_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
 
 def gguf_config(meta: dict[str, Any], tensor_names: set[str], path: Path) -> LlamaConfig:
@@ -330,7 +333,7 @@ def gguf_config(meta: dict[str, Any], tensor_names: set[str], path: Path) -> Lla
         raise ModelLoadError(f"{path}: unsupported GGUF rope scaling type {scaling_type!r} (supported: none, linear)")
     scaling = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))} if scaling_type == "linear" else {}
     for name in ("attn_logit_softcapping", "final_logit_softcapping"):
-        if meta.get(f"{arch}.{name}") and arch != "gemma3":
+        if meta.get(f"{arch}.{name}") and arch not in GEMMA:
             raise ModelLoadError(f"{path}: {arch}.{name} is not supported for {arch} models")
 
     vocab_size = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ())
@@ -342,17 +345,16 @@ def gguf_config(meta: dict[str, Any], tensor_names: set[str], path: Path) -> Lla
         raise ModelLoadError(f"{path}: key and value heads of different sizes are not supported")
     max_pos = int(key("context_length", 2048))
     traits = FamilyTraits(qk_norm=arch == "qwen3")
-    if arch == "gemma3":
+    if arch in GEMMA:
         window = int(key("attention.sliding_window"))
-        pattern = int(meta.get(f"{arch}.attention.sliding_window_pattern") or _GEMMA3_GGUF_PATTERN)
+        pattern = int(meta.get(f"{arch}.attention.sliding_window_pattern") or _GEMMA_GGUF_PATTERN[arch])
         windows = tuple(window if (i + 1) % pattern and window < max_pos else 0 for i in range(layers))
-        local_theta = float(meta.get(f"{arch}.rope.freq_base_swa") or _GEMMA3_GGUF_LOCAL_THETA)
-        # llama.cpp scales Gemma 3 27B's queries by hidden / heads, every other size by head_dim.
-        scalar = hidden / heads if layers == 62 else head_dim
-        log.info("%s: gemma3 GGUF: sliding pattern %d, sliding rope base %g, query_pre_attn_scalar %g "
-                 "(llama.cpp's values where the file has no key)", path, pattern, local_theta, scalar)
+        local_theta = float(meta.get(f"{arch}.rope.freq_base_swa") or _GEMMA3_GGUF_LOCAL_THETA) if arch == "gemma3" else 0.0
+        scalar = hidden / heads if layers == _GEMMA_GGUF_27B_LAYERS[arch] else head_dim
+        log.info("%s: %s GGUF: sliding pattern %d, sliding rope base %g, query_pre_attn_scalar %g "
+                 "(llama.cpp's values where the file has no key)", path, arch, pattern, local_theta, scalar)
         traits = FamilyTraits(
-            qk_norm=True,
+            qk_norm=arch == "gemma3",
             norm_offset=0.0,  # llama.cpp's converter stores Gemma's norm weights as 1 + w
             embed_scale=float(torch.tensor(hidden**0.5, dtype=torch.float32)),
             activation="gelu_tanh",
@@ -363,6 +365,7 @@ def gguf_config(meta: dict[str, Any], tensor_names: set[str], path: Path) -> Lla
             layer_windows=windows if any(windows) else (),
             sliding_rope_theta=local_theta if any(windows) else 0.0,
         )
+    gemma = arch in GEMMA
     return LlamaConfig(
         vocab_size=int(vocab_size),
         hidden_size=hidden,
@@ -370,7 +373,7 @@ def gguf_config(meta: dict[str, Any], tensor_names: set[str], path: Path) -> Lla
         num_layers=layers,
         num_heads=heads,
         num_kv_heads=int(key("attention.head_count_kv", key("attention.head_count"))),
-        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6 if arch == "gemma3" else 1e-5)),
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6 if gemma else 1e-5)),
         rope_theta=float(key("rope.freq_base", 1_000_000.0 if arch == "gemma3" else 10000.0)),
         rope_scaling=tuple(sorted(scaling.items())),
         max_position_embeddings=max_pos,
@@ -385,7 +388,7 @@ def gguf_config(meta: dict[str, Any], tensor_names: set[str], path: Path) -> Lla
 def gguf_finish(config: LlamaConfig, dense: dict[str, torch.Tensor], path: Path) -> LlamaConfig:
     """What a GGUF keeps in tensors rather than metadata, taken out of ``dense``: llama.cpp's
     ``rope_freqs`` (Llama 3.1-style rope scaling written as one divisor per frequency)
-    into the config; and Gemma 3's norms under the names build.py reads."""
+    into the config; and Gemma's norms under the names build.py reads."""
     factors = dense.pop("rope_freqs.weight", None)
     if factors is not None:
         if config.rope_scaling:
@@ -394,12 +397,12 @@ def gguf_finish(config: LlamaConfig, dense: dict[str, torch.Tensor], path: Path)
             raise ModelLoadError(f"{path}: rope_freqs has {factors.numel()} values for {config.head_dim // 2} frequencies")
         config = dataclasses.replace(config, rope_scaling=(("factors", tuple(factors.double().tolist())),
                                                            ("rope_type", "freq_factors")))
-    if config.architecture == "gemma3":
-        _gemma3_gguf_norms(config, dense)
+    if config.architecture in GEMMA:
+        _gemma_gguf_norms(config, dense)
     return config
 
 
-def _gemma3_gguf_norms(config: LlamaConfig, dense: dict[str, torch.Tensor]) -> None:
+def _gemma_gguf_norms(config: LlamaConfig, dense: dict[str, torch.Tensor]) -> None:
     """llama.cpp's ``ffn_norm`` (read as Llama's ``post_attention_layernorm``) is Gemma's
     pre-MLP norm, its ``post_attention_norm`` the attention output's."""
     for i in range(config.num_layers):

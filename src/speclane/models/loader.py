@@ -110,7 +110,7 @@ _GGUF_LAYER_NAMES = {
     "ffn_norm": "post_attention_layernorm",
     "attn_q_norm": "self_attn.q_norm",  # Qwen3, Gemma 3
     "attn_k_norm": "self_attn.k_norm",
-    "post_attention_norm": "post_attention_norm",  # Gemma 3 (families.gguf_to_llama_names)
+    "post_attention_norm": "post_attention_norm",  # Gemma (families.gguf_finish renames)
     "post_ffw_norm": "post_feedforward_layernorm",
 }
 _GGUF_TOP_NAMES = {
@@ -210,7 +210,7 @@ def _read_gguf_file(path: Path) -> WeightSet:
             q4[name] = tuple(b[order] if order is not None else b for b in blocks)  # type: ignore[assignment]
     if "model.embed_tokens.weight" not in dense:
         raise ModelLoadError(f"{path}: no token_embd.weight tensor")
-    config = gguf_finish(config, dense, path)  # rope_freqs into the config, Gemma 3's norm names
+    config = gguf_finish(config, dense, path)  # rope_freqs into the config, Gemma's norm names
     return WeightSet(config, dense, q4, tokenizer_source=meta, source=str(path))
 
 
