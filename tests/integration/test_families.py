@@ -312,3 +312,13 @@ def test_a_family_config_survives_the_weight_caches_json(family, ours):
 
     config = ours.config
     assert LlamaConfig.from_dict(json.loads(json.dumps(dataclasses.asdict(config)))) == config
+
+
+def test_qwen_sliding_layers_follow_max_window_layers():
+    """A Qwen2 / Qwen3 config without layer_types: layers from max_window_layers on slide,
+    as transformers derives them, and only with use_sliding_window."""
+    cfg = _config(architectures=["Qwen2ForCausalLM"], num_hidden_layers=4, sliding_window=16, max_window_layers=2,
+                  max_position_embeddings=64)
+    assert hf_config(cfg, "config.json").traits.layer_windows == ()
+    cfg["use_sliding_window"] = True
+    assert hf_config(cfg, "config.json").traits.layer_windows == (0, 0, 16, 16)
