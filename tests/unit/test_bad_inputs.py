@@ -90,7 +90,7 @@ def test_a_non_gguf_file_is_refused(tmp_path: Path):
 
 def test_unsupported_gguf_architecture(tmp_path: Path):
     path = write_gguf(tmp_path / "gpt2.gguf", arch="gpt2")
-    with pytest.raises(ModelLoadError, match=r"unsupported GGUF architecture 'gpt2' \(supported: llama, qwen2\)"):
+    with pytest.raises(ModelLoadError, match=r"unsupported GGUF architecture 'gpt2' \(supported: llama, qwen2, qwen3, gemma2, gemma3\)"):
         read_weights(str(path))
 
 

@@ -97,9 +97,26 @@ def build_model(weights: WeightSet, config: ModelConfig, kernels: Kernels | None
             return Linear(None, quantized, bias)
         return Linear(dense.to(dtype).contiguous(), None, bias)
 
+    traits = cfg.traits
+
+    def norm(name: str) -> torch.Tensor:
+        """A norm weight as the model multiplies by it: Gemma stores w for a scale of 1 + w."""
+        weight = take(name)
+        return weight + traits.norm_offset if traits.norm_offset else weight  # float32: norms act on the float32 residual
+
     layers = []
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
+        if traits.sandwich_norms:  # Gemma: post_attention_layernorm is the attention output's norm
+            mlp_norm, extra = p + "pre_feedforward_layernorm.weight", {
+                "attn_out_norm": norm(p + "post_attention_layernorm.weight"),
+                "mlp_out_norm": norm(p + "post_feedforward_layernorm.weight"),
+            }
+        else:
+            mlp_norm, extra = p + "post_attention_layernorm.weight", {}
+        if traits.qk_norm:
+            extra["q_norm"] = norm(p + "self_attn.q_norm.weight")
+            extra["k_norm"] = norm(p + "self_attn.k_norm.weight")
         attn = [p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"]
         bias = [n.replace(".weight", ".bias") for n in attn] if cfg.attention_bias else None
         layers.append(
@@ -109,8 +126,10 @@ def build_model(weights: WeightSet, config: ModelConfig, kernels: Kernels | None
                 o=linear([p + "self_attn.o_proj.weight"]),
                 gate_up=linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
                 down=linear([p + "mlp.down_proj.weight"]),
-                attn_norm=take(p + "input_layernorm.weight"),  # float32: norms act on the float32 residual
-                mlp_norm=take(p + "post_attention_layernorm.weight"),
+                attn_norm=norm(p + "input_layernorm.weight"),
+                mlp_norm=norm(mlp_norm),
+                index=i,
+                **extra,
             )
         )
     embed = take("model.embed_tokens.weight")
@@ -127,7 +146,7 @@ def build_model(weights: WeightSet, config: ModelConfig, kernels: Kernels | None
     # The quantized head always runs coarse + float32 refinement of its top candidates
     # (LlamaModel.logits), at every width, for the same reason as above.
     lm_head = Linear(head.to(head_dtype).contiguous(), head_quant)
-    model = LlamaModel(cfg, embed.to(dtype).contiguous(), layers, take("model.norm.weight"), lm_head, dtype, kernels,
+    model = LlamaModel(cfg, embed.to(dtype).contiguous(), layers, norm("model.norm.weight"), lm_head, dtype, kernels,
                        quantization=mode)
     return model
 

@@ -1,15 +1,21 @@
-"""Our own Llama-family model (Llama, SmolLM, Qwen2-style q/k/v bias) over a ragged batch.
+"""Our own Llama-family model over a ragged batch: Llama, SmolLM, Qwen2 (q/k/v bias),
+Qwen3, Mistral, Phi-3 and Gemma 2 / 3, one model whose per-family pieces live in the
+config's ``FamilyTraits`` (``models/families.py`` reads them from a config.json).
 
 One forward holds any mix of prefill chunks, single decode steps and multi-token
 verifications: each sequence brings its own new tokens and its own cached length
 (``RaggedBatch``). New keys/values are written into the ``KVCache`` slot of each
 sequence; attention reads each slot's ``[0, start + num_new)`` positions.
 
-Attention: bfloat16 models use our row-by-row kernel (``kernels/attention_x86.c``:
+Attention: bfloat16 models use our row-by-row kernel on their global layers (``kernels/attention_x86.c``:
 every query row alone, so a position's result does not depend on its neighbours in the
 batch). Elsewhere SDPA, with the query heads that share a KV head folded into extra
 query rows (measured faster here than ``enable_gqa`` or a per-sequence loop), so it runs
 on ``[batch, kv_heads, tokens * group, head_dim]`` against un-repeated keys.
+Sliding-window layers (a query at position p sees keys in ``(p - window, p]``) and
+soft-capped attention always take the torch path: SDPA with a windowed mask, or, with
+soft-capping, an explicit softmax. Their keys stay in the cache at every position (the
+cache is not a ring buffer): a window limits what a query sees, not the cache's memory.
 """
 
 from __future__ import annotations
@@ -31,6 +37,26 @@ REFINE_TOP = 32  # logits recomputed in float32 after a quantized head (see Llam
 
 
 @dataclass(frozen=True)
+class FamilyTraits:
+    """What a model family changes in the Llama forward. The defaults are Llama's."""
+
+    qk_norm: bool = False  # RMSNorm of each query and key head before RoPE (Qwen3, Gemma 3)
+    norm_offset: float = 0.0  # norms scale by (offset + weight): Gemma's 1 + w (added at build)
+    embed_scale: float = 1.0  # the embedding is multiplied by this (Gemma: sqrt(hidden))
+    activation: str = "silu"  # of the gated MLP: "silu" or "gelu_tanh"
+    sandwich_norms: bool = False  # RMSNorm of the attention and MLP outputs too (Gemma 2 / 3)
+    query_pre_attn_scalar: float = 0.0  # attention scale is its -1/2 power; 0: head_dim's
+    attn_softcap: float = 0.0  # attention scores -> cap * tanh(scores / cap); 0: none
+    final_softcap: float = 0.0  # the same on the output logits; 0: none
+    layer_windows: tuple[int, ...] = ()  # per layer: sliding window (keys seen), 0 global; (): all global
+    sliding_rope_theta: float = 0.0  # rope base of the sliding layers; 0: the global one
+    sliding_rope_scaling: tuple[tuple[str, object], ...] = ()
+
+    def window(self, layer: int) -> int:
+        return self.layer_windows[layer] if self.layer_windows else 0
+
+
+@dataclass(frozen=True)
 class LlamaConfig:
     vocab_size: int
     hidden_size: int
@@ -45,20 +71,45 @@ class LlamaConfig:
     tie_word_embeddings: bool = True
     attention_bias: bool = False
     architecture: str = "llama"
+    explicit_head_dim: int = 0  # a config.json's head_dim where it is not hidden / heads; 0: hidden / heads
+    traits: FamilyTraits = FamilyTraits()
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.explicit_head_dim or self.hidden_size // self.num_heads
 
     @property
     def group_size(self) -> int:
         return self.num_heads // self.num_kv_heads
 
     def __post_init__(self) -> None:
-        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+        if (not self.explicit_head_dim and self.hidden_size % self.num_heads) or self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"unsupported head layout: hidden {self.hidden_size}, heads {self.num_heads}, kv heads {self.num_kv_heads}"
             )
+        if self.traits.layer_windows and len(self.traits.layer_windows) != self.num_layers:
+            raise ValueError(f"{len(self.traits.layer_windows)} layer windows for {self.num_layers} layers")
+        if self.traits.activation not in ("silu", "gelu_tanh"):
+            raise ValueError(f"unsupported MLP activation {self.traits.activation!r} (supported: silu, gelu_tanh)")
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> LlamaConfig:
+        """The inverse of ``dataclasses.asdict`` after a JSON round trip (lists back to tuples)."""
+        fields = dict(fields)
+        fields["rope_scaling"] = _frozen(fields.get("rope_scaling", ()))
+        traits = dict(fields.get("traits") or {})
+        for name in ("layer_windows", "sliding_rope_scaling"):
+            if name in traits:
+                traits[name] = _frozen(traits[name])
+        fields["traits"] = FamilyTraits(**traits)
+        return cls(**fields)
+
+
+def _frozen(value: object) -> object:
+    """Lists (from JSON) back into the tuples a frozen config holds."""
+    if isinstance(value, list | tuple):
+        return tuple(_frozen(v) for v in value)
+    return value
 
 
 @dataclass
@@ -72,12 +123,25 @@ class RaggedBatch:
     num_new: list[int]  # [B] new tokens of each sequence (sum == T)
 
 
-def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
+def rope_inv_freq(config: LlamaConfig, sliding: bool = False) -> torch.Tensor:
+    """Rotary frequencies of the global layers, or of the sliding ones (``sliding``) where
+    the family gives those their own base and scaling."""
     dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-    scaling = dict(config.rope_scaling)
+    theta, scaling = config.rope_theta, dict(config.rope_scaling)
+    if sliding and config.traits.sliding_rope_theta:
+        theta, scaling = config.traits.sliding_rope_theta, dict(config.traits.sliding_rope_scaling)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     kind = scaling.get("rope_type", scaling.get("type"))
-    if kind == "llama3":
+    if kind == "longrope":
+        # Phi-3's LongRoPE: one divisor per frequency. models/families.py keeps the short
+        # factors (the model serves at most original_max_position_embeddings positions).
+        factors = torch.tensor(scaling["short_factor"], dtype=torch.float64)
+        if factors.numel() != inv_freq.numel():
+            raise ValueError(f"longrope short_factor has {factors.numel()} values for {inv_freq.numel()} frequencies")
+        inv_freq = 1.0 / (factors * theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    elif kind == "freq_factors":  # a GGUF's rope_freqs tensor (models/families.gguf_finish)
+        inv_freq = inv_freq / torch.tensor(scaling["factors"], dtype=torch.float64)
+    elif kind == "llama3":
         # Llama 3.1's frequency-dependent scaling: long wavelengths are divided by
         # `factor`, short ones kept, the band between interpolated smoothly.
         factor = float(scaling["factor"])
@@ -92,17 +156,44 @@ def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
     elif kind == "linear":
         inv_freq = inv_freq / float(scaling["factor"])
     elif kind not in (None, "default"):
-        raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3)")
+        raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3, longrope, freq_factors)")
     return inv_freq
+
+
+def rope_tables(config: LlamaConfig, dtype: torch.dtype, sliding: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, signed_sin) [max_pos, head_dim] in the rotate-half layout (see ``_rotate``)."""
+    inv_freq = rope_inv_freq(config, sliding)
+    scaling = dict(config.traits.sliding_rope_scaling if sliding and config.traits.sliding_rope_theta else config.rope_scaling)
+    # LongRoPE scales cos and sin (models/families.py resolves its attention_factor).
+    magnitude = float(scaling.get("attention_factor", 1.0)) if scaling.get("rope_type") == "longrope" else 1.0
+    t = torch.arange(config.max_position_embeddings, dtype=torch.float64)
+    angles = torch.outer(t, inv_freq)  # [max_pos, head_dim / 2]
+    angles = torch.cat([angles, angles], dim=-1)
+    cos = (angles.cos() * magnitude).to(dtype)
+    # sin with the first half negated: rotate-half becomes roll(x) * signed_sin (see _rotate).
+    half = config.head_dim // 2
+    signed_sin = (torch.cat([-angles[:, :half].sin(), angles[:, half:].sin()], dim=-1) * magnitude).to(dtype)
+    return cos, signed_sin
 
 
 class Layer(nn.Module):
     def __init__(self, config: LlamaConfig, qkv: Linear, o: Linear, gate_up: Linear, down: Linear,
-                 attn_norm: torch.Tensor, mlp_norm: torch.Tensor):
+                 attn_norm: torch.Tensor, mlp_norm: torch.Tensor, *, index: int = 0,
+                 q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
+                 attn_out_norm: torch.Tensor | None = None, mlp_out_norm: torch.Tensor | None = None):
         super().__init__()
         self.qkv, self.o, self.gate_up, self.down = qkv, o, gate_up, down
-        self.attn_norm = attn_norm  # [hidden]
-        self.mlp_norm = mlp_norm  # [hidden]
+        self.attn_norm = attn_norm  # [hidden], before attention
+        self.mlp_norm = mlp_norm  # [hidden], before the MLP
+        self.q_norm, self.k_norm = q_norm, k_norm  # [head_dim] each, or None (traits.qk_norm)
+        self.attn_out_norm, self.mlp_out_norm = attn_out_norm, mlp_out_norm  # [hidden] or None (traits.sandwich_norms)
+        traits = config.traits
+        if traits.qk_norm and (q_norm is None or k_norm is None):
+            raise ValueError(f"layer {index}: the family normalizes q and k heads, and the layer has no q/k norm")
+        if traits.sandwich_norms and (attn_out_norm is None or mlp_out_norm is None):
+            raise ValueError(f"layer {index}: the family normalizes attention and MLP outputs, and the layer has no such norms")
+        self.window = traits.window(index)
+        self.rope = 1 if self.window and traits.sliding_rope_theta else 0  # LlamaModel.rope's table
         self.eps = config.rms_norm_eps
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
@@ -130,15 +221,17 @@ class LlamaModel(nn.Module):
         self.layers = layers
         self.final_norm = final_norm  # [hidden]
         self.lm_head = lm_head
-        self.scale = 1.0 / math.sqrt(config.head_dim)
-        inv_freq = rope_inv_freq(config)
-        t = torch.arange(config.max_position_embeddings, dtype=torch.float64)
-        angles = torch.outer(t, inv_freq)  # [max_pos, head_dim / 2]
-        angles = torch.cat([angles, angles], dim=-1)
-        self.cos = angles.cos().to(dtype)  # [max_pos, head_dim]
-        # sin with the first half negated: rotate-half becomes roll(x) * signed_sin (see _rotate).
-        half = config.head_dim // 2
-        self.signed_sin = torch.cat([-angles[:, :half].sin(), angles[:, half:].sin()], dim=-1).to(dtype)
+        traits = config.traits
+        self.scale = 1.0 / math.sqrt(traits.query_pre_attn_scalar or config.head_dim)
+        # Our kernel reads every key of [0, len) and caps nothing: the layers with a window
+        # or soft-capped scores take the torch path.
+        self.kernel_layers = [self.attention_library is not None and not layer.window and not traits.attn_softcap
+                              for layer in layers]
+        self.cos, self.signed_sin = rope_tables(config, dtype)  # [max_pos, head_dim]
+        # rope[layer.rope]: the global layers' tables, then the sliding layers' own.
+        self.rope = [(self.cos, self.signed_sin)]
+        if traits.sliding_rope_theta:
+            self.rope.append(rope_tables(config, dtype, sliding=True))
 
     # -- the forward --------------------------------------------------------------
     @torch.inference_mode()
@@ -150,28 +243,48 @@ class LlamaModel(nn.Module):
             raise ValueError(f"position {max_kv} is beyond the model's {cfg.max_position_embeddings} positions")
         if max_kv > cache.max_len:  # before any kernel reads or writes past a slot's end
             raise ValueError(f"position {max_kv} is beyond the KV cache's {cache.max_len} positions")
-        attn = _AttentionPlan(batch, cfg, self.dtype, self.attention_library)
-        if not attn.ours:  # our kernel rotates inside (rope_write_attention)
-            cos = self.cos[batch.positions].unsqueeze(1)  # [T, 1, head_dim]
-            sin = self.signed_sin[batch.positions].unsqueeze(1)
+        traits = cfg.traits
+        kernel = self.attention_library if any(self.kernel_layers) else None
+        attn = _AttentionPlan(batch, cfg, self.dtype, kernel, need_torch=not all(self.kernel_layers))
+        # Per rope table, the rows of this forward's positions, for the torch path (our
+        # kernel rotates inside).
+        tables = [] if attn.ours and all(self.kernel_layers) else [
+            (cos[batch.positions].unsqueeze(1), sin[batch.positions].unsqueeze(1)) for cos, sin in self.rope]
         # The residual stream stays in float32 (it is only [T, hidden]); the linears run in
         # self.dtype. In bfloat16 this keeps near-tied logits in the float32 order.
         x = F.embedding(batch.input_ids, self.embed).float()  # [T, hidden]
+        if traits.embed_scale != 1.0:
+            x = x * traits.embed_scale
         ops = self.ops
         branch = None  # the last MLP's output, added to x by the next norm
         for i, layer in enumerate(self.layers):
             h = ops.add_rms_norm(x, branch, layer.attn_norm, layer.eps)
             qkv = layer.qkv(h)  # [T, q + 2 kv]
-            if attn.ours:
+            if layer.q_norm is not None:
+                qkv = _norm_heads(qkv, layer)
+            if self.kernel_layers[i]:
                 out = attn.rope_attend(qkv, self.cos, self.signed_sin, cache.keys[i], cache.values[i], self.scale)
             else:
+                cos, sin = tables[layer.rope]
                 # q and k heads sit side by side in the fused projection: rotate them in one go.
                 qk = _rotate(qkv[:, : layer.q_size + layer.kv_size].view(-1, layer.num_heads + layer.num_kv_heads, layer.head_dim), cos, sin)
                 q, k = qk.split([layer.num_heads, layer.num_kv_heads], dim=1)
                 v = qkv[:, layer.q_size + layer.kv_size :].view(-1, layer.num_kv_heads, layer.head_dim)
-                out = attn.attend(q, k, v, cache.keys[i], cache.values[i], self.scale)  # [T, q_size]
-            h = ops.add_rms_norm(x, layer.o(out), layer.mlp_norm, layer.eps)
-            branch = layer.down(ops.silu_mul(layer.gate_up(h), layer.intermediate))
+                out = attn.attend(q, k, v, cache.keys[i], cache.values[i], self.scale,
+                                  window=layer.window, softcap=traits.attn_softcap)  # [T, q_size]
+            a = layer.o(out)
+            if layer.attn_out_norm is not None:
+                a = F.rms_norm(a.float(), (cfg.hidden_size,), layer.attn_out_norm, layer.eps)
+            h = ops.add_rms_norm(x, a, layer.mlp_norm, layer.eps)
+            gate_up = layer.gate_up(h)
+            if traits.activation == "gelu_tanh":
+                gate, up = gate_up.split(layer.intermediate, dim=-1)
+                act = F.gelu(gate, approximate="tanh") * up
+            else:
+                act = ops.silu_mul(gate_up, layer.intermediate)
+            branch = layer.down(act)
+            if layer.mlp_out_norm is not None:
+                branch = F.rms_norm(branch.float(), (cfg.hidden_size,), layer.mlp_out_norm, layer.eps)
         x = x + branch
         for slot, start, n in zip(batch.slots, batch.starts, batch.num_new, strict=True):
             cache.advance(slot, start, n)
@@ -187,12 +300,44 @@ class LlamaModel(nn.Module):
         match the float32 model and do not depend on which kernel the tick used.
         """
         head = self.lm_head
+        cap = self.config.traits.final_softcap
         if head.quantized is None:
-            return F.linear(hidden.to(head.dense.dtype), head.dense).float()
-        coarse = head.quantized.matmul(hidden.to(torch.bfloat16)).float()  # [N, vocab]
-        top = coarse.topk(REFINE_TOP, dim=-1).indices  # [N, R]
-        exact = torch.einsum("nh,nrh->nr", hidden.float(), head.dense[top])  # [N, R]
-        return coarse.scatter_(-1, top, exact)
+            logits = F.linear(hidden.to(head.dense.dtype), head.dense).float()
+        else:
+            coarse = head.quantized.matmul(hidden.to(torch.bfloat16)).float()  # [N, vocab]
+            top = coarse.topk(REFINE_TOP, dim=-1).indices  # [N, R]
+            exact = torch.einsum("nh,nrh->nr", hidden.float(), head.dense[top])  # [N, R]
+            logits = coarse.scatter_(-1, top, exact)
+        if cap:  # monotonic: the refined candidates stay the top ones
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+
+def _norm_heads(qkv: torch.Tensor, layer: Layer) -> torch.Tensor:
+    """The fused projection with each query and key head RMS-normalized (Qwen3, Gemma 3)."""
+    t, d = qkv.shape[0], layer.head_dim
+    q, k, v = qkv.split([layer.q_size, layer.kv_size, layer.kv_size], dim=-1)
+    q = F.rms_norm(q.float().view(t, layer.num_heads, d), (d,), layer.q_norm, layer.eps)
+    k = F.rms_norm(k.float().view(t, layer.num_kv_heads, d), (d,), layer.k_norm, layer.eps)
+    return torch.cat([q.view(t, -1).to(qkv.dtype), k.view(t, -1).to(qkv.dtype), v], dim=-1).contiguous()
+
+
+def _softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+                          cap: float) -> torch.Tensor:
+    """Attention with scores -> cap * tanh(scores / cap) before the softmax (Gemma 2), in
+    float32. q [B, kvh, R, d]; k, v [B, kvh, L, d]; mask [.., R, L] bool (True: seen)."""
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / cap) * cap
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(scores.softmax(-1), v.float()).to(q.dtype)
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+               cap: float) -> torch.Tensor:
+    if cap:
+        return _softcapped_attention(q, k, v, mask, scale, cap)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -206,9 +351,12 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
 
 
 class _AttentionPlan:
-    """Index tensors and the mask for one forward, shared by every layer."""
+    """Index tensors and the masks for one forward, shared by every layer."""
 
-    def __init__(self, batch: RaggedBatch, cfg: LlamaConfig, dtype: torch.dtype, attention_library: ctypes.CDLL | None):
+    def __init__(self, batch: RaggedBatch, cfg: LlamaConfig, dtype: torch.dtype, attention_library: ctypes.CDLL | None,
+                 *, need_torch: bool = True):
+        """``attention_library``: our kernel, for the layers that run it (None: none do);
+        ``need_torch``: whether some layer runs the torch path (``attend``)."""
         self.num_seqs = len(batch.slots)
         self.group = cfg.group_size
         self.num_kv_heads = cfg.num_kv_heads
@@ -223,6 +371,7 @@ class _AttentionPlan:
         self.write_slots = slot_of_token  # [T]
         self.write_positions = batch.positions  # [T]
         self.single = self.num_seqs == 1
+        self._masks: dict[int, torch.Tensor | None] = {}  # by window (0: none)
         # bfloat16: our row-by-row kernel (kernels/attention_x86.c), so that a position's
         # attention does not depend on the rows beside it; it needs no mask or padding.
         self.ours = attention_library is not None
@@ -232,10 +381,7 @@ class _AttentionPlan:
             self.row_len = (batch.positions + 1).to(torch.int32).contiguous()  # position p sees keys 0..p
             self.num_heads = cfg.num_heads
             self.q_scratch = torch.empty(total, cfg.num_heads, cfg.head_dim, dtype=dtype)  # shared by the layers
-            return
-        if self.single:
-            n, start = batch.num_new[0], batch.starts[0]
-            self.mask = None if n == 1 else _causal_mask(start, n, self.kv_len).repeat_interleave(self.group, dim=0)
+        if not need_torch or self.single:
             return
         self.slot_index = torch.tensor(batch.slots)
         # Row of each token in the padded [B * max_new] query layout.
@@ -243,30 +389,54 @@ class _AttentionPlan:
         seq_of_token = torch.repeat_interleave(torch.arange(self.num_seqs), torch.tensor(batch.num_new))
         within = torch.arange(total) - offsets[seq_of_token]
         self.pad_index = seq_of_token * self.max_new + within  # [T]
-        # Query t of sequence b (absolute position starts[b] + t) sees keys <= its position.
+
+    def mask(self, window: int) -> torch.Tensor | None:
+        """The mask of the folded query rows (True: seen), made once per window per forward:
+        query at position p sees keys <= p, and with a window only those > p - window."""
+        if window not in self._masks:
+            self._masks[window] = self._make_mask(window)
+        return self._masks[window]
+
+    def _make_mask(self, window: int) -> torch.Tensor | None:
         key_pos = torch.arange(self.kv_len)  # [L]
-        q_pos = torch.tensor(batch.starts)[:, None] + torch.arange(self.max_new)[None, :]  # [B, max_new]
-        limit = torch.minimum(q_pos, torch.tensor(batch.starts)[:, None] + torch.tensor(batch.num_new)[:, None] - 1)
+        if self.single:
+            n, start = self.num_new[0], self.starts[0]
+            if n == 1 and (not window or self.kv_len <= window):
+                return None  # a decode step sees every key
+            q_pos = start + torch.arange(n)[:, None]  # [n, 1]
+            allowed = key_pos[None, :] <= q_pos
+            if window:
+                allowed &= key_pos[None, :] > q_pos - window
+            return allowed.repeat_interleave(self.group, dim=0)  # [n * group, L]
+        starts, num_new = torch.tensor(self.starts), torch.tensor(self.num_new)
+        # Query t of sequence b (absolute position starts[b] + t) sees keys <= its position;
+        # a padding row (t >= num_new[b]) sees what the sequence's last row sees.
+        q_pos = starts[:, None] + torch.arange(self.max_new)[None, :]  # [B, max_new]
+        limit = torch.minimum(q_pos, starts[:, None] + num_new[:, None] - 1)
         allowed = key_pos[None, None, :] <= limit[:, :, None]  # [B, max_new, L]
+        if window:
+            allowed &= key_pos[None, None, :] > limit[:, :, None] - window
         # [B, 1, max_new * group, L] matching the folded query rows.
-        self.mask = allowed.repeat_interleave(self.group, dim=1).unsqueeze(1)
+        return allowed.repeat_interleave(self.group, dim=1).unsqueeze(1)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-               v_cache: torch.Tensor, scale: float) -> torch.Tensor:
-        """SDPA (where our kernel does not run; it has ``rope_attend``). q: [T, heads, d];
-        k, v: [T, kv_heads, d]. Writes k/v, returns [T, heads * d]."""
+               v_cache: torch.Tensor, scale: float, *, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+        """The torch path (SDPA, or an explicit softmax with ``softcap``): where our kernel
+        does not run (it has ``rope_attend``). q: [T, heads, d]; k, v: [T, kv_heads, d];
+        ``window``: keys seen per query (0: all). Writes k/v, returns [T, heads * d]."""
         g, kvh, d = self.group, self.num_kv_heads, self.head_dim
+        mask = self.mask(window)
         if self.single:
             slot, n = self.slots[0], self.num_new[0]
             self._write(k, v, k_cache, v_cache)
             keys = k_cache[slot, :, : self.kv_len].unsqueeze(0)  # [1, kvh, L, d]
             values = v_cache[slot, :, : self.kv_len].unsqueeze(0)
             if n == 1:  # a decode step: the folded layout is q's own memory layout, no copies
-                out = F.scaled_dot_product_attention(q.view(1, kvh, g, d), keys, values, scale=scale)
-                return out.view(1, kvh * g * d)
+                out = _attention(q.view(1, kvh, g, d), keys, values, mask, scale, softcap)
+                return out.reshape(1, kvh * g * d)
             # [n, kvh * g, d] -> [1, kvh, n * g, d]: query heads of a KV group become rows.
             queries = q.view(n, kvh, g, d).permute(1, 0, 2, 3).reshape(1, kvh, n * g, d)
-            out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=self.mask, scale=scale)
+            out = _attention(queries, keys, values, mask, scale, softcap)
             return out.view(kvh, n, g, d).permute(1, 0, 2, 3).reshape(n, kvh * g * d)
         self._write(k, v, k_cache, v_cache)
         b, m = self.num_seqs, self.max_new
@@ -275,7 +445,7 @@ class _AttentionPlan:
         padded = q.new_zeros(b * m, kvh * g, d)
         padded[self.pad_index] = q
         queries = padded.view(b, m, kvh, g, d).permute(0, 2, 1, 3, 4).reshape(b, kvh, m * g, d)
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=self.mask, scale=scale)
+        out = _attention(queries, keys, values, mask, scale, softcap)
         out = out.view(b, kvh, m, g, d).permute(0, 2, 1, 3, 4).reshape(b * m, kvh * g * d)
         return out[self.pad_index]
 
@@ -295,9 +465,3 @@ class _AttentionPlan:
         else:
             k_cache[self.write_slots, :, self.write_positions] = k
             v_cache[self.write_slots, :, self.write_positions] = v
-
-
-def _causal_mask(start: int, num_new: int, kv_len: int) -> torch.Tensor:
-    """[num_new, kv_len] bool: new token t (position start + t) sees keys <= start + t."""
-    q_pos = start + torch.arange(num_new)[:, None]
-    return torch.arange(kv_len)[None, :] <= q_pos

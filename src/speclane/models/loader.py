@@ -20,25 +20,23 @@ import torch
 
 from speclane.config import RuntimeEnv, runtime_env
 from speclane.models import gguf_types, weight_cache
+from speclane.models.families import (
+    ARCHITECTURES,
+    gguf_config,
+    gguf_finish,
+    hf_config,
+    rope_settings,
+    to_llama_names,
+)
 from speclane.models.gguf_types import QuantizedTensor
-from speclane.models.llama import LlamaConfig
-from speclane.models.weights import WeightSet
+from speclane.models.weights import ModelLoadError, WeightSet
 
-
-class ModelLoadError(ValueError):
-    """A model that cannot be found or read; the message says what to do."""
-
+__all__ = ["ModelLoadError", "SUPPORTED_ARCHITECTURES", "read_hf_folder", "read_weights", "resolve_model", "rope_settings"]
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-SUPPORTED_ARCHITECTURES = {
-    "llama": "llama",
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "llama",
-    "qwen2": "qwen2",
-    "Qwen2ForCausalLM": "qwen2",
-}
+SUPPORTED_ARCHITECTURES = ARCHITECTURES  # of a Hugging Face folder (models/families.py)
 
 
 def _smollm2_path() -> str | None:
@@ -112,11 +110,16 @@ _GGUF_LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm",  # Qwen3, Gemma 3
+    "attn_k_norm": "self_attn.k_norm",
+    "post_attention_norm": "post_attention_norm",  # Gemma (families.gguf_finish renames)
+    "post_ffw_norm": "post_feedforward_layernorm",
 }
 _GGUF_TOP_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
+    "rope_freqs.weight": "rope_freqs.weight",  # families.gguf_finish moves it into the config
 }
 
 
@@ -197,34 +200,9 @@ def _read_gguf_file(path: Path) -> WeightSet:
             meta[key] = fld.contents()
         except Exception:  # a field type we do not use
             continue
-    arch = meta.get("general.architecture")
-    if arch not in ("llama", "qwen2"):
-        raise ModelLoadError(f"{path}: unsupported GGUF architecture {arch!r} (supported: llama, qwen2)")
-
-    def key(name: str, default: Any = None) -> Any:
-        value = meta.get(f"{arch}.{name}", default)
-        if value is None:
-            raise ModelLoadError(f"{path}: GGUF metadata lacks {arch}.{name}")
-        return value
-
     tensor_names = {t.name for t in reader.tensors}
-    vocab_size = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ())
-    if not vocab_size:
-        raise ModelLoadError(f"{path}: GGUF metadata lacks both {arch}.vocab_size and tokenizer.ggml.tokens")
-    config = LlamaConfig(
-        vocab_size=int(vocab_size),
-        hidden_size=int(key("embedding_length")),
-        intermediate_size=int(key("feed_forward_length")),
-        num_layers=int(key("block_count")),
-        num_heads=int(key("attention.head_count")),
-        num_kv_heads=int(key("attention.head_count_kv", key("attention.head_count"))),
-        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(key("rope.freq_base", 10000.0)),
-        max_position_embeddings=int(key("context_length", 2048)),
-        tie_word_embeddings="output.weight" not in tensor_names,
-        attention_bias="blk.0.attn_q.bias" in tensor_names,
-        architecture=arch,
-    )
+    config = gguf_config(meta, tensor_names, path)  # models/families.py: the architecture's keys
+    arch = config.architecture
     # llama.cpp permutes q/k rows only for the llama architecture (its converter's
     # LlamaModel.permute); qwen2 files keep the Hugging Face order.
     permute = arch == "llama"
@@ -245,28 +223,11 @@ def _read_gguf_file(path: Path) -> WeightSet:
             dense[name] = weight
     if "model.embed_tokens.weight" not in dense:
         raise ModelLoadError(f"{path}: no token_embd.weight tensor")
+    config = gguf_finish(config, dense, path)  # rope_freqs into the config, Gemma's norm names
     return WeightSet(config, dense, quantized, tokenizer_source=meta, source=str(path))
 
 
 # -- Hugging Face folder ---------------------------------------------------------------
-def rope_settings(cfg: dict[str, Any], source: Path) -> tuple[float, dict[str, Any]]:
-    """The rope base and scaling of a config.json. transformers 5 keeps both under
-    ``rope_parameters`` (``rope_theta`` inside it); older configs keep ``rope_theta`` and
-    ``rope_scaling`` at the top. A shape this loader does not understand (per-layer-type
-    parameters, no base, two bases that disagree) is an error, never a default."""
-    params = cfg.get("rope_parameters")
-    if params is None:
-        return float(cfg.get("rope_theta", 10000.0)), dict(cfg.get("rope_scaling") or {})
-    if not isinstance(params, dict) or any(isinstance(v, dict) for v in params.values()):
-        raise ModelLoadError(f"{source}: rope_parameters per layer type are not supported: {params!r}")
-    if "rope_theta" not in params:
-        raise ModelLoadError(f"{source}: rope_parameters has no rope_theta: {params!r}")
-    theta = float(params["rope_theta"])
-    if cfg.get("rope_theta") is not None and float(cfg["rope_theta"]) != theta:
-        raise ModelLoadError(f"{source}: rope_theta {cfg['rope_theta']} and rope_parameters.rope_theta {theta} disagree")
-    return theta, {k: v for k, v in params.items() if k != "rope_theta"}
-
-
 def read_hf_folder(path: Path) -> WeightSet:
     config_file = path / "config.json"
     if not config_file.exists():
@@ -275,26 +236,7 @@ def read_hf_folder(path: Path) -> WeightSet:
         cfg = json.loads(config_file.read_text())
     except json.JSONDecodeError as exc:
         raise ModelLoadError(f"{config_file} is not valid JSON: {exc}") from None
-    archs = cfg.get("architectures") or [cfg.get("model_type", "?")]
-    if archs[0] not in SUPPORTED_ARCHITECTURES:
-        raise ModelLoadError(f"{path}: unsupported architecture {archs[0]!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
-    family = SUPPORTED_ARCHITECTURES[archs[0]]
-    rope_theta, scaling = rope_settings(cfg, config_file)
-    config = LlamaConfig(
-        vocab_size=cfg["vocab_size"],
-        hidden_size=cfg["hidden_size"],
-        intermediate_size=cfg["intermediate_size"],
-        num_layers=cfg["num_hidden_layers"],
-        num_heads=cfg["num_attention_heads"],
-        num_kv_heads=cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
-        rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
-        rope_theta=rope_theta,
-        rope_scaling=tuple(sorted(scaling.items())),
-        max_position_embeddings=cfg.get("max_position_embeddings", 2048),
-        tie_word_embeddings=cfg.get("tie_word_embeddings", False),
-        attention_bias=cfg.get("attention_bias", family == "qwen2"),
-        architecture=family,
-    )
+    config = hf_config(cfg, config_file)  # the family's fields, or an error naming one it lacks
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{path} has no *.safetensors weight files")
@@ -306,6 +248,7 @@ def read_hf_folder(path: Path) -> WeightSet:
             dense.update({k: v.float() for k, v in load_file(str(file)).items()})
         except Exception as exc:
             raise ModelLoadError(f"{file} is not a readable safetensors file ({type(exc).__name__}: {exc})") from None
+    to_llama_names(config, dense)
     return WeightSet(config, dense, tokenizer_source=path, source=str(path))
 
 

@@ -49,8 +49,7 @@ def load_cached(source: Path, directory: Path | None
         with safe_open(str(path), "pt") as f:
             meta = f.metadata() or {}
         config_fields = json.loads(meta["config"])
-        config_fields["rope_scaling"] = tuple(tuple(x) for x in config_fields["rope_scaling"])
-        config = LlamaConfig(**config_fields)
+        config = LlamaConfig.from_dict(config_fields)
         kinds = json.loads(meta.get("quantized", "{}"))
         tensors = load_file(str(path))
         dense = {k: v for k, v in tensors.items() if not k.startswith(_QUANTIZED)}

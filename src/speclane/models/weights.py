@@ -1,8 +1,8 @@
 """``WeightSet``: a model's weights as read from any format, before ``build.py`` turns
-them into a runnable ``LlamaModel``.
+them into a runnable ``LlamaModel``; and ``ModelLoadError``, the readers' one error.
 
-Its own module so that the readers (``loader.py``) and the weight cache
-(``weight_cache.py``) both import it and neither imports the other's back.
+Its own module so that the readers (``loader.py``, ``families.py``) and the weight cache
+(``weight_cache.py``) all import it and none imports another's back.
 """
 
 from __future__ import annotations
@@ -14,6 +14,10 @@ import torch
 
 from speclane.models.gguf_types import QuantizedTensor
 from speclane.models.llama import LlamaConfig
+
+
+class ModelLoadError(ValueError):
+    """A model that cannot be found or read; the message says what to do."""
 
 
 @dataclass
