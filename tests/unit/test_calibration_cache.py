@@ -31,3 +31,13 @@ def test_step_cost_is_cached_per_model_and_row_count(tmp_path, monkeypatch):
     saved = json.loads(next(tmp_path.glob("step-cost-*.json")).read_text())
     assert len(saved["ms_by_rows"]) == 3
 
+
+
+def test_calibration_stays_inside_the_models_positions():
+    # The cache holds K draft positions past the served length; a model whose position
+    # limit is that length must still calibrate (it raised "position beyond the model's").
+    cfg = toy_config(max_positions=24)
+    model = toy_model(cfg)
+    cache = KVCache(cfg.num_layers, 2, 24 + 4 + 1, cfg.num_kv_heads, cfg.head_dim, torch.float32)
+    cost = calibration.measure_step_cost(model, cache, max_rows=5, repeats=1)
+    assert cost.ms(1) > 0

@@ -67,7 +67,10 @@ def measure_step_cost(model: LlamaModel, cache: KVCache, max_rows: int, repeats:
     the table's ratios. With the median of 3 on a noisy 2-core machine a 5-row forward
     came out 1.22x a 4-row one (``bench decode``, measured properly: 1.06x), and a copy
     stream drafted 3 where 4 paid."""
-    kv_len = min(CONTEXT, cache.max_len - max_rows - 1)
+    # The cache has room for K draft positions past the context; the model's positions may
+    # not (a model whose limit is the served length): stay inside both.
+    limit = min(cache.max_len, model.config.max_position_embeddings)
+    kv_len = max(0, min(CONTEXT, limit - max_rows - 1))
     forward_ms(model, cache, positions=1, kv_len=kv_len)  # warm-up
     samples: list[list[float]] = [[] for _ in range(max_rows)]
     for _ in range(repeats):  # sweeps interleaved, so a slow second of the machine hits every width
