@@ -78,9 +78,10 @@ def theirs(gguf_path: Path) -> Any:
 # ---- fast: no model file ---------------------------------------------------------------
 
 
-def test_sentencepiece_gguf_is_rejected_clearly() -> None:
-    with pytest.raises(ValueError, match="'llama' is not supported"):
-        Tokenizer.from_gguf_metadata({"tokenizer.ggml.model": "llama"})
+def test_unknown_gguf_tokenizer_model_is_rejected_clearly() -> None:
+    # SentencePiece ('llama') is supported: tests/integration/test_gguf_spm_tokenizer.py.
+    with pytest.raises(ValueError, match="'t5' is not supported"):
+        Tokenizer.from_gguf_metadata({"tokenizer.ggml.model": "t5"})
 
 
 def test_unknown_pre_tokenizer_is_rejected_clearly() -> None:

@@ -11,6 +11,7 @@ strings) lives in `speclane.engine.detokenizer`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from collections.abc import Iterable, Mapping, Sequence
@@ -24,7 +25,15 @@ import jinja2.ext
 import numpy as np
 import tokenizers
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+from tokenizers import (
+    AddedToken,
+    Regex,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+)
 
 # llama.cpp's token types (tokenizer.ggml.token_type).
 _TOKEN_TYPE_CONTROL = 3
@@ -68,6 +77,58 @@ CHATML_TEMPLATE = (
 )
 
 
+# general.architecture values whose SentencePiece tokenizer is laid out like Gemma's.
+_GEMMA_ARCHS = frozenset({"gemma", "gemma2", "gemma3"})
+# Control tokens that end a chat turn: generation stops on them as on EOS (llama.cpp does too).
+_END_OF_TURN_TOKENS = ("<end_of_turn>",)
+
+# Gemma's instruction-tuned chat template (as in google/gemma-3-*-it), for Gemma GGUF files
+# that carry no tokenizer.chat_template: a system message is prepended to the first user turn,
+# the assistant's role is "model".
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- if messages[0]['content'] is string -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
+    "{%- else -%}"
+    "{%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}"
+    "{%- endif -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}"
+    "{%- set first_user_prefix = '' -%}"
+    "{%- set loop_messages = messages -%}"
+    "{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{%- endif -%}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{%- set role = 'model' -%}"
+    "{%- else -%}"
+    "{%- set role = message['role'] -%}"
+    "{%- endif -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{%- if message['content'] is string -%}"
+    "{{ message['content'] | trim }}"
+    "{%- elif message['content'] is iterable -%}"
+    "{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'image' -%}"
+    "{{ '<start_of_image>' }}"
+    "{%- elif item['type'] == 'text' -%}"
+    "{{ item['text'] | trim }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- else -%}"
+    "{{ raise_exception('Invalid content type') }}"
+    "{%- endif -%}"
+    "{{ '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{ '<start_of_turn>model\n' }}"
+    "{%- endif -%}"
+)
+
+
 class Tokenizer:
     """A model's tokenizer: encode, decode, special ids and chat template.
 
@@ -103,60 +164,50 @@ class Tokenizer:
 
     @classmethod
     def from_gguf_metadata(cls, fields: Mapping[str, Any]) -> Tokenizer:
-        """Build from GGUF metadata (key -> plain Python value, see `read_gguf_metadata`)."""
+        """Build from GGUF metadata (key -> plain Python value, see `read_gguf_metadata`).
+
+        Supports byte-level BPE (`tokenizer.ggml.model` 'gpt2': SmolLM, Llama 3, Qwen 2) and
+        SentencePiece BPE ('llama': Llama 2, Mistral, Gemma), built the way transformers'
+        GGUF loader builds them so ids match token for token.
+        """
         model = fields.get("tokenizer.ggml.model")
-        if model != "gpt2":
+        if model == "gpt2":
+            backend, extra_eos = _byte_level_backend(fields)
+        elif model == "llama":
+            backend, extra_eos = _sentencepiece_backend(fields)
+        else:
             raise ValueError(
                 f"GGUF tokenizer model {model!r} is not supported: only byte-level BPE "
-                "('gpt2', used by SmolLM, Llama 3, Qwen 2) is. Serve this model from a Hugging "
-                "Face folder with a tokenizer.json instead."
+                "('gpt2', used by SmolLM, Llama 3, Qwen 2) and SentencePiece BPE ('llama', used "
+                "by Llama 2, Mistral, Gemma) are. Serve this model from a Hugging Face folder "
+                "with a tokenizer.json instead."
             )
         tokens: list[str] = list(fields["tokenizer.ggml.tokens"])
-        token_types: list[int] = list(fields.get("tokenizer.ggml.token_type") or [1] * len(tokens))
-        merges = fields.get("tokenizer.ggml.merges")
-        if not merges:
-            raise ValueError("GGUF byte-level BPE tokenizer has no tokenizer.ggml.merges")
-        pre = fields.get("tokenizer.ggml.pre", "default")
-
-        backend = tokenizers.Tokenizer(
-            models.BPE(
-                vocab=_byte_level_vocab(tokens, token_types),
-                merges=[tuple(m.split(" ", 1)) for m in merges],
-                fuse_unk=False,
-                byte_fallback=False,
-            )
-        )
-        backend.pre_tokenizer = _byte_level_pre_tokenizer(pre)
-        backend.decoder = decoders.ByteLevel()
-        _add_gguf_special_tokens(backend, tokens, token_types)
-
         bos = fields.get("tokenizer.ggml.bos_token_id")
         eos = fields.get("tokenizer.ggml.eos_token_id")
         if eos is None:
             raise ValueError("GGUF metadata has no tokenizer.ggml.eos_token_id")
-        bos_token = tokens[bos] if bos is not None else None
-        eos_token = tokens[eos]
-        add_bos = bool(fields.get("tokenizer.ggml.add_bos_token", False)) and bos is not None
-        add_eos = bool(fields.get("tokenizer.ggml.add_eos_token", False))
-        if add_bos or add_eos:
-            # Added on encode(add_special_tokens=True), as a tokenizer.json's post-processor does.
-            before = [bos_token] if add_bos else []
-            after = [eos_token] if add_eos else []
-            specials = {(bos_token, bos)} if add_bos else set()
-            specials |= {(eos_token, eos)} if add_eos else set()
-            backend.post_processor = processors.TemplateProcessing(
-                single=[*before, "$A", *after],
-                pair=[*before, "$A", *after, *before, "$B", *after],
-                special_tokens=sorted(specials, key=lambda item: item[1]),
-            )
-        # Llama 3 style files name a separate end-of-turn token; it ends a reply too.
-        extra_eos = [fields[k] for k in ("tokenizer.ggml.eot_token_id",) if k in fields]
+        # SentencePiece files without the flag get BOS, as llama.cpp and transformers do.
+        add_bos = fields.get("tokenizer.ggml.add_bos_token", model == "llama")
+        _set_post_processor(
+            backend,
+            bos=(tokens[bos], bos) if bos is not None and add_bos else None,
+            eos=(tokens[eos], eos) if fields.get("tokenizer.ggml.add_eos_token", False) else None,
+        )
+        # A separate end-of-turn token (Llama 3's eot_token_id) ends a reply too.
+        extra_eos = [
+            *extra_eos,
+            *(fields[k] for k in ("tokenizer.ggml.eot_token_id",) if k in fields),
+        ]
+        chat_template = fields.get("tokenizer.chat_template")
+        if chat_template is None and str(fields.get("general.architecture", "")) in _GEMMA_ARCHS:
+            chat_template = GEMMA_TEMPLATE
         return cls(
             backend,
             bos_token_id=bos,
             eos_token_id=eos,
             extra_eos_token_ids=extra_eos,
-            chat_template=fields.get("tokenizer.chat_template"),
+            chat_template=chat_template,
         )
 
     @classmethod
@@ -436,6 +487,156 @@ def _add_gguf_special_tokens(
         backend.add_special_tokens(control)
     if user_defined:
         backend.add_tokens(user_defined)
+
+
+def _byte_level_backend(fields: Mapping[str, Any]) -> tuple[tokenizers.Tokenizer, list[int]]:
+    tokens: list[str] = list(fields["tokenizer.ggml.tokens"])
+    token_types: list[int] = list(fields.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    merges = fields.get("tokenizer.ggml.merges")
+    if not merges:
+        raise ValueError("GGUF byte-level BPE tokenizer has no tokenizer.ggml.merges")
+    backend = tokenizers.Tokenizer(
+        models.BPE(
+            vocab=_byte_level_vocab(tokens, token_types),
+            merges=[tuple(m.split(" ", 1)) for m in merges],
+            fuse_unk=False,
+            byte_fallback=False,
+        )
+    )
+    backend.pre_tokenizer = _byte_level_pre_tokenizer(fields.get("tokenizer.ggml.pre", "default"))
+    backend.decoder = decoders.ByteLevel()
+    _add_gguf_special_tokens(backend, tokens, token_types)
+    return backend, []
+
+
+def _sentencepiece_backend(fields: Mapping[str, Any]) -> tuple[tokenizers.Tokenizer, list[int]]:
+    """SentencePiece BPE with byte fallback (`<0xNN>` tokens), as transformers' GGUF loader
+    builds it: GemmaTokenizer's layout for the Gemma family, LlamaTokenizer's otherwise.
+
+    Returns the backend and the ids of end-of-turn tokens that also end generation."""
+    tokens: list[str] = list(fields["tokenizer.ggml.tokens"])
+    token_types: list[int] = list(fields.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    arch = str(fields.get("general.architecture", ""))
+    gemma = arch in _GEMMA_ARCHS
+    if gemma:
+        # Gemma files store whitespace-only tokens of two or more spaces as real spaces; its
+        # tokenizer looks them up spelled with "▁". Its scores do not follow its merge
+        # order; the order of the vocabulary does.
+        tokens = ["▁" * len(t) if " " in t and not t.strip() else t for t in tokens]
+        ranks: Sequence[float] = range(0, -len(tokens), -1)
+    else:
+        ranks = list(fields.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
+    vocab = {token: index for index, token in enumerate(tokens)}
+    merges = fields.get("tokenizer.ggml.merges")
+    if merges:
+        merge_pairs = [tuple(m.split(" ", 1)) for m in merges]
+    else:
+        merge_pairs = _cached_merges_from_scores(tokens, ranks)
+    unk_id = fields.get("tokenizer.ggml.unknown_token_id")
+    unk = tokens[unk_id] if unk_id is not None else "<unk>"
+    backend = tokenizers.Tokenizer(
+        models.BPE(
+            vocab=vocab, merges=merge_pairs, unk_token=unk, fuse_unk=True, byte_fallback=True
+        )
+    )
+    spm_decoders = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if gemma:
+        # No dummy prefix: spaces become "▁" and each piece keeps the spaces before it.
+        backend.normalizer = normalizers.Replace(" ", "▁")
+        backend.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    else:
+        add_prefix = bool(fields.get("tokenizer.ggml.add_space_prefix", True))
+        backend.pre_tokenizer = pre_tokenizers.Metaspace(
+            replacement="▁", prepend_scheme="first" if add_prefix else "never", split=False
+        )
+        if add_prefix:
+            spm_decoders.append(decoders.Strip(" ", 1, 0))
+    backend.decoder = decoders.Sequence(spm_decoders)
+    # Control tokens as the file spells them; a user-defined one only where the vocabulary
+    # holds that spelling (Gemma's space runs are reached by merges of "\u2581" instead).
+    original: list[str] = list(fields["tokenizer.ggml.tokens"])
+    kept = [
+        (token, kind)
+        for token, kind in zip(original, token_types, strict=True)
+        if kind == _TOKEN_TYPE_CONTROL or (kind == _TOKEN_TYPE_USER_DEFINED and token in vocab)
+    ]
+    _add_gguf_special_tokens(backend, [t for t, _ in kept], [kind for _, kind in kept])
+    extra_eos = [
+        vocab[t]
+        for t in _END_OF_TURN_TOKENS
+        if t in vocab and token_types[vocab[t]] == _TOKEN_TYPE_CONTROL
+    ]
+    return backend, extra_eos
+
+
+def _set_post_processor(
+    backend: tokenizers.Tokenizer, *, bos: tuple[str, int] | None, eos: tuple[str, int] | None
+) -> None:
+    # BOS/EOS added on encode(add_special_tokens=True), as a tokenizer.json's post-processor does.
+    if bos is None and eos is None:
+        return
+    before = [bos[0]] if bos else []
+    after = [eos[0]] if eos else []
+    specials = {item for item in (bos, eos) if item is not None}
+    backend.post_processor = processors.TemplateProcessing(
+        single=[*before, "$A", *after],
+        pair=[*before, "$A", *after, *before, "$B", *after],
+        special_tokens=sorted(specials, key=lambda item: item[1]),
+    )
+
+
+# Recent merge lists derived from scores, keyed by a digest of the vocabulary and scores:
+# deriving them for a 262k vocabulary takes about a second, rebuilding the same model reuses it.
+_MERGES_CACHE: dict[bytes, list[tuple[str, str]]] = {}
+_MERGES_CACHE_SIZE = 2
+
+
+def _cached_merges_from_scores(
+    tokens: Sequence[str], scores: Sequence[float]
+) -> list[tuple[str, str]]:
+    digest = hashlib.blake2b("\x00".join(tokens).encode("utf-8", "surrogatepass"))
+    digest.update(np.asarray(scores, dtype=np.float64).tobytes())
+    key = digest.digest()
+    if key not in _MERGES_CACHE:
+        while len(_MERGES_CACHE) >= _MERGES_CACHE_SIZE:
+            _MERGES_CACHE.pop(next(iter(_MERGES_CACHE)))
+        _MERGES_CACHE[key] = merges_from_scores(tokens, scores)
+    return list(_MERGES_CACHE[key])
+
+
+def merges_from_scores(tokens: Sequence[str], scores: Sequence[float]) -> list[tuple[str, str]]:
+    """BPE merges implied by a SentencePiece vocabulary and its scores, best first.
+
+    Every split of a token into two vocabulary pieces is a merge ranked by the token's score
+    (higher first), then by longer left and right piece; the splits of one token are ordered
+    by the pieces' ids, and equal keys keep vocabulary order. This is the order of
+    transformers' `generate_merges` (and `SentencePieceExtractor`), so BPE on the result
+    reproduces its tokens.
+    """
+    vocab: dict[str, int] = {}
+    for index, token in enumerate(tokens):
+        vocab[token] = index
+    # Like a dict built from (token, score) pairs: first position, last score.
+    score_of = dict(zip(tokens, scores, strict=True))
+    get = vocab.get
+    ranked: list[tuple[float, int, int, str, str]] = []
+    for piece, score in score_of.items():
+        length = len(piece)
+        if length < 2:
+            continue
+        local = []
+        for cut in range(1, length):
+            left = get(piece[:cut])
+            if left is None:
+                continue
+            right = get(piece[cut:])
+            if right is not None:
+                local.append((left, right, cut))
+        if len(local) > 1:
+            local.sort()
+        ranked.extend((score, cut, length - cut, piece[:cut], piece[cut:]) for _, _, cut in local)
+    ranked.sort(key=lambda m: (m[0], m[1], m[2]), reverse=True)
+    return [(m[3], m[4]) for m in ranked]
 
 
 # ---- HF folder helpers -----------------------------------------------------------------
