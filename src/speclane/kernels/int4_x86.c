@@ -47,6 +47,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "vec.h"  // vec, VW, v_zero / v_bcast / v_fma / v_load / v_store
 #include "q4.h"
 
 #define LANES 16   // output columns per packed tile
@@ -58,7 +59,6 @@
 
 // The vector type and its few operations, so every build shares the loops below.
 #ifdef __AVX512F__
-#define VW 16  // floats per vector: one vector covers a tile's 16 columns
 // Rows up to which the direct path runs (its partial and running sums are 2 registers a
 // row), and the buffered path's register tile: MR rows x NT tiles of a group's partial sums
 // beside the tiles' weights and a broadcast. The bfloat16 build's weights are one register
@@ -84,15 +84,8 @@
 // 1-2 rows: tiles interleaved per direct() call, so that independent chains of multiply-
 // adds hide each other's latency (1 row: 0.85x the time of one tile at a time).
 #define TILES_PER_CALL 2
-typedef __m512 vec;
-INLINE vec v_zero(void) { return _mm512_setzero_ps(); }
-INLINE vec v_bcast(const float *p) { return _mm512_set1_ps(*p); }
-INLINE vec v_fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-INLINE vec v_load(const float *p) { return _mm512_loadu_ps(p); }
-INLINE void v_store(float *p, vec v) { _mm512_storeu_ps(p, v); }
 INLINE vec v_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 #else
-#define VW 8
 // AVX2 has 16 vector registers, and a group's partial sums and the running sums both live
 // in them in the direct path: measured on Zen 5 (all four layer shapes of the default
 // model, one process), a 4-row direct path was fastest (3 rows 0.78x the time of a 2-row
@@ -103,12 +96,6 @@ INLINE vec v_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256(
 #define NT 1
 #define PREFETCH_AHEAD 0
 #define TILES_PER_CALL 1  // a tile is two vectors here: two chains already
-typedef __m256 vec;
-INLINE vec v_zero(void) { return _mm256_setzero_ps(); }
-INLINE vec v_bcast(const float *p) { return _mm256_broadcast_ss(p); }
-INLINE vec v_fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-INLINE vec v_load(const float *p) { return _mm256_loadu_ps(p); }
-INLINE void v_store(float *p, vec v) { _mm256_storeu_ps(p, v); }
 INLINE vec v_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 #endif
 #define NV (LANES / VW)  // vectors per tile

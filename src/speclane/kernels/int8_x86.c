@@ -25,30 +25,17 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "vec.h"  // vec, VW, v_zero / v_bcast / v_fma / v_load / v_store
 #include "q4.h"  // input_buffer_for: the calling thread's scratch
 
 #define LANES 16  // output columns per packed tile
 #define UNROLL _Pragma("GCC unroll 16")
 
 #ifdef __AVX512F__
-#define VW 16
 #define ROW_BLOCK 8  // rows sharing a tile's widened weights: 8 partial + 8 running sums
-typedef __m512 vec;
-INLINE vec v_zero(void) { return _mm512_setzero_ps(); }
-INLINE vec v_bcast(const float *p) { return _mm512_set1_ps(*p); }
-INLINE vec v_fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-INLINE vec v_load(const float *p) { return _mm512_loadu_ps(p); }
-INLINE void v_store(float *p, vec v) { _mm512_storeu_ps(p, v); }
 INLINE vec v_int8(const int8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
 #else
-#define VW 8
 #define ROW_BLOCK 3  // a tile is two vectors: 6 partial + 6 running sums + 2 weights + a broadcast
-typedef __m256 vec;
-INLINE vec v_zero(void) { return _mm256_setzero_ps(); }
-INLINE vec v_bcast(const float *p) { return _mm256_broadcast_ss(p); }
-INLINE vec v_fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-INLINE vec v_load(const float *p) { return _mm256_loadu_ps(p); }
-INLINE void v_store(float *p, vec v) { _mm256_storeu_ps(p, v); }
 INLINE vec v_int8(const int8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
 #endif
 #define NV (LANES / VW)
