@@ -83,17 +83,16 @@ class GrammarCompiler:
             return len(self._cache)
 
     def _build(self, spec: GrammarSpec) -> llguidance.LLMatcher:
-        grammar = _grammar_text(spec)
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._tokenizer)
-        if is_error:
-            raise GrammarError(f"invalid {_NAMES[spec.kind]}: {_first_line(messages[0])}")
-        if messages and spec.kind == "json_schema":
-            # A keyword llguidance would ignore changes what "valid" means: refuse, never
-            # constrain to a looser schema than the client sent.
-            raise GrammarError(f"unsupported JSON schema: {_first_line(messages[0])}")
-        matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
+        # Building the matcher validates the grammar: one construction, not a separate
+        # validate_grammar pass that builds it a second time.
+        matcher = llguidance.LLMatcher(self._tokenizer, _grammar_text(spec), log_level=0)
         if matcher.is_error():
             raise GrammarError(f"invalid {_NAMES[spec.kind]}: {_first_line(matcher.get_error())}")
+        warnings = matcher.get_grammar_warnings()
+        if warnings and spec.kind == "json_schema":
+            # A keyword llguidance would ignore changes what "valid" means: refuse, never
+            # constrain to a looser schema than the client sent.
+            raise GrammarError(f"unsupported JSON schema: {_first_line(warnings[0])}")
         return matcher
 
 
