@@ -174,14 +174,13 @@ class ModelRunner:
             if not seq.sample:
                 continue
             proposed = draft.token_ids[: seq.num_draft_tokens]
-            rows = logits[cursor : cursor + len(proposed) + 1]
-            cursor += len(proposed) + 1
+            first, cursor = cursor, cursor + len(proposed) + 1
             params = seq.request.sampling
             if params.logprobs is not None:
-                raw[seq.request_id] = rows.clone()
+                raw[seq.request_id] = logits[first:cursor].clone()
             if params.logit_bias or seq.request.grammar is not None:
                 with torch.inference_mode():  # the logits are the forward's inference tensors
-                    constrain(rows, params, self._matcher(seq.request), proposed)
+                    constrain(logits[first:cursor], params, self._matcher(seq.request), proposed)
         return raw
 
     def _share_hidden(self, seqs: list[ScheduledSeq], fed: list[list[int]], kept: list[int], hidden: torch.Tensor) -> None:
