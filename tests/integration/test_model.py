@@ -243,8 +243,9 @@ def test_default_model_rows_do_not_depend_on_their_neighbours(our_kernels, llm_d
 
 
 def test_quantized_head_picks_the_float32_argmax(llm_default):
-    """The default head's coarse int4 pass + float32 refinement of its top candidates gives
-    the float32 head's argmax (and its exact logit) at every position of real text."""
+    """The default head's coarse pass on its Q8_0 blocks + float32 refinement of its top
+    candidates gives the float32 head's argmax (and its exact logit) at every position of
+    real text."""
     model = llm_default.engine.model
     assert model.lm_head.quantized is not None
     text = TEXT + " " + " ".join(GREEDY_PROMPTS)
@@ -252,7 +253,7 @@ def test_quantized_head_picks_the_float32_argmax(llm_default):
     cache = new_cache(model, num_slots=1, max_len=len(tokens) + 1)
     hidden = model(RaggedBatch(torch.tensor(tokens), torch.arange(len(tokens)), [0], [0], [len(tokens)]), cache)
     refined = model.logits(hidden)
-    exact = hidden.float() @ model.lm_head.dense.float().T
+    exact = hidden.float() @ model.head_table().T
     assert len(tokens) > 60
     assert torch.equal(refined.argmax(-1), exact.argmax(-1))
     torch.testing.assert_close(refined.max(-1).values, exact.max(-1).values, atol=1e-4, rtol=1e-5)

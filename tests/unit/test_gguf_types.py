@@ -132,6 +132,35 @@ def test_int8_kernel_builds_give_the_same_bits(type_name):
     assert all(torch.equal(outs[0], o) for o in outs[1:]), builds
 
 
+@needs_kernels
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q5_0", "Q5_1", "Q6_K"])
+def test_int8_scales_kept_in_float16_only_where_exact_and_with_the_same_bits(type_name):
+    _, _, weight = layer(type_name, 32, 512)
+    q, scale, minimum = int8_cpu.pack(weight.q, weight.scale, weight.minimum)
+    # The file's float16 scales stay float16 (half the bytes); Q6_K's d * sc products do not fit.
+    assert scale.dtype == (torch.float32 if type_name == "Q6_K" else torch.float16)
+    wide = (q, scale.float(), None if minimum is None else minimum.float())
+    x = torch.randn(9, 512, generator=torch.Generator().manual_seed(6)).bfloat16()
+    library = int8_cpu.load().library
+    assert torch.equal(int8_cpu.bind(q, scale, minimum, library)(x), int8_cpu.bind(*wide, library)(x))
+    rows = torch.tensor([0, 31, 7, 16])
+    assert torch.equal(int8_cpu.dequantize_rows(q, scale, minimum, rows), weight.dequantize()[rows])
+
+
+@needs_kernels
+@pytest.mark.parametrize("type_name", NATIVE)
+def test_a_kernel_weights_rows_read_back_are_the_files_values(type_name):
+    """``dequantize_rows`` (embedding lookups, the head's refinement) from the packed layout:
+    gguf-py's values, exactly; Q4_K within the int4 kernel's float16 scales (2^-11 relative)."""
+    weight, dense, _ = layer(type_name, 48, 256, seed=8)
+    rows = torch.tensor([47, 0, 16, 15, 16])
+    got, want = weight.dequantize_rows(rows), dense[rows]
+    if type_name == "Q4_K":
+        assert torch.allclose(got, want, rtol=2.0**-11, atol=2.0**-11 * float(want.abs().max()))
+    else:
+        assert torch.equal(got, want)
+
+
 def test_an_unsupported_type_is_a_one_line_error_listing_the_supported_ones():
     tensor = types.SimpleNamespace(name="blk.0.attn_q.weight", tensor_type=GGML.MXFP4, shape=np.array([64, 16]), data=None)
     with pytest.raises(ModelLoadError) as err:
@@ -185,7 +214,7 @@ def crafted(tmp_path_factory) -> Path:
     return path
 
 
-def test_a_crafted_gguf_keeps_only_the_blocks_of_its_matmul_weights(crafted):
+def test_a_crafted_gguf_keeps_only_the_blocks_of_its_matmul_weights_and_embedding(crafted):
     weights = read_gguf(crafted, None)
     reader = gguf.GGUFReader(str(crafted))
     for tensor in reader.tensors:
@@ -201,9 +230,12 @@ def test_a_crafted_gguf_keeps_only_the_blocks_of_its_matmul_weights(crafted):
         if short in ("attn_q", "attn_k"):
             expected = expected[_unpermute_rows(expected.shape[0], HEADS if short == "attn_q" else KV_HEADS)]
         assert torch.equal(weights.float_weight(hf), expected), tensor.name
-    assert len(weights.quantized) == 7 * len(LAYER_TYPES)
-    # The embedding (Q8_0 in the file) and the norms stay dense float32.
-    assert set(weights.dense) == {"model.embed_tokens.weight", "model.norm.weight",
+    assert len(weights.quantized) == 7 * len(LAYER_TYPES) + 1
+    embedding = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    assert weights.quantized["model.embed_tokens.weight"].ggml_type == "Q8_0"
+    assert torch.equal(weights.float_weight("model.embed_tokens.weight"), reference("Q8_0", np.asarray(embedding.data)))
+    # Only the norms are dense float32.
+    assert set(weights.dense) == {"model.norm.weight",
                                   *(f"model.layers.{i}.{n}.weight" for i in range(2)
                                     for n in ("input_layernorm", "post_attention_layernorm"))}
 
@@ -257,3 +289,26 @@ def test_a_crafted_gguf_runs_on_our_kernels_and_matches_the_float_reference(craf
     # Batch invariance through the whole model: a prefix's last position has the same bits
     # run alone as inside the longer call.
     assert torch.equal(forward(ours, tokens[:5])[0][-1], hidden[4])
+
+
+@needs_kernels
+def test_the_embedding_and_the_tied_head_run_from_the_files_blocks(crafted):
+    weights = read_gguf(crafted, None)
+    ours = build_model(weights, ModelConfig(dtype="bfloat16", quantization="auto"), KERNELS)
+    exact = weights.float_weight("model.embed_tokens.weight")  # gguf-py's values of the Q8_0 blocks
+    # One weight on the int8 kernel, no dense copy: the lookup and the head's rows are its blocks.
+    assert ours.lm_head is ours.embed and ours.embed.dense is None
+    assert isinstance(ours.embed.quantized, GroupInt8Weight)
+    ids = torch.tensor([0, 5, 17, 63, 5])
+    assert torch.equal(ours.embed.rows(ids), exact[ids])
+    assert torch.equal(ours.head_table(), exact)
+    # The head's refined logits are the float32 products with the exact rows for the top
+    # candidates (up to float32 summation order: 1e-6 relative, where the coarse bfloat16
+    # pass is off by ~1e-2).
+    hidden, logits = forward(ours, [3, 17, 42])
+    top = logits.topk(5, dim=-1).indices
+    want = hidden @ exact.T
+    assert torch.allclose(logits.gather(-1, top), want.gather(-1, top), rtol=1e-6, atol=1e-5)
+    # The model holds about the file's bytes: the int8 values and float16 scales of the
+    # Q8_0 embedding (no float32 or bfloat16 table beside them).
+    assert ours.embed.nbytes == VOCAB * HIDDEN + VOCAB * HIDDEN // 32 * 2

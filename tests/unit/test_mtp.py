@@ -36,7 +36,7 @@ def random_head(model, draft_vocab: int = 12, seed: int = 0) -> MTPHead:
     cfg = model.config
     head = MTPHead(MTPConfig(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, draft_vocab, window=64))
     head.vocab_ids.copy_(torch.randperm(cfg.vocab_size)[:draft_vocab])
-    head.attach_target(model.embed, model.lm_head.dense)
+    head.attach_target(model.embedding_table(), model.head_table())
     return head.eval()
 
 

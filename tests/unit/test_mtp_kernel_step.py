@@ -41,7 +41,7 @@ def reference_head(model, seed: int = 0) -> MTPHead:
     cfg = model.config
     head = MTPHead(MTPConfig(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, 16, window=WINDOW))
     head.vocab_ids.copy_(torch.randperm(cfg.vocab_size)[:16])
-    head.attach_target(model.embed, model.lm_head.dense)
+    head.attach_target(model.embedding_table(), model.head_table())
     return head.eval()
 
 

@@ -206,7 +206,7 @@ def test_rejection_rule_with_mtp_head_probabilities_matches_classic_distribution
     torch.manual_seed(0)
     head = MTPHead(MTPConfig(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, draft_vocab=4))
     head.vocab_ids.copy_(torch.tensor([0, 2, 3, 5]))
-    head.attach_target(target.embed, target.lm_head.dense)
+    head.attach_target(target.embedding_table(), target.head_table())
     drafter = MTPDrafter(head.eval(), VOCAB, sample_drafts=True)
 
     def sp(i):

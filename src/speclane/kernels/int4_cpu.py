@@ -35,7 +35,7 @@ import torch
 from speclane.kernels import build
 from speclane.kernels.build import KernelUnavailable
 
-__all__ = ["KernelUnavailable", "bind", "load", "load_tiles", "matmul", "pack", "source_digest", "tile_source_digest"]
+__all__ = ["KernelUnavailable", "bind", "dequantize_rows", "load", "load_tiles", "matmul", "pack", "source_digest", "tile_source_digest"]
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +168,17 @@ def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> tuple[t
         return t.to(torch.float16).reshape(n // LANES, LANES, k // GROUP).permute(0, 2, 1).contiguous()
 
     return packed, per_tile(scale), per_tile(minimum)
+
+
+def dequantize_rows(packed: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """float32 [len(rows), K]: the weight rows ``rows`` of a packed weight (``pack``),
+    q * scale + minimum per group of 32 (an embedding's lookup, the output head's exact
+    refinement), read from the packed layout itself."""
+    tile, lane = rows // LANES, rows % LANES
+    pairs = packed[tile, :, lane]  # [R, K/2]: two input columns a byte, low nibble first
+    q = torch.stack([pairs & 0x0F, pairs >> 4], dim=-1).flatten(1).float()  # [R, K]
+    w = q.unflatten(1, (-1, GROUP)) * scale[tile, :, lane].float()[..., None] + minimum[tile, :, lane].float()[..., None]
+    return w.flatten(1)
 
 
 def bind(packed: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, lib: ctypes.CDLL,

@@ -2,7 +2,9 @@
 ``build.py``: w = q * scale + minimum per group of ``group`` (32 or 16) input columns, q an
 int8, scale and minimum float32. It runs the GGUF types whose integers do not fit the int4
 kernel's 0..15 (``models/gguf_types.py``). Both builds give the same bits, and a row's
-result does not depend on the other rows of its call (``int8_x86.c``).
+result does not depend on the other rows of its call (``int8_x86.c``). Scales and
+minimums that are all float16 values (Q8_0, Q5_0 and Q5_1 store them so) are kept in
+float16, half the bytes, through the kernel's ``int8_matmul_h``: the same bits.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 
 from speclane.kernels import build
 
-__all__ = ["bind", "load", "pack", "source_digest"]
+__all__ = ["bind", "dequantize_rows", "load", "pack", "source_digest"]
 
 SOURCE = Path(__file__).with_name("int8_x86.c")
 ISAS = ("avx512", "avx2")  # the builds of SOURCE, widest first
@@ -28,8 +30,9 @@ def source_digest() -> str:
 
 
 def declare(lib: ctypes.CDLL) -> None:
-    lib.int8_matmul.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
-    lib.int8_matmul.restype = None
+    for entry in (lib.int8_matmul, lib.int8_matmul_h):
+        entry.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
+        entry.restype = None
 
 
 def load(isa: str | None = None) -> build.Kernel:
@@ -41,7 +44,8 @@ def load(isa: str | None = None) -> build.Kernel:
 def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None
          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(q [N, K] int8, scale and minimum [N, K/G]) -> the C kernel's layout: q [N/16, K, 16]
-    int8, scale and minimum [N/16, K/G, 16] float32 (minimum None: the weight has none)."""
+    int8, scale and minimum [N/16, K/G, 16] (minimum None: the weight has none), float16
+    where every one of them is a float16 value (widening back is exact), else float32."""
     n, k = q.shape
     groups = scale.shape[1]
     if n % LANES or k % groups or (k // groups) not in GROUPS:
@@ -50,15 +54,30 @@ def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None
     def per_tile(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return t.to(dtype).reshape(n // LANES, LANES, -1).permute(0, 2, 1).contiguous()
 
-    f32 = torch.float32
-    return per_tile(q, torch.int8), per_tile(scale, f32), None if minimum is None else per_tile(minimum, f32)
+    params = [t.float() for t in (scale, minimum) if t is not None]
+    exact_in_half = all(torch.equal(t.half().float(), t) for t in params)
+    dtype = torch.float16 if exact_in_half else torch.float32
+    return per_tile(q, torch.int8), per_tile(scale, dtype), None if minimum is None else per_tile(minimum, dtype)
+
+
+def dequantize_rows(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor:
+    """float32 [len(rows), K]: the weight rows ``rows`` of a packed weight (``pack``),
+    q * scale + minimum per group: the values the kernel multiplies by (an embedding's
+    lookup, the output head's exact refinement), read from the packed layout itself."""
+    tile, lane = rows // LANES, rows % LANES
+    values = q[tile, :, lane].float()  # [R, K]
+    group = q.shape[1] // scale.shape[1]
+    w = values.unflatten(1, (-1, group)) * scale[tile, :, lane].float()[..., None]
+    if minimum is not None:
+        w = w + minimum[tile, :, lane].float()[..., None]
+    return w.flatten(1)
 
 
 def bind(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None, lib: ctypes.CDLL
          ) -> Callable[[torch.Tensor], torch.Tensor]:
     """``x [M, K] bfloat16 -> x @ W^T [M, N] bfloat16`` for one packed weight (``pack``), by
     ``lib`` (a build of the kernel); the weight's pointers are taken once here."""
-    entry = lib.int8_matmul
+    entry = lib.int8_matmul_h if scale.dtype == torch.float16 else lib.int8_matmul
     n, k = q.shape[0] * LANES, q.shape[1]
     group = k // scale.shape[1]
     weight = (q.data_ptr(), scale.data_ptr(), minimum.data_ptr() if minimum is not None else None)

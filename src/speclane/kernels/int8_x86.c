@@ -19,6 +19,9 @@
 //
 // Layout (int8_cpu.pack): q [N/16][K][16] int8 (lane j of input column k: column n0+j),
 // scale and minimum [N/16][K/G][16] float32 (minimum may be NULL: no minimum term).
+// int8_matmul_h takes them in float16 instead: where every scale and minimum is a float16
+// (Q8_0, Q5_0 and Q5_1 store theirs so) it keeps half the bytes, and widening a float16 to
+// float32 is exact, so both entry points compute the same bits.
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -34,20 +37,28 @@
 #ifdef __AVX512F__
 #define ROW_BLOCK 8  // rows sharing a tile's widened weights: 8 partial + 8 running sums
 INLINE vec v_int8(const int8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
+INLINE vec v_half(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 #else
 #define ROW_BLOCK 3  // a tile is two vectors: 6 partial + 6 running sums + 2 weights + a broadcast
 INLINE vec v_int8(const int8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
+INLINE vec v_half(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 #endif
+// A scale or minimum vector: float32, or float16 widened (exact) where ``half``.
+INLINE vec v_param(const void *base, size_t at, const int half) {
+    return half ? v_half((const uint16_t *)base + at) : v_load((const float *)base + at);
+}
 #define NV (LANES / VW)
 
 typedef struct {
     const int8_t *q;
-    const float *scale, *minimum;
+    const void *scale, *minimum;  // float32, or float16 where the call is int8_matmul_h's
     int n, k, group;
 } q8_weight;
 
-// R rows (R <= ROW_BLOCK, a compile-time constant once inlined) of one 16-column tile.
-INLINE void rows_tile(const int R, const q8_weight *w, const float *x, const float *sums, int tile, uint16_t *y) {
+// R rows (R <= ROW_BLOCK) of one 16-column tile; R and HALF (float16 scales and minimums)
+// are compile-time constants once inlined.
+INLINE void rows_tile(const int R, const int HALF, const q8_weight *w, const float *x, const float *sums, int tile,
+                      uint16_t *y) {
     const int K = w->k, N = w->n, G = w->group, groups = K / G;
     vec acc[ROW_BLOCK][NV];
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) acc[r][v] = v_zero();
@@ -65,12 +76,12 @@ INLINE void rows_tile(const int R, const q8_weight *w, const float *x, const flo
         }
         const size_t at = ((size_t)tile * groups + g) * LANES;
         UNROLL for (int v = 0; v < NV; v++) {
-            const vec s = v_load(w->scale + at + VW * v);
+            const vec s = v_param(w->scale, at + VW * v, HALF);
             UNROLL for (int r = 0; r < R; r++) acc[r][v] = v_fma(s, d[r][v], acc[r][v]);
         }
         if (w->minimum) {
             UNROLL for (int v = 0; v < NV; v++) {
-                const vec m = v_load(w->minimum + at + VW * v);
+                const vec m = v_param(w->minimum, at + VW * v, HALF);
                 UNROLL for (int r = 0; r < R; r++) acc[r][v] = v_fma(m, v_bcast(sums + (size_t)r * groups + g), acc[r][v]);
             }
         }
@@ -82,22 +93,32 @@ INLINE void rows_tile(const int R, const q8_weight *w, const float *x, const flo
     }
 }
 
-static void any_rows_tile(int R, const q8_weight *w, const float *x, const float *sums, int tile, uint16_t *y) {
-    switch (R) {  // a compile-time R per case: the sums stay in registers
-#define CASE(r) case r: rows_tile(r, w, x, sums, tile, y); break;
-    CASE(1) CASE(2)
-#if ROW_BLOCK > 3
-    CASE(3) CASE(4) CASE(5) CASE(6) CASE(7)
-#endif
-#undef CASE
-    default: rows_tile(ROW_BLOCK, w, x, sums, tile, y); break;
+#define ANY_ROWS_TILE(name, HALF)                                                                               \
+    static void name(int R, const q8_weight *w, const float *x, const float *sums, int tile, uint16_t *y) {       \
+        switch (R) { /* a compile-time R per case: the sums stay in registers */                                 \
+        case 1: rows_tile(1, HALF, w, x, sums, tile, y); break;                                                  \
+        case 2: rows_tile(2, HALF, w, x, sums, tile, y); break;                                                  \
+        MORE_CASES(HALF)                                                                                         \
+        default: rows_tile(ROW_BLOCK, HALF, w, x, sums, tile, y); break;                                         \
+        }                                                                                                        \
     }
-}
+#if ROW_BLOCK > 3
+#define MORE_CASES(HALF)                                                                                         \
+    case 3: rows_tile(3, HALF, w, x, sums, tile, y); break;                                                      \
+    case 4: rows_tile(4, HALF, w, x, sums, tile, y); break;                                                      \
+    case 5: rows_tile(5, HALF, w, x, sums, tile, y); break;                                                      \
+    case 6: rows_tile(6, HALF, w, x, sums, tile, y); break;                                                      \
+    case 7: rows_tile(7, HALF, w, x, sums, tile, y); break;
+#else
+#define MORE_CASES(HALF)
+#endif
+ANY_ROWS_TILE(rows_tile_f32, 0)
+ANY_ROWS_TILE(rows_tile_f16, 1)
 
-// y = x @ W^T. x: [M][K] bfloat16, y: [M][N] bfloat16; G divides K, 16 divides N (the
-// caller checks and passes contiguous tensors). minimum: NULL where the weight has none.
-void int8_matmul(const uint16_t *x, const int8_t *q, const float *scale, const float *minimum, uint16_t *y,
-                 int M, int N, int K, int G) {
+typedef void (*tile_fn)(int, const q8_weight *, const float *, const float *, int, uint16_t *);
+
+static void matmul(tile_fn any_rows_tile, const uint16_t *x, const int8_t *q, const void *scale, const void *minimum,
+                   uint16_t *y, int M, int N, int K, int G) {
     const int groups = K / G;
     const size_t n = (size_t)M * K;
     const size_t x_floats = (n + 15) / 16 * 16;
@@ -119,4 +140,17 @@ void int8_matmul(const uint16_t *x, const int8_t *q, const float *scale, const f
         for (int r0 = 0; r0 < M; r0 += ROW_BLOCK)
             any_rows_tile(M - r0 < ROW_BLOCK ? M - r0 : ROW_BLOCK, &w, x32 + (size_t)r0 * K, sums + (size_t)r0 * groups, t,
                           y + (size_t)r0 * N);
+}
+
+// y = x @ W^T. x: [M][K] bfloat16, y: [M][N] bfloat16; G divides K, 16 divides N (the
+// caller checks and passes contiguous tensors). minimum: NULL where the weight has none.
+void int8_matmul(const uint16_t *x, const int8_t *q, const float *scale, const float *minimum, uint16_t *y,
+                 int M, int N, int K, int G) {
+    matmul(rows_tile_f32, x, q, scale, minimum, y, M, N, K, G);
+}
+
+// int8_matmul with float16 scales and minimums (the same bits for the same values).
+void int8_matmul_h(const uint16_t *x, const int8_t *q, const uint16_t *scale, const uint16_t *minimum, uint16_t *y,
+                   int M, int N, int K, int G) {
+    matmul(rows_tile_f16, x, q, scale, minimum, y, M, N, K, G);
 }

@@ -1,17 +1,23 @@
 """Turn a ``WeightSet`` into a runnable ``LlamaModel`` with the requested dtype and kernels.
 
 Quantization (``--quantization``):
-- ``auto``: a GGUF's layer weights of a type our kernels run (``models/gguf_types.py``)
-  run on the file's own values (bfloat16 only): Q4_0, Q4_1 and Q4_K on the int4 kernel,
-  Q8_0, Q6_K and Q5_* on the int8-group kernel; everything else dense. The output head
-  runs as int4 (coarse pass) with a float32 refinement of its top candidates.
-- ``int4`` / ``int8``: every layer linear quantized (int4 runs a GGUF's own blocks as auto
-  does, and quantizes the rest to int4 groups; int8 quantizes every layer per channel).
+- ``auto`` (effective mode ``file`` for a GGUF with blocks our kernels run, else ``none``):
+  a GGUF's weights of a type our kernels run (``models/gguf_types.py``) run on the file's
+  own values (bfloat16 only): Q4_0, Q4_1 and Q4_K on the int4 kernel, Q8_0, Q6_K and Q5_*
+  on the int8-group kernel; everything else dense, nothing quantized on load. The token
+  embedding is looked up from its blocks, and the output head's coarse pass runs on its
+  blocks with a float32 refinement of its top candidates from their exact rows.
+- ``int4`` / ``int8`` (opt-in, logged): every layer linear quantized (int4 runs a GGUF's
+  own blocks as auto does, and quantizes the rest to int4 groups; int8 quantizes every
+  layer per channel), and a dense output head with them.
 - ``none``: dense weights in ``--dtype`` (the float32 reference path of the tests).
 Quantized layers run their kernel at every batch width (batch-invariant results).
 """
 
 from __future__ import annotations
+
+import logging
+from collections.abc import Callable
 
 import torch
 
@@ -31,6 +37,12 @@ from speclane.models.llama import Layer, LlamaModel
 from speclane.models.loader import ModelLoadError
 from speclane.models.weights import WeightSet
 
+log = logging.getLogger(__name__)
+
+# Rope rows past the served length: draft positions of a verify round (the engine's cache
+# holds max_model_len + K + 1); the model grows its tables if a forward reaches further.
+ROPE_MARGIN = 64
+
 
 def effective_quantization(config: ModelConfig, weights: WeightSet) -> str:
     if config.dtype == "float32":
@@ -38,7 +50,7 @@ def effective_quantization(config: ModelConfig, weights: WeightSet) -> str:
             raise ModelLoadError(f"--quantization {config.quantization} runs bfloat16 kernels; use --dtype bfloat16 or --quantization none")
         return "none"
     if config.quantization == "auto":
-        return "int4" if weights.quantized else "none"
+        return "file" if weights.quantized else "none"
     return config.quantization
 
 
@@ -52,7 +64,6 @@ def build_model(weights: WeightSet, config: ModelConfig, kernels: Kernels | None
         # error, not a failure at the first forward in the engine thread. A float32 model
         # without quantization runs none of ours (they are bfloat16 kernels).
         kernels = Kernels.load(config.kernels) if mode != "none" or dtype == torch.bfloat16 else Kernels()
-    w = weights.dense
 
     def take(name: str) -> torch.Tensor:
         try:
@@ -82,14 +93,16 @@ def build_model(weights: WeightSet, config: ModelConfig, kernels: Kernels | None
     def linear(names: list[str], bias_names: list[str] | None = None) -> Linear:
         bias = torch.cat([take(n) for n in bias_names]).to(dtype) if bias_names else None
         quantized: Int4Weight | GroupInt8Weight | SplitWeight | Int8Weight | None = None
-        if mode == "int4":
+        if mode in ("file", "int4"):
             quantized = file_blocks(names)
         if quantized is None:
             dense = torch.cat([take(n) for n in names], dim=0)  # [out, in]
             if mode == "int4" and dense.shape[1] % INT4_GROUP == 0:
                 quantized = Int4Weight(*quantize_int4_groups(dense), kernels)
+                requantized.append(names[0])
             elif mode == "int8":
                 quantized = Int8Weight(dense)
+                requantized.append(names[0])
         if quantized is not None:
             # One kernel at every width: a row's result must not depend on its neighbours
             # (batch-invariant greedy output); our int4 kernel is also faster than a dense
@@ -97,6 +110,7 @@ def build_model(weights: WeightSet, config: ModelConfig, kernels: Kernels | None
             return Linear(None, quantized, bias)
         return Linear(dense.to(dtype).contiguous(), None, bias)
 
+    requantized: list[str] = []  # layer weights quantized on load (opt-in: --quantization int4 / int8)
     traits = cfg.traits
 
     def norm(name: str) -> torch.Tensor:
@@ -132,23 +146,49 @@ def build_model(weights: WeightSet, config: ModelConfig, kernels: Kernels | None
                 **extra,
             )
         )
-    embed = take("model.embed_tokens.weight")
-    head = embed if cfg.tie_word_embeddings or "lm_head.weight" not in w else w["lm_head.weight"]
-    # The head's coarse pass uses the layers' kernel: int4 reads a quarter of the bytes of
-    # float32 and runs ~1.8x faster than int8 here at one row (the head is 28M of the
-    # model's 135M weights); the float32 refinement below keeps greedy choices exact.
-    head_quant: Int4Weight | Int8Weight | None = None
-    if mode == "int4":
-        head_quant = Int4Weight(*quantize_int4_groups(head), kernels)
-    elif mode == "int8":
-        head_quant = Int8Weight(head)
-    head_dtype = torch.float32 if head_quant is not None else dtype
-    # The quantized head always runs coarse + float32 refinement of its top candidates
-    # (LlamaModel.logits), at every width, for the same reason as above.
-    lm_head = Linear(head.to(head_dtype).contiguous(), head_quant)
-    model = LlamaModel(cfg, embed.to(dtype).contiguous(), layers, norm("model.norm.weight"), lm_head, dtype, kernels,
-                       quantization=mode)
+    if requantized:
+        log.info("--quantization %s: %d layer weights quantized on load from their float values (first: %s)",
+                 mode, len(requantized), requantized[0])
+    embed, lm_head = _embedding_and_head(weights, mode, dtype, kernels, file_blocks, take)
+    model = LlamaModel(cfg, embed, layers, norm("model.norm.weight"), lm_head, dtype, kernels, quantization=mode,
+                       rope_positions=min(cfg.max_position_embeddings, config.max_model_len + ROPE_MARGIN))
     return model
+
+
+def _embedding_and_head(weights: WeightSet, mode: str, dtype: torch.dtype, kernels: Kernels,
+                        file_blocks: Callable[[list[str]], Int4Weight | GroupInt8Weight | SplitWeight | None],
+                        take: Callable[[str], torch.Tensor]) -> tuple[Linear, Linear]:
+    """The token embedding and the output head, each a ``Linear`` whose rows the model
+    reads (``Linear.rows``: embedding lookups, the head's exact refinement).
+
+    On the file's own blocks where a kernel of ours runs them (``mode`` file or int4): the
+    embedding is looked up from them and the head's coarse pass runs
+    on them, refined from their exact rows; a tied head is the embedding itself, one copy.
+    Otherwise dense: the embedding in ``dtype``; under ``--quantization int4`` / ``int8``
+    the head quantized from its float32 weights (int4 groups, or int8 per channel),
+    keeping that float32 copy for the refinement; else the head dense in ``dtype``.
+    """
+    cfg = weights.config
+    embed_name, head_name = "model.embed_tokens.weight", "lm_head.weight"
+    tied = cfg.tie_word_embeddings or head_name not in weights
+    on_blocks = mode in ("file", "int4")
+    blocks = file_blocks([embed_name]) if on_blocks else None
+    embed = Linear(None, blocks) if blocks is not None else Linear(take(embed_name).to(dtype).contiguous())
+    if tied and blocks is not None:
+        return embed, embed
+    head_blocks = file_blocks([head_name]) if on_blocks and not tied else None
+    if head_blocks is not None:
+        return embed, Linear(None, head_blocks)
+    head = take(embed_name if tied else head_name)
+    if mode in ("none", "file"):  # quantizing on load is opt-in
+        return embed, embed if tied and embed.dense is not None and embed.dense.dtype == dtype else Linear(
+            head.to(dtype).contiguous())
+    # The head's coarse pass on the layers' kernel: int4 reads a quarter of the bytes of
+    # float32 and runs ~1.8x faster than int8 here at one row (the default model's head is
+    # 28M of its 135M weights); the float32 refinement keeps greedy choices exact.
+    log.info("output head: quantized to %s from its float weights (a float32 copy refines its top logits)", mode)
+    coarse = Int4Weight(*quantize_int4_groups(head), kernels) if mode == "int4" else Int8Weight(head)
+    return embed, Linear(head.float().contiguous(), coarse)
 
 
 def _block_kernel(part: QuantizedTensor, kernels: Kernels) -> str | None:
@@ -167,9 +207,12 @@ def _block_kernel(part: QuantizedTensor, kernels: Kernels) -> str | None:
 
 def _block_weight(kind: str, parts: list[QuantizedTensor], kernels: Kernels) -> Int4Weight | GroupInt8Weight:
     """One weight of ``parts`` (one kind and group width) stacked by rows."""
-    q = torch.cat([p.q for p in parts])
-    scale = torch.cat([p.scale for p in parts])
-    minimum = None if parts[0].minimum is None else torch.cat([p.minimum for p in parts])
+    def stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
+        return tensors[0] if len(tensors) == 1 else torch.cat(tensors)  # one part: no copy
+
+    q = stacked([p.q for p in parts])
+    scale = stacked([p.scale for p in parts])
+    minimum = None if parts[0].minimum is None else stacked([p.minimum for p in parts])
     if kind == "int4":
         return Int4Weight(q, scale, minimum, kernels)
     return GroupInt8Weight(q.to(torch.int8), scale, minimum, kernels)

@@ -64,6 +64,7 @@ class Int4Weight:
             self.tensors: tuple[torch.Tensor, ...] = int4_cpu.pack(q, scale, minimum)
             # Calls of many rows go to the AMX tile kernel where it runs (the same bits: int4_cpu).
             self.bound = int4_cpu.bind(*self.tensors, lib=self.library, tiles=kernels.tile_library)
+            self._values: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         else:
             self.kernel = "torch"
             self.library = None  # torch's kernel, not a build of ours
@@ -72,10 +73,21 @@ class Int4Weight:
             # [K // group, N, 2]: the kernel's layout of (scale, zero) pairs.
             scales_and_zeros = torch.stack([scale.float(), zero], dim=-1).transpose(0, 1).contiguous()
             self.tensors = (packed, scales_and_zeros.to(torch.bfloat16))
+            # torch's packing has no documented layout to read rows back from: keep the values.
+            self._values = (q.to(torch.uint8).contiguous(), scale.float().contiguous(), minimum.float().contiguous())
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors)
+        kept = self._values or ()
+        return sum(t.numel() * t.element_size() for t in (*self.tensors, *kept))
+
+    def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """float32 [len(rows), in]: the rows' values q * scale + minimum."""
+        if self._values is None:
+            return int4_cpu.dequantize_rows(*self.tensors, rows)
+        q, scale, minimum = self._values
+        w = q[rows].float().unflatten(1, (-1, self.group)) * scale[rows][..., None] + minimum[rows][..., None]
+        return w.flatten(1)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x: [M, K] bfloat16
         if self.kernel != "torch":
@@ -107,9 +119,13 @@ class GroupInt8Weight:
                              f"got {q.shape[0]}, {kernels.int8}")
         self.out_features = q.shape[0]
         self.kernel = kernels.int8.isa
-        q8, scale8, minimum8 = int8_cpu.pack(q, scale, minimum)
-        self.tensors: tuple[torch.Tensor, ...] = tuple(t for t in (q8, scale8, minimum8) if t is not None)
-        self.matmul = int8_cpu.bind(q8, scale8, minimum8, kernels.int8.library)
+        self.packed = int8_cpu.pack(q, scale, minimum)
+        self.tensors: tuple[torch.Tensor, ...] = tuple(t for t in self.packed if t is not None)
+        self.matmul = int8_cpu.bind(*self.packed, kernels.int8.library)
+
+    def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """float32 [len(rows), in]: the rows' values, the file's exactly."""
+        return int8_cpu.dequantize_rows(*self.packed, rows)
 
     @staticmethod
     def supports(out_features: int, kernels: Kernels) -> bool:
@@ -146,6 +162,10 @@ class Int8Weight:
         self.q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
         self.scale = scale.to(torch.bfloat16)
 
+    @property
+    def nbytes(self) -> int:
+        return self.q.numel() + self.scale.numel() * self.scale.element_size()
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x: [M, K] bfloat16
         return _INT8_MM(x, self.q, self.scale)
 
@@ -156,8 +176,10 @@ class Linear:
     A plain callable, not an ``nn.Module``: a decode step makes 121 of these calls, and
     at one row ``Module.__call__`` plus the per-call dtype checks cost more than some of
     the kernels (measured in ``speclane bench decode``). The kernel is chosen once here.
-    A quantized layer may still carry its dense weight (the output head keeps a float32
-    copy to refine its top logits, see ``LlamaModel.logits``).
+    A quantized layer may still carry its dense weight (an output head quantized from dense
+    weights keeps a float32 copy to refine its top logits, see ``LlamaModel.logits``).
+    ``rows`` reads weight rows back in float32: the token embedding's lookup and the
+    head's refinement, from the dense weight or from the quantized one's own values.
     """
 
     def __init__(
@@ -177,6 +199,21 @@ class Linear:
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(x, self.dense)
+
+    @property
+    def nbytes(self) -> int:
+        dense = 0 if self.dense is None else self.dense.numel() * self.dense.element_size()
+        bias = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
+        return dense + bias + (0 if self.quantized is None else self.quantized.nbytes)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """float32 [len(ids), in]: the weight's rows ``ids`` (an embedding lookup)."""
+        if self.dense is not None:
+            return self.dense[ids].float()
+        rows = getattr(self.quantized, "dequantize_rows", None)
+        if rows is None:
+            raise TypeError(f"{type(self.quantized).__name__} keeps no rows to read back")
+        return rows(ids)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [M, in] in ``input_dtype`` (the model keeps its activations there) -> [M, out]."""

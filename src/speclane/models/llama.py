@@ -160,13 +160,15 @@ def rope_inv_freq(config: LlamaConfig, sliding: bool = False) -> torch.Tensor:
     return inv_freq
 
 
-def rope_tables(config: LlamaConfig, dtype: torch.dtype, sliding: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cos, signed_sin) [max_pos, head_dim] in the rotate-half layout (see ``_rotate``)."""
+def rope_tables(config: LlamaConfig, dtype: torch.dtype, sliding: bool = False,
+                positions: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, signed_sin) [positions, head_dim] in the rotate-half layout (see ``_rotate``);
+    ``positions`` None: all of the model's."""
     inv_freq = rope_inv_freq(config, sliding)
     scaling = dict(config.traits.sliding_rope_scaling if sliding and config.traits.sliding_rope_theta else config.rope_scaling)
     # LongRoPE scales cos and sin (models/families.py resolves its attention_factor).
     magnitude = float(scaling.get("attention_factor", 1.0)) if scaling.get("rope_type") == "longrope" else 1.0
-    t = torch.arange(config.max_position_embeddings, dtype=torch.float64)
+    t = torch.arange(config.max_position_embeddings if positions is None else positions, dtype=torch.float64)
     angles = torch.outer(t, inv_freq)  # [max_pos, head_dim / 2]
     angles = torch.cat([angles, angles], dim=-1)
     cos = (angles.cos() * magnitude).to(dtype)
@@ -204,20 +206,24 @@ class Layer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: LlamaConfig, embed: torch.Tensor, layers: list[Layer], final_norm: torch.Tensor,
-                 lm_head: Linear, dtype: torch.dtype, kernels: Kernels, *, quantization: str = "none"):
+    def __init__(self, config: LlamaConfig, embed: Linear | torch.Tensor, layers: list[Layer], final_norm: torch.Tensor,
+                 lm_head: Linear, dtype: torch.dtype, kernels: Kernels, *, quantization: str = "none",
+                 rope_positions: int | None = None):
+        """``embed``: the token embedding [vocab, hidden] whose rows are looked up (a tensor
+        is taken as a dense one); ``rope_positions``: the rope tables' rows at first (None:
+        every position of the model), grown when a forward reaches further."""
         super().__init__()
         self.config = config
         self.dtype = dtype
-        # The linears' effective quantization (build.effective_quantization: none, int8,
-        # int4): the MTP drafter quantizes its head to match, calibration keys on it.
+        # The linears' effective quantization (build.effective_quantization: none, file,
+        # int8, int4): the MTP drafter quantizes its head to match, calibration keys on it.
         self.quantization = quantization
         self.kernels = kernels  # the ones its linears were made with (build_model); its MTP drafter's too
         self.ops = norm_cpu.LayerOps.for_dtype(kernels.norm_library, dtype)
         # bfloat16: our row-by-row attention where it is loaded and takes this shape.
         ours = attention_cpu.supports(dtype, config.num_heads, config.num_kv_heads, config.head_dim)
         self.attention_library = kernels.attention_library if ours else None
-        self.embed = embed  # [vocab, hidden]
+        self.embed = embed if isinstance(embed, Linear) else Linear(embed)  # [vocab, hidden]: rows looked up
         self.layers = layers
         self.final_norm = final_norm  # [hidden]
         self.lm_head = lm_head
@@ -227,11 +233,36 @@ class LlamaModel(nn.Module):
         # or soft-capped scores take the torch path.
         self.kernel_layers = [self.attention_library is not None and not layer.window and not traits.attn_softcap
                               for layer in layers]
-        self.cos, self.signed_sin = rope_tables(config, dtype)  # [max_pos, head_dim]
+        self._make_rope(min(rope_positions or config.max_position_embeddings, config.max_position_embeddings))
+
+    def _make_rope(self, positions: int) -> None:
+        """The rope tables for positions [0, ``positions``): a model of 32k positions served
+        at 2k keeps 2k rows, not 32k (Gemma 3: 64 MiB of tables otherwise)."""
+        config, dtype = self.config, self.dtype
+        self.cos, self.signed_sin = rope_tables(config, dtype, positions=positions)  # [positions, head_dim]
         # rope[layer.rope]: the global layers' tables, then the sliding layers' own.
         self.rope = [(self.cos, self.signed_sin)]
-        if traits.sliding_rope_theta:
-            self.rope.append(rope_tables(config, dtype, sliding=True))
+        if config.traits.sliding_rope_theta:
+            self.rope.append(rope_tables(config, dtype, sliding=True, positions=positions))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every weight and table the model holds (a tied head counted once)."""
+        tensors = [self.final_norm, *(t for pair in self.rope for t in pair)]
+        linears = {id(lin): lin for lin in (self.embed, self.lm_head)}
+        for layer in self.layers:
+            linears.update({id(lin): lin for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)})
+            tensors += [t for t in (layer.attn_norm, layer.mlp_norm, layer.q_norm, layer.k_norm, layer.attn_out_norm,
+                                    layer.mlp_out_norm) if t is not None]
+        return sum(lin.nbytes for lin in linears.values()) + sum(t.numel() * t.element_size() for t in tensors)
+
+    def embedding_table(self) -> torch.Tensor:
+        """float32 [vocab, hidden]: the whole token embedding, a fresh copy (the MTP head's)."""
+        return self.embed.rows(torch.arange(self.config.vocab_size))
+
+    def head_table(self) -> torch.Tensor:
+        """float32 [vocab, hidden]: the whole output head's exact weights, a fresh copy."""
+        return self.lm_head.rows(torch.arange(self.config.vocab_size))
 
     # -- the forward --------------------------------------------------------------
     @torch.inference_mode()
@@ -243,6 +274,8 @@ class LlamaModel(nn.Module):
             raise ValueError(f"position {max_kv} is beyond the model's {cfg.max_position_embeddings} positions")
         if max_kv > cache.max_len:  # before any kernel reads or writes past a slot's end
             raise ValueError(f"position {max_kv} is beyond the KV cache's {cache.max_len} positions")
+        if max_kv > self.cos.shape[0]:
+            self._make_rope(min(max(max_kv, 2 * self.cos.shape[0]), cfg.max_position_embeddings))
         traits = cfg.traits
         kernel = self.attention_library if any(self.kernel_layers) else None
         attn = _AttentionPlan(batch, cfg, self.dtype, kernel, need_torch=not all(self.kernel_layers))
@@ -252,7 +285,7 @@ class LlamaModel(nn.Module):
             (cos[batch.positions].unsqueeze(1), sin[batch.positions].unsqueeze(1)) for cos, sin in self.rope]
         # The residual stream stays in float32 (it is only [T, hidden]); the linears run in
         # self.dtype. In bfloat16 this keeps near-tied logits in the float32 order.
-        x = F.embedding(batch.input_ids, self.embed).float()  # [T, hidden]
+        x = self.embed.rows(batch.input_ids)  # [T, hidden] float32
         if traits.embed_scale != 1.0:
             x = x * traits.embed_scale
         ops = self.ops
@@ -294,10 +327,11 @@ class LlamaModel(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] (float32) -> [N, vocab] float32 logits.
 
-        A quantized head returns coarse logits (int4 weights, bfloat16 output): enough to
-        find the candidates, not to rank near-ties. The top ``REFINE_TOP`` candidates of each
-        row are recomputed exactly from the float32 copy of the head, so greedy choices
-        match the float32 model and do not depend on which kernel the tick used.
+        A quantized head returns coarse logits (bfloat16 inputs and output): enough to find
+        the candidates, not to rank near-ties. The top ``REFINE_TOP`` candidates of each row
+        are recomputed exactly in float32 from the head's exact rows (``Linear.rows``: the
+        file's block values, or the float32 copy of a head quantized on load), so greedy
+        choices match the float32 model and do not depend on which kernel the tick used.
         """
         head = self.lm_head
         cap = self.config.traits.final_softcap
@@ -306,7 +340,8 @@ class LlamaModel(nn.Module):
         else:
             coarse = head.quantized.matmul(hidden.to(torch.bfloat16)).float()  # [N, vocab]
             top = coarse.topk(REFINE_TOP, dim=-1).indices  # [N, R]
-            exact = torch.einsum("nh,nrh->nr", hidden.float(), head.dense[top])  # [N, R]
+            rows = head.rows(top.flatten()).view(*top.shape, -1)  # [N, R, hidden]
+            exact = torch.einsum("nh,nrh->nr", hidden.float(), rows)  # [N, R]
             logits = coarse.scatter_(-1, top, exact)
         if cap:  # monotonic: the refined candidates stay the top ones
             logits = torch.tanh(logits / cap) * cap

@@ -158,25 +158,25 @@ def _unpermute_rows(num_rows: int, num_heads: int) -> torch.Tensor:
     return idx
 
 
-def _is_layer_matmul(name: str) -> bool:
-    """A layer's linear weight (q/k/v/o, gate/up/down): what our quantized kernels run. The
-    token embedding, the output head and the norms are not (see ``_gguf_tensor``)."""
-    return name.startswith("model.layers.") and name.endswith("_proj.weight")
+def _on_blocks(name: str) -> bool:
+    """A weight the model keeps in its file's blocks: a layer's linear weight (q/k/v/o,
+    gate/up/down), the token embedding and the output head (``build.py`` runs them on our
+    kernels and reads embedding rows and the head's refinement back from the blocks)."""
+    return (name.startswith("model.layers.") and name.endswith("_proj.weight")) or name in (
+        "model.embed_tokens.weight", "lm_head.weight")
 
 
 def _gguf_tensor(path: Path, tensor: Any, name: str) -> torch.Tensor | QuantizedTensor:
     """One GGUF tensor as the model keeps it: a layer's matmul weight of a type our kernels
-    run as a ``QuantizedTensor`` of the file's own values (no dense copy); anything else
-    float32, dequantized by gguf-py. The token embedding and the output head stay dense
-    float32 whatever their type: the model looks embedding rows up and refines the head's
-    top logits in float32 (``LlamaModel.logits``), and the tied head is the embedding."""
+    run, the token embedding and the output head (``_on_blocks``), as a ``QuantizedTensor``
+    of the file's own values (no dense copy); anything else float32, dequantized by gguf-py."""
     import gguf
 
     kind = gguf_types.TYPES.get(tensor.tensor_type.name)
     if kind is None:
         raise ModelLoadError(f"{path}: tensor {tensor.name} has {gguf_types.unsupported_message(tensor.tensor_type.name)}")
     rows, cols = (int(n) for n in reversed(tensor.shape)) if len(tensor.shape) == 2 else (0, 0)
-    if kind.load == "native" and _is_layer_matmul(name) and rows and cols % kind.block_values == 0:
+    if kind.load == "native" and _on_blocks(name) and rows and cols % kind.block_values == 0:
         return gguf_types.quantized_tensor(kind, tensor.data, rows, cols)
     try:
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
@@ -235,7 +235,7 @@ def _read_gguf_file(path: Path) -> WeightSet:
             quantized[name] = weight
         else:
             dense[name] = weight
-    if "model.embed_tokens.weight" not in dense:
+    if "model.embed_tokens.weight" not in dense and "model.embed_tokens.weight" not in quantized:
         raise ModelLoadError(f"{path}: no token_embd.weight tensor")
     config = gguf_finish(config, dense, path)  # rope_freqs into the config, Gemma's norm names
     return WeightSet(config, dense, quantized, tokenizer_source=meta, source=str(path))

@@ -15,7 +15,6 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from speclane.models.linear import Linear
 from speclane.models.llama import LlamaModel
 from speclane.models.mtp_head import MTPConfig, MTPHead
 
@@ -32,7 +31,7 @@ def target_fingerprint(model: LlamaModel, model_name: str) -> dict[str, object]:
     cfg = model.config
     # Mean |w| of a fixed slice of the embedding: equal for the same weights in any
     # dtype or container, different for another checkpoint of the same shape.
-    embed_mean = float(model.embed[:512].float().abs().mean())
+    embed_mean = float(model.embed.rows(torch.arange(min(512, model.config.vocab_size))).abs().mean())
     return {
         "model": model_name,
         "architecture": cfg.architecture,
@@ -43,19 +42,6 @@ def target_fingerprint(model: LlamaModel, model_name: str) -> dict[str, object]:
         "num_kv_heads": cfg.num_kv_heads,
         "embed_mean_abs": round(embed_mean, 6),
     }
-
-
-@torch.inference_mode()
-def dense_weight(linear: Linear, in_features: int) -> torch.Tensor:
-    """[out, in] float32 weight of any ``Linear`` (dense or quantized), read back as layer(I)^T."""
-    eye = torch.eye(in_features, dtype=torch.float32)
-    return linear(eye).float().T.contiguous().clone()
-
-
-def head_weight_source(model: LlamaModel) -> torch.Tensor:
-    """The target's output head in float32 (quantized builds keep a float32 copy)."""
-    head = model.lm_head
-    return head.dense.float() if head.dense is not None else dense_weight(head, model.config.hidden_size)
 
 
 def save_head(head: MTPHead, folder: Path, target: dict[str, object], **extra: object) -> Path:
@@ -109,7 +95,7 @@ def load_head(folder: str | Path, model: LlamaModel, model_name: str) -> MTPHead
     head.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
     if int(head.vocab_ids.max()) >= model.config.vocab_size or int(head.vocab_ids.min()) < 0:
         raise MTPHeadError(f"{weights_path}: draft vocabulary ids outside the model's vocabulary")
-    head.attach_target(model.embed, head_weight_source(model))
+    head.attach_target(model.embedding_table(), model.head_table())
     head.eval()
     for p in head.parameters():
         p.requires_grad_(False)

@@ -24,7 +24,7 @@ from speclane.models.gguf_types import QuantizedTensor
 from speclane.models.llama import LlamaConfig
 from speclane.models.weights import WeightSet
 
-CACHE_VERSION = 2  # 2: quantized tensors of any native GGML type (q, scale, minimum)
+CACHE_VERSION = 3  # 3: the token embedding and output head in their blocks too
 _QUANTIZED = "quantized."
 
 
@@ -51,7 +51,9 @@ def load_cached(source: Path, directory: Path | None
         config_fields = json.loads(meta["config"])
         config = LlamaConfig.from_dict(config_fields)
         kinds = json.loads(meta.get("quantized", "{}"))
-        tensors = load_file(str(path))
+        # Copied out of the file's mapping: a tensor the model keeps as it is (a norm) would
+        # otherwise keep the whole mapping resident beside the model's own copies.
+        tensors = {name: t.clone() for name, t in load_file(str(path)).items()}
         dense = {k: v for k, v in tensors.items() if not k.startswith(_QUANTIZED)}
         quantized = {
             name: QuantizedTensor(tensors[f"{_QUANTIZED}{name}.q"], tensors[f"{_QUANTIZED}{name}.scale"],

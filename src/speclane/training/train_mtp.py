@@ -35,7 +35,6 @@ from speclane.kernels.build import missing_cpu_flags
 from speclane.models.llama import LlamaModel
 from speclane.models.mtp_head import MTPConfig, MTPHead
 from speclane.models.mtp_store import (
-    head_weight_source,
     save_head,
     target_fingerprint,
 )
@@ -94,7 +93,7 @@ def head_from_target(model: LlamaModel, draft_vocab: torch.Tensor) -> MTPHead:
         h = cfg.hidden_size
         head.fc.weight.zero_()
         head.fc.weight[:, :h] = torch.eye(h)
-    head.attach_target(model.embed, head_weight_source(model))
+    head.attach_target(model.embedding_table(), model.head_table())
     return head
 
 
@@ -199,7 +198,7 @@ def train_head(model: LlamaModel, model_name: str, samples: list[Sample], out: P
     if checkpoint.exists():
         state = torch.load(checkpoint, weights_only=False)
         head.load_state_dict(state["head"])
-        head.attach_target(model.embed, head_weight_source(model))
+        head.attach_target(model.embedding_table(), model.head_table())
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
         step = state["step"]
