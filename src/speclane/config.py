@@ -62,9 +62,13 @@ class SchedulerConfig:
     max_queue: int = field(default=256, metadata={"help": "requests waiting for admission before 'queue full'"})
     max_num_batched_tokens: int = field(default=256, metadata={"help": "tokens per tick (prefill chunks + decode + verify)"})
     enable_chunked_prefill: bool = field(default=True, metadata={"help": "split long prompts across ticks"})
+    kv_cache_mib: int = field(default=0, metadata={
+        "help": "KV pool size in MiB; fewer requests decode at once where max-num-seqs of max-model-len do not fit; "
+                "0 = room for max-num-seqs requests of max-model-len tokens"})
 
     def __post_init__(self) -> None:
         _at_least("max_num_seqs", self.max_num_seqs, 1)
+        _at_least("kv_cache_mib", self.kv_cache_mib, 0)
         _at_least("max_queue", self.max_queue, 0)
         _at_least("max_num_batched_tokens", self.max_num_batched_tokens, 8)
 

@@ -68,3 +68,11 @@ def test_contract_metrics_after_traffic(live: LiveServer, idle_after: AsyncEngin
     assert count("speclane_inter_token_latency_seconds") >= 2
     assert count("speclane_tick_seconds") >= 8
     assert count("speclane_spec_wait_seconds") == 2
+
+
+def test_health_shows_the_kv_pool(live: LiveServer, async_engine: AsyncEngine) -> None:
+    body = httpx.get(live.url + "/health", timeout=30).json()
+    cache = async_engine.engine.cache
+    assert body["kv_cache"] == {"mib": round(cache.bytes / 2**20, 1), "sequences": cache.num_slots,
+                                "positions_per_sequence": cache.max_len, "dtype": "bfloat16"}
+    assert body["kv_cache"]["mib"] > 0

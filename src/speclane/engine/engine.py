@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speclane.config import EngineConfig
+from speclane.config import EngineConfig, SchedulerConfig
 from speclane.drafters.base import Drafter
 from speclane.drafters.registry import create_drafter
 from speclane.engine import calibration
@@ -31,6 +32,8 @@ from speclane.models.loader import read_weights
 from speclane.models.tokenizer import Tokenizer
 from speclane.request import Request, SamplingParams, TokenLogprob, finish_reason
 from speclane.scheduler.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -61,6 +64,18 @@ class RequestOutput:
             },
             "speculative": dict(self.speculative),
         }
+
+
+def kv_pool_sequences(config: SchedulerConfig, bytes_per_sequence: int) -> int:
+    """Sequences the KV pool holds at full length: ``max_num_seqs``, or fewer where
+    ``kv_cache_mib`` does not fit that many; a pool that fits none is a start-up error."""
+    if not config.kv_cache_mib:
+        return config.max_num_seqs
+    fit = config.kv_cache_mib * 2**20 // bytes_per_sequence
+    if fit < 1:
+        raise ValueError(f"--kv-cache-mib {config.kv_cache_mib} holds no sequence: one of max-model-len tokens needs "
+                         f"{bytes_per_sequence / 2**20:.1f} MiB; raise it or lower --max-model-len")
+    return min(config.max_num_seqs, fit)
 
 
 def load_tokenizer(source: object) -> Tokenizer:
@@ -99,7 +114,14 @@ class LLMEngine:
         kv_dtype = torch.float32 if config.model.dtype == "float32" else torch.bfloat16
         # Room for K draft positions past the last token of the longest sequence.
         cache_len = self.max_model_len + config.lane.num_draft_tokens + 1
-        self.cache = KVCache(mc.num_layers, config.scheduler.max_num_seqs, cache_len, mc.num_kv_heads, mc.head_dim, kv_dtype)
+        sequences = kv_pool_sequences(config.scheduler, KVCache.bytes_per_sequence(
+            mc.num_layers, cache_len, mc.num_kv_heads, mc.head_dim, kv_dtype))
+        if sequences < config.scheduler.max_num_seqs:
+            config = config.replace(max_num_seqs=sequences)
+            self.config = config
+        self.cache = KVCache(mc.num_layers, sequences, cache_len, mc.num_kv_heads, mc.head_dim, kv_dtype)
+        log.info("KV pool: %.0f MiB, %d sequences of %d positions (%s)", self.cache.bytes / 2**20, sequences, cache_len,
+                 str(kv_dtype).removeprefix("torch."))
         if drafter is None and config.lane.speculation_enabled:
             drafter = create_drafter(config.lane.drafter, model=self.model, model_config=config.model,
                                      mtp_head=config.lane.mtp_head, min_draft_prob=config.lane.mtp_min_draft_prob,
@@ -121,6 +143,14 @@ class LLMEngine:
         self._last_token_s: dict[str, float] = {}
         self._grammars: GrammarCompiler | None = None
         self._grammars_lock = threading.Lock()
+
+    @property
+    def kv_pool(self) -> dict[str, object]:
+        """The KV pool's size (``GET /health``, the start-up log): its MiB, the sequences it
+        holds at full length and their positions, and the dtype."""
+        cache = self.cache
+        return {"mib": round(cache.bytes / 2**20, 1), "sequences": cache.num_slots, "positions_per_sequence": cache.max_len,
+                "dtype": str(cache.all_keys.dtype).removeprefix("torch.")}
 
     # -- requests -------------------------------------------------------------------------
     @property

@@ -28,6 +28,11 @@ class KVCache:
         self.values = list(self.all_values.unbind(0))
         self.lengths = [0] * num_slots
 
+    @staticmethod
+    def bytes_per_sequence(num_layers: int, max_len: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        """One slot's keys and values over every layer."""
+        return 2 * num_layers * max_len * num_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+
     @property
     def bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.all_keys, self.all_values))

@@ -81,6 +81,7 @@ class _Server:
                                 compile_grammar=getattr(engine, "compile_grammar", None))
         self.token_texts = TokenTexts(engine.tokenizer)
         self.tracker = RequestTracker(async_engine)
+        self.kv_cache = getattr(engine, "kv_pool", None)  # GET /health's view of the KV pool
 
     def check_model(self, model: str) -> None:
         if model != self.model_name:
@@ -214,7 +215,8 @@ def create_app(
         if async_engine.error is not None:
             raise APIError(503, f"the engine stopped: {async_engine.error}", code="engine_stopped")
         server.tracker.check_admitting()
-        return {"status": "ok", "model": server.model_name, "running": server.tracker.num_live}
+        return {"status": "ok", "model": server.model_name, "running": server.tracker.num_live,
+                "kv_cache": server.kv_cache}
 
     @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {}}}})
     async def metrics_endpoint() -> Response:

@@ -1,0 +1,83 @@
+"""A model's memory: its weights stay within 1.15x of its file (the file's own blocks, no
+dense or requantized copies beside them), and the KV pool is a flag (``--kv-cache-mib``)
+that shows in ``LLMEngine.kv_pool`` (``GET /health``) and caps the sequences it holds.
+
+Resident memory is measured in a fresh process (``RssAnon`` before and after loading and
+building the model): the process's own anonymous memory, not the shared libraries it maps
+nor the page cache of the files it read. The allowance beyond 1.15x the file is a fixed
+16 MiB for what any build allocates whatever the model (the C kernels' scratch, the OpenMP
+threads' stacks, the allocator's free lists; ~13 MiB measured with the default model).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from speclane.config import EngineConfig, SchedulerConfig
+from speclane.engine.engine import LLMEngine, kv_pool_sequences
+from speclane.request import SamplingParams
+
+RATIO = 1.15
+FIXED_MIB = 16
+
+MEASURE = r"""
+import gc, ctypes, json, os, sys
+def anon_mib():
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("RssAnon")) / 1024
+import torch  # noqa: F401 (the baseline includes torch)
+from speclane.config import ModelConfig
+from speclane.models.build import build_model
+from speclane.models.loader import read_weights, resolve_model
+before = anon_mib()
+weights = read_weights(sys.argv[1])
+model = build_model(weights, ModelConfig(model=sys.argv[1]))
+del weights
+gc.collect()
+ctypes.CDLL("libc.so.6").malloc_trim(0)
+print(json.dumps({"file_mib": os.path.getsize(resolve_model(sys.argv[1])) / 2**20, "grown_mib": anon_mib() - before,
+                  "model_mib": model.nbytes / 2**20}))
+"""
+
+
+def measure(model: str) -> dict[str, float]:
+    env = {**os.environ, "SPECLANE_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", MEASURE, model], capture_output=True, text=True, timeout=600, env=env,
+                         check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("model", ["smollm2-135m-instruct", pytest.param("gemma-3-270m", marks=pytest.mark.slow)])
+def test_a_models_resident_memory_stays_within_its_file_size(model, our_kernels):
+    got = measure(model)
+    assert got["model_mib"] <= RATIO * got["file_mib"], got
+    assert got["grown_mib"] <= RATIO * got["file_mib"] + FIXED_MIB, got
+
+
+def test_the_kv_pool_holds_max_num_seqs_unless_its_size_is_set():
+    one = 6 * 2**20  # bytes of one full-length sequence
+    assert kv_pool_sequences(SchedulerConfig(max_num_seqs=16), one) == 16
+    assert kv_pool_sequences(SchedulerConfig(max_num_seqs=16, kv_cache_mib=20), one) == 3
+    assert kv_pool_sequences(SchedulerConfig(max_num_seqs=2, kv_cache_mib=20), one) == 2
+    with pytest.raises(ValueError, match="--kv-cache-mib 5 holds no sequence: one of max-model-len tokens needs 6.0 MiB"):
+        kv_pool_sequences(SchedulerConfig(kv_cache_mib=5), one)
+
+
+def test_a_small_kv_pool_runs_fewer_sequences_at_once_and_finishes_every_request(our_kernels):
+    config = EngineConfig().replace(max_model_len=256, kv_cache_mib=20, num_threads=1, spec_mode="off")
+    engine = LLMEngine(config)
+    pool = engine.kv_pool
+    per_sequence = engine.cache.bytes / engine.cache.num_slots
+    assert pool["sequences"] == engine.cache.num_slots == 20 * 2**20 // per_sequence < 16
+    assert pool["mib"] <= 20 and pool["positions_per_sequence"] == engine.cache.max_len >= 256
+    assert engine.scheduler.slots.num_slots == pool["sequences"]
+    for i in range(pool["sequences"] + 2):  # more requests than the pool holds: they queue
+        engine.add_request(f"r{i}", engine.tokenizer.encode(f"Count to {i + 3}:"), SamplingParams(max_tokens=6))
+    finished = set()
+    while engine.has_unfinished():
+        finished |= {out.request_id for out in engine.step() if out.finished}
+    assert finished == {f"r{i}" for i in range(pool["sequences"] + 2)}
