@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from speclane.models import tokenizer as tokenizer_module
 from speclane.models.tokenizer import Tokenizer, merges_from_scores, read_gguf_metadata
 
 pytestmark = pytest.mark.slow
@@ -178,3 +179,13 @@ def test_merges_follow_scores_then_piece_lengths() -> None:
     scores = [0.0, 0.0, 0.0, -1.0, -2.0, -3.0]
     # "abc" splits as "ab"+"c" (longer left first) and "a"+"bc".
     assert merges_from_scores(tokens, scores) == [("a", "b"), ("b", "c"), ("ab", "c"), ("a", "bc")]
+
+
+def test_the_merges_cache_gives_back_the_same_merges_and_keeps_them_as_strings() -> None:
+    tokens = ["a", "b", "c", "ab", "bc", "abc", "\u2581x", "x"]
+    scores = [0.0, 0.0, 0.0, -1.0, -2.0, -3.0, -4.0, 0.0]
+    want = merges_from_scores(tokens, scores)
+    first = tokenizer_module._cached_merges_from_scores(tokens, scores)
+    again = tokenizer_module._cached_merges_from_scores(tokens, scores)  # from the cache
+    assert first == again == want
+    assert all(isinstance(part, str) for entry in tokenizer_module._MERGES_CACHE.values() for part in entry)
