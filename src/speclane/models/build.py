@@ -3,12 +3,18 @@
 Quantization (``--quantization``):
 - ``auto``: a GGUF's layer weights of a type our kernels run (``models/gguf_types.py``)
   run on the file's own values (bfloat16 only): Q4_0, Q4_1 and Q4_K on the int4 kernel,
-  Q8_0, Q6_K and Q5_* on the int8-group kernel; everything else dense. The output head
-  runs as int4 (coarse pass) with a float32 refinement of its top candidates.
+  Q8_0, Q6_K and Q5_* on the int8-group kernel, F32, F16 and BF16 on the float-weight
+  kernel, as do a Hugging Face folder's layer weights in their safetensors float type;
+  everything else dense. Where the file holds int4 or int8 blocks, the output head runs as
+  int4 (coarse pass) with a float32 refinement of its top candidates.
 - ``int4`` / ``int8``: every layer linear quantized (int4 runs a GGUF's own blocks as auto
-  does, and quantizes the rest to int4 groups; int8 quantizes every layer per channel).
-- ``none``: dense weights in ``--dtype`` (the float32 reference path of the tests).
-Quantized layers run their kernel at every batch width (batch-invariant results).
+  does, and quantizes the rest, float weights included, to int4 groups; int8 quantizes
+  every layer per channel).
+- ``none``: no quantization: under ``--dtype bfloat16`` the layer weights kept in their
+  source's float type run on the float-weight kernel as under auto, the rest (blocks
+  dequantized) dense in bfloat16; under ``--dtype float32`` every weight dense in float32
+  (the float32 reference path of the tests).
+Layers on our kernels run them at every batch width (batch-invariant results).
 """
 
 from __future__ import annotations
@@ -17,9 +23,10 @@ import torch
 
 from speclane.config import ModelConfig
 from speclane.kernels.select import Kernels
-from speclane.models.gguf_types import QuantizedTensor
+from speclane.models.gguf_types import FloatTensor, QuantizedTensor
 from speclane.models.linear import (
     INT4_GROUP,
+    FloatWeight,
     GroupInt8Weight,
     Int4Weight,
     Int8Weight,
@@ -30,6 +37,8 @@ from speclane.models.linear import (
 from speclane.models.llama import Layer, LlamaModel
 from speclane.models.loader import ModelLoadError
 from speclane.models.weights import WeightSet
+
+NativeWeight = Int4Weight | GroupInt8Weight | FloatWeight | SplitWeight  # a layer on its source's own values
 
 
 def effective_quantization(config: ModelConfig, weights: WeightSet) -> str:
@@ -60,30 +69,39 @@ def build_model(weights: WeightSet, config: ModelConfig, kernels: Kernels | None
         except KeyError:
             raise ModelLoadError(f"{weights.source}: missing tensor {name}") from None
 
-    def file_blocks(names: list[str]) -> Int4Weight | GroupInt8Weight | SplitWeight | None:
-        """The layer on the file's own blocks: runs of consecutive parts of one kind fused
+    # Under bfloat16 a layer's weights kept in their source's float type (F32, F16, BF16)
+    # run on our float kernel as they are, unless --quantization int4 or int8 asks for every
+    # layer quantized.
+    own_floats = dtype == torch.bfloat16 and config.quantization in ("auto", "none")
+
+    def own_values(names: list[str]) -> NativeWeight | None:
+        """The layer on the source's own values: runs of consecutive parts of one kind fused
         into one weight (the default model's q/k/v: one int4 weight), or None where a part
-        has no blocks or no kernel of ours runs it."""
-        if not all(n in weights.quantized for n in names):
-            return None
-        runs: list[tuple[str, list[QuantizedTensor]]] = []
+        has no own values to run here (dense, or blocks outside int4 mode) or no kernel of
+        ours runs it."""
+        runs: list[tuple[str, list[QuantizedTensor | FloatTensor]]] = []
         for name in names:
-            part = weights.quantized[name]
-            kind = _block_kernel(part, kernels)
+            part: QuantizedTensor | FloatTensor
+            if mode == "int4" and name in weights.quantized:
+                part = weights.quantized[name]
+                kind = _block_kernel(part, kernels)
+            elif own_floats and name in weights.floats:
+                part = weights.floats[name]
+                kind = f"float/{part.ggml_type}" if FloatWeight.supports(part.shape[0], kernels) else None
+            else:
+                return None
             if kind is None:
                 return None
-            if runs and runs[-1][0] == kind and runs[-1][1][0].group == part.group:
+            if runs and runs[-1][0] == kind:
                 runs[-1][1].append(part)
             else:
                 runs.append((kind, [part]))
-        fused = [_block_weight(kind, parts, kernels) for kind, parts in runs]
+        fused = [_native_weight(kind, parts, kernels) for kind, parts in runs]
         return fused[0] if len(fused) == 1 else SplitWeight(fused)
 
     def linear(names: list[str], bias_names: list[str] | None = None) -> Linear:
         bias = torch.cat([take(n) for n in bias_names]).to(dtype) if bias_names else None
-        quantized: Int4Weight | GroupInt8Weight | SplitWeight | Int8Weight | None = None
-        if mode == "int4":
-            quantized = file_blocks(names)
+        quantized: NativeWeight | Int8Weight | None = own_values(names)
         if quantized is None:
             dense = torch.cat([take(n) for n in names], dim=0)  # [out, in]
             if mode == "int4" and dense.shape[1] % INT4_GROUP == 0:
@@ -154,22 +172,26 @@ def build_model(weights: WeightSet, config: ModelConfig, kernels: Kernels | None
 def _block_kernel(part: QuantizedTensor, kernels: Kernels) -> str | None:
     """The kernel that runs a weight's own blocks: ``int4`` for int4 blocks whose scales and
     minimums fit float16 (the int4 kernel keeps them so; Q4_K's d * sc may not), else
-    ``int8`` where our int8 kernel runs (it holds 0..15 as well, in float32 scales), else
-    None (the layer is quantized from its dequantized values)."""
+    ``int8/<group>/<minimum>`` where our int8 kernel runs (it holds 0..15 as well, in float32
+    scales), else None (the layer is quantized from its dequantized values)."""
     if part.kernel == "int4" and part.group == INT4_GROUP:
         fits = bool(torch.isfinite(part.scale.half()).all()) and bool(torch.isfinite(part.minimum.half()).all())
         if fits:
             return "int4"
     if GroupInt8Weight.supports(part.shape[0], kernels):
-        return f"int8/{part.minimum is not None}"
+        return f"int8/{part.group}/{part.minimum is not None}"
     return None
 
 
-def _block_weight(kind: str, parts: list[QuantizedTensor], kernels: Kernels) -> Int4Weight | GroupInt8Weight:
-    """One weight of ``parts`` (one kind and group width) stacked by rows."""
-    q = torch.cat([p.q for p in parts])
-    scale = torch.cat([p.scale for p in parts])
-    minimum = None if parts[0].minimum is None else torch.cat([p.minimum for p in parts])
+def _native_weight(kind: str, parts: list[QuantizedTensor | FloatTensor], kernels: Kernels
+                   ) -> Int4Weight | GroupInt8Weight | FloatWeight:
+    """One weight of ``parts`` (one kind: ``_block_kernel``'s, or ``float/<type>``) stacked by rows."""
+    if kind.startswith("float/"):
+        return FloatWeight(torch.cat([p.values for p in parts if isinstance(p, FloatTensor)]), kernels)
+    blocks = [p for p in parts if isinstance(p, QuantizedTensor)]
+    q = torch.cat([p.q for p in blocks])
+    scale = torch.cat([p.scale for p in blocks])
+    minimum = None if blocks[0].minimum is None else torch.cat([p.minimum for p in blocks])
     if kind == "int4":
         return Int4Weight(q, scale, minimum, kernels)
     return GroupInt8Weight(q.to(torch.int8), scale, minimum, kernels)
