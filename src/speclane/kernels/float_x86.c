@@ -36,8 +36,10 @@
 enum { FLOAT32 = 0, FLOAT16 = 1, BFLOAT16 = 2 };  // the element types (float_cpu.ELEMENT_TYPES)
 
 #ifdef __AVX512F__
-#define ROW_BLOCK 8  // rows sharing a tile's weights: 8 running sums of one vector
-#define SUMS 8  // running sums a block keeps in registers (rows x tiles x vectors per tile)
+// 8 rows x 2 tiles: 16 running sums + 2 weights + a broadcast of 32 registers, and 10
+// loads per 16 FMAs (8 rows x 1 tile: 9 per 8, and the loads, not the FMAs, set the pace)
+#define ROW_BLOCK 8  // rows sharing a tile's weights
+#define SUMS 16  // running sums a block keeps in registers (rows x tiles x vectors per tile)
 INLINE vec v_half(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 INLINE vec v_bfloat(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
