@@ -1,7 +1,8 @@
 """Linear layers over dense, float, int8 or int4 weights.
 
 A quantized layer's row has the same bits at every batch width: a row's result must not
-depend on how many neighbours shared its tick (batch-invariant greedy output). Our int4
+depend on how many neighbours shared its tick (batch-invariant greedy output); so does a
+float-weight layer's (``FloatWeight``: one float32 FMA chain per output). Our int4
 layers run one arithmetic on two kernels, the int4 matmul and, for calls of 5+ rows where
 the CPU has AMX, the tile kernel: the same bits (``kernels/int4_cpu.py``). On the
 project's AVX2 machine our int4 kernel was also faster than a dense float32 matmul at every

@@ -168,9 +168,10 @@ def _is_layer_matmul(name: str) -> bool:
 def _gguf_tensor(path: Path, tensor: Any, name: str) -> torch.Tensor | QuantizedTensor | FloatTensor:
     """One GGUF tensor as the model keeps it: a layer's matmul weight of a type our kernels
     run as a ``QuantizedTensor`` or ``FloatTensor`` of the file's own values (no dense
-    copy); anything else float32, dequantized by gguf-py. The token embedding and the output head stay dense
-    float32 whatever their type: the model looks embedding rows up and refines the head's
-    top logits in float32 (``LlamaModel.logits``), and the tied head is the embedding."""
+    copy); anything else float32, dequantized by gguf-py. The token embedding and the
+    output head stay dense float32 whatever their type: the model looks embedding rows up
+    and refines the head's top logits in float32 (``LlamaModel.logits``), and the tied head
+    is the embedding."""
     import gguf
 
     kind = gguf_types.TYPES.get(tensor.tensor_type.name)
