@@ -42,7 +42,7 @@ def _at_least(name: str, value: float, low: float) -> None:
 class ModelConfig:
     model: str = field(default="smollm2-135m-instruct", metadata={"help": "model name, .gguf file, HF folder or HF repo id"})
     dtype: str = field(default="bfloat16", metadata={"help": "activation and dequantized weight dtype"})
-    quantization: str = field(default="auto", metadata={"help": "auto: run a GGUF's blocks as they are, quantize nothing on load; int8, int4: quantize the other weights on load; none"})
+    quantization: str = field(default="auto", metadata={"help": "auto: run a GGUF's own values (its blocks, F32/F16/BF16) and a folder's float weights on our kernels, quantize nothing on load; int8, int4: quantize the other weights on load; none"})
     max_model_len: int = field(default=2048, metadata={"help": "prompt + completion tokens"})
     num_threads: int = field(default=0, metadata={"help": "torch CPU threads; 0 = torch's default"})
     kernels: str = field(default="auto", metadata={

@@ -24,6 +24,7 @@ from speclane.llm import LLM
 from speclane.models.build import build_model
 from speclane.models.families import hf_config
 from speclane.models.kv_cache import KVCache
+from speclane.models.linear import FloatWeight
 from speclane.models.llama import LlamaModel, RaggedBatch
 from speclane.models.loader import ModelLoadError, read_weights
 from speclane.request import SamplingParams
@@ -285,12 +286,17 @@ def test_gemma_embed_scale_and_attention_scale():
 
 
 def test_bfloat16_with_our_kernels_stays_near_float32(family, ours):
-    """bfloat16 runs our attention kernel on the global layers whose head shape it takes
-    (q/k norm applied to the fused projection before it), torch's windowed or soft-capped
-    path on the others. Measured: max abs difference 0.05-0.16 from float32 (bfloat16's
-    rounding, the same as a Llama's), argmax agreement >= 0.97."""
+    """bfloat16 runs the layer matmuls on our float-weight kernel over the folder's float32
+    weights as saved, and our attention kernel on the global layers whose head shape it
+    takes (q/k norm applied to the fused projection before it), torch's windowed or
+    soft-capped path on the others. Measured: max abs difference 0.06-0.14 from float32
+    (bfloat16's rounding, the same as a Llama's; torch's bfloat16 linears over bfloat16
+    weights: 0.05-0.16), argmax agreement >= 0.97."""
     name, _, path = family
     model = build_model(read_weights(str(path)), ModelConfig(dtype="bfloat16", quantization="none"))
+    if model.kernels.float_matmul is not None:
+        assert all(isinstance(linear.quantized, FloatWeight) and linear.quantized.packed.dtype == torch.float32
+                   for layer in model.layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down))
     if name in ("qwen3", "gemma3") and model.attention_library is not None:
         assert model.kernel_layers == ([True, True] if name == "qwen3" else [False, False, True, False])
     prompts = _prompts()

@@ -51,7 +51,7 @@ def write_gguf(path: Path, *, arch: str = "llama", tensor_type=None, metadata: b
 def test_a_valid_tiny_gguf_loads(tmp_path: Path):
     # The control for the cases below: the crafted file itself is fine.
     weights = read_weights(str(write_gguf(tmp_path / "ok.gguf")))
-    assert list(weights.dense) == ["model.embed_tokens.weight"]
+    assert list(weights.floats) == ["model.embed_tokens.weight"] and not weights.dense  # F32, kept in its type
     assert weights.config.hidden_size == 64 and weights.config.vocab_size == 32
 
 

@@ -1,5 +1,6 @@
-"""GGUF types on our kernels (models/gguf_types.py): the blocks' values, each kernel against
-gguf-py's dequantize, batch invariance, and a crafted GGUF of every native type loaded and run.
+"""GGUF block types on our kernels (models/gguf_types.py): the blocks' values, each kernel
+against gguf-py's dequantize, batch invariance, and a crafted GGUF of every block type loaded
+and run (the float types F32, F16 and BF16: tests/unit/test_float_kernel.py).
 
 The bounds, per output y of a row x against ref = x @ dequantize(blocks).T (float64):
     |y - ref| <= 2^-8 |ref| + (K 2^-24 + s) (|x| @ |W|.T) + 2^-14 (X @ |W|.T)
@@ -22,50 +23,38 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from gguf_files import (
+    GGML,
+    HEADS,
+    HIDDEN,
+    KV_HEADS,
+    VOCAB,
+    assert_near_the_float32_model,
+    forward,
+    gguf,
+    random_tensor,
+    reference,
+    write_llama,
+)
 
 from speclane.config import ModelConfig
 from speclane.kernels import build, int8_cpu
 from speclane.kernels.select import Kernels
 from speclane.models import gguf_types
-from speclane.models.build import _block_kernel, _block_weight, build_model
+from speclane.models.build import _block_kernel, _native_weight, build_model
 from speclane.models.gguf_types import TYPES, QuantizedTensor, quantized_tensor
-from speclane.models.kv_cache import KVCache
 from speclane.models.linear import GroupInt8Weight, Int4Weight, SplitWeight
-from speclane.models.llama import RaggedBatch
 from speclane.models.loader import ModelLoadError, _gguf_tensor, _unpermute_rows, read_gguf
 
-gguf = pytest.importorskip("gguf")
-GGML = gguf.GGMLQuantizationType
 KERNELS = Kernels.load("auto")
 needs_kernels = pytest.mark.skipif(KERNELS.int4 is None or KERNELS.int8 is None, reason="no AVX2 CPU or no C compiler here")
-NATIVE = [name for name, t in TYPES.items() if t.load == "native"]
-QUANTIZABLE = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}  # gguf-py quantizes these; the K types it only reads
+BLOCK_TYPES = [name for name, t in TYPES.items() if t.load == "native" and t.kernel != "float"]
 
 
-def random_blocks(type_name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
-    """[rows, bytes] of ``type_name`` blocks: gguf-py's quantization of random weights where
-    it has one, else random bytes with sane float16 scales (every index pattern occurs)."""
-    rng = np.random.default_rng(seed)
-    kind = TYPES[type_name]
-    if type_name in QUANTIZABLE:
-        return gguf.quants.quantize((rng.standard_normal((rows, cols)) * 0.05).astype(np.float32), GGML[type_name])
-    raw = rng.integers(0, 256, (rows, cols // kind.block_values, kind.block_bytes), dtype=np.uint8)
-    # d (and dmin), sized for weights of order 0.05 (as a model's are)
-    at, high = ([208], 8e-5) if type_name == "Q6_K" else ([0, 2], 3e-4)
-    for offset in at:
-        raw[..., offset : offset + 2] = (rng.uniform(high / 4, high, raw.shape[:2]).astype(np.float16)
-                                         .view(np.uint8).reshape(*raw.shape[:2], 2))
-    return raw.reshape(rows, -1)
-
-
-def reference(type_name: str, raw: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.array(gguf.quants.dequantize(raw, GGML[type_name]), dtype=np.float32))
-
-
-@pytest.mark.parametrize("type_name", NATIVE)
+@pytest.mark.parametrize("type_name", BLOCK_TYPES)
 def test_blocks_dequantize_to_gguf_py_values_bit_for_bit(type_name):
     rows, cols = 32, 512
-    raw = random_blocks(type_name, rows, cols)
+    raw = random_tensor(type_name, rows, cols)
     weight = quantized_tensor(TYPES[type_name], raw, rows, cols)
     assert weight.q.dtype == (torch.uint8 if weight.kernel == "int4" else torch.int8)
     assert weight.scale.shape == (rows, cols // weight.group)
@@ -84,15 +73,15 @@ def test_q4_k_nibbles_follow_llama_cpps_sub_block_layout():
 
 
 def layer(type_name: str, rows: int, cols: int, seed: int = 0) -> tuple[Int4Weight | GroupInt8Weight, torch.Tensor, QuantizedTensor]:
-    raw = random_blocks(type_name, rows, cols, seed)
+    raw = random_tensor(type_name, rows, cols, seed)
     weight = quantized_tensor(TYPES[type_name], raw, rows, cols)
     kind = _block_kernel(weight, KERNELS)
     assert kind is not None and kind.startswith(TYPES[type_name].kernel)
-    return _block_weight(kind, [weight], KERNELS), reference(type_name, raw), weight
+    return _native_weight(kind, [weight], KERNELS), reference(type_name, raw), weight
 
 
 @needs_kernels
-@pytest.mark.parametrize("type_name", NATIVE)
+@pytest.mark.parametrize("type_name", BLOCK_TYPES)
 @pytest.mark.parametrize("rows", [1, 3, 13])
 def test_kernel_matches_gguf_py_dequantize_within_the_stated_bound(type_name, rows):
     out, k = 48, 768
@@ -112,7 +101,7 @@ def test_kernel_matches_gguf_py_dequantize_within_the_stated_bound(type_name, ro
 
 
 @needs_kernels
-@pytest.mark.parametrize("type_name", NATIVE)
+@pytest.mark.parametrize("type_name", BLOCK_TYPES)
 def test_a_rows_result_has_the_same_bits_at_one_row_and_at_seven(type_name):
     weight, _, _ = layer(type_name, 64, 512, seed=3)
     x = torch.randn(7, 512, generator=torch.Generator().manual_seed(4)).bfloat16()
@@ -148,7 +137,7 @@ def test_int8_scales_kept_in_float16_only_where_exact_and_with_the_same_bits(typ
 
 
 @needs_kernels
-@pytest.mark.parametrize("type_name", NATIVE)
+@pytest.mark.parametrize("type_name", BLOCK_TYPES)
 def test_a_kernel_weights_rows_read_back_are_the_files_values(type_name):
     """``dequantize_rows`` (embedding lookups, the head's refinement) from the packed layout:
     gguf-py's values, exactly; Q4_K within the int4 kernel's float16 scales (2^-11 relative)."""
@@ -169,49 +158,23 @@ def test_an_unsupported_type_is_a_one_line_error_listing_the_supported_ones():
     assert "\n" not in message
     assert message.startswith("m.gguf: tensor blk.0.attn_q.weight has unsupported type MXFP4 (supported: Q4_0, Q4_1, Q4_K, Q8_0")
     assert gguf_types.unsupported_message("MXFP4") in message
+    native, dense = message.split("(supported: ", 1)[1].removesuffix(" dequantized to float32)").split(" on our kernels; ")
+    assert native.split(", ") == ["Q4_0", "Q4_1", "Q4_K", "Q8_0", "Q6_K", "Q5_0", "Q5_1", "Q5_K", "F32", "F16", "BF16"]
+    assert dense.split(", ") == ["F64", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"]
 
 
 # -- a crafted GGUF of the native types -------------------------------------------------------
-HIDDEN, FFN, HEADS, KV_HEADS, VOCAB = 256, 512, 4, 2, 64
-# Each layer's types (q, k, v, o, gate, up, down): every native type at least once, and a
+# Each layer's types (q, k, v, o, gate, up, down): every block type at least once, and a
 # q/k/v of mixed kernels (Q4_K_M files' Q6_K v beside Q4_K q and k).
 LAYER_TYPES = [
     ("Q4_K", "Q4_K", "Q6_K", "Q8_0", "Q5_K", "Q5_0", "Q6_K"),
     ("Q4_0", "Q4_1", "Q4_0", "Q5_1", "Q4_1", "Q8_0", "Q4_K"),
 ]
-NAMES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-
-
-def shape_of(name: str) -> tuple[int, int]:
-    head_dim = HIDDEN // HEADS
-    return {"attn_q": (HIDDEN, HIDDEN), "attn_k": (KV_HEADS * head_dim, HIDDEN), "attn_v": (KV_HEADS * head_dim, HIDDEN),
-            "attn_output": (HIDDEN, HIDDEN), "ffn_gate": (FFN, HIDDEN), "ffn_up": (FFN, HIDDEN),
-            "ffn_down": (HIDDEN, FFN)}[name]
 
 
 @pytest.fixture(scope="module")
 def crafted(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("gguf") / "mixed.gguf"
-    rng = np.random.default_rng(7)
-    writer = gguf.GGUFWriter(str(path), "llama")
-    for key, value in [("embedding_length", HIDDEN), ("feed_forward_length", FFN), ("block_count", len(LAYER_TYPES)),
-                       ("attention.head_count", HEADS), ("attention.head_count_kv", KV_HEADS), ("vocab_size", VOCAB)]:
-        writer.add_uint32(f"llama.{key}", value)
-    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    embed = gguf.quants.quantize(rng.standard_normal((VOCAB, HIDDEN)).astype(np.float32), GGML.Q8_0)
-    writer.add_tensor("token_embd.weight", embed, raw_dtype=GGML.Q8_0)
-    writer.add_tensor("output_norm.weight", (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
-    for i, kinds in enumerate(LAYER_TYPES):
-        for name, type_name in zip(NAMES, kinds, strict=True):
-            raw = random_blocks(type_name, *shape_of(name), seed=100 * i + NAMES.index(name))
-            writer.add_tensor(f"blk.{i}.{name}.weight", raw, raw_dtype=GGML[type_name])
-        for norm in ("attn_norm", "ffn_norm"):
-            writer.add_tensor(f"blk.{i}.{norm}.weight", (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return write_llama(tmp_path_factory.mktemp("gguf") / "mixed.gguf", LAYER_TYPES)
 
 
 def test_a_crafted_gguf_keeps_only_the_blocks_of_its_matmul_weights_and_embedding(crafted):
@@ -252,43 +215,13 @@ def test_the_weight_cache_keeps_the_blocks(crafted, tmp_path):
         assert (other.minimum is None) == (weight.minimum is None)
 
 
-def forward(model, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the final hidden states, the logits) of ``tokens`` run alone in a fresh cache."""
-    c = model.config
-    cache = KVCache(c.num_layers, 1, 64, c.num_kv_heads, c.head_dim, model.dtype)
-    hidden = model(RaggedBatch(torch.tensor(tokens), torch.arange(len(tokens)), [0], [0], [len(tokens)]), cache)
-    return hidden.float(), model.logits(hidden).float()
-
-
-# The tolerance: the final hidden states (what the head reads) within 1.5x the dense
-# bfloat16 model's own error on the same file, relative in norm, plus 1e-3 (measured here:
-# ours 0.52%, dense bfloat16 0.60%: both are the bfloat16 activations' rounding at every
-# layer). A wrong layout, scale or permutation gives errors of order 100%. The logits are
-# compared by their argmax and top value only: the quantized head's coarse pass gives the
-# rest (its top candidates are refined in float32, LlamaModel.logits).
 @needs_kernels
 def test_a_crafted_gguf_runs_on_our_kernels_and_matches_the_float_reference(crafted):
     weights = read_gguf(crafted, None)
     ours = build_model(weights, ModelConfig(dtype="bfloat16", quantization="auto"), KERNELS)
-    reference_model = build_model(weights, ModelConfig(dtype="float32", quantization="none"))
-    dense_bf16 = build_model(weights, ModelConfig(dtype="bfloat16", quantization="none"), KERNELS)
     kinds = {type(linear.quantized) for layer_ in ours.layers for linear in (layer_.qkv, layer_.o, layer_.gate_up, layer_.down)}
     assert kinds == {Int4Weight, GroupInt8Weight, SplitWeight}
-    tokens = [3, 17, 42, 5, 63, 0, 8, 8, 21]
-    want_hidden, want_logits = forward(reference_model, tokens)
-    hidden, got_logits = forward(ours, tokens)
-
-    def relative(h: torch.Tensor) -> float:
-        return float((h - want_hidden).norm() / want_hidden.norm())
-
-    dense_error = relative(forward(dense_bf16, tokens)[0])
-    assert relative(hidden) <= 1.5 * dense_error + 1e-3, (relative(hidden), dense_error)
-    assert torch.equal(got_logits.argmax(-1), want_logits.argmax(-1))
-    top = want_logits.amax(-1)
-    assert torch.allclose(got_logits.amax(-1), top, rtol=0.02, atol=0.05)
-    # Batch invariance through the whole model: a prefix's last position has the same bits
-    # run alone as inside the longer call.
-    assert torch.equal(forward(ours, tokens[:5])[0][-1], hidden[4])
+    assert_near_the_float32_model(weights, ours, KERNELS)
 
 
 @needs_kernels

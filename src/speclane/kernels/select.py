@@ -21,7 +21,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from speclane.config import KERNELS as CHOICES
-from speclane.kernels import attention_cpu, build, int4_cpu, int8_cpu, mtp_step_cpu, norm_cpu
+from speclane.kernels import (
+    attention_cpu,
+    build,
+    float_cpu,
+    int4_cpu,
+    int8_cpu,
+    mtp_step_cpu,
+    norm_cpu,
+)
 from speclane.kernels.build import Kernel, KernelUnavailable
 
 log = logging.getLogger(__name__)
@@ -44,7 +52,9 @@ class Kernels:
     ``attention`` and ``norm``: a bfloat16 forward's attention and add + RMSNorm / SiLU;
     ``mtp_step``: the MTP head's draft step in one C call (else its kernels one by one);
     ``int8``: the int8-group matmul of the GGUF types int4 cannot hold (``GroupInt8Weight``;
-    None: those layers run dense).
+    None: those layers run dense); ``float_matmul``: the float-weight matmul of the matmul
+    weights kept in their source's float type (``FloatWeight``: a GGUF's F32, F16 and BF16, a
+    Hugging Face folder's safetensors; None: those layers run dense, torch's ``F.linear``).
     """
 
     int4: Kernel | None = None
@@ -53,6 +63,7 @@ class Kernels:
     norm: Kernel | None = None
     mtp_step: Kernel | None = None
     int8: Kernel | None = None
+    float_matmul: Kernel | None = None
 
     @classmethod
     def load(cls, choice: str = "auto", *, isa: str | None = None, tiles: bool | None = None,
@@ -94,6 +105,7 @@ class Kernels:
             norm=attempt(norm_cpu.SOURCE.name, lambda: norm_cpu.load(isa)),
             mtp_step=attempt(mtp_step_cpu.SOURCE.name, lambda: mtp_step_cpu.load(isa)) if mtp_step else None,
             int8=attempt(int8_cpu.SOURCE.name, lambda: int8_cpu.load(isa)),
+            float_matmul=attempt(float_cpu.SOURCE.name, lambda: float_cpu.load(isa)),
         )
         if unavailable:
             log.warning("kernels: ours unavailable here, torch's ops (for the tile kernel, the int4 matmul) stand in: %s",
@@ -152,9 +164,14 @@ class Kernels:
     def int8_name(self) -> str:
         return _name(self.int8)
 
+    @property
+    def float_matmul_name(self) -> str:
+        return _name(self.float_matmul)
+
     def describe(self) -> str:
         return (f"int4={self.int4_name} tiles={self.tile_name} attention={self.attention_name} "
-                f"norm={self.norm_name} mtp_step={self.mtp_step_name} int8={self.int8_name}")
+                f"norm={self.norm_name} mtp_step={self.mtp_step_name} int8={self.int8_name} "
+                f"float={self.float_matmul_name}")
 
     def fingerprint(self, bfloat16: bool) -> list[str]:
         """Which kernels a forward of a model runs here (``bfloat16``: its dtype), and their
@@ -162,4 +179,5 @@ class Kernels:
         return [f"int4={self.int4_name}:{int4_cpu.source_digest()}",
                 f"tiles={self.tile_name}:{int4_cpu.tile_source_digest()}",
                 f"attention={self.attention_name if bfloat16 else 'sdpa'}:{attention_cpu.source_digest()}",
-                f"norm={self.norm_name if bfloat16 else 'torch'}:{norm_cpu.source_digest()}"]
+                f"norm={self.norm_name if bfloat16 else 'torch'}:{norm_cpu.source_digest()}",
+                f"float={self.float_matmul_name if bfloat16 else 'torch'}:{float_cpu.source_digest()}"]

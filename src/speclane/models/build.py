@@ -4,14 +4,19 @@ Quantization (``--quantization``):
 - ``auto`` (effective mode ``file`` for a GGUF with blocks our kernels run, else ``none``):
   a GGUF's weights of a type our kernels run (``models/gguf_types.py``) run on the file's
   own values (bfloat16 only): Q4_0, Q4_1 and Q4_K on the int4 kernel, Q8_0, Q6_K and Q5_*
-  on the int8-group kernel; everything else dense, nothing quantized on load. The token
-  embedding is looked up from its blocks, and the output head's coarse pass runs on its
-  blocks with a float32 refinement of its top candidates from their exact rows.
+  on the int8-group kernel, F32, F16 and BF16 on the float-weight kernel, as do a Hugging
+  Face folder's layer weights in their safetensors float type; everything else dense,
+  nothing quantized on load. The token embedding is looked up from its blocks, and the
+  output head's coarse pass runs on its blocks with a float32 refinement of its top
+  candidates from their exact rows.
 - ``int4`` / ``int8`` (opt-in, logged): every layer linear quantized (int4 runs a GGUF's
-  own blocks as auto does, and quantizes the rest to int4 groups; int8 quantizes every
-  layer per channel), and a dense output head with them.
-- ``none``: dense weights in ``--dtype`` (the float32 reference path of the tests).
-Quantized layers run their kernel at every batch width (batch-invariant results).
+  own blocks as auto does, and quantizes the rest, float weights included, to int4
+  groups; int8 quantizes every layer per channel), and a dense output head with them.
+- ``none``: no quantization: under ``--dtype bfloat16`` the layer weights kept in their
+  source's float type run on the float-weight kernel as under auto, the rest (blocks
+  dequantized) dense in bfloat16; under ``--dtype float32`` every weight dense in float32
+  (the float32 reference path of the tests).
+Layers on our kernels run them at every batch width (batch-invariant results).
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ import torch
 
 from speclane.config import ModelConfig
 from speclane.kernels.select import Kernels
-from speclane.models.gguf_types import QuantizedTensor
+from speclane.models.gguf_types import FloatTensor, QuantizedTensor
 from speclane.models.linear import (
     INT4_GROUP,
+    FloatWeight,
     GroupInt8Weight,
     Int4Weight,
     Int8Weight,
@@ -36,6 +42,8 @@ from speclane.models.linear import (
 from speclane.models.llama import Layer, LlamaModel
 from speclane.models.loader import ModelLoadError
 from speclane.models.weights import WeightSet
+
+NativeWeight = Int4Weight | GroupInt8Weight | FloatWeight | SplitWeight  # a layer on its source's own values
 
 log = logging.getLogger(__name__)
 
@@ -71,30 +79,39 @@ def build_model(weights: WeightSet, config: ModelConfig, kernels: Kernels | None
         except KeyError:
             raise ModelLoadError(f"{weights.source}: missing tensor {name}") from None
 
-    def file_blocks(names: list[str]) -> Int4Weight | GroupInt8Weight | SplitWeight | None:
-        """The layer on the file's own blocks: runs of consecutive parts of one kind fused
+    # Under bfloat16 a layer's weights kept in their source's float type (F32, F16, BF16)
+    # run on our float kernel as they are, unless --quantization int4 or int8 asks for every
+    # layer quantized.
+    own_floats = dtype == torch.bfloat16 and config.quantization in ("auto", "none")
+
+    def own_values(names: list[str]) -> NativeWeight | None:
+        """The layer on the source's own values: runs of consecutive parts of one kind fused
         into one weight (the default model's q/k/v: one int4 weight), or None where a part
-        has no blocks or no kernel of ours runs it."""
-        if not all(n in weights.quantized for n in names):
-            return None
-        runs: list[tuple[str, list[QuantizedTensor]]] = []
+        has no own values to run here (dense, or blocks outside int4 mode) or no kernel of
+        ours runs it."""
+        runs: list[tuple[str, list[QuantizedTensor | FloatTensor]]] = []
         for name in names:
-            part = weights.quantized[name]
-            kind = _block_kernel(part, kernels)
+            part: QuantizedTensor | FloatTensor
+            if mode in ("file", "int4") and name in weights.quantized:
+                part = weights.quantized[name]
+                kind = _block_kernel(part, kernels)
+            elif own_floats and name in weights.floats:
+                part = weights.floats[name]
+                kind = f"float/{part.ggml_type}" if FloatWeight.supports(part.shape[0], kernels) else None
+            else:
+                return None
             if kind is None:
                 return None
-            if runs and runs[-1][0] == kind and runs[-1][1][0].group == part.group:
+            if runs and runs[-1][0] == kind:
                 runs[-1][1].append(part)
             else:
                 runs.append((kind, [part]))
-        fused = [_block_weight(kind, parts, kernels) for kind, parts in runs]
+        fused = [_native_weight(kind, parts, kernels) for kind, parts in runs]
         return fused[0] if len(fused) == 1 else SplitWeight(fused)
 
     def linear(names: list[str], bias_names: list[str] | None = None) -> Linear:
         bias = torch.cat([take(n) for n in bias_names]).to(dtype) if bias_names else None
-        quantized: Int4Weight | GroupInt8Weight | SplitWeight | Int8Weight | None = None
-        if mode in ("file", "int4"):
-            quantized = file_blocks(names)
+        quantized: NativeWeight | Int8Weight | None = own_values(names)
         if quantized is None:
             dense = torch.cat([take(n) for n in names], dim=0)  # [out, in]
             if mode == "int4" and dense.shape[1] % INT4_GROUP == 0:
@@ -149,14 +166,14 @@ def build_model(weights: WeightSet, config: ModelConfig, kernels: Kernels | None
     if requantized:
         log.info("--quantization %s: %d layer weights quantized on load from their float values (first: %s)",
                  mode, len(requantized), requantized[0])
-    embed, lm_head = _embedding_and_head(weights, mode, dtype, kernels, file_blocks, take)
+    embed, lm_head = _embedding_and_head(weights, mode, dtype, kernels, own_values, take)
     model = LlamaModel(cfg, embed, layers, norm("model.norm.weight"), lm_head, dtype, kernels, quantization=mode,
                        rope_positions=min(cfg.max_position_embeddings, config.max_model_len + ROPE_MARGIN))
     return model
 
 
 def _embedding_and_head(weights: WeightSet, mode: str, dtype: torch.dtype, kernels: Kernels,
-                        file_blocks: Callable[[list[str]], Int4Weight | GroupInt8Weight | SplitWeight | None],
+                        own_values: Callable[[list[str]], NativeWeight | None],
                         take: Callable[[str], torch.Tensor]) -> tuple[Linear, Linear]:
     """The token embedding and the output head, each a ``Linear`` whose rows the model
     reads (``Linear.rows``: embedding lookups, the head's exact refinement).
@@ -171,12 +188,11 @@ def _embedding_and_head(weights: WeightSet, mode: str, dtype: torch.dtype, kerne
     cfg = weights.config
     embed_name, head_name = "model.embed_tokens.weight", "lm_head.weight"
     tied = cfg.tie_word_embeddings or head_name not in weights
-    on_blocks = mode in ("file", "int4")
-    blocks = file_blocks([embed_name]) if on_blocks else None
+    blocks = own_values([embed_name])
     embed = Linear(None, blocks) if blocks is not None else Linear(take(embed_name).to(dtype).contiguous())
     if tied and blocks is not None:
         return embed, embed
-    head_blocks = file_blocks([head_name]) if on_blocks and not tied else None
+    head_blocks = None if tied else own_values([head_name])
     if head_blocks is not None:
         return embed, Linear(None, head_blocks)
     head = take(embed_name if tied else head_name)
@@ -194,25 +210,30 @@ def _embedding_and_head(weights: WeightSet, mode: str, dtype: torch.dtype, kerne
 def _block_kernel(part: QuantizedTensor, kernels: Kernels) -> str | None:
     """The kernel that runs a weight's own blocks: ``int4`` for int4 blocks whose scales and
     minimums fit float16 (the int4 kernel keeps them so; Q4_K's d * sc may not), else
-    ``int8`` where our int8 kernel runs (it holds 0..15 as well, in float32 scales), else
-    None (the layer is quantized from its dequantized values)."""
+    ``int8/<group>/<minimum>`` where our int8 kernel runs (it holds 0..15 as well, in float32
+    scales), else None (the layer is quantized from its dequantized values)."""
     if part.kernel == "int4" and part.group == INT4_GROUP:
         fits = bool(torch.isfinite(part.scale.half()).all()) and bool(torch.isfinite(part.minimum.half()).all())
         if fits:
             return "int4"
     if GroupInt8Weight.supports(part.shape[0], kernels):
-        return f"int8/{part.minimum is not None}"
+        return f"int8/{part.group}/{part.minimum is not None}"
     return None
 
 
-def _block_weight(kind: str, parts: list[QuantizedTensor], kernels: Kernels) -> Int4Weight | GroupInt8Weight:
-    """One weight of ``parts`` (one kind and group width) stacked by rows."""
+def _native_weight(kind: str, parts: list[QuantizedTensor | FloatTensor], kernels: Kernels
+                   ) -> Int4Weight | GroupInt8Weight | FloatWeight:
+    """One weight of ``parts`` (one kind: ``_block_kernel``'s, or ``float/<type>``) stacked by rows."""
+    if kind.startswith("float/"):
+        values = [p.values for p in parts if isinstance(p, FloatTensor)]
+        return FloatWeight(values[0] if len(values) == 1 else torch.cat(values), kernels)
     def stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
         return tensors[0] if len(tensors) == 1 else torch.cat(tensors)  # one part: no copy
 
-    q = stacked([p.q for p in parts])
-    scale = stacked([p.scale for p in parts])
-    minimum = None if parts[0].minimum is None else stacked([p.minimum for p in parts])
+    blocks = [p for p in parts if isinstance(p, QuantizedTensor)]
+    q = stacked([p.q for p in blocks])
+    scale = stacked([p.scale for p in blocks])
+    minimum = None if blocks[0].minimum is None else stacked([p.minimum for p in blocks])
     if kind == "int4":
         return Int4Weight(q, scale, minimum, kernels)
     return GroupInt8Weight(q.to(torch.int8), scale, minimum, kernels)

@@ -1,21 +1,24 @@
 """The GGML tensor types a GGUF may hold: how each is loaded and which kernel runs it.
 
-One table (``TYPES``). A matmul weight of a ``native`` type keeps the file's own integers
-and scales as a ``QuantizedTensor`` (no dense copy, no requantization):
+One table (``TYPES``). A matmul weight of a ``native`` type keeps the file's own values,
+with no dense float32 copy and no requantization:
 
 - ``int4`` (our int4 kernel, ``kernels/int4_x86.c``: w = q * scale + minimum, q in 0..15,
-  groups of 32, scale and minimum kept by the kernel in float16):
+  groups of 32, scale and minimum kept by the kernel in float16), as a ``QuantizedTensor``:
   Q4_0 (scale d, minimum -8 d: both exact in float16), Q4_1 (d, m: the file's float16s),
   Q4_K (scale d * sc, minimum -dmin * m: float32 products of the file's float16s and 6-bit
   indices, rounded to float16 when packed for the kernel, a relative error of at most 2^-11).
 - ``int8`` (our int8-group kernel, ``kernels/int8_x86.c``: q an int8, float32 scale and
-  minimum, every value exact): Q8_0 (q, d), Q6_K (q - 32, d * sc, groups of 16),
-  Q5_0 (q - 16, d), Q5_1 (q, d, m), Q5_K (q, d * sc, -dmin * m).
+  minimum, every value exact), as a ``QuantizedTensor``: Q8_0 (q, d), Q6_K (q - 32, d * sc,
+  groups of 16), Q5_0 (q - 16, d), Q5_1 (q, d, m), Q5_K (q, d * sc, -dmin * m).
+- ``float`` (our float-weight kernel, ``kernels/float_x86.c``: the weight read in its own
+  element type, every value exact), as a ``FloatTensor``: F32, F16 and BF16, 4, 2 and 2
+  bytes a value in memory, as in the file.
 
-``QuantizedTensor.dequantize`` gives the same float32 bits as ``gguf.quants.dequantize`` of
-the blocks (tests/unit/test_gguf_types.py). The other types load ``dense``: dequantized to
-float32 by gguf-py, as every tensor that is not a matmul weight (norms, the token
-embedding, the output head) does whatever its type.
+``dequantize`` of either gives the same float32 bits as ``gguf.quants.dequantize`` of the
+file's data (tests/unit/test_gguf_types.py, tests/unit/test_float_kernel.py). The other
+types load ``dense``: dequantized to float32 by gguf-py, as every tensor that is not a
+layer's matmul weight (norms, the token embedding, the output head) does whatever its type.
 """
 
 from __future__ import annotations
@@ -63,6 +66,42 @@ class QuantizedTensor:
         if self.minimum is not None:
             w = w + self.minimum[..., None]
         return w.reshape(out, cols)
+
+
+# The float element types our float kernel reads, by GGML name (a Hugging Face folder's
+# safetensors dtypes take the same names: ``float_type_name``).
+FLOAT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+@dataclass
+class FloatTensor:
+    """A weight in its source's own float type: ``values`` [out, in] float32, float16 or
+    bfloat16 as the file holds it (``ggml_type`` F32, F16 or BF16), for our float kernel."""
+
+    values: torch.Tensor
+    ggml_type: str
+    kernel: str = "float"
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.values.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.values.numel() * self.values.element_size()
+
+    def rows(self, order: torch.Tensor) -> FloatTensor:
+        """The same weight with its rows in ``order`` (llama.cpp's q/k permutation undone)."""
+        return FloatTensor(self.values[order].contiguous(), self.ggml_type)
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 [out, in]: the values widened (exact), gguf-py's values bit for bit."""
+        return self.values.float()
+
+
+def float_type_name(dtype: torch.dtype) -> str | None:
+    """The GGML name of a float dtype our float kernel reads (``FLOAT_DTYPES``), else None."""
+    return next((name for name, d in FLOAT_DTYPES.items() if d == dtype), None)
 
 
 def _f16(raw: np.ndarray, at: int) -> np.ndarray:
@@ -147,16 +186,17 @@ def _q6_k(raw: np.ndarray) -> Blocks:
 
 @dataclass(frozen=True)
 class GGMLType:
-    """How a GGML type loads: ``native`` into a ``QuantizedTensor`` for ``kernel``
-    (``int4`` or ``int8``) by ``blocks`` (a [rows, blocks, bytes] view of the file's blocks
-    -> q, scale, minimum), or ``dense`` (float32, dequantized by gguf-py)."""
+    """How a GGML type loads: ``native`` into a ``QuantizedTensor`` for ``kernel`` (``int4``
+    or ``int8``) by ``blocks`` (a [rows, blocks, bytes] view of the file's blocks -> q,
+    scale, minimum), or into a ``FloatTensor`` for ``kernel`` ``float`` (one value a block);
+    or ``dense`` (float32, dequantized by gguf-py)."""
 
     name: str
     load: str
     kernel: str | None = None
     group: int = 32
     block_bytes: int = 0
-    block_values: int = 32
+    block_values: int = 32  # 1 for the float types
     blocks: Callable[[np.ndarray], Blocks] | None = None
 
 
@@ -174,9 +214,10 @@ TYPES: dict[str, GGMLType] = {t.name: t for t in [
     _native("Q5_0", "int8", 32, 22, _q5_0),
     _native("Q5_1", "int8", 32, 24, _q5_1),
     _native("Q5_K", "int8", 256, 176, _q5_k),
-    *(GGMLType(name, "dense") for name in ("F32", "F16", "BF16", "F64")),
+    *(GGMLType(name, "native", "float", group=1, block_bytes=FLOAT_DTYPES[name].itemsize, block_values=1)
+      for name in FLOAT_DTYPES),
     # No kernel of ours reads these: dequantized to float32 (a dense copy, 4 bytes a weight).
-    *(GGMLType(name, "dense") for name in ("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")),
+    *(GGMLType(name, "dense") for name in ("F64", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")),
 ]}
 
 
@@ -185,6 +226,14 @@ def unsupported_message(type_name: str) -> str:
     native = ", ".join(n for n, t in TYPES.items() if t.load == "native")
     dense = ", ".join(n for n, t in TYPES.items() if t.load == "dense")
     return f"unsupported type {type_name} (supported: {native} on our kernels; {dense} dequantized to float32)"
+
+
+def float_tensor(kind: GGMLType, data: np.ndarray, rows: int, cols: int) -> FloatTensor:
+    """A ``float`` type's tensor data (the file's values, [rows, cols], or BF16's bytes
+    [rows, 2 cols]) as a ``FloatTensor`` in its own element type (a copy: the file's data is a
+    read-only map)."""
+    raw = np.ascontiguousarray(data).view(np.uint8).reshape(rows, cols * kind.block_bytes)
+    return FloatTensor(torch.from_numpy(raw.copy()).view(FLOAT_DTYPES[kind.name]), kind.name)
 
 
 def quantized_tensor(kind: GGMLType, data: np.ndarray, rows: int, cols: int) -> QuantizedTensor:

@@ -1,7 +1,8 @@
-"""Linear layers over dense, int8 or int4 weights.
+"""Linear layers over dense, float, int8 or int4 weights.
 
 A quantized layer's row has the same bits at every batch width: a row's result must not
-depend on how many neighbours shared its tick (batch-invariant greedy output). Our int4
+depend on how many neighbours shared its tick (batch-invariant greedy output); so does a
+float-weight layer's (``FloatWeight``: one float32 FMA chain per output). Our int4
 layers run one arithmetic on two kernels, the int4 matmul and, for calls of 5+ rows where
 the CPU has AMX, the tile kernel: the same bits (``kernels/int4_cpu.py``). On the
 project's AVX2 machine our int4 kernel was also faster than a dense float32 matmul at every
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from speclane.kernels import int4_cpu, int8_cpu
+from speclane.kernels import float_cpu, int4_cpu, int8_cpu
 from speclane.kernels.select import Kernels
 
 INT4_GROUP = 32
@@ -136,13 +137,38 @@ class GroupInt8Weight:
         return sum(t.numel() * t.element_size() for t in self.tensors)
 
 
+class FloatWeight:
+    """A weight in its source's own float type (float32, float16 or bfloat16: a GGUF's F32,
+    F16 and BF16 matmul weights, a Hugging Face folder's safetensors) on our float-weight
+    kernel (``kernels/float_x86.c``): the values as they are, one float32 FMA chain per
+    output; a row's result does not depend on the other rows of its call. ``kernels.float_matmul``
+    must hold the kernel and ``out_features`` be a multiple of 16 (``supports``)."""
+
+    def __init__(self, weight: torch.Tensor, kernels: Kernels):
+        if kernels.float_matmul is None:
+            raise ValueError("FloatWeight runs our float kernel: kernels.float_matmul is None")
+        self.out_features = weight.shape[0]
+        self.kernel = kernels.float_matmul.isa
+        self.packed = float_cpu.pack(weight)  # a ValueError unless 16 divides out_features
+        self.matmul = float_cpu.bind(self.packed, kernels.float_matmul.library)
+        self.nbytes = self.packed.numel() * self.packed.element_size()
+
+    def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """float32 [len(rows), in]: the rows' values as the source holds them (exact)."""
+        return self.packed[rows // float_cpu.LANES, :, rows % float_cpu.LANES].float()
+
+    @staticmethod
+    def supports(out_features: int, kernels: Kernels) -> bool:
+        return kernels.float_matmul is not None and out_features % float_cpu.LANES == 0
+
+
 class SplitWeight:
     """Weights of different kinds side by side in one layer (a fused q/k/v whose v is
     Q6_K and q, k Q4_K, as llama.cpp's Q4_K_M files have): each part's kernel on the whole
     input, the outputs side by side. Each output column is its part's, so the parts' batch
     invariance is the whole's."""
 
-    def __init__(self, parts: list[Int4Weight | GroupInt8Weight]):
+    def __init__(self, parts: list[Int4Weight | GroupInt8Weight | FloatWeight]):
         self.parts = parts
 
     @property
@@ -176,6 +202,8 @@ class Linear:
     A plain callable, not an ``nn.Module``: a decode step makes 121 of these calls, and
     at one row ``Module.__call__`` plus the per-call dtype checks cost more than some of
     the kernels (measured in ``speclane bench decode``). The kernel is chosen once here.
+    ``quantized`` is any weight with a kernel of ours or torch's (``FloatWeight`` too: its
+    values are not quantized, but it runs a bfloat16 kernel as the quantized ones do).
     A quantized layer may still carry its dense weight (an output head quantized from dense
     weights keeps a float32 copy to refine its top logits, see ``LlamaModel.logits``).
     ``rows`` reads weight rows back in float32: the token embedding's lookup and the
@@ -185,7 +213,7 @@ class Linear:
     def __init__(
         self,
         dense: torch.Tensor | None,
-        quantized: Int4Weight | GroupInt8Weight | SplitWeight | Int8Weight | None = None,
+        quantized: Int4Weight | GroupInt8Weight | FloatWeight | SplitWeight | Int8Weight | None = None,
         bias: torch.Tensor | None = None,
     ):
         if dense is None and quantized is None:

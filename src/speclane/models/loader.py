@@ -1,8 +1,9 @@
 """Find a model by name, path or repo id and read its weights (GGUF or safetensors).
 
 Weight formats produce one neutral ``WeightSet`` (``models/weights.py``: tensors in the
-Hugging Face layout, a GGUF's matmul weights in their own block values where our kernels
-run their type, ``models/gguf_types.py``, the rest dense float32);
+Hugging Face layout, a GGUF's matmul weights in their own block values or float type where
+our kernels run their type, ``models/gguf_types.py``, a Hugging Face folder's matmul weights
+in their safetensors float type, the rest dense float32);
 ``models/build.py`` turns that into a runnable ``LlamaModel``. A GGUF's weights go
 through the weight cache (``models/weight_cache.py``) at the folder ``RuntimeEnv`` names.
 """
@@ -28,7 +29,7 @@ from speclane.models.families import (
     rope_settings,
     to_llama_names,
 )
-from speclane.models.gguf_types import QuantizedTensor
+from speclane.models.gguf_types import FloatTensor, QuantizedTensor
 from speclane.models.weights import ModelLoadError, WeightSet
 
 __all__ = ["ModelLoadError", "SUPPORTED_ARCHITECTURES", "read_hf_folder", "read_weights", "resolve_model", "rope_settings"]
@@ -158,18 +159,23 @@ def _unpermute_rows(num_rows: int, num_heads: int) -> torch.Tensor:
     return idx
 
 
+def _is_layer_matmul(name: str) -> bool:
+    """A layer's linear weight (q/k/v/o, gate/up/down)."""
+    return name.startswith("model.layers.") and name.endswith("_proj.weight")
+
+
 def _on_blocks(name: str) -> bool:
-    """A weight the model keeps in its file's blocks: a layer's linear weight (q/k/v/o,
-    gate/up/down), the token embedding and the output head (``build.py`` runs them on our
-    kernels and reads embedding rows and the head's refinement back from the blocks)."""
-    return (name.startswith("model.layers.") and name.endswith("_proj.weight")) or name in (
-        "model.embed_tokens.weight", "lm_head.weight")
+    """A GGUF weight the model keeps in its file's own values: a layer's linear weight, the
+    token embedding and the output head (``build.py`` runs them on our kernels and reads
+    embedding rows and the head's refinement back from them)."""
+    return _is_layer_matmul(name) or name in ("model.embed_tokens.weight", "lm_head.weight")
 
 
-def _gguf_tensor(path: Path, tensor: Any, name: str) -> torch.Tensor | QuantizedTensor:
+def _gguf_tensor(path: Path, tensor: Any, name: str) -> torch.Tensor | QuantizedTensor | FloatTensor:
     """One GGUF tensor as the model keeps it: a layer's matmul weight of a type our kernels
     run, the token embedding and the output head (``_on_blocks``), as a ``QuantizedTensor``
-    of the file's own values (no dense copy); anything else float32, dequantized by gguf-py."""
+    or ``FloatTensor`` of the file's own values (no dense copy); anything else float32,
+    dequantized by gguf-py."""
     import gguf
 
     kind = gguf_types.TYPES.get(tensor.tensor_type.name)
@@ -177,6 +183,8 @@ def _gguf_tensor(path: Path, tensor: Any, name: str) -> torch.Tensor | Quantized
         raise ModelLoadError(f"{path}: tensor {tensor.name} has {gguf_types.unsupported_message(tensor.tensor_type.name)}")
     rows, cols = (int(n) for n in reversed(tensor.shape)) if len(tensor.shape) == 2 else (0, 0)
     if kind.load == "native" and _on_blocks(name) and rows and cols % kind.block_values == 0:
+        if kind.kernel == "float":
+            return gguf_types.float_tensor(kind, tensor.data, rows, cols)
         return gguf_types.quantized_tensor(kind, tensor.data, rows, cols)
     try:
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
@@ -192,8 +200,8 @@ def read_gguf(path: Path, cache_dir: Path | None = None) -> WeightSet:
 
     cached = weight_cache.load_cached(path, cache_dir)
     if cached is not None:
-        config, dense, quantized = cached
-        return WeightSet(config, dense, quantized, tokenizer_source=read_gguf_metadata(path), source=str(path))  # type: ignore[arg-type]
+        config, dense, quantized, floats = cached
+        return WeightSet(config, dense, quantized, floats, tokenizer_source=read_gguf_metadata(path), source=str(path))  # type: ignore[arg-type]
     weights = _read_gguf_file(path)
     weight_cache.store(path, weights, cache_dir)
     return weights
@@ -222,6 +230,7 @@ def _read_gguf_file(path: Path) -> WeightSet:
     permute = arch == "llama"
     dense: dict[str, torch.Tensor] = {}
     quantized: dict[str, QuantizedTensor] = {}
+    floats: dict[str, FloatTensor] = {}
     for tensor in reader.tensors:
         name = _hf_name(tensor.name)
         if name is None:
@@ -230,15 +239,17 @@ def _read_gguf_file(path: Path) -> WeightSet:
         if permute and (".q_proj." in name or ".k_proj." in name):
             heads = config.num_heads if ".q_proj." in name else config.num_kv_heads
             order = _unpermute_rows(weight.shape[0], heads)
-            weight = weight.rows(order) if isinstance(weight, QuantizedTensor) else weight[order].contiguous()
+            weight = weight[order].contiguous() if isinstance(weight, torch.Tensor) else weight.rows(order)
         if isinstance(weight, QuantizedTensor):
             quantized[name] = weight
+        elif isinstance(weight, FloatTensor):
+            floats[name] = weight
         else:
             dense[name] = weight
-    if "model.embed_tokens.weight" not in dense and "model.embed_tokens.weight" not in quantized:
+    if not any("model.embed_tokens.weight" in kept for kept in (dense, quantized, floats)):
         raise ModelLoadError(f"{path}: no token_embd.weight tensor")
     config = gguf_finish(config, dense, path)  # rope_freqs into the config, Gemma's norm names
-    return WeightSet(config, dense, quantized, tokenizer_source=meta, source=str(path))
+    return WeightSet(config, dense, quantized, floats, tokenizer_source=meta, source=str(path))
 
 
 # -- Hugging Face folder ---------------------------------------------------------------
@@ -256,14 +267,24 @@ def read_hf_folder(path: Path) -> WeightSet:
         raise ModelLoadError(f"{path} has no *.safetensors weight files")
     from safetensors.torch import load_file
 
-    dense: dict[str, torch.Tensor] = {}
+    stored: dict[str, torch.Tensor] = {}
     for file in files:
         try:
-            dense.update({k: v.float() for k, v in load_file(str(file)).items()})
+            stored.update(load_file(str(file)))
         except Exception as exc:
             raise ModelLoadError(f"{file} is not a readable safetensors file ({type(exc).__name__}: {exc})") from None
-    to_llama_names(config, dense)
-    return WeightSet(config, dense, tokenizer_source=path, source=str(path))
+    to_llama_names(config, stored)
+    # A layer's matmul weight in a float type our float kernel reads stays in it (no float32
+    # copy); everything else is float32.
+    dense: dict[str, torch.Tensor] = {}
+    floats: dict[str, FloatTensor] = {}
+    for name, tensor in stored.items():
+        type_name = gguf_types.float_type_name(tensor.dtype)
+        if _is_layer_matmul(name) and tensor.dim() == 2 and type_name is not None:
+            floats[name] = FloatTensor(tensor.contiguous(), type_name)
+        else:
+            dense[name] = tensor.float()
+    return WeightSet(config, dense, floats=floats, tokenizer_source=path, source=str(path))
 
 
 def read_weights(name_or_path: str, env: RuntimeEnv | None = None) -> WeightSet:

@@ -20,12 +20,16 @@ from pathlib import Path
 
 import torch
 
-from speclane.models.gguf_types import QuantizedTensor
+from speclane.models.gguf_types import FloatTensor, QuantizedTensor
 from speclane.models.llama import LlamaConfig
 from speclane.models.weights import WeightSet
 
-CACHE_VERSION = 3  # 3: the token embedding and output head in their blocks too
+# 2: quantized tensors of any native GGML type (q, scale, minimum); 3: F32, F16 and BF16
+# matmul weights in their own type (FloatTensor); 4: the token embedding and output head in
+# their blocks too
+CACHE_VERSION = 4
 _QUANTIZED = "quantized."
+_FLOAT = "float."
 
 
 def cache_path(source: Path, directory: Path) -> Path:
@@ -35,7 +39,7 @@ def cache_path(source: Path, directory: Path) -> Path:
 
 
 def load_cached(source: Path, directory: Path | None
-                ) -> tuple[LlamaConfig, dict[str, torch.Tensor], dict[str, QuantizedTensor]] | None:
+                ) -> tuple[LlamaConfig, dict[str, torch.Tensor], dict[str, QuantizedTensor], dict[str, FloatTensor]] | None:
     """``source``'s cached weights in ``directory`` (None: the cache is off), or None."""
     if directory is None:
         return None
@@ -51,18 +55,20 @@ def load_cached(source: Path, directory: Path | None
         config_fields = json.loads(meta["config"])
         config = LlamaConfig.from_dict(config_fields)
         kinds = json.loads(meta.get("quantized", "{}"))
+        float_types = json.loads(meta.get("floats", "{}"))
         # Copied out of the file's mapping: a tensor the model keeps as it is (a norm) would
         # otherwise keep the whole mapping resident beside the model's own copies.
         tensors = {name: t.clone() for name, t in load_file(str(path)).items()}
-        dense = {k: v for k, v in tensors.items() if not k.startswith(_QUANTIZED)}
+        dense = {k: v for k, v in tensors.items() if not k.startswith((_QUANTIZED, _FLOAT))}
         quantized = {
             name: QuantizedTensor(tensors[f"{_QUANTIZED}{name}.q"], tensors[f"{_QUANTIZED}{name}.scale"],
                                   tensors.get(f"{_QUANTIZED}{name}.minimum"), group, kernel, ggml_type)
             for name, (group, kernel, ggml_type) in kinds.items()
         }
+        floats = {name: FloatTensor(tensors[f"{_FLOAT}{name}"], ggml_type) for name, ggml_type in float_types.items()}
     except Exception:  # a stale or damaged cache is simply rebuilt
         return None
-    return config, dense, quantized
+    return config, dense, quantized, floats
 
 
 def store(source: Path, weights: WeightSet, directory: Path | None) -> None:
@@ -80,7 +86,12 @@ def store(source: Path, weights: WeightSet, directory: Path | None) -> None:
         if weight.minimum is not None:
             tensors[f"{_QUANTIZED}{name}.minimum"] = weight.minimum.contiguous()
         kinds[name] = (weight.group, weight.kernel, weight.ggml_type)
-    meta = {"config": json.dumps(dataclasses.asdict(weights.config)), "source": str(source), "quantized": json.dumps(kinds)}
+    float_types = {}
+    for name, weight in weights.floats.items():
+        tensors[f"{_FLOAT}{name}"] = weight.values.contiguous()
+        float_types[name] = weight.ggml_type
+    meta = {"config": json.dumps(dataclasses.asdict(weights.config)), "source": str(source), "quantized": json.dumps(kinds),
+            "floats": json.dumps(float_types)}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
