@@ -165,6 +165,15 @@ def test_no_room_refuses_admission_and_changes_nothing():
     kv.check()
 
 
+def test_cached_blocks_a_request_would_read_do_not_count_as_room_for_it():
+    kv = KVManager(4, B)
+    run_prompt(kv, req("a1", list(range(12))), "A")  # 3 cached blocks, 1 free
+    longer = req("a2", list(range(20)))  # reads the 3, needs 2 more: only 1 is left
+    assert kv.admit("a2", longer, tenant="A") is None
+    assert kv.cache.num_evictable == 3 and kv.pool.num_free == 1
+    kv.check()
+
+
 def test_eviction_takes_from_the_tenant_most_over_its_weighted_share():
     kv = KVManager(8, B)
     run_prompt(kv, req("b", [50] * 8), "B")  # released first: the least recently used blocks
@@ -174,10 +183,8 @@ def test_eviction_takes_from_the_tenant_most_over_its_weighted_share():
     run_prompt(kv, req("c", [80] * 8), "C", keep=True)  # needs 2 blocks: A's go, not B's older ones
     assert kv.pool.held("A") == 4 and kv.pool.held("B") == 2
     # Weighted: A at weight 4 holds 4 / 4 = 1 per unit, B at weight 1 holds 2: B's go first.
-    kv.free("c")
-    kv.admit("a3", req("a3", [90]), tenant="A", weight=4.0)
-    kv.evict(1)
-    assert kv.pool.held("B") == 1
+    assert kv.admit("a3", req("a3", [90]), tenant="A", weight=4.0) is not None
+    assert kv.pool.held("B") == 1 and kv.pool.held("A") == 5
     kv.check()
 
 
