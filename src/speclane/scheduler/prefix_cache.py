@@ -80,10 +80,6 @@ class PrefixCache:
         """The (scope, chain hash) ``block`` is indexed under; None when it is not cached."""
         return self._key_of.get(block)
 
-    def is_evictable(self, block: int) -> bool:
-        owner = self.pool.owner(block)
-        return owner is not None and block in self._evictable.get(owner, ())
-
     def evictable_tenants(self) -> Iterator[tuple[str, int]]:
         """(tenant, release stamp of its least recently used evictable block), per tenant
         that has evictable blocks."""
