@@ -52,12 +52,13 @@ def main() -> None:
     def no_sdpa(q, k, v, attn_mask=None, scale=None):
         return torch.zeros_like(q)
 
-    def no_fused_attention(lib, qkv, cos, signed_sin, k_cache, v_cache, row_slot, row_len, num_heads, *_):
+    def no_fused_attention(lib, qkv, cos, signed_sin, k_cache, v_cache, *args):
+        num_heads = args[-3]
         return torch.zeros(qkv.shape[0], num_heads * k_cache.shape[-1], dtype=torch.bfloat16)
 
     # Attention runs through our fused kernel (bfloat16: RoPE, cache write and attention in
     # one call) or SDPA (elsewhere): replace both.
-    real_attention = (attention_cpu.rope_write_attention, real_sdpa)
+    real_attention = (attention_cpu.paged_rope_write_attention, real_sdpa)
     no_attention = (no_fused_attention, no_sdpa)
 
     variants = {
@@ -71,12 +72,12 @@ def main() -> None:
         for _ in range(args.rounds):
             for name, (kernel, attention) in variants.items():
                 use_int4(kernel)
-                attention_cpu.rope_write_attention, F.scaled_dot_product_attention = attention
+                attention_cpu.paged_rope_write_attention, F.scaled_dot_product_attention = attention
                 times = [forward_ms(model, cache, kv_len=200) for _ in range(12)]
                 samples[name].append(statistics.median(times[2:]))
     finally:
         use_int4(real_kernel)
-        attention_cpu.rope_write_attention, F.scaled_dot_product_attention = real_attention
+        attention_cpu.paged_rope_write_attention, F.scaled_dot_product_attention = real_attention
     print("| variant | ms per step (median) |\n|---|---|")
     for name, values in samples.items():
         print(f"| {name} | {statistics.median(values):.1f} |")

@@ -32,14 +32,19 @@ FORWARDS = {"prefill 96": (96, 0), "verify 5 @100": (5, 100), "step 1 @100": (1,
 # samples from its last row only), and this script must also run against checkouts older
 # than any option added to it.
 def forward_ms(model, cache, rows: int, cached: int) -> float:
-    cache.lengths[0] = cached
-    batch = RaggedBatch(input_ids=torch.randint(0, 1000, (rows,)), positions=torch.arange(cached, cached + rows),
-                        slots=[0], starts=[cached], num_new=[rows])
+    ids, positions = torch.randint(0, 1000, (rows,)), torch.arange(cached, cached + rows)
+    if hasattr(cache, "block_size"):  # a paged cache: the sequence on the pool's first blocks
+        table = list(range(-(-(cached + rows) // cache.block_size)))
+        batch = RaggedBatch(input_ids=ids, positions=positions, block_tables=[table], starts=[cached], num_new=[rows])
+    else:  # a checkout with one cache row per sequence
+        cache.lengths[0] = cached
+        batch = RaggedBatch(input_ids=ids, positions=positions, slots=[0], starts=[cached], num_new=[rows])
     start = time.perf_counter()
     hidden = model(batch, cache)
     model.logits(hidden if cached else hidden[-1:])  # a prefill samples from its last row only
     elapsed = (time.perf_counter() - start) * 1000
-    cache.reset(0)
+    if not hasattr(cache, "block_size"):
+        cache.reset(0)
     return elapsed
 
 

@@ -18,14 +18,14 @@ import math
 
 import pytest
 import torch
+from slot_pool import SlotPool
 
 from speclane.config import ModelConfig
 from speclane.llm import LLM
 from speclane.models.build import build_model
 from speclane.models.families import hf_config
-from speclane.models.kv_cache import KVCache
 from speclane.models.linear import FloatWeight
-from speclane.models.llama import LlamaModel, RaggedBatch
+from speclane.models.llama import LlamaModel
 from speclane.models.loader import ModelLoadError, read_weights
 from speclane.request import SamplingParams
 
@@ -114,14 +114,8 @@ def _prompts() -> list[list[int]]:
     return [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in SEQ_LENS]
 
 
-def _forward(model: LlamaModel, cache: KVCache, rows) -> list[torch.Tensor]:
-    ids, positions = [], []
-    for _, start, tokens in rows:
-        ids += tokens
-        positions += range(start, start + len(tokens))
-    batch = RaggedBatch(torch.tensor(ids), torch.tensor(positions), [r[0] for r in rows], [r[1] for r in rows],
-                        [len(r[2]) for r in rows])
-    return list(model.logits(model(batch, cache)).split([len(r[2]) for r in rows]))
+def _forward(model: LlamaModel, cache: SlotPool, rows) -> list[torch.Tensor]:
+    return list(model.logits(model(cache.batch(rows), cache)).split([len(r[2]) for r in rows]))
 
 
 def test_the_family_config_is_read(family, ours):
@@ -156,7 +150,7 @@ def _ragged_difference(hf, ours: LlamaModel) -> float:
     with torch.inference_mode():
         theirs = [hf(torch.tensor([p])).logits[0].float() for p in prompts]
     assert max(t.abs().max().item() for t in theirs) > 2  # the scale the tolerance is against
-    cache = KVCache(ours.config.num_layers, 4, 64, ours.config.num_kv_heads, ours.config.head_dim, torch.float32)
+    cache = SlotPool(ours.config, 4, 64, torch.float32)
     # Prefill all but the last 5, 4 and 6 tokens, ragged, in slots 2, 0, 3.
     split = [n - k for n, k in zip(SEQ_LENS, (5, 4, 6), strict=True)]
     slots = [2, 0, 3]
@@ -301,9 +295,9 @@ def test_bfloat16_with_our_kernels_stays_near_float32(family, ours):
         assert model.kernel_layers == ([True, True] if name == "qwen3" else [False, False, True, False])
     prompts = _prompts()
     c = model.config
-    half = _forward(model, KVCache(c.num_layers, 3, 64, c.num_kv_heads, c.head_dim, torch.bfloat16),
+    half = _forward(model, SlotPool(c, 3, 64, torch.bfloat16),
                     [(i, 0, p) for i, p in enumerate(prompts)])
-    full = _forward(ours, KVCache(c.num_layers, 3, 64, c.num_kv_heads, c.head_dim, torch.float32),
+    full = _forward(ours, SlotPool(c, 3, 64, torch.float32),
                     [(i, 0, p) for i, p in enumerate(prompts)])
     worst = max((h - f).abs().max().item() for h, f in zip(half, full, strict=True))
     agree = sum((h.argmax(-1) == f.argmax(-1)).sum().item() for h, f in zip(half, full, strict=True)) / sum(SEQ_LENS)

@@ -71,9 +71,9 @@ def test_a_small_kv_pool_runs_fewer_sequences_at_once_and_finishes_every_request
     config = EngineConfig().replace(max_model_len=256, kv_cache_mib=20, num_threads=1, spec_mode="off")
     engine = LLMEngine(config)
     pool = engine.kv_pool
-    per_sequence = engine.cache.bytes / engine.cache.num_slots
-    assert pool["sequences"] == engine.cache.num_slots == 20 * 2**20 // per_sequence < 16
-    assert pool["mib"] <= 20 and pool["positions_per_sequence"] == engine.cache.max_len >= 256
+    per_sequence = engine.cache.bytes / pool["sequences"]
+    assert pool["sequences"] == 20 * 2**20 // per_sequence < 16
+    assert pool["mib"] <= 20 and pool["positions_per_sequence"] >= 256
     assert engine.scheduler.slots.num_slots == pool["sequences"]
     for i in range(pool["sequences"] + 2):  # more requests than the pool holds: they queue
         engine.add_request(f"r{i}", engine.tokenizer.encode(f"Count to {i + 3}:"), SamplingParams(max_tokens=6))

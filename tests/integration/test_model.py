@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import pytest
 import torch
+from slot_pool import SlotPool
 
 from speclane.models.kv_cache import KVCache
 from speclane.models.llama import LlamaModel, RaggedBatch
@@ -65,26 +66,13 @@ def model(llm_f32) -> LlamaModel:
     return llm_f32.engine.model
 
 
-def new_cache(model: LlamaModel, num_slots: int = 4, max_len: int = 160) -> KVCache:
-    c = model.config
-    return KVCache(c.num_layers, num_slots, max_len, c.num_kv_heads, c.head_dim, model.dtype)
+def new_cache(model: LlamaModel, num_slots: int = 4, max_len: int = 160) -> SlotPool:
+    return SlotPool(model.config, num_slots, max_len, model.dtype)
 
 
-def forward(model: LlamaModel, cache: KVCache, rows: Sequence[tuple[int, int, Sequence[int]]]) -> list[torch.Tensor]:
+def forward(model: LlamaModel, cache: SlotPool, rows: Sequence[tuple[int, int, Sequence[int]]]) -> list[torch.Tensor]:
     """One ragged forward of ``(slot, start, new token ids)`` rows; logits per row [n, vocab]."""
-    ids: list[int] = []
-    positions: list[int] = []
-    for _, start, tokens in rows:
-        ids += tokens
-        positions += range(start, start + len(tokens))
-    batch = RaggedBatch(
-        input_ids=torch.tensor(ids),
-        positions=torch.tensor(positions),
-        slots=[slot for slot, _, _ in rows],
-        starts=[start for _, start, _ in rows],
-        num_new=[len(tokens) for _, _, tokens in rows],
-    )
-    logits = model.logits(model(batch, cache))
+    logits = model.logits(model(cache.batch(rows), cache))
     return list(logits.split([len(tokens) for _, _, tokens in rows]))
 
 
@@ -157,7 +145,6 @@ def test_ragged_mix_of_decode_row_prefill_chunk_and_multi_token_row(llm_f32, mod
         reference = alone(model, tokens)[start:]
         assert (logits - reference).abs().max().item() < RAGGED_ATOL
         assert torch.equal(logits.argmax(-1), reference.argmax(-1))
-    assert cache.lengths[:3] == [8, 23, 45]
 
 
 def test_single_sequence_prefilled_in_chunks_equals_one_pass(llm_f32, model):
@@ -182,15 +169,12 @@ def test_truncate_then_redecode_equals_never_writing_the_dropped_positions(llm_f
     forward(model, cache, [(0, 0, prompt), (1, 0, other)])
     junk = [17, 4000, 123, 9]
     forward(model, cache, [(0, 20, [x, *junk])])  # a verify row whose four drafts are rejected
-    cache.truncate(0, 21)
-    assert cache.lengths[0] == 21
-    # Re-decode beside a longer sequence, so that this forward's key range covers the
-    # dropped positions 21..24 of slot 0, still holding stale keys: they must not be seen.
+    # Re-decode from the verified length 21 beside a longer sequence, so that this forward's
+    # key range covers the dropped positions 21..24 of slot 0, still holding stale keys:
+    # they must not be seen.
     got = forward(model, cache, [(0, 21, [y]), (1, 50, [x])])[0][-1]
     assert (got - reference).abs().max().item() < RAGGED_ATOL
     assert int(got.argmax()) == int(reference.argmax())
-    with pytest.raises(ValueError, match="cannot truncate"):
-        cache.truncate(0, 23)  # only ever shorter
 
     # Control: had the drafts stayed in the cache, the answer would differ.
     polluted_cache = new_cache(model)
@@ -214,10 +198,9 @@ def test_default_model_answers_the_capital_of_france(llm_default):
     assert "Paris" in answer.text, answer.text
 
 
-def _hidden(model: LlamaModel, cache: KVCache, slot: int, start: int, tokens: Sequence[int]) -> torch.Tensor:
+def _hidden(model: LlamaModel, cache: SlotPool, slot: int, start: int, tokens: Sequence[int]) -> torch.Tensor:
     """Final hidden states [n, hidden] of one forward of ``tokens`` at ``start`` in ``slot``."""
-    positions = torch.arange(start, start + len(tokens))
-    return model(RaggedBatch(torch.tensor(tokens), positions, [slot], [start], [len(tokens)]), cache)
+    return model(cache.batch([(slot, start, tokens)]), cache)
 
 
 def test_default_model_rows_do_not_depend_on_their_neighbours(our_kernels, llm_default):
@@ -235,11 +218,38 @@ def test_default_model_rows_do_not_depend_on_their_neighbours(our_kernels, llm_d
     decoded = torch.cat([_hidden(model, cache, 0, 28 + i, [t]) for i, t in enumerate(tail)])
     verified = torch.cat([_hidden(model, cache, 1, 28 + i, tail[i : i + 5]) for i in range(0, len(tail), 5)])
     prefilled = _hidden(model, cache, 2, 0, tokens)[28:]
-    ragged = model(RaggedBatch(torch.tensor(tail[:4] + [tail[0]]), torch.tensor([28, 29, 30, 31, 5]), [3, 0],
-                               [28, 5], [4, 1]), cache)[:4]  # slot 0 re-decodes position 5 beside it (not compared)
+    ragged = model(cache.batch([(3, 28, tail[:4]), (0, 5, tail[:1])]), cache)[:4]  # slot 0 re-decodes position 5 beside it (not compared)
     assert torch.equal(verified, decoded)
     assert torch.equal(prefilled, decoded)
     assert torch.equal(ragged, decoded[:4])
+
+
+def test_default_model_positions_do_not_depend_on_the_block_layout(our_kernels, llm_default):
+    """The same sequence through two block tables, its blocks in order and shuffled in a
+    pool holding another sequence, prefilled in one pass or in chunks that end mid-block,
+    decoded alone or beside the other sequence: the same logits, bit for bit."""
+    model = llm_default.engine.model
+    c = model.config
+    tokens = prompt_ids(llm_default, TEXT)[:45]
+    cache = KVCache(c.num_layers, 12, 16, c.num_kv_heads, c.head_dim, model.dtype)
+    in_order, shuffled, other = [0, 1, 2], [9, 4, 7], [3, 11, 5]
+
+    def run(table, start, new, beside=None):
+        rows = [(table, start, new)] + ([beside] if beside else [])
+        ids = [t for _, _, n in rows for t in n]
+        positions = [p for _, st, n in rows for p in range(st, st + len(n))]
+        batch = RaggedBatch(torch.tensor(ids), torch.tensor(positions), [r[0] for r in rows], [r[1] for r in rows],
+                            [len(r[2]) for r in rows])
+        return model.logits(model(batch, cache))[: len(new)]
+
+    whole = run(in_order, 0, tokens)
+    parts = torch.cat([run(shuffled, 0, tokens[:21]), run(shuffled, 21, tokens[21:37], (other, 0, tokens[:30])),
+                       *(run(shuffled, p, tokens[p : p + 1], (other, 30 + p - 37, tokens[30 + p - 37 : 31 + p - 37]))
+                         for p in range(37, 45))])
+    assert model.attention_library is not None and model.dtype == torch.bfloat16
+    assert torch.equal(parts, whole)
+    with pytest.raises(ValueError, match="does not hold"):
+        run(shuffled[:2], 0, tokens[:33])
 
 
 def test_quantized_head_picks_the_float32_argmax(llm_default):
@@ -251,7 +261,7 @@ def test_quantized_head_picks_the_float32_argmax(llm_default):
     text = TEXT + " " + " ".join(GREEDY_PROMPTS)
     tokens = prompt_ids(llm_default, text)
     cache = new_cache(model, num_slots=1, max_len=len(tokens) + 1)
-    hidden = model(RaggedBatch(torch.tensor(tokens), torch.arange(len(tokens)), [0], [0], [len(tokens)]), cache)
+    hidden = model(cache.batch([(0, 0, tokens)]), cache)
     refined = model.logits(hidden)
     exact = hidden.float() @ model.head_table().T
     assert len(tokens) > 60

@@ -14,6 +14,7 @@ from speclane.engine.engine import LLMEngine, load_tokenizer
 from speclane.kernels import build, int4_cpu
 from speclane.kernels.select import Kernels
 from speclane.models.build import build_model
+from speclane.models.kv_cache import gather
 from speclane.models.llama import RaggedBatch
 from speclane.models.loader import read_weights
 from speclane.request import SamplingParams
@@ -47,8 +48,8 @@ def llms():
             for name, k in kernels.items()}
 
 
-def _forward(engine, slot, start, tokens):
-    batch = RaggedBatch(torch.tensor(tokens), torch.arange(start, start + len(tokens)), [slot], [start], [len(tokens)])
+def _forward(engine, table, start, tokens):
+    batch = RaggedBatch(torch.tensor(tokens), torch.arange(start, start + len(tokens)), [table], [start], [len(tokens)])
     return engine.model(batch, engine.cache)
 
 
@@ -57,15 +58,12 @@ def test_a_prompt_gives_the_same_bits_with_and_without_tiles(llms):
     hidden = {}
     for name, llm in llms.items():
         cache = llm.engine.cache
-        cache.reset(0)
-        whole = _forward(llm.engine, 0, 0, tokens)  # 30 rows: the tile kernel, where on
-        cache.reset(1)
+        one, two = [0, 1], [2, 3]
+        whole = _forward(llm.engine, one, 0, tokens)  # 30 rows: the tile kernel, where on
         first = int4_cpu.TILE_MIN_ROWS - 1  # rows the int4 matmul takes in both
-        chunked = torch.cat([_forward(llm.engine, 1, 0, tokens[:first]), _forward(llm.engine, 1, first, tokens[first:])])
+        chunked = torch.cat([_forward(llm.engine, two, 0, tokens[:first]), _forward(llm.engine, two, first, tokens[first:])])
         assert torch.equal(whole, chunked), name
-        hidden[name] = whole, cache.keys[5][0, :, :30].clone()
-        cache.reset(0)
-        cache.reset(1)
+        hidden[name] = whole, gather(cache.keys[5], torch.tensor([one]), 30).clone()
     assert torch.equal(hidden["amx"][0], hidden["off"][0])
     assert torch.equal(hidden["amx"][1], hidden["off"][1])
 

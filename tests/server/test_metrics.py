@@ -73,6 +73,5 @@ def test_contract_metrics_after_traffic(live: LiveServer, idle_after: AsyncEngin
 def test_health_shows_the_kv_pool(live: LiveServer, async_engine: AsyncEngine) -> None:
     body = httpx.get(live.url + "/health", timeout=30).json()
     cache = async_engine.engine.cache
-    assert body["kv_cache"] == {"mib": round(cache.bytes / 2**20, 1), "sequences": cache.num_slots,
-                                "positions_per_sequence": cache.max_len, "dtype": "bfloat16"}
+    assert body["kv_cache"] == {"mib": round(cache.bytes / 2**20, 1), **async_engine.engine.kv_pool, "dtype": "bfloat16"}
     assert body["kv_cache"]["mib"] > 0

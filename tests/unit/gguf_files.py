@@ -89,8 +89,9 @@ def write_llama(path: Path, layer_types: list[tuple[str, ...]]) -> Path:
 def forward(model, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """(the final hidden states, the logits) of ``tokens`` run alone in a fresh cache."""
     c = model.config
-    cache = KVCache(c.num_layers, 1, 64, c.num_kv_heads, c.head_dim, model.dtype)
-    hidden = model(RaggedBatch(torch.tensor(tokens), torch.arange(len(tokens)), [0], [0], [len(tokens)]), cache)
+    cache = KVCache(c.num_layers, 4, 16, c.num_kv_heads, c.head_dim, model.dtype)
+    table = [3, 1, 0, 2]  # 64 positions, blocks out of order
+    hidden = model(RaggedBatch(torch.tensor(tokens), torch.arange(len(tokens)), [table], [0], [len(tokens)]), cache)
     return hidden.float(), model.logits(hidden).float()
 
 

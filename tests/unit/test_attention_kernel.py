@@ -167,3 +167,56 @@ def test_fused_rope_write_attention_refuses_what_it_cannot_read():
         attention_cpu.rope_write_attention(LIB, qkv, cos.float(), signed_sin, keys, values, slot, row_len, HEADS, 0.1, scratch)
     with pytest.raises(ValueError, match="one row_slot"):
         attention_cpu.rope_write_attention(LIB, qkv, cos, signed_sin, keys, values, slot, row_len, HEADS, 0.1, scratch[:0])
+
+
+def _paged(keys, values, block_size, order):
+    """The slot cache [slots, kvh, max_len, d] cut into blocks of ``block_size`` placed in the
+    pool at ``order`` (pool index per (slot, block)), and each slot's table."""
+    slots, kvh, max_len, d = keys.shape
+    per_slot = max_len // block_size
+    pool_k = torch.zeros(slots * per_slot, kvh, block_size, d, dtype=keys.dtype)
+    pool_v = torch.zeros_like(pool_k)
+    tables = torch.tensor(order, dtype=torch.int32).view(slots, per_slot)
+    for s in range(slots):
+        for b in range(per_slot):
+            pool_k[tables[s, b]] = keys[s, :, b * block_size : (b + 1) * block_size]
+            pool_v[tables[s, b]] = values[s, :, b * block_size : (b + 1) * block_size]
+    return pool_k, pool_v, tables
+
+
+@pytest.mark.parametrize("block_size", [1, 15, 20, MAX_LEN])
+def test_paged_attention_gives_the_slot_caches_bits_through_any_block_table(block_size):
+    """A position's result does not depend on where its keys sit: blocks in order or shuffled,
+    of any size, give the bits of the slot cache."""
+    keys, values = _cache(4)
+    rows = [(0, 5), (2, 299), (1, 1), (2, 64), (0, 16), (1, 17)]
+    q = torch.randn(len(rows), HEADS, HEAD_DIM).bfloat16()
+    slot = torch.tensor([s for s, _ in rows], dtype=torch.int32)
+    length = torch.tensor([n for _, n in rows], dtype=torch.int32)
+    expected = attention_cpu.attention(LIB, q, keys, values, slot, length, 0.125)
+    num_blocks = SLOTS * (MAX_LEN // block_size)
+    for order in (list(range(num_blocks)), torch.randperm(num_blocks, generator=torch.Generator().manual_seed(5)).tolist()):
+        pool_k, pool_v, tables = _paged(keys, values, block_size, order)
+        got = attention_cpu.paged_attention(LIB, q, pool_k, pool_v, tables, slot, length, 0.125)
+        assert torch.equal(got, expected), (block_size, order[:4])
+
+
+def test_paged_rope_write_attention_writes_through_the_table():
+    """The fused call on a paged cache writes each row's key and value at its position's
+    block and offset, and gives the slot cache's output."""
+    cos, signed_sin = _rope_tables()
+    rows = [(0, 40), (0, 41), (0, 42), (2, 0), (1, 299)]
+    slot = torch.tensor([s for s, _ in rows], dtype=torch.int32)
+    row_len = torch.tensor([p + 1 for _, p in rows], dtype=torch.int32)
+    qkv = (torch.randn(len(rows), (HEADS + 2 * KV_HEADS) * HEAD_DIM) * 2).bfloat16()
+    keys, values = _cache(6)
+    order = torch.randperm(SLOTS * 15, generator=torch.Generator().manual_seed(7)).tolist()
+    pool_k, pool_v, tables = _paged(keys, values, 20, order)
+    scratch = torch.empty(len(rows), HEADS, HEAD_DIM, dtype=torch.bfloat16)
+    expected = attention_cpu.rope_write_attention(LIB, qkv, cos, signed_sin, keys, values, slot, row_len, HEADS, 0.125,
+                                                  scratch.clone())
+    got = attention_cpu.paged_rope_write_attention(LIB, qkv, cos, signed_sin, pool_k, pool_v, tables, slot, row_len,
+                                                   HEADS, 0.125, scratch)
+    assert torch.equal(got, expected)
+    written_k, written_v, _ = _paged(keys, values, 20, order)
+    assert torch.equal(pool_k, written_k) and torch.equal(pool_v, written_v)

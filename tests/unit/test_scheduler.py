@@ -106,6 +106,7 @@ def test_admission_stops_at_max_num_seqs_and_a_freed_slot_admits_the_next():
     c = story.add(make_request("c", 4))
 
     plan, events = story.tick()  # a and b take both slots; c waits without a slot
+    first = plan
     assert set(rows(plan)) == {"a", "b"}
     assert story.scheduler.num_running == 2 and story.scheduler.num_waiting == 1
     assert c.status == RequestStatus.WAITING and "c" not in story.scheduler.slot_of
@@ -118,7 +119,7 @@ def test_admission_stops_at_max_num_seqs_and_a_freed_slot_admits_the_next():
 
     plan, events = story.tick()  # c takes a's slot, b keeps decoding
     assert set(rows(plan)) == {"b", "c"}
-    assert rows(plan)["c"].slot == 0 and rows(plan)["c"].start == 0
+    assert rows(plan)["c"].block_table == rows(first)["a"].block_table and rows(plan)["c"].start == 0
     assert b.num_output_tokens == 3 and c.num_output_tokens == 1
 
 
@@ -231,7 +232,7 @@ def test_abort_mid_prefill_frees_the_slot_for_the_next_tick():
 
     plan, events = story.tick()
     assert plan.released_request_ids == ("victim",)  # the runner drops its drafter state
-    assert set(rows(plan)) == {"next"} and rows(plan)["next"].slot == 0
+    assert set(rows(plan)) == {"next"} and rows(plan)["next"].block_table[0] == 0
     assert "victim" not in events and victim.num_output_tokens == 0
     assert nxt.num_output_tokens == 1
 
@@ -449,9 +450,10 @@ def check_invariants(scheduler: Scheduler, plan: SchedulerPlan) -> None:
         assert scheduler.slots.owner(slot) == rid
     seqs = rows(plan)
     assert len(seqs) == len(plan.seqs), "a request appears twice in one plan"
-    assert len({s.slot for s in plan.seqs}) == len(plan.seqs)
+    blocks = [b for s in plan.seqs for b in s.block_table]
+    assert len(set(blocks)) == len(blocks), "two sequences share a KV block"
     for seq in plan.seqs:
-        assert running[seq.request_id] is seq.request and seq.slot == scheduler.slot_of[seq.request_id]
+        assert running[seq.request_id] is seq.request
         assert seq.start == seq.request.num_computed_tokens
     for rid, request in running.items():
         assert request.status == RequestStatus.RUNNING
@@ -545,9 +547,9 @@ def test_sequences_sharing_a_prompt_wait_for_its_prefill_then_copy_its_kv():
         prefilled += len(rows(plan)["a"].token_ids)
     assert prefilled == 100
     plan, events = story.tick()
-    slot_a = story.scheduler.slot_of["a"]
-    copies = {(c.src_slot, c.dst_slot, c.num_tokens) for c in plan.kv_copies}
-    assert copies == {(slot_a, story.scheduler.slot_of[r], 99) for r in ("a#1", "a#2")}
+    copies = {(c.src_blocks, c.dst_blocks) for c in plan.kv_copies}
+    blocks = -(-99 // 16)  # the blocks holding the prompt's first 99 positions
+    assert copies == {(rows(plan)["a"].block_table[:blocks], rows(plan)[r].block_table[:blocks]) for r in ("a#1", "a#2")}
     for rid in ("a#1", "a#2"):  # only the prompt's last position is computed, and sampled
         seq = rows(plan)[rid]
         assert (seq.start, len(seq.token_ids), seq.sample) == (99, 1, True)

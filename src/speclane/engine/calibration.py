@@ -34,26 +34,19 @@ log = logging.getLogger(__name__)
 CONTEXT = 128  # cached tokens of the measured sequence: a short chat turn
 
 
-def forward_ms(model: LlamaModel, cache: KVCache, *, batch: int = 1, positions: int = 1, kv_len: int = CONTEXT,
-               slot: int = 0) -> float:
-    """Wall ms of one forward + logits: ``batch`` sequences (slots slot..slot + batch - 1)
-    with ``positions`` new tokens each after ``kv_len`` cached ones (whatever they hold)."""
-    slots = list(range(slot, slot + batch))
-    for s in slots:
-        cache.lengths[s] = kv_len
+def forward_ms(model: LlamaModel, cache: KVCache, *, batch: int = 1, positions: int = 1, kv_len: int = CONTEXT) -> float:
+    """Wall ms of one forward + logits: ``batch`` sequences (on consecutive blocks) with
+    ``positions`` new tokens each after ``kv_len`` cached ones (whatever they hold)."""
     rb = RaggedBatch(
         input_ids=torch.randint(0, min(1000, model.config.vocab_size), (batch * positions,)),
         positions=torch.arange(kv_len, kv_len + positions).repeat(batch),
-        slots=slots,
+        block_tables=cache.row_tables(batch, kv_len + positions),  # type: ignore[arg-type]
         starts=[kv_len] * batch,
         num_new=[positions] * batch,
     )
     start = time.perf_counter()
     model.logits(model(rb, cache))
-    elapsed = (time.perf_counter() - start) * 1000
-    for s in slots:
-        cache.reset(s)
-    return elapsed
+    return (time.perf_counter() - start) * 1000
 
 
 SWEEPS = 5  # sweeps of 1..max_rows rows; the table keeps each width's fastest
@@ -69,7 +62,7 @@ def measure_step_cost(model: LlamaModel, cache: KVCache, max_rows: int, repeats:
     stream drafted 3 where 4 paid."""
     # The cache has room for K draft positions past the context; the model's positions may
     # not (a model whose limit is the served length): stay inside both.
-    limit = min(cache.max_len, model.config.max_position_embeddings)
+    limit = min(cache.num_blocks * cache.block_size, model.config.max_position_embeddings)
     kv_len = max(0, min(CONTEXT, limit - max_rows - 1))
     forward_ms(model, cache, positions=1, kv_len=kv_len)  # warm-up
     samples: list[list[float]] = [[] for _ in range(max_rows)]

@@ -31,6 +31,7 @@ from speclane.models.llama import LlamaModel
 from speclane.models.loader import read_weights
 from speclane.models.tokenizer import Tokenizer
 from speclane.request import Request, SamplingParams, TokenLogprob, finish_reason
+from speclane.scheduler.block_pool import KV_BLOCK_SIZE
 from speclane.scheduler.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -114,12 +115,15 @@ class LLMEngine:
         kv_dtype = torch.float32 if config.model.dtype == "float32" else torch.bfloat16
         # Room for K draft positions past the last token of the longest sequence.
         cache_len = self.max_model_len + config.lane.num_draft_tokens + 1
-        sequences = kv_pool_sequences(config.scheduler, KVCache.bytes_per_sequence(
-            mc.num_layers, cache_len, mc.num_kv_heads, mc.head_dim, kv_dtype))
+        blocks_per_sequence = -(-cache_len // KV_BLOCK_SIZE)
+        sequences = kv_pool_sequences(config.scheduler, blocks_per_sequence * KVCache.bytes_per_block(
+            mc.num_layers, KV_BLOCK_SIZE, mc.num_kv_heads, mc.head_dim, kv_dtype))
         if sequences < config.scheduler.max_num_seqs:
             config = config.replace(max_num_seqs=sequences)
             self.config = config
-        self.cache = KVCache(mc.num_layers, sequences, cache_len, mc.num_kv_heads, mc.head_dim, kv_dtype)
+        self.cache = KVCache(mc.num_layers, sequences * blocks_per_sequence, KV_BLOCK_SIZE, mc.num_kv_heads, mc.head_dim,
+                             kv_dtype)
+        self.cache_len = cache_len
         log.info("KV pool: %.0f MiB, %d sequences of %d positions (%s)", self.cache.bytes / 2**20, sequences, cache_len,
                  str(kv_dtype).removeprefix("torch."))
         if drafter is None and config.lane.speculation_enabled:
@@ -149,8 +153,8 @@ class LLMEngine:
         """The KV pool's size (``GET /health``, the start-up log): its MiB, the sequences it
         holds at full length and their positions, and the dtype."""
         cache = self.cache
-        return {"mib": round(cache.bytes / 2**20, 1), "sequences": cache.num_slots, "positions_per_sequence": cache.max_len,
-                "dtype": str(cache.all_keys.dtype).removeprefix("torch.")}
+        return {"mib": round(cache.bytes / 2**20, 1), "sequences": self.config.scheduler.max_num_seqs,
+                "positions_per_sequence": self.cache_len, "dtype": str(cache.dtype).removeprefix("torch.")}
 
     # -- requests -------------------------------------------------------------------------
     @property

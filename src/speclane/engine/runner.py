@@ -4,7 +4,8 @@ Every tensor lives here. It returns, per sequence, the tokens it chose and the n
 drafts it verified (``scheduler/plan.py``); the scheduler advances the requests. Lane holders draft ``K`` tokens and their ``K + 1`` verify
 positions ride in the same batched forward as everyone else's decode rows and
 prefill chunks, so the weights are read once for the whole tick. After
-verification, rejected positions are truncated from the KV cache; the target's own
+verification, rejected positions are left behind in the KV cache (the next forward starts
+at the verified length, reads nothing past it, and overwrites them); the target's own
 token at the first mismatch (or the bonus token after ``K`` accepted) is kept as the
 next input, exactly as in classic decoding.
 
@@ -55,7 +56,7 @@ class ModelRunner:
         started = time.perf_counter()
         self._draft_timings = []
         for copy in plan.kv_copies:  # shared prompts (n > 1): before anyone writes this tick
-            self.cache.copy_prefix(copy.src_slot, copy.dst_slot, copy.num_tokens)
+            self.cache.copy_blocks(copy.src_blocks, copy.dst_blocks)
         seqs = self._step(list(plan.seqs)) if plan.seqs else []
         return RunnerResult(seqs=tuple(seqs), elapsed_ms=(time.perf_counter() - started) * 1000,
                             draft_timings=tuple(self._draft_timings))
@@ -91,8 +92,6 @@ class ModelRunner:
     def _step(self, seqs: list[ScheduledSeq]) -> list[SeqResult]:
         drafts: list[Draft] = []
         for seq in seqs:
-            if seq.start == 0:
-                self.cache.reset(seq.slot)
             if seq.num_draft_tokens > 0 and self.drafter is not None:
                 started = time.perf_counter()
                 draft = self.drafter.propose(seq.request, seq.num_draft_tokens)
@@ -114,7 +113,7 @@ class ModelRunner:
         batch = RaggedBatch(
             input_ids=torch.tensor(input_ids, dtype=torch.long),
             positions=torch.tensor(positions, dtype=torch.long),
-            slots=[s.slot for s in seqs],
+            block_tables=[s.block_table for s in seqs],
             starts=[s.start for s in seqs],
             num_new=[len(t) for t in fed],
         )
@@ -157,10 +156,9 @@ class ModelRunner:
             num_top = seq.request.sampling.logprobs
             logprobs = token_logprobs(raw[seq.request_id], verdict.token_ids, num_top) if num_top is not None else ()
             results.append(SeqResult(seq.request_id, tuple(verdict.token_ids), len(proposed), logprobs))
-            # Keep the fed tokens and the accepted drafts; drop the rejected ones.
+            # Keep the fed tokens and the accepted drafts; the rejected ones lie past the
+            # verified length, which the scheduler's next plan starts from.
             kept.append(len(seq.token_ids) + verdict.num_accepted)
-            if kept[-1] < len(tokens):
-                self.cache.truncate(seq.slot, seq.start + kept[-1])
         if self.hidden_observers:
             self._share_hidden(seqs, fed, kept, hidden)
         return results

@@ -30,6 +30,11 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.attention.restype = None
     lib.rope_write_attention.argtypes = [pointer] * 9 + [integer] * 5 + [ctypes.c_float]
     lib.rope_write_attention.restype = None
+    lib.paged_attention.argtypes = [pointer] * 4 + [integer] + [pointer] * 3 + [integer] * 5 + [ctypes.c_float]
+    lib.paged_attention.restype = None
+    lib.paged_rope_write_attention.argtypes = ([pointer] * 6 + [integer] + [pointer] * 4 + [integer] * 5
+                                               + [ctypes.c_float])
+    lib.paged_rope_write_attention.restype = None
 
 
 def load(isa: str | None = None) -> build.Kernel:
@@ -93,4 +98,61 @@ def rope_write_attention(lib: ctypes.CDLL, qkv: torch.Tensor, cos: torch.Tensor,
     lib.rope_write_attention(qkv.data_ptr(), cos.data_ptr(), signed_sin.data_ptr(), k_cache.data_ptr(),
                              v_cache.data_ptr(), row_slot.data_ptr(), row_len.data_ptr(), q_scratch.data_ptr(),
                              out.data_ptr(), rows, num_heads, kv_heads, head_dim, max_len, scale)
+    return out
+
+
+def _check_paged(k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor, row_seq: torch.Tensor,
+                 row_len: torch.Tensor, rows: int) -> None:
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or k_cache.shape != v_cache.shape:
+        raise ValueError("paged attention: the layer's key and value blocks must be contiguous and alike")
+    if tables.dtype != torch.int32 or tables.dim() != 2 or not tables.is_contiguous():
+        raise ValueError("paged attention: tables must be a contiguous int32 [sequences, width] tensor")
+    if row_seq.dtype != torch.int32 or row_len.dtype != torch.int32 or row_seq.numel() != rows or row_len.numel() != rows:
+        raise ValueError("paged attention: row_seq and row_len must be int32, one per query row")
+
+
+def paged_attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    tables: torch.Tensor, row_seq: torch.Tensor, row_len: torch.Tensor, scale: float) -> torch.Tensor:
+    """``attention`` over a paged cache: one layer's blocks [blocks, kv_heads, block_size, d];
+    tables [sequences, width] int32, each sequence's block table (position p in block
+    ``table[p // block_size]``, offset ``p % block_size``); row_seq [T] int32, each query's
+    sequence; row_len [T] int32, the keys it sees (at most width * block_size). A
+    position's result does not depend on which blocks hold the keys."""
+    q = q.contiguous()
+    rows, heads, head_dim = q.shape
+    _, kv_heads, block_size, _ = k_cache.shape
+    _check_paged(k_cache, v_cache, tables, row_seq, row_len, rows)
+    if {q.dtype, k_cache.dtype, v_cache.dtype} != {torch.bfloat16}:
+        raise ValueError("paged attention: bfloat16 queries and caches only")
+    out = torch.empty(rows, heads * head_dim, dtype=torch.bfloat16)
+    lib.paged_attention(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
+                        row_seq.data_ptr(), row_len.data_ptr(), out.data_ptr(), rows, heads, kv_heads, head_dim,
+                        block_size, scale)
+    return out
+
+
+def paged_rope_write_attention(lib: ctypes.CDLL, qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
+                               k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor, row_seq: torch.Tensor,
+                               row_len: torch.Tensor, num_heads: int, scale: float,
+                               q_scratch: torch.Tensor) -> torch.Tensor:
+    """``rope_write_attention`` over a paged cache (tables and row_seq as in
+    ``paged_attention``): each row's rotated key and value go to its position's block and
+    offset; the caller has checked every position against the rope tables and the row's
+    table."""
+    rows, width = qkv.shape
+    _, kv_heads, block_size, head_dim = k_cache.shape
+    if width != (num_heads + 2 * kv_heads) * head_dim or not qkv.is_contiguous():
+        raise ValueError(f"rope_write_attention: qkv must be contiguous [T, {(num_heads + 2 * kv_heads) * head_dim}]")
+    _check_paged(k_cache, v_cache, tables, row_seq, row_len, rows)
+    if not (cos.is_contiguous() and signed_sin.is_contiguous()):
+        raise ValueError("rope_write_attention: rotation tables must be contiguous")
+    if {qkv.dtype, cos.dtype, signed_sin.dtype, k_cache.dtype, v_cache.dtype, q_scratch.dtype} != {torch.bfloat16}:
+        raise ValueError("rope_write_attention: bfloat16 tensors only")
+    if q_scratch.shape != (rows, num_heads, head_dim):
+        raise ValueError("rope_write_attention: one q_scratch row per qkv row")
+    out = torch.empty(rows, num_heads * head_dim, dtype=torch.bfloat16)
+    lib.paged_rope_write_attention(qkv.data_ptr(), cos.data_ptr(), signed_sin.data_ptr(), k_cache.data_ptr(),
+                                   v_cache.data_ptr(), tables.data_ptr(), tables.shape[1], row_seq.data_ptr(),
+                                   row_len.data_ptr(), q_scratch.data_ptr(), out.data_ptr(), rows, num_heads, kv_heads,
+                                   head_dim, block_size, scale)
     return out

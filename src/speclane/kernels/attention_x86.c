@@ -102,24 +102,41 @@ INLINE void store_block(uint16_t *out, wide lo, wide hi) {  // see the AVX-512 s
 INLINE __m256 w_fold(wide x) { return _mm256_add_ps(x.a, x.b); }
 #endif
 
-// One (query row, head): q [D] bfloat16, keys/values [len][D] bfloat16 -> out [D] bfloat16.
-static void attend_one(const uint16_t *q, const uint16_t *keys, const uint16_t *values, int len, int D, float scale,
-                       float *scores, uint16_t *out) {
+// Where a row's keys live: the cache is [blocks][KVH][block_size][D] (one layer), and a
+// sequence's position p is at offset p % block_size of block table[p / block_size]. A
+// slot cache [slots][KVH][max_len][D] is the same thing with one block of max_len per
+// sequence. The position's bits do not depend on which block holds it: every key is read
+// and combined by the same operations in the same order, only its address differs.
+typedef struct {
+    const int32_t *table;  // the row's block table
+    int block_size;        // positions per block
+    size_t block_stride;   // elements per block: KVH * block_size * D
+} paging;
+
+// One (query row, head): q [D] bfloat16; the head's keys/values at k_head/v_head + a
+// block's offset (see paging), the first len positions -> out [D] bfloat16.
+static void attend_one(const uint16_t *q, const uint16_t *k_head, const uint16_t *v_head, paging pg, int len, int D,
+                       float scale, float *scores, uint16_t *out) {
     const int blocks = D / BLOCK;
     wide qlo[MAX_HEAD_DIM / BLOCK], qhi[MAX_HEAD_DIM / BLOCK];
     for (int b = 0; b < blocks; b++) load_block(q + BLOCK * b, &qlo[b], &qhi[b]);
     float maximum = -INFINITY;
-    for (int j = 0; j < len; j++) {
-        const uint16_t *k = keys + (size_t)j * D;
-        wide lo, hi;
-        load_block(k, &lo, &hi);
-        wide acc = w_fma(qhi[0], hi, w_mul(qlo[0], lo));
-        for (int b = 1; b < blocks; b++) {
-            load_block(k + BLOCK * b, &lo, &hi);
-            acc = w_fma(qhi[b], hi, w_fma(qlo[b], lo, acc));
+    for (int first = 0, page = 0; first < len; first += pg.block_size, page++) {
+        const uint16_t *keys = k_head + (size_t)pg.table[page] * pg.block_stride;
+        const int n = len - first < pg.block_size ? len - first : pg.block_size;
+        for (int i = 0; i < n; i++) {
+            const uint16_t *k = keys + (size_t)i * D;
+            wide lo, hi;
+            load_block(k, &lo, &hi);
+            wide acc = w_fma(qhi[0], hi, w_mul(qlo[0], lo));
+            for (int b = 1; b < blocks; b++) {
+                load_block(k + BLOCK * b, &lo, &hi);
+                acc = w_fma(qhi[b], hi, w_fma(qlo[b], lo, acc));
+            }
+            const int j = first + i;
+            scores[j] = hsum(w_fold(acc)) * scale;
+            maximum = scores[j] > maximum ? scores[j] : maximum;
         }
-        scores[j] = hsum(w_fold(acc)) * scale;
-        maximum = scores[j] > maximum ? scores[j] : maximum;
     }
     __m256 top = _mm256_set1_ps(maximum), total = _mm256_setzero_ps();
     int j = 0;
@@ -140,44 +157,65 @@ static void attend_one(const uint16_t *q, const uint16_t *keys, const uint16_t *
     }
     wide alo[MAX_HEAD_DIM / BLOCK], ahi[MAX_HEAD_DIM / BLOCK];
     for (int b = 0; b < blocks; b++) alo[b] = ahi[b] = w_zero();
-    for (int i = 0; i < len; i++) {
-        const wide p = w_set1(scores[i]);
-        const uint16_t *val = values + (size_t)i * D;
-        for (int b = 0; b < blocks; b++) {
-            wide lo, hi;
-            load_block(val + BLOCK * b, &lo, &hi);
-            alo[b] = w_fma(p, lo, alo[b]);
-            ahi[b] = w_fma(p, hi, ahi[b]);
+    for (int first = 0, page = 0; first < len; first += pg.block_size, page++) {
+        const uint16_t *values = v_head + (size_t)pg.table[page] * pg.block_stride;
+        const int n = len - first < pg.block_size ? len - first : pg.block_size;
+        for (int i = 0; i < n; i++) {
+            const wide p = w_set1(scores[first + i]);
+            const uint16_t *val = values + (size_t)i * D;
+            for (int b = 0; b < blocks; b++) {
+                wide lo, hi;
+                load_block(val + BLOCK * b, &lo, &hi);
+                alo[b] = w_fma(p, lo, alo[b]);
+                ahi[b] = w_fma(p, hi, ahi[b]);
+            }
         }
     }
     const wide inverse = w_set1(1.0f / sum);
     for (int b = 0; b < blocks; b++) store_block(out + BLOCK * b, w_mul(alo[b], inverse), w_mul(ahi[b], inverse));
 }
 
-// The attention of every (query row, head) in `items` over the cache: q [T][H][D].
-static void attend_rows(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *row_slot,
-                        const int32_t *row_len, uint16_t *out, int T, int H, int KVH, int D, int max_len, float scale) {
+// The block table of query row t: tables[row_seq[t]] (a table is table_width entries), or
+// with row_seq NULL, row t's own one-entry table tables[t] (a slot cache).
+INLINE const int32_t *row_table(const int32_t *tables, int table_width, const int32_t *row_seq, int t) {
+    return tables + (size_t)(row_seq ? row_seq[t] : t) * table_width;
+}
+
+// The attention of every (query row, head) over the cache: q [T][H][D].
+static void attend_rows(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *tables,
+                        int table_width, const int32_t *row_seq, const int32_t *row_len, uint16_t *out, int T, int H,
+                        int KVH, int D, int block_size, float scale) {
     const int group = H / KVH;
-    const size_t head_stride = (size_t)max_len * D, slot_stride = (size_t)KVH * head_stride;
-    // Scores on the heap, one buffer per thread: max_len floats can exceed a worker's stack.
-    float *scores = malloc(sizeof(float) * (size_t)max_len);
+    const size_t head_stride = (size_t)block_size * D;
+    // Scores on the heap, one buffer per thread: a table's positions can exceed a worker's stack.
+    float *scores = malloc(sizeof(float) * (size_t)table_width * block_size);
     #pragma omp for schedule(dynamic, 1)
     for (int item = 0; item < T * H; item++) {
-        const int t = item / H, h = item % H, len = row_len[t];
-        const size_t at = (size_t)row_slot[t] * slot_stride + (size_t)(h / group) * head_stride;
-        attend_one(q + (size_t)item * D, k_cache + at, v_cache + at, len, D, scale, scores, out + (size_t)item * D);
+        const int t = item / H, h = item % H;
+        const paging pg = {row_table(tables, table_width, row_seq, t), block_size, (size_t)KVH * head_stride};
+        const size_t at = (size_t)(h / group) * head_stride;
+        attend_one(q + (size_t)item * D, k_cache + at, v_cache + at, pg, row_len[t], D, scale, scores,
+                   out + (size_t)item * D);
     }
     free(scores);
 }
 
-// q: [T][H][D] bfloat16; k_cache, v_cache: one layer's [slots][KVH][max_len][D] bfloat16;
-// row_slot[t], row_len[t]: the cache row of query t and how many keys it sees (its
-// position + 1, 1 <= len <= max_len). out: [T][H][D] bfloat16. D % 32 == 0, D <= 256,
-// H % KVH == 0 (checked by the caller).
+// q: [T][H][D] bfloat16; k_cache, v_cache: one layer's [blocks][KVH][block_size][D]
+// bfloat16; tables [sequences][table_width] int32: each sequence's block table; row_seq[t]
+// the sequence of query t, row_len[t] how many keys it sees (its position + 1, at most
+// table_width * block_size). out: [T][H][D] bfloat16. D % 32 == 0, D <= 256, H % KVH == 0
+// (checked by the caller).
+void paged_attention(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *tables,
+                     int table_width, const int32_t *row_seq, const int32_t *row_len, uint16_t *out, int T, int H,
+                     int KVH, int D, int block_size, float scale) {
+    #pragma omp parallel
+    attend_rows(q, k_cache, v_cache, tables, table_width, row_seq, row_len, out, T, H, KVH, D, block_size, scale);
+}
+
+// paged_attention on a slot cache [slots][KVH][max_len][D]: row_slot[t] is query t's slot.
 void attention(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *row_slot,
                const int32_t *row_len, uint16_t *out, int T, int H, int KVH, int D, int max_len, float scale) {
-    #pragma omp parallel
-    attend_rows(q, k_cache, v_cache, row_slot, row_len, out, T, H, KVH, D, max_len, scale);
+    paged_attention(q, k_cache, v_cache, row_slot, 1, NULL, row_len, out, T, H, KVH, D, max_len, scale);
 }
 
 // RoPE in the rotate-half layout on one head, in bfloat16 as torch computes llama.py's
@@ -195,14 +233,16 @@ static void rotate_head(const uint16_t *x, const uint16_t *cos, const uint16_t *
 
 // One layer's attention straight from its fused projection: qkv [T][(H + 2 KVH) D]
 // bfloat16 (query heads, key heads, value heads). Rotates the queries into q_out [T][H][D]
-// and the keys, at each row's position (row_len[t] - 1), into the cache beside the values,
-// then attends as attention() does. cos, signed_sin: [positions][D] bfloat16 tables.
+// and the keys, at each row's position (row_len[t] - 1), into the cache beside the values
+// (through the row's block table), then attends as paged_attention() does. cos,
+// signed_sin: [positions][D] bfloat16 tables.
 // Why fused: in a one-token step the RoPE, the split, the copies and the two cache writes
 // were ~6 torch ops per layer, each mostly dispatch on a 2-core CPU.
-void rope_write_attention(const uint16_t *qkv, const uint16_t *cos, const uint16_t *signed_sin, uint16_t *k_cache,
-                          uint16_t *v_cache, const int32_t *row_slot, const int32_t *row_len, uint16_t *q_out,
-                          uint16_t *out, int T, int H, int KVH, int D, int max_len, float scale) {
-    const size_t head_stride = (size_t)max_len * D, slot_stride = (size_t)KVH * head_stride;
+void paged_rope_write_attention(const uint16_t *qkv, const uint16_t *cos, const uint16_t *signed_sin,
+                                uint16_t *k_cache, uint16_t *v_cache, const int32_t *tables, int table_width,
+                                const int32_t *row_seq, const int32_t *row_len, uint16_t *q_out, uint16_t *out, int T,
+                                int H, int KVH, int D, int block_size, float scale) {
+    const size_t head_stride = (size_t)block_size * D, block_stride = (size_t)KVH * head_stride;
     const int width = (H + 2 * KVH) * D;
     #pragma omp parallel
     {
@@ -211,13 +251,24 @@ void rope_write_attention(const uint16_t *qkv, const uint16_t *cos, const uint16
             const uint16_t *row = qkv + (size_t)t * width;
             const int position = row_len[t] - 1;
             const uint16_t *c = cos + (size_t)position * D, *s = signed_sin + (size_t)position * D;
+            const int32_t *table = row_table(tables, table_width, row_seq, t);
+            const size_t place = (size_t)table[position / block_size] * block_stride + (size_t)(position % block_size) * D;
             for (int h = 0; h < H; h++) rotate_head(row + h * D, c, s, D, q_out + ((size_t)t * H + h) * D);
             for (int h = 0; h < KVH; h++) {
-                const size_t at = (size_t)row_slot[t] * slot_stride + (size_t)h * head_stride + (size_t)position * D;
+                const size_t at = place + (size_t)h * head_stride;
                 rotate_head(row + (H + h) * D, c, s, D, k_cache + at);
                 memcpy(v_cache + at, row + (H + KVH + h) * D, sizeof(uint16_t) * D);
             }
         }  // the implicit barrier: every row's keys are in the cache before any row attends
-        attend_rows(q_out, k_cache, v_cache, row_slot, row_len, out, T, H, KVH, D, max_len, scale);
+        attend_rows(q_out, k_cache, v_cache, tables, table_width, row_seq, row_len, out, T, H, KVH, D, block_size,
+                    scale);
     }
+}
+
+// paged_rope_write_attention on a slot cache [slots][KVH][max_len][D] (the MTP drafter's).
+void rope_write_attention(const uint16_t *qkv, const uint16_t *cos, const uint16_t *signed_sin, uint16_t *k_cache,
+                          uint16_t *v_cache, const int32_t *row_slot, const int32_t *row_len, uint16_t *q_out,
+                          uint16_t *out, int T, int H, int KVH, int D, int max_len, float scale) {
+    paged_rope_write_attention(qkv, cos, signed_sin, k_cache, v_cache, row_slot, 1, NULL, row_len, q_out, out, T, H,
+                               KVH, D, max_len, scale);
 }

@@ -1,64 +1,75 @@
-"""The KV cache: one fixed-size tensor for keys and one for values, [layers, slots,
-kv_heads, max_len, head_dim], one row ("slot") per sequence; ``keys[i]`` / ``values[i]``
-are layer i's views.
+"""The paged KV cache: one fixed-size tensor for keys and one for values, [layers, blocks,
+kv_heads, block_size, head_dim]; ``keys[i]`` / ``values[i]`` are layer i's views.
 
-Memory is fixed at start-up: ``num_slots x max_len`` tokens per layer. The
-scheduler hands out slot numbers (``scheduler/kv_slots.py``, no torch); this file
-holds the tensors and each slot's length. ``truncate`` drops a sequence's last
-positions (rejected draft tokens): attention only ever reads ``[0, length)``, so a
-dropped position is as if it had never been written.
+Memory is fixed at start-up: ``num_blocks x block_size`` positions per layer. A sequence
+reaches its positions through a block table (position p at offset ``p % block_size`` of
+block ``table[p // block_size]``); the scheduler owns the tables (``scheduler/kv_manager.py``,
+no torch) and the block size, this file holds the tensors and the gathers the torch
+attention path reads. One position's key (or value) of one head is ``head_dim`` contiguous
+elements, wherever its block sits, so a position's attention does not depend on the table's
+layout. Nothing here records lengths: attention reads ``[0, start + new)`` of a forward's
+sequences, so positions past a sequence's verified length (rejected drafts) are as if never
+written, and the next forward overwrites them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
 
 class KVCache:
-    def __init__(self, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype):
-        self.num_slots = num_slots
-        self.max_len = max_len
-        # Per layer [slots, kv_heads, max_len, head_dim], so that one slot's first L positions
-        # are a strided view SDPA can read without a copy.
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
         # All layers live in one tensor: one allocation for the whole pool.
-        shape = (num_layers, num_slots, num_kv_heads, max_len, head_dim)
+        shape = (num_layers, num_blocks, num_kv_heads, block_size, head_dim)
         self.all_keys = torch.zeros(shape, dtype=dtype)
         self.all_values = torch.zeros(shape, dtype=dtype)
-        self.keys = list(self.all_keys.unbind(0))  # per layer: [slots, kv_heads, max_len, head_dim]
+        self.keys = list(self.all_keys.unbind(0))  # per layer: [blocks, kv_heads, block_size, head_dim]
         self.values = list(self.all_values.unbind(0))
-        self.lengths = [0] * num_slots
 
     @staticmethod
-    def bytes_per_sequence(num_layers: int, max_len: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        """One slot's keys and values over every layer."""
-        return 2 * num_layers * max_len * num_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+    def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        """One block's keys and values over every layer."""
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
 
     @property
     def bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.all_keys, self.all_values))
 
-    def reset(self, slot: int) -> None:
-        """A new sequence takes this slot."""
-        self.lengths[slot] = 0
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.all_keys.dtype
 
-    def copy_prefix(self, src: int, dst: int, length: int) -> None:
-        """Give slot ``dst`` the first ``length`` positions of slot ``src`` (a shared prompt)."""
-        if not 0 < length <= self.lengths[src]:
-            raise ValueError(f"cannot copy {length} positions of slot {src}, which holds {self.lengths[src]}")
-        self.all_keys[:, dst, :, :length] = self.all_keys[:, src, :, :length]
-        self.all_values[:, dst, :, :length] = self.all_values[:, src, :, :length]
-        self.lengths[dst] = length
+    def blocks_needed(self, num_positions: int) -> int:
+        return -(-num_positions // self.block_size)
 
-    def truncate(self, slot: int, length: int) -> None:
-        """Keep only the first ``length`` positions of ``slot``."""
-        if not 0 <= length <= self.lengths[slot]:
-            raise ValueError(f"cannot truncate slot {slot} of length {self.lengths[slot]} to {length}")
-        self.lengths[slot] = length
+    def row_tables(self, num_rows: int, positions: int) -> list[list[int]]:
+        """Block tables laying the pool out as ``num_rows`` rows of ``positions`` each, row r
+        on consecutive blocks (calibration and tests that address the pool by rows)."""
+        per_row = self.blocks_needed(positions)
+        if num_rows * per_row > self.num_blocks:
+            raise ValueError(f"{num_rows} rows of {positions} positions need {num_rows * per_row} blocks; "
+                             f"the pool has {self.num_blocks}")
+        return [list(range(r * per_row, (r + 1) * per_row)) for r in range(num_rows)]
 
-    def advance(self, slot: int, start: int, num_new: int) -> None:
-        """Record that positions ``[start, start + num_new)`` were written this forward."""
-        if start > self.lengths[slot]:
-            raise AssertionError(f"slot {slot}: writing at {start} leaves a hole after {self.lengths[slot]}")
-        if start + num_new > self.max_len:
-            raise ValueError(f"slot {slot}: {start + num_new} tokens exceed the cache length {self.max_len}")
-        self.lengths[slot] = start + num_new
+    def copy_blocks(self, src: Sequence[int], dst: Sequence[int]) -> None:
+        """Give blocks ``dst`` the contents of blocks ``src`` (pairwise, every layer)."""
+        if len(src) != len(dst):
+            raise ValueError(f"copying {len(src)} blocks into {len(dst)}")
+        s, d = torch.tensor(list(src)), torch.tensor(list(dst))
+        self.all_keys[:, d] = self.all_keys[:, s]
+        self.all_values[:, d] = self.all_values[:, s]
+
+
+def gather(layer: torch.Tensor, tables: torch.Tensor, length: int) -> torch.Tensor:
+    """One layer's [blocks, kv_heads, block_size, d] read through ``tables`` [S, width]
+    (long) into contiguous [S, kv_heads, length, d]: position p of sequence s is
+    ``layer[tables[s, p // block_size], :, p % block_size]``."""
+    num_seqs, width = tables.shape
+    _, kv_heads, block_size, head_dim = layer.shape
+    picked = layer.index_select(0, tables.reshape(-1)).view(num_seqs, width, kv_heads, block_size, head_dim)
+    return picked.transpose(1, 2).reshape(num_seqs, kv_heads, width * block_size, head_dim)[:, :, :length]

@@ -4,8 +4,9 @@ config's ``FamilyTraits`` (``models/families.py`` reads them from a config.json)
 
 One forward holds any mix of prefill chunks, single decode steps and multi-token
 verifications: each sequence brings its own new tokens and its own cached length
-(``RaggedBatch``). New keys/values are written into the ``KVCache`` slot of each
-sequence; attention reads each slot's ``[0, start + num_new)`` positions.
+(``RaggedBatch``). New keys/values are written into the paged ``KVCache`` through each
+sequence's block table; attention reads each sequence's ``[0, start + num_new)`` positions
+through it.
 
 Attention: bfloat16 models use our row-by-row kernel on their global layers (``kernels/attention_x86.c``:
 every query row alone, so a position's result does not depend on its neighbours in the
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +32,7 @@ from torch import nn
 
 from speclane.kernels import attention_cpu, norm_cpu
 from speclane.kernels.select import Kernels
-from speclane.models.kv_cache import KVCache
+from speclane.models.kv_cache import KVCache, gather
 from speclane.models.linear import Linear
 
 REFINE_TOP = 32  # logits recomputed in float32 after a quantized head (see LlamaModel.logits)
@@ -118,7 +120,7 @@ class RaggedBatch:
 
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64, absolute position of each token
-    slots: list[int]  # [B] KV slot of each sequence
+    block_tables: list[Sequence[int]]  # [B] each sequence's KV block table (covering start + num_new)
     starts: list[int]  # [B] cached length before this forward
     num_new: list[int]  # [B] new tokens of each sequence (sum == T)
 
@@ -272,13 +274,16 @@ class LlamaModel(nn.Module):
         max_kv = max(s + n for s, n in zip(batch.starts, batch.num_new, strict=True))
         if max_kv > cfg.max_position_embeddings:
             raise ValueError(f"position {max_kv} is beyond the model's {cfg.max_position_embeddings} positions")
-        if max_kv > cache.max_len:  # before any kernel reads or writes past a slot's end
-            raise ValueError(f"position {max_kv} is beyond the KV cache's {cache.max_len} positions")
+        for table, start, n in zip(batch.block_tables, batch.starts, batch.num_new, strict=True):
+            # Before any kernel reads or writes past a table's end or the pool's.
+            if len(table) * cache.block_size < start + n or max(table, default=0) >= cache.num_blocks or min(table, default=0) < 0:
+                raise ValueError(f"a block table of {len(table)} blocks ({list(table)[:8]}...) does not hold "
+                                 f"{start + n} positions in a pool of {cache.num_blocks} blocks of {cache.block_size}")
         if max_kv > self.cos.shape[0]:
             self._make_rope(min(max(max_kv, 2 * self.cos.shape[0]), cfg.max_position_embeddings))
         traits = cfg.traits
         kernel = self.attention_library if any(self.kernel_layers) else None
-        attn = _AttentionPlan(batch, cfg, self.dtype, kernel, need_torch=not all(self.kernel_layers))
+        attn = _AttentionPlan(batch, cfg, self.dtype, kernel, cache.block_size, need_torch=not all(self.kernel_layers))
         # Per rope table, the rows of this forward's positions, for the torch path (our
         # kernel rotates inside).
         tables = [] if attn.ours and all(self.kernel_layers) else [
@@ -319,8 +324,6 @@ class LlamaModel(nn.Module):
             if layer.mlp_out_norm is not None:
                 branch = F.rms_norm(branch.float(), (cfg.hidden_size,), layer.mlp_out_norm, layer.eps)
         x = x + branch
-        for slot, start, n in zip(batch.slots, batch.starts, batch.num_new, strict=True):
-            cache.advance(slot, start, n)
         return F.rms_norm(x, (cfg.hidden_size,), self.final_norm, cfg.rms_norm_eps)  # float32
 
     @torch.inference_mode()
@@ -389,22 +392,28 @@ class _AttentionPlan:
     """Index tensors and the masks for one forward, shared by every layer."""
 
     def __init__(self, batch: RaggedBatch, cfg: LlamaConfig, dtype: torch.dtype, attention_library: ctypes.CDLL | None,
-                 *, need_torch: bool = True):
+                 block_size: int, *, need_torch: bool = True):
         """``attention_library``: our kernel, for the layers that run it (None: none do);
-        ``need_torch``: whether some layer runs the torch path (``attend``)."""
-        self.num_seqs = len(batch.slots)
+        ``block_size``: the cache's positions per block; ``need_torch``: whether some layer
+        runs the torch path (``attend``)."""
+        self.num_seqs = len(batch.block_tables)
         self.group = cfg.group_size
         self.num_kv_heads = cfg.num_kv_heads
         self.head_dim = cfg.head_dim
-        self.slots = batch.slots
         self.starts = batch.starts
         self.num_new = batch.num_new
         self.kv_len = max(s + n for s, n in zip(batch.starts, batch.num_new, strict=True))
         self.max_new = max(batch.num_new)
         total = sum(batch.num_new)
-        slot_of_token = torch.repeat_interleave(torch.tensor(batch.slots), torch.tensor(batch.num_new))
-        self.write_slots = slot_of_token  # [T]
-        self.write_positions = batch.positions  # [T]
+        # Each sequence's table cut to the blocks this forward reaches, padded with block 0
+        # (never read: a row reads only its own positions) to one width.
+        width = -(-self.kv_len // block_size)
+        rows = [list(t[: -(-(s + n) // block_size)]) for t, s, n in zip(batch.block_tables, batch.starts, batch.num_new, strict=True)]
+        self.tables = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32)  # [B, width]
+        seq_of_token = torch.repeat_interleave(torch.arange(self.num_seqs), torch.tensor(batch.num_new))
+        # Where each new token's key and value go.
+        self.write_blocks = self.tables[seq_of_token, batch.positions // block_size].long()  # [T]
+        self.write_offsets = batch.positions % block_size  # [T]
         self.single = self.num_seqs == 1
         self._masks: dict[int, torch.Tensor | None] = {}  # by window (0: none)
         # bfloat16: our row-by-row kernel (kernels/attention_x86.c), so that a position's
@@ -412,16 +421,17 @@ class _AttentionPlan:
         self.ours = attention_library is not None
         if self.ours:
             self.library = attention_library
-            self.row_slot = slot_of_token.to(torch.int32).contiguous()
+            self.row_seq = seq_of_token.to(torch.int32).contiguous()
             self.row_len = (batch.positions + 1).to(torch.int32).contiguous()  # position p sees keys 0..p
             self.num_heads = cfg.num_heads
             self.q_scratch = torch.empty(total, cfg.num_heads, cfg.head_dim, dtype=dtype)  # shared by the layers
-        if not need_torch or self.single:
+        if not need_torch:
             return
-        self.slot_index = torch.tensor(batch.slots)
+        self.gather_tables = self.tables.long()
+        if self.single:
+            return
         # Row of each token in the padded [B * max_new] query layout.
         offsets = torch.tensor([0] + list(batch.num_new[:-1])).cumsum(0)
-        seq_of_token = torch.repeat_interleave(torch.arange(self.num_seqs), torch.tensor(batch.num_new))
         within = torch.arange(total) - offsets[seq_of_token]
         self.pad_index = seq_of_token * self.max_new + within  # [T]
 
@@ -461,11 +471,11 @@ class _AttentionPlan:
         ``window``: keys seen per query (0: all). Writes k/v, returns [T, heads * d]."""
         g, kvh, d = self.group, self.num_kv_heads, self.head_dim
         mask = self.mask(window)
+        self._write(k, v, k_cache, v_cache)
+        keys = gather(k_cache, self.gather_tables, self.kv_len)  # [B, kvh, L, d]
+        values = gather(v_cache, self.gather_tables, self.kv_len)
         if self.single:
-            slot, n = self.slots[0], self.num_new[0]
-            self._write(k, v, k_cache, v_cache)
-            keys = k_cache[slot, :, : self.kv_len].unsqueeze(0)  # [1, kvh, L, d]
-            values = v_cache[slot, :, : self.kv_len].unsqueeze(0)
+            n = self.num_new[0]
             if n == 1:  # a decode step: the folded layout is q's own memory layout, no copies
                 out = _attention(q.view(1, kvh, g, d), keys, values, mask, scale, softcap)
                 return out.reshape(1, kvh * g * d)
@@ -473,10 +483,7 @@ class _AttentionPlan:
             queries = q.view(n, kvh, g, d).permute(1, 0, 2, 3).reshape(1, kvh, n * g, d)
             out = _attention(queries, keys, values, mask, scale, softcap)
             return out.view(kvh, n, g, d).permute(1, 0, 2, 3).reshape(n, kvh * g * d)
-        self._write(k, v, k_cache, v_cache)
         b, m = self.num_seqs, self.max_new
-        keys = k_cache[:, :, : self.kv_len].index_select(0, self.slot_index)  # [B, kvh, L, d]
-        values = v_cache[:, :, : self.kv_len].index_select(0, self.slot_index)
         padded = q.new_zeros(b * m, kvh * g, d)
         padded[self.pad_index] = q
         queries = padded.view(b, m, kvh, g, d).permute(0, 2, 1, 3, 4).reshape(b, kvh, m * g, d)
@@ -488,15 +495,10 @@ class _AttentionPlan:
                     v_cache: torch.Tensor, scale: float) -> torch.Tensor:
         """Our kernel only: RoPE on the fused projection's q and k, the cache write and the
         attention in one call (``attention_cpu.rope_write_attention``). -> [T, heads * d]"""
-        return attention_cpu.rope_write_attention(self.library, qkv, cos, signed_sin, k_cache, v_cache, self.row_slot, self.row_len,
-                                                  self.num_heads, scale, self.q_scratch)
+        return attention_cpu.paged_rope_write_attention(self.library, qkv, cos, signed_sin, k_cache, v_cache, self.tables,
+                                                        self.row_seq, self.row_len, self.num_heads, scale, self.q_scratch)
 
     def _write(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-        """This forward's keys and values into the cache (k, v: [T, kv_heads, d])."""
-        if self.single:  # one sequence: one contiguous range of positions
-            slot, start, n = self.slots[0], self.starts[0], self.num_new[0]
-            k_cache[slot, :, start : start + n] = k.transpose(0, 1)
-            v_cache[slot, :, start : start + n] = v.transpose(0, 1)
-        else:
-            k_cache[self.write_slots, :, self.write_positions] = k
-            v_cache[self.write_slots, :, self.write_positions] = v
+        """This forward's keys and values into their blocks (k, v: [T, kv_heads, d])."""
+        k_cache[self.write_blocks, :, self.write_offsets] = k
+        v_cache[self.write_blocks, :, self.write_offsets] = v

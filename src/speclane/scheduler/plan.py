@@ -20,7 +20,7 @@ class ScheduledSeq:
     """One sequence's work in this tick's forward."""
 
     request: Request  # read-only for the runner (drafting context, sampling params)
-    slot: int  # KV cache row
+    block_table: tuple[int, ...]  # KV blocks: position p at offset p % block size of block_table[p // block size]
     start: int  # cached length before this tick == position of token_ids[0]
     token_ids: tuple[int, ...]  # fed this tick: a prefill chunk, or the last sampled token
     sample: bool  # sample after the last fed token (prompt complete, or decoding)
@@ -38,12 +38,11 @@ class ScheduledSeq:
 
 @dataclass(frozen=True)
 class KVCopy:
-    """Copy the first ``num_tokens`` cached positions of one slot into another (a prompt
-    shared by the ``n`` sequences of one request), before the tick's forward."""
+    """Copy KV blocks ``src_blocks`` into ``dst_blocks`` pairwise (the blocks holding a
+    prompt shared by the ``n`` sequences of one request), before the tick's forward."""
 
-    src_slot: int
-    dst_slot: int
-    num_tokens: int
+    src_blocks: tuple[int, ...]
+    dst_blocks: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -71,8 +70,8 @@ class SeqResult:
     ``token_ids``: for a sampling sequence, the accepted drafts followed by the target's
     own next token (so ``len(token_ids) - 1`` drafts were accepted); empty for a chunk in
     the middle of a prompt. ``num_draft_tokens``: drafts proposed and verified, at most
-    the plan's ``num_draft_tokens`` (a drafter may find fewer). The runner has already
-    dropped the rejected drafts' positions from its KV cache.
+    the plan's ``num_draft_tokens`` (a drafter may find fewer). The rejected drafts'
+    positions lie past the verified length: no later forward reads them.
     """
 
     request_id: str

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from speclane.config import LaneConfig, SchedulerConfig
 from speclane.request import Request, RequestStatus
 from speclane.scheduler import draft_length
+from speclane.scheduler.block_pool import KV_BLOCK_SIZE
 from speclane.scheduler.counts import ScheduleCounts
 from speclane.scheduler.kv_slots import SlotAllocator
 from speclane.scheduler.lane import SpecLane
@@ -58,6 +59,8 @@ class Scheduler:
         self.lane_config = lane_config
         self.max_model_len = max_model_len
         self.slots = SlotAllocator(config.max_num_seqs)
+        # Each slot owns consecutive KV blocks: max_model_len positions and K drafts past them.
+        self.blocks_per_slot = -(-(max_model_len + lane_config.num_draft_tokens + 1) // KV_BLOCK_SIZE)
         self.lane = SpecLane(lane_config, record_events=record_lane_events)
         self.waiting: dict[str, Request] = {}
         self.running: dict[str, Request] = {}  # admission order
@@ -199,11 +202,12 @@ class Scheduler:
                 break  # the whole prompt must fit in one tick; wait for a lighter one
             del self.waiting[request.request_id]
             request.status = RequestStatus.RUNNING
-            slot = self.slot_of[request.request_id] = self.slots.allocate(request.request_id)
+            self.slot_of[request.request_id] = self.slots.allocate(request.request_id)
             self.running[request.request_id] = request
             if source is not None:  # its prompt is cached in the source's slot but the last position
                 request.num_computed_tokens = request.num_prompt_tokens - 1
-                copies.append(KVCopy(self.slot_of[source.request_id], slot, request.num_computed_tokens))
+                shared = -(-request.num_computed_tokens // KV_BLOCK_SIZE)
+                copies.append(KVCopy(self._table(source.request_id)[:shared], self._table(request.request_id)[:shared]))
             seq = self._prefill_seq(request, budget)
             seqs.append(seq)
             budget -= len(seq.token_ids)
@@ -233,11 +237,15 @@ class Scheduler:
         request = self.running[self._burst_holder]
         return self._decode_seq(request, self._draft_budget(request))
 
+    def _table(self, request_id: str) -> tuple[int, ...]:
+        first = self.slot_of[request_id] * self.blocks_per_slot
+        return tuple(range(first, first + self.blocks_per_slot))
+
     def _decode_seq(self, request: Request, num_draft_tokens: int) -> ScheduledSeq:
         start = request.num_computed_tokens
         return ScheduledSeq(
             request=request,
-            slot=self.slot_of[request.request_id],
+            block_table=self._table(request.request_id),
             start=start,
             token_ids=tuple(request.tokens_between(start, request.num_tokens)),
             sample=True,
@@ -250,7 +258,7 @@ class Scheduler:
         chunk = min(remaining, max(budget, 1)) if self.config.enable_chunked_prefill else remaining
         return ScheduledSeq(
             request=request,
-            slot=self.slot_of[request.request_id],
+            block_table=self._table(request.request_id),
             start=start,
             token_ids=tuple(request.prompt_token_ids[start : start + chunk]),
             sample=start + chunk == request.num_prompt_tokens,
