@@ -75,4 +75,5 @@ def _engine_left_idle(request: pytest.FixtureRequest) -> Iterator[None]:
                 engine.abort_request(rid)
             engine.run_until_done()
         assert not busy, f"the test left requests in the shared {name} engine"
-        assert engine.scheduler.slots.all_free, f"KV slots are still taken in {name}"
+        assert engine.scheduler.kv.num_holders == 0, f"KV blocks are still held in {name}"
+        engine.scheduler.kv.check()

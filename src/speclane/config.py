@@ -63,8 +63,11 @@ class SchedulerConfig:
     max_num_batched_tokens: int = field(default=256, metadata={"help": "tokens per tick (prefill chunks + decode + verify)"})
     enable_chunked_prefill: bool = field(default=True, metadata={"help": "split long prompts across ticks"})
     kv_cache_mib: int = field(default=0, metadata={
-        "help": "KV pool size in MiB; fewer requests decode at once where max-num-seqs of max-model-len do not fit; "
-                "0 = room for max-num-seqs requests of max-model-len tokens"})
+        "help": "KV pool size in MiB, in blocks of 16 positions; requests wait (or are preempted and recomputed) "
+                "when it is full; 0 = room for max-num-seqs requests of max-model-len tokens"})
+    prefix_cache: bool = field(default=True, metadata={
+        "help": "keep full KV blocks of finished and running requests for later requests of the same tenant "
+                "with the same prefix (their prefill is skipped)"})
 
     def __post_init__(self) -> None:
         _at_least("max_num_seqs", self.max_num_seqs, 1)

@@ -143,13 +143,15 @@ class Request:
     # What the output must match: a compiled grammar (``speclane.grammar``), opaque here;
     # the runner keeps the request's matcher.
     grammar: object | None = None
-    # Another request with the same prompt whose prompt KV this one copies instead of
-    # prefilling (``n`` > 1): admitted once that request has prefilled.
+    # Another request with the same prompt whose prompt KV this one reads from the prefix
+    # cache instead of prefilling (``n`` > 1): admitted once that request has prefilled.
     prefill_source: str | None = None
+    global_cache_scope: bool = False  # reads and writes the prefix cache's global scope
 
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    num_cached_tokens: int | None = None  # prompt tokens read from the prefix cache at the first admission
     spec: SpecStats = field(default_factory=SpecStats)
     first_token_s: float | None = None
 

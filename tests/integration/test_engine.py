@@ -167,7 +167,7 @@ async def _collect(stream):
 
 def wait_idle(engine: LLMEngine, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while engine.has_unfinished() or not engine.scheduler.slots.all_free:
+    while engine.has_unfinished() or engine.scheduler.kv.num_holders:
         assert time.monotonic() < deadline, "the engine did not free the aborted request"
         time.sleep(0.01)
 
@@ -207,7 +207,7 @@ def test_async_engine_streams_and_abort_frees_the_slot(llm_f32):
         assert front.num_streams == 0 and front.error is None
     finally:
         front.shutdown()
-    assert engine.scheduler.slots.all_free and not engine._detoks
+    assert engine.scheduler.kv.num_holders == 0 and not engine._detoks
 
 
 def test_async_duplicate_request_id_does_not_orphan_the_live_stream(llm_f32):
@@ -302,7 +302,7 @@ def test_1000_random_events_through_the_engine_leave_nothing_behind(llm_f32):
     # state can outlive it. (A request aborted while still queued never reached the runner.)
     assert fake.ran <= fake.released <= set(live)
     assert len(fake.ran) > 200
-    assert engine.scheduler.slots.all_free and not engine.scheduler.has_unfinished()
+    assert engine.scheduler.kv.num_holders == 0 and not engine.scheduler.has_unfinished()
     assert not engine._detoks and not engine._last_token_s and not engine._pending_aborts
     gc.collect()
     alive = [ref() for ref in refs if ref() is not None]

@@ -19,7 +19,7 @@ import sys
 import pytest
 
 from speclane.config import EngineConfig, SchedulerConfig
-from speclane.engine.engine import LLMEngine, kv_pool_sequences
+from speclane.engine.engine import LLMEngine, kv_pool_blocks
 from speclane.request import SamplingParams
 
 RATIO = 1.15
@@ -59,25 +59,27 @@ def test_a_models_resident_memory_stays_within_its_file_size(model, our_kernels)
 
 
 def test_the_kv_pool_holds_max_num_seqs_unless_its_size_is_set():
-    one = 6 * 2**20  # bytes of one full-length sequence
-    assert kv_pool_sequences(SchedulerConfig(max_num_seqs=16), one) == 16
-    assert kv_pool_sequences(SchedulerConfig(max_num_seqs=16, kv_cache_mib=20), one) == 3
-    assert kv_pool_sequences(SchedulerConfig(max_num_seqs=2, kv_cache_mib=20), one) == 2
-    with pytest.raises(ValueError, match="--kv-cache-mib 5 holds no sequence: one of max-model-len tokens needs 6.0 MiB"):
-        kv_pool_sequences(SchedulerConfig(kv_cache_mib=5), one)
+    block = 2**20 // 4  # bytes of one block
+    assert kv_pool_blocks(SchedulerConfig(max_num_seqs=16), 300, block) == 300
+    assert kv_pool_blocks(SchedulerConfig(max_num_seqs=16, kv_cache_mib=20), 300, block) == 80
+    with pytest.raises(ValueError, match="--kv-cache-mib 1 holds no KV block: one of 16 positions needs 2.00 MiB"):
+        kv_pool_blocks(SchedulerConfig(kv_cache_mib=1), 300, 2 * 2**20)
 
 
 def test_a_small_kv_pool_runs_fewer_sequences_at_once_and_finishes_every_request(our_kernels):
-    config = EngineConfig().replace(max_model_len=256, kv_cache_mib=20, num_threads=1, spec_mode="off")
+    config = EngineConfig().replace(max_model_len=256, kv_cache_mib=4, num_threads=1, spec_mode="off")
     engine = LLMEngine(config)
     pool = engine.kv_pool
-    per_sequence = engine.cache.bytes / pool["sequences"]
-    assert pool["sequences"] == 20 * 2**20 // per_sequence < 16
-    assert pool["mib"] <= 20 and pool["positions_per_sequence"] >= 256
-    assert engine.scheduler.slots.num_slots == pool["sequences"]
-    for i in range(pool["sequences"] + 2):  # more requests than the pool holds: they queue
-        engine.add_request(f"r{i}", engine.tokenizer.encode(f"Count to {i + 3}:"), SamplingParams(max_tokens=6))
+    per_block = engine.cache.bytes // engine.cache.num_blocks
+    assert pool["mib"] <= 4 and pool["blocks"] == engine.cache.num_blocks == 4 * 2**20 // per_block
+    prompts = [engine.tokenizer.encode(f"Count to {i + 3}: " + "one two three " * 20) for i in range(16)]
+    held = 0
+    for i, prompt in enumerate(prompts):  # more requests than the pool holds at once: they queue
+        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=6))
     finished = set()
     while engine.has_unfinished():
         finished |= {out.request_id for out in engine.step() if out.finished}
-    assert finished == {f"r{i}" for i in range(pool["sequences"] + 2)}
+        held = max(held, engine.scheduler.kv.num_holders)
+        engine.scheduler.kv.check()
+    assert finished == {f"r{i}" for i in range(16)}
+    assert held < 16, "the pool held every request at once: it is not small"

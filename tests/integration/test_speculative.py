@@ -67,7 +67,7 @@ def run_cases(engine: LLMEngine) -> dict[str, tuple[list[int], str, str | None, 
         texts[out.request_id] += out.text
         if out.finished:
             finals[out.request_id] = out
-    assert engine.scheduler.slots.all_free
+    assert engine.scheduler.kv.num_holders == 0
     return {n: (ids[n], texts[n], finals[n].finish_reason, finals[n].usage) for n in ids}
 
 

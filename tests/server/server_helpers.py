@@ -58,5 +58,5 @@ def engine_idle(async_engine: AsyncEngine) -> bool:
     """Nothing left anywhere: KV pool full, no requests, empty lane, no open streams."""
     engine = async_engine.engine
     s = engine.scheduler
-    return (s.slots.all_free and s.num_running == 0 and s.num_waiting == 0 and s.lane.num_holders == 0
+    return (s.kv.num_holders == 0 and s.num_running == 0 and s.num_waiting == 0 and s.lane.num_holders == 0
             and s.lane.num_waiters == 0 and async_engine.num_streams == 0 and not engine.has_unfinished())

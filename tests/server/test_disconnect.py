@@ -58,14 +58,14 @@ def test_disconnect_frees_kv_and_passes_the_lane(live: LiveServer, async_engine:
     scheduler = async_engine.engine.scheduler
     lane = scheduler.lane
     assert engine_idle(async_engine)
-    free_before = scheduler.slots.num_free
+    held_before = scheduler.kv.num_holders
 
     a = OpenStream(live.url, "disconnect-a")
     wait_until(lambda: lane.holders == (a.request_id,), timeout=60, what="A to hold the lane")
     b = OpenStream(live.url, "disconnect-b")
     wait_until(lambda: b.request_id in lane.waiters, timeout=60, what="B to wait for the lane")
     assert lane.holders == (a.request_id,)
-    assert scheduler.slots.num_free == free_before - 2
+    assert scheduler.kv.num_holders == held_before + 2
     assert a.request_id in scheduler.running, "A must still be generating when it hangs up"
 
     at_hangup = generated(async_engine, "disconnect-a")
@@ -73,7 +73,7 @@ def test_disconnect_frees_kv_and_passes_the_lane(live: LiveServer, async_engine:
     wait_until(lambda: a.request_id not in scheduler.running, timeout=30, what="A to be aborted")
     assert generated(async_engine, "disconnect-a") - at_hangup < MAX_TOKENS_AFTER_HANGUP
     wait_until(lambda: lane.holders == (b.request_id,), timeout=30, what="the lane to pass to B")
-    assert scheduler.slots.num_free == free_before - 1, "A's KV slot is free again"
+    assert scheduler.kv.num_holders == held_before + 1, "A's KV blocks are released"
     assert a.request_id not in lane
     assert live.tracker.num_live == 1
 

@@ -151,7 +151,7 @@ def engine_leftovers(async_engine: AsyncEngine, tracker) -> dict[str, int]:
         "open streams (async engine)": async_engine.num_streams,
         "running": engine.scheduler.num_running,
         "waiting": engine.scheduler.num_waiting,
-        "KV slots taken": engine.scheduler.slots.num_slots - engine.scheduler.slots.num_free,
+        "KV block tables held": engine.scheduler.kv.num_holders,
         "lane members": engine.scheduler.lane.num_holders + engine.scheduler.lane.num_waiters,
         "detokenizers": len(engine._detoks),
         "token clocks": len(engine._last_token_s),
@@ -185,7 +185,7 @@ def test_soak(live: LiveServer, async_engine: AsyncEngine) -> None:
                what="the engine to be idle after the soak")
     leftovers = engine_leftovers(async_engine, live.tracker)
     assert not any(leftovers.values()), leftovers
-    assert async_engine.engine.scheduler.slots.all_free
+    assert async_engine.engine.scheduler.kv.num_holders == 0
 
     metrics = httpx.get(live.url + "/metrics").text
     assert "speclane_requests_running 0.0" in metrics

@@ -109,13 +109,13 @@ def test_admission_stops_at_max_num_seqs_and_a_freed_slot_admits_the_next():
     first = plan
     assert set(rows(plan)) == {"a", "b"}
     assert story.scheduler.num_running == 2 and story.scheduler.num_waiting == 1
-    assert c.status == RequestStatus.WAITING and "c" not in story.scheduler.slot_of
+    assert c.status == RequestStatus.WAITING and "c" not in story.scheduler.kv
     assert events["a"].new_token_ids == [1000] and events["b"].new_token_ids == [1000]
 
     plan, events = story.tick()  # both decode; a reaches max_tokens=2 and frees slot 0
     assert set(rows(plan)) == {"a", "b"}
     assert events["a"].finished and a.status == RequestStatus.FINISHED_LENGTH
-    assert story.scheduler.slots.num_free == 1
+    assert story.scheduler.kv.num_holders == 1
 
     plan, events = story.tick()  # c takes a's slot, b keeps decoding
     assert set(rows(plan)) == {"b", "c"}
@@ -228,11 +228,11 @@ def test_abort_mid_prefill_frees_the_slot_for_the_next_tick():
     assert story.scheduler.abort_request("victim", story.now) is victim
     assert victim.status == RequestStatus.FINISHED_ABORTED
     assert finish_reason(victim.status) == "abort"
-    assert story.scheduler.slots.all_free and story.scheduler.num_running == 0
+    assert story.scheduler.kv.num_holders == 0 and story.scheduler.num_running == 0
 
     plan, events = story.tick()
     assert plan.released_request_ids == ("victim",)  # the runner drops its drafter state
-    assert set(rows(plan)) == {"next"} and rows(plan)["next"].block_table[0] == 0
+    assert set(rows(plan)) == {"next"} and rows(plan)["next"].start == 0 and "next" in story.scheduler.kv
     assert "victim" not in events and victim.num_output_tokens == 0
     assert nxt.num_output_tokens == 1
 
@@ -245,7 +245,7 @@ def test_abort_mid_decode_keeps_what_was_streamed_and_frees_the_slot():
         story.tick()
     assert story.scheduler.abort_request("a", story.now) is a
     assert a.output_token_ids == [1000, 1001, 1002]
-    assert story.scheduler.slots.num_free == 3 and story.scheduler.slots.owner(0) is None
+    assert story.scheduler.kv.num_holders == 1 and "a" not in story.scheduler.kv
     plan, _ = story.tick()
     assert set(rows(plan)) == {"b"}
     assert story.scheduler.abort_request("a", story.now) is None  # a second abort is a no-op
@@ -260,7 +260,7 @@ def test_abort_while_the_tick_runs_drops_its_result():
     story.scheduler.abort_request("a", story.now)  # e.g. the client went away mid-forward
     events = story.scheduler.update(plan, story.runner.execute(plan), story.now)
     assert events == [] and a.output_token_ids == [1000]
-    assert story.scheduler.slots.all_free
+    assert story.scheduler.kv.num_holders == 0
 
 
 def test_abort_while_waiting_never_takes_a_slot():
@@ -304,7 +304,7 @@ def test_finish_reasons():
 
     assert [finish_reason(r.status) for r in (eos, ignored, stop_id, length, context)] == [
         "stop", "length", "stop", "length", "length"]
-    assert story.scheduler.slots.all_free and not story.scheduler.has_unfinished()
+    assert story.scheduler.kv.num_holders == 0 and not story.scheduler.has_unfinished()
 
 
 def test_several_tokens_in_one_tick_stop_exactly_at_the_stop_point():
@@ -322,7 +322,7 @@ def test_several_tokens_in_one_tick_stop_exactly_at_the_stop_point():
     events = {e.request.request_id: e for e in story.scheduler.update(plan, result, story.now)}
     assert events["a"].new_token_ids == [5, EOS] and a.status == RequestStatus.FINISHED_STOPPED
     assert events["b"].new_token_ids == [5, 6] and b.num_output_tokens == 3
-    assert b.status == RequestStatus.FINISHED_LENGTH and story.scheduler.slots.all_free
+    assert b.status == RequestStatus.FINISHED_LENGTH and story.scheduler.kv.num_holders == 0
 
 
 def test_stop_string_finish_from_the_engine_trims_the_output():
@@ -332,7 +332,7 @@ def test_stop_string_finish_from_the_engine_trims_the_output():
         story.tick()
     story.scheduler.stop_at(a, 2, story.now)
     assert a.output_token_ids == [1000, 1001] and a.status == RequestStatus.FINISHED_STOPPED
-    assert story.scheduler.slots.all_free and story.scheduler.take_released() == ("a",)
+    assert story.scheduler.kv.num_holders == 0 and story.scheduler.take_released() == ("a",)
 
 
 def test_stop_string_in_the_tick_that_ended_a_request_for_length():
@@ -345,7 +345,7 @@ def test_stop_string_in_the_tick_that_ended_a_request_for_length():
     assert a.status == RequestStatus.FINISHED_LENGTH
     story.scheduler.stop_at(a, 1, story.now)
     assert a.output_token_ids == [1000] and a.status == RequestStatus.FINISHED_STOPPED
-    assert story.scheduler.slots.all_free and not story.scheduler.has_unfinished()
+    assert story.scheduler.kv.num_holders == 0 and not story.scheduler.has_unfinished()
 
 
 def test_update_rejects_a_result_that_does_not_answer_the_plan():
@@ -444,10 +444,8 @@ def check_invariants(scheduler: Scheduler, plan: SchedulerPlan) -> None:
     cfg = scheduler.config
     running = scheduler.running
     assert len(running) <= cfg.max_num_seqs and len(scheduler.waiting) <= cfg.max_queue
-    assert scheduler.slots.num_free == cfg.max_num_seqs - len(running)
-    assert sorted(scheduler.slot_of) == sorted(running)
-    for rid, slot in scheduler.slot_of.items():
-        assert scheduler.slots.owner(slot) == rid
+    scheduler.kv.check()
+    assert scheduler.kv.num_holders == len(running) and all(rid in scheduler.kv for rid in running)
     seqs = rows(plan)
     assert len(seqs) == len(plan.seqs), "a request appears twice in one plan"
     blocks = [b for s in plan.seqs for b in s.block_table]
@@ -506,8 +504,8 @@ def test_1000_random_events_leave_nothing_behind(seed: int, spec_mode: str):
     plan = scheduler.schedule(now)
     assert plan.is_empty
     del plan
-    assert scheduler.slots.all_free and scheduler.slots.num_free == 4
-    assert not scheduler.has_unfinished() and not scheduler.slot_of
+    assert scheduler.kv.num_holders == 0
+    assert not scheduler.has_unfinished()
     assert not scheduler._in_lane and not scheduler.lane.holders and not scheduler.lane.waiters
     gc.collect()
     alive = [ref() for ref in refs if ref() is not None]
@@ -534,7 +532,7 @@ def shared(rid: str, source: str, num_prompt_tokens: int) -> Request:
     return request
 
 
-def test_sequences_sharing_a_prompt_wait_for_its_prefill_then_copy_its_kv():
+def test_sequences_sharing_a_prompt_wait_for_its_prefill_then_read_its_blocks_from_the_cache():
     story = Story(make_scheduler(max_num_batched_tokens=40))
     story.add(make_request("a", 100))
     story.add(shared("a#1", "a", 100))
@@ -543,18 +541,16 @@ def test_sequences_sharing_a_prompt_wait_for_its_prefill_then_copy_its_kv():
     while "a" not in story.scheduler.running or not story.scheduler.running["a"].prefill_done:
         plan, _ = story.tick()
         assert set(rows(plan)) == {"a"}, "the siblings must not prefill while their source does"
-        assert plan.kv_copies == ()
         prefilled += len(rows(plan)["a"].token_ids)
     assert prefilled == 100
     plan, events = story.tick()
-    copies = {(c.src_blocks, c.dst_blocks) for c in plan.kv_copies}
-    blocks = -(-99 // 16)  # the blocks holding the prompt's first 99 positions
-    assert copies == {(rows(plan)["a"].block_table[:blocks], rows(plan)[r].block_table[:blocks]) for r in ("a#1", "a#2")}
-    for rid in ("a#1", "a#2"):  # only the prompt's last position is computed, and sampled
+    shared_blocks = rows(plan)["a"].block_table[:6]  # the prompt's full blocks: 96 positions
+    for rid in ("a#1", "a#2"):  # only the positions past the full blocks are computed
         seq = rows(plan)[rid]
-        assert (seq.start, len(seq.token_ids), seq.sample) == (99, 1, True)
+        assert seq.block_table[:6] == shared_blocks and seq.request.num_cached_tokens == 96
+        assert (seq.start, len(seq.token_ids), seq.sample) == (96, 4, True)
         assert events[rid].new_token_ids == [1000]
-    assert story.scheduler.counts.prefill_tokens == 100 + 2
+    assert story.scheduler.counts.prefill_tokens == 100 + 2 * 4
 
 
 def test_a_sibling_whose_source_left_prefills_on_its_own():
@@ -564,7 +560,7 @@ def test_a_sibling_whose_source_left_prefills_on_its_own():
     plan, events = story.tick()  # a prefills and finishes at once (max_tokens=1)
     assert set(rows(plan)) == {"a"} and events["a"].finished
     plan, _ = story.tick()
-    assert plan.kv_copies == () and rows(plan)["a#1"].start == 0 and len(rows(plan)["a#1"].token_ids) == 8
+    assert rows(plan)["a#1"].start == 0 and len(rows(plan)["a#1"].token_ids) == 8
 
 
 def test_a_waiting_sibling_does_not_block_requests_behind_it():

@@ -199,7 +199,7 @@ def test_simulator_makes_the_real_engines_lane_decisions(model, reference, polic
 
 # -- the fake runner on its own ------------------------------------------------------------
 def _seq(request: Request, start: int, tokens: tuple[int, ...], sample: bool, k: int = 0) -> ScheduledSeq:
-    return ScheduledSeq(request=request, slot=0, start=start, token_ids=tokens, sample=sample, num_draft_tokens=k)
+    return ScheduledSeq(request=request, block_table=(0,), start=start, token_ids=tokens, sample=sample, num_draft_tokens=k)
 
 
 def test_runner_fills_results_as_the_model_runner_does():

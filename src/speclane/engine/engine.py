@@ -32,7 +32,7 @@ from speclane.models.loader import read_weights
 from speclane.models.tokenizer import Tokenizer
 from speclane.request import Request, SamplingParams, TokenLogprob, finish_reason
 from speclane.scheduler.block_pool import KV_BLOCK_SIZE
-from speclane.scheduler.scheduler import Scheduler
+from speclane.scheduler.scheduler import Scheduler, default_kv_blocks
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ class RequestOutput:
     finish_reason: str | None
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens read from the prefix cache
     speculative: dict[str, float | int] = field(default_factory=dict)
     error: str | None = None
     logprobs: list[TokenLogprob] | None = None  # one per token_ids entry, when the request asked
@@ -58,6 +59,7 @@ class RequestOutput:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
             "completion_tokens_details": {
                 "accepted_prediction_tokens": int(self.speculative.get("accepted_tokens", 0)),
                 "rejected_prediction_tokens": int(self.speculative.get("draft_tokens", 0))
@@ -67,16 +69,16 @@ class RequestOutput:
         }
 
 
-def kv_pool_sequences(config: SchedulerConfig, bytes_per_sequence: int) -> int:
-    """Sequences the KV pool holds at full length: ``max_num_seqs``, or fewer where
-    ``kv_cache_mib`` does not fit that many; a pool that fits none is a start-up error."""
+def kv_pool_blocks(config: SchedulerConfig, default_blocks: int, bytes_per_block: int) -> int:
+    """Blocks of the KV pool: ``default_blocks``, or as many as ``kv_cache_mib`` holds; a
+    pool smaller than one block is a start-up error."""
     if not config.kv_cache_mib:
-        return config.max_num_seqs
-    fit = config.kv_cache_mib * 2**20 // bytes_per_sequence
+        return default_blocks
+    fit = config.kv_cache_mib * 2**20 // bytes_per_block
     if fit < 1:
-        raise ValueError(f"--kv-cache-mib {config.kv_cache_mib} holds no sequence: one of max-model-len tokens needs "
-                         f"{bytes_per_sequence / 2**20:.1f} MiB; raise it or lower --max-model-len")
-    return min(config.max_num_seqs, fit)
+        raise ValueError(f"--kv-cache-mib {config.kv_cache_mib} holds no KV block: one of {KV_BLOCK_SIZE} positions "
+                         f"needs {bytes_per_block / 2**20:.2f} MiB")
+    return fit
 
 
 def load_tokenizer(source: object) -> Tokenizer:
@@ -113,19 +115,11 @@ class LLMEngine:
         mc = self.model.config
         self.max_model_len = min(config.model.max_model_len, mc.max_position_embeddings)
         kv_dtype = torch.float32 if config.model.dtype == "float32" else torch.bfloat16
-        # Room for K draft positions past the last token of the longest sequence.
-        cache_len = self.max_model_len + config.lane.num_draft_tokens + 1
-        blocks_per_sequence = -(-cache_len // KV_BLOCK_SIZE)
-        sequences = kv_pool_sequences(config.scheduler, blocks_per_sequence * KVCache.bytes_per_block(
-            mc.num_layers, KV_BLOCK_SIZE, mc.num_kv_heads, mc.head_dim, kv_dtype))
-        if sequences < config.scheduler.max_num_seqs:
-            config = config.replace(max_num_seqs=sequences)
-            self.config = config
-        self.cache = KVCache(mc.num_layers, sequences * blocks_per_sequence, KV_BLOCK_SIZE, mc.num_kv_heads, mc.head_dim,
-                             kv_dtype)
-        self.cache_len = cache_len
-        log.info("KV pool: %.0f MiB, %d sequences of %d positions (%s)", self.cache.bytes / 2**20, sequences, cache_len,
-                 str(kv_dtype).removeprefix("torch."))
+        blocks = kv_pool_blocks(config.scheduler, default_kv_blocks(config.scheduler, config.lane, self.max_model_len),
+                                KVCache.bytes_per_block(mc.num_layers, KV_BLOCK_SIZE, mc.num_kv_heads, mc.head_dim, kv_dtype))
+        self.cache = KVCache(mc.num_layers, blocks, KV_BLOCK_SIZE, mc.num_kv_heads, mc.head_dim, kv_dtype)
+        log.info("KV pool: %.0f MiB, %d blocks of %d positions (%s), prefix cache %s", self.cache.bytes / 2**20, blocks,
+                 KV_BLOCK_SIZE, str(kv_dtype).removeprefix("torch."), "on" if config.scheduler.prefix_cache else "off")
         if drafter is None and config.lane.speculation_enabled:
             drafter = create_drafter(config.lane.drafter, model=self.model, model_config=config.model,
                                      mtp_head=config.lane.mtp_head, min_draft_prob=config.lane.mtp_min_draft_prob,
@@ -137,7 +131,7 @@ class LLMEngine:
             # Widest tick: every slot decoding plus every lane slot verifying K drafts.
             max_rows = config.scheduler.max_num_seqs + lane.spec_slots * lane.num_draft_tokens
             step_cost = calibration.step_cost(self.model, self.cache, max_rows)
-        self.scheduler = Scheduler(config.scheduler, lane, self.max_model_len, step_cost=step_cost)
+        self.scheduler = Scheduler(config.scheduler, lane, self.max_model_len, num_kv_blocks=blocks, step_cost=step_cost)
         self.runner = ModelRunner(self.model, self.cache, self.drafter)
         self.counters = EngineCounters()
         self.observer = observer
@@ -150,11 +144,11 @@ class LLMEngine:
 
     @property
     def kv_pool(self) -> dict[str, object]:
-        """The KV pool's size (``GET /health``, the start-up log): its MiB, the sequences it
-        holds at full length and their positions, and the dtype."""
+        """The KV pool's size (``GET /health``): its MiB, its blocks and their positions, the
+        dtype and whether the prefix cache is on."""
         cache = self.cache
-        return {"mib": round(cache.bytes / 2**20, 1), "sequences": self.config.scheduler.max_num_seqs,
-                "positions_per_sequence": self.cache_len, "dtype": str(cache.dtype).removeprefix("torch.")}
+        return {"mib": round(cache.bytes / 2**20, 1), "blocks": cache.num_blocks, "block_size": cache.block_size,
+                "dtype": str(cache.dtype).removeprefix("torch."), "prefix_cache": self.config.scheduler.prefix_cache}
 
     # -- requests -------------------------------------------------------------------------
     @property
@@ -187,12 +181,14 @@ class LLMEngine:
         prediction_token_ids: Sequence[int] = (),
         grammar: CompiledGrammar | GrammarSpec | None = None,
         prefill_source: str | None = None,
+        global_cache_scope: bool = False,
     ) -> Request:
         """Queue a request. Raises ``ValueError`` (bad input, an invalid grammar) or ``QueueFullError``.
 
         ``grammar``: the output must match it (a spec is compiled here, on the caller's thread).
         ``prefill_source``: a queued request with the same prompt whose prompt KV this one
-        copies once it has prefilled (the ``n`` sequences of one prompt).
+        reads through the prefix cache once it has prefilled (the ``n`` sequences of one prompt).
+        ``global_cache_scope``: read and write the prefix cache's global scope, not the tenant's.
         """
         sampling = sampling or SamplingParams()
         if isinstance(grammar, GrammarSpec):
@@ -216,6 +212,7 @@ class LLMEngine:
             eos_token_ids=self.eos_token_ids,
             grammar=grammar,
             prefill_source=prefill_source,
+            global_cache_scope=global_cache_scope,
         )
         with self._lock:
             source = self.scheduler.get(prefill_source) if prefill_source is not None else None
@@ -247,6 +244,8 @@ class LLMEngine:
             plan = self.scheduler.schedule(now)
         self.runner.release(plan.released_request_ids)  # aborted (or left) since the last tick
         if plan.is_empty:
+            if plan.preempted_request_ids:
+                self.runner.release(plan.preempted_request_ids, preempted=True)
             with self._lock:
                 self.counters.refresh(self.scheduler)  # gauges stay true when idle
             return outputs
@@ -304,6 +303,7 @@ class LLMEngine:
             finish_reason=finish_reason(request.status) if finished else None,
             prompt_tokens=request.num_prompt_tokens,
             completion_tokens=request.num_output_tokens,
+            cached_tokens=request.num_cached_tokens or 0,
             speculative=request.spec.as_dict(),
             logprobs=logprobs if request.sampling.logprobs is not None else None,
         )

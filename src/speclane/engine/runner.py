@@ -55,17 +55,19 @@ class ModelRunner:
     def execute(self, plan: SchedulerPlan) -> RunnerResult:
         started = time.perf_counter()
         self._draft_timings = []
-        for copy in plan.kv_copies:  # shared prompts (n > 1): before anyone writes this tick
-            self.cache.copy_blocks(copy.src_blocks, copy.dst_blocks)
+        self.release(plan.preempted_request_ids, preempted=True)
         seqs = self._step(list(plan.seqs)) if plan.seqs else []
         return RunnerResult(seqs=tuple(seqs), elapsed_ms=(time.perf_counter() - started) * 1000,
                             draft_timings=tuple(self._draft_timings))
 
-    def release(self, request_ids: tuple[str, ...]) -> None:
-        """Forget the per-request state (sampling stream, drafter state) of requests that left."""
+    def release(self, request_ids: tuple[str, ...], *, preempted: bool = False) -> None:
+        """Forget the per-request state (sampling stream, grammar matcher, drafter state) of
+        requests that left; ``preempted``: only the drafter's, of requests recomputed later,
+        which go on with their own sampling stream and the grammar state of their output."""
         for rid in request_ids:
-            self._seeds.pop(rid, None)
-            self._matchers.pop(rid, None)
+            if not preempted:
+                self._seeds.pop(rid, None)
+                self._matchers.pop(rid, None)
             if self.drafter is not None:
                 self.drafter.release(rid)
 

@@ -14,8 +14,6 @@ written, and the next forward overwrites them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 
@@ -55,14 +53,6 @@ class KVCache:
             raise ValueError(f"{num_rows} rows of {positions} positions need {num_rows * per_row} blocks; "
                              f"the pool has {self.num_blocks}")
         return [list(range(r * per_row, (r + 1) * per_row)) for r in range(num_rows)]
-
-    def copy_blocks(self, src: Sequence[int], dst: Sequence[int]) -> None:
-        """Give blocks ``dst`` the contents of blocks ``src`` (pairwise, every layer)."""
-        if len(src) != len(dst):
-            raise ValueError(f"copying {len(src)} blocks into {len(dst)}")
-        s, d = torch.tensor(list(src)), torch.tensor(list(dst))
-        self.all_keys[:, d] = self.all_keys[:, s]
-        self.all_values[:, d] = self.all_values[:, s]
 
 
 def gather(layer: torch.Tensor, tables: torch.Tensor, length: int) -> torch.Tensor:

@@ -126,6 +126,11 @@ class KVManager:
         return request_id in self._seqs
 
     @property
+    def num_holders(self) -> int:
+        """Requests holding a block table (admitted and not yet freed)."""
+        return len(self._seqs)
+
+    @property
     def num_available_blocks(self) -> int:
         """Blocks an allocation can get without preempting: free plus evictable."""
         return self.pool.num_free + self.cache.num_evictable

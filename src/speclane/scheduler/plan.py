@@ -37,22 +37,15 @@ class ScheduledSeq:
 
 
 @dataclass(frozen=True)
-class KVCopy:
-    """Copy KV blocks ``src_blocks`` into ``dst_blocks`` pairwise (the blocks holding a
-    prompt shared by the ``n`` sequences of one request), before the tick's forward."""
-
-    src_blocks: tuple[int, ...]
-    dst_blocks: tuple[int, ...]
-
-
-@dataclass(frozen=True)
 class SchedulerPlan:
     """What to compute in one tick."""
 
     seqs: tuple[ScheduledSeq, ...] = ()
     # Requests that left since the last plan: the runner drops their per-request state.
     released_request_ids: tuple[str, ...] = ()
-    kv_copies: tuple[KVCopy, ...] = ()
+    # Requests preempted since the last plan (recomputed later): the runner drops their
+    # drafter state and keeps their sampling stream and grammar state.
+    preempted_request_ids: tuple[str, ...] = ()
 
     @property
     def num_tokens(self) -> int:

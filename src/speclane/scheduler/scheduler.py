@@ -10,14 +10,22 @@ Per tick (``schedule``):
 2. every running request that has finished its prompt decodes one step (holders
    draft and verify ``K + 1`` positions instead);
 3. prompts being prefilled get chunks from what is left of the token budget;
-4. waiting requests are admitted (most urgent priority, then arrival) while a KV
-   slot is free, and get their first chunk. A request that shares its prompt with
-   another (``prefill_source``: the ``n`` sequences of one request) waits until that
-   one has prefilled, then copies its prompt's KV (``KVCopy``) and computes only the
-   prompt's last position; if the source has already left, it prefills on its own.
+4. waiting requests are admitted in ``KVManager.admission_key`` order (most urgent
+   priority, then the tenant holding the fewest KV blocks per unit of weight, then
+   arrival) while fewer than ``max_num_seqs`` run and the KV pool has their blocks
+   (``kv_manager.py``), stopping at the first that does not fit; prompt tokens found in
+   the prefix cache are not computed again. A request that shares its prompt with
+   another (``prefill_source``: the ``n`` sequences of one request) waits until that one
+   has prefilled, then reads its prompt's full blocks through the prefix cache; if the
+   source has already left, it prefills on its own.
+
+Before the plan each decoding request reserves the KV blocks of its fed token and its K
+draft positions; a request that cannot get them preempts the least urgent, most recently
+admitted request of its own tenant (``KVManager.reserve``), which goes back to waiting
+with its output kept and is recomputed when admitted again (``_preempt``).
 
 Per tick (``update``), from the plan and the runner's chosen tokens: each request's
-computed length, its output (stopping exactly at EOS, a stop token, ``max_tokens`` or
+computed length (committed to the KV manager, which caches the blocks it filled), its output (stopping exactly at EOS, a stop token, ``max_tokens`` or
 the context), its speculative accounting and the lane's. This is the only place a
 request advances and the only place speculation is counted (``counts.py``).
 
@@ -34,9 +42,14 @@ from speclane.request import Request, RequestStatus
 from speclane.scheduler import draft_length
 from speclane.scheduler.block_pool import KV_BLOCK_SIZE
 from speclane.scheduler.counts import ScheduleCounts
-from speclane.scheduler.kv_slots import SlotAllocator
+from speclane.scheduler.kv_manager import KVManager
 from speclane.scheduler.lane import SpecLane
-from speclane.scheduler.plan import KVCopy, RunnerResult, ScheduledSeq, SchedulerPlan, SeqResult
+from speclane.scheduler.plan import RunnerResult, ScheduledSeq, SchedulerPlan, SeqResult
+
+
+def default_kv_blocks(config: SchedulerConfig, lane_config: LaneConfig, max_model_len: int) -> int:
+    """Room for ``max_num_seqs`` requests of ``max_model_len`` tokens and K draft positions."""
+    return config.max_num_seqs * -(-(max_model_len + lane_config.num_draft_tokens + 1) // KV_BLOCK_SIZE)
 
 
 class QueueFullError(RuntimeError):
@@ -54,18 +67,19 @@ class TokenEvent:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, lane_config: LaneConfig, max_model_len: int, *,
-                 step_cost: draft_length.StepCost | None = None, record_lane_events: bool = True):
+                 num_kv_blocks: int | None = None, step_cost: draft_length.StepCost | None = None,
+                 record_lane_events: bool = True):
+        """``num_kv_blocks``: the KV pool's blocks (None: ``default_kv_blocks``)."""
         self.config = config
         self.lane_config = lane_config
         self.max_model_len = max_model_len
-        self.slots = SlotAllocator(config.max_num_seqs)
-        # Each slot owns consecutive KV blocks: max_model_len positions and K drafts past them.
-        self.blocks_per_slot = -(-(max_model_len + lane_config.num_draft_tokens + 1) // KV_BLOCK_SIZE)
+        blocks = num_kv_blocks if num_kv_blocks is not None else default_kv_blocks(config, lane_config, max_model_len)
+        self.kv = KVManager(blocks, enable_prefix_cache=config.prefix_cache)
         self.lane = SpecLane(lane_config, record_events=record_lane_events)
         self.waiting: dict[str, Request] = {}
         self.running: dict[str, Request] = {}  # admission order
-        self.slot_of: dict[str, int] = {}
         self._released: list[str] = []
+        self._preempted: list[str] = []
         self._in_lane: set[str] = set()
         # Adaptive K (draft_length.py): the runner's measured step cost (the engine
         # calibrates it); None = every holder drafts its full budget.
@@ -106,7 +120,7 @@ class Scheduler:
         self.waiting[request.request_id] = request
 
     def abort_request(self, request_id: str, now: float, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> Request | None:
-        """Stop a request wherever it is; its KV slot is free for the next tick."""
+        """Stop a request wherever it is; its KV blocks are free for the next tick."""
         request = self.waiting.pop(request_id, None)
         if request is not None:
             request.status = status
@@ -130,17 +144,30 @@ class Scheduler:
         request.status = status
         rid = request.request_id
         del self.running[rid]
-        self.slots.free(self.slot_of.pop(rid))
+        self.kv.free(rid)
+        self._leave_lane(rid, now)
+        self._released.append(rid)
+        self.acceptance.forget(rid)
+        return request
+
+    def _preempt(self, request_id: str, now: float) -> None:
+        """``request_id`` lost its KV blocks (``KVManager.reserve`` freed them): back to
+        waiting with its output kept, recomputed from position 0 when admitted again."""
+        request = self.running.pop(request_id)
+        request.status = RequestStatus.WAITING
+        request.num_computed_tokens = 0
+        self._leave_lane(request_id, now)
+        self._preempted.append(request_id)
+        self.waiting[request_id] = request
+
+    def _leave_lane(self, rid: str, now: float) -> None:
         if rid in self._in_lane:
             if self._burst_holder == rid:  # a whole burst is one round of its grant
                 self.lane.round_done(rid, elapsed_ms=self._burst_ms, now=now)
             self._in_lane.discard(rid)
             self.lane.remove(rid, now)
-        self._released.append(rid)
-        self.acceptance.forget(rid)
         if self._burst_holder == rid:
             self._burst_holder, self._burst_ms = None, 0.0
-        return request
 
     # -- one tick -----------------------------------------------------------------------
     def _lane_active(self) -> bool:
@@ -169,12 +196,17 @@ class Scheduler:
         released, self._released = tuple(self._released), []
         return released
 
+    def _take_preempted(self) -> tuple[str, ...]:
+        preempted, self._preempted = tuple(self._preempted), []
+        return preempted
+
     def schedule(self, now: float) -> SchedulerPlan:
         released = self.take_released()
         if self.lane_config.spec_mode == "burst":
             burst = self._burst_seq(now)
             if burst is not None:
-                return SchedulerPlan(seqs=(burst,), released_request_ids=released)
+                return SchedulerPlan(seqs=(burst,), released_request_ids=released,
+                                     preempted_request_ids=self._take_preempted())
         holders = set(self.lane.schedule(now)) if self._lane_active() and self.lane_config.spec_mode == "slice" else set()
 
         budget = self.config.max_num_batched_tokens
@@ -184,34 +216,44 @@ class Scheduler:
         self._held_without_drafts = {rid for rid, k in draft_lengths.items() if k == 0}
         for request in decoding:
             k = draft_lengths.get(request.request_id, 0)
-            seqs.append(self._decode_seq(request, k))
-            budget -= 1 + k
-        for request in self.running.values():
+            if request.request_id in self.running and self._reserve(request, request.num_tokens + k, now):
+                seqs.append(self._decode_seq(request, k))
+        seqs = [seq for seq in seqs if seq.request_id in self.running]  # not preempted by a later one
+        budget -= sum(len(seq.token_ids) + seq.num_draft_tokens for seq in seqs)
+        for request in list(self.running.values()):
             if not request.prefill_done and (budget > 0 or not seqs):
                 seq = self._prefill_seq(request, budget)
                 seqs.append(seq)
                 budget -= len(seq.token_ids)
-        copies: list[KVCopy] = []
-        while self.waiting and self.slots.can_allocate() and (budget > 0 or not seqs):
+        while self.waiting and len(self.running) < self.config.max_num_seqs and (budget > 0 or not seqs):
             ready = [r for r in self.waiting.values() if self._may_admit(r)]
             if not ready:
                 break  # only requests waiting for their prompt's source to prefill
-            request = min(ready, key=lambda r: (r.priority, r.arrival_s))
-            source = self.running.get(request.prefill_source) if request.prefill_source else None
-            if source is None and not self.config.enable_chunked_prefill and seqs and request.num_prompt_tokens > budget:
+            request = min(ready, key=lambda r: self.kv.admission_key(r.priority, r.tenant, r.tenant_weight, r.arrival_s))
+            if not self.config.enable_chunked_prefill and seqs and request.num_tokens > budget:
                 break  # the whole prompt must fit in one tick; wait for a lighter one
+            admission = self.kv.admit(request.request_id, request, tenant=request.tenant, weight=request.tenant_weight,
+                                      priority=request.priority, global_scope=request.global_cache_scope)
+            if admission is None:
+                break  # the pool is full of live requests: wait until one leaves
             del self.waiting[request.request_id]
             request.status = RequestStatus.RUNNING
-            self.slot_of[request.request_id] = self.slots.allocate(request.request_id)
             self.running[request.request_id] = request
-            if source is not None:  # its prompt is cached in the source's slot but the last position
-                request.num_computed_tokens = request.num_prompt_tokens - 1
-                shared = -(-request.num_computed_tokens // KV_BLOCK_SIZE)
-                copies.append(KVCopy(self._table(source.request_id)[:shared], self._table(request.request_id)[:shared]))
+            request.num_computed_tokens = admission.num_cached_tokens
+            if request.num_cached_tokens is None:  # counted from the first admission
+                request.num_cached_tokens = admission.num_cached_tokens
             seq = self._prefill_seq(request, budget)
             seqs.append(seq)
             budget -= len(seq.token_ids)
-        return SchedulerPlan(seqs=tuple(seqs), released_request_ids=released, kv_copies=tuple(copies))
+        return SchedulerPlan(seqs=tuple(seqs), released_request_ids=released, preempted_request_ids=self._take_preempted())
+
+    def _reserve(self, request: Request, upto: int, now: float) -> bool:
+        """KV blocks for ``request``'s positions below ``upto``, preempting within its
+        tenant where the pool is full; False when it was preempted itself."""
+        reservation = self.kv.reserve(request.request_id, upto)
+        for victim in reservation.preempted:
+            self._preempt(victim, now)
+        return reservation.ok
 
     def _may_admit(self, request: Request) -> bool:
         """False while the request's prompt source is still to prefill its prompt."""
@@ -235,17 +277,16 @@ class Scheduler:
         if self._burst_holder is None:
             return None
         request = self.running[self._burst_holder]
-        return self._decode_seq(request, self._draft_budget(request))
-
-    def _table(self, request_id: str) -> tuple[int, ...]:
-        first = self.slot_of[request_id] * self.blocks_per_slot
-        return tuple(range(first, first + self.blocks_per_slot))
+        k = self._draft_budget(request)
+        if not self._reserve(request, request.num_tokens + k, now):
+            return None  # preempted (its burst ended with it)
+        return self._decode_seq(request, k)
 
     def _decode_seq(self, request: Request, num_draft_tokens: int) -> ScheduledSeq:
         start = request.num_computed_tokens
         return ScheduledSeq(
             request=request,
-            block_table=self._table(request.request_id),
+            block_table=self.kv.block_table(request.request_id),
             start=start,
             token_ids=tuple(request.tokens_between(start, request.num_tokens)),
             sample=True,
@@ -253,15 +294,17 @@ class Scheduler:
         )
 
     def _prefill_seq(self, request: Request, budget: int) -> ScheduledSeq:
+        """The next chunk of the prompt, or for a preempted request of every token it has
+        (its output too); it samples after the last known token."""
         start = request.num_computed_tokens
-        remaining = request.num_prompt_tokens - start
+        remaining = request.num_tokens - start
         chunk = min(remaining, max(budget, 1)) if self.config.enable_chunked_prefill else remaining
         return ScheduledSeq(
             request=request,
-            block_table=self._table(request.request_id),
+            block_table=self.kv.block_table(request.request_id),
             start=start,
-            token_ids=tuple(request.prompt_token_ids[start : start + chunk]),
-            sample=start + chunk == request.num_prompt_tokens,
+            token_ids=tuple(request.tokens_between(start, start + chunk)),
+            sample=start + chunk == request.num_tokens,
         )
 
     def update(self, plan: SchedulerPlan, result: RunnerResult, now: float) -> list[TokenEvent]:
@@ -284,6 +327,8 @@ class Scheduler:
             # The fed tokens and the accepted drafts stay in the cache; rejected drafts do not.
             request.num_computed_tokens = seq.start + len(seq.token_ids) + res.num_accepted_tokens
             appended, status = self._append(request, res.token_ids)
+            if status is None:
+                self.kv.commit(rid, request.num_computed_tokens, request)
             if res.token_ids and request.first_token_s is None:
                 request.first_token_s = now
             held = rid in self._held_without_drafts
