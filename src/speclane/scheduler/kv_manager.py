@@ -37,8 +37,8 @@ Under pressure (more blocks asked for than are free):
 
 How the scheduler treats a preempted request so its output continues identically: back
 to waiting with its output kept, ``num_computed_tokens`` = 0, out of the lane and out of
-this tick's plan, its per-request runner state released (a grammar matcher is rebuilt
-by replaying the output). Re-admitted with ``admit(rid, request)``, it prefills in
+this tick's plan, its drafter state dropped by the runner (its sampling stream and
+grammar matcher stay). Re-admitted with ``admit(rid, request)``, it prefills in
 chunks up to ``num_tokens`` (not ``num_prompt_tokens``) and samples only at the last
 position; that token is its next output. The K/V recomputed, or read from the cache, are
 the bits it had (the native kernels give a position the same bits in every batch shape),

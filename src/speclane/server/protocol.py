@@ -409,10 +409,15 @@ class CompletionTokensDetails(BaseModel):
     rejected_prediction_tokens: int = 0
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens read from the prefix cache (their prefill skipped)
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
     completion_tokens_details: CompletionTokensDetails = Field(default_factory=CompletionTokensDetails)
     speculative: SpeculativeUsage = Field(default_factory=SpeculativeUsage)
 
