@@ -18,6 +18,7 @@ on it.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,54 @@ def save_tokenizer(path: Path) -> None:
     tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "t2", "bos_token": "t1"}))
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """A family's chat layout as its Hub folders have it: special tokens (the first ids),
+    the words its template writes, the end tokens, the template (tokenizer_config.json's)."""
+
+    specials: tuple[str, ...]
+    words: tuple[str, ...]
+    eos: str
+    end_of_turn: str
+    template: str
+    bos: str | None = None
+
+
+CHAT_FORMATS = {
+    # gemma-3-*-it: eos_token <eos>; a turn ends with <end_of_turn> (its generation_config
+    # lists both; the folder here keeps save_pretrained's, which names <eos> only).
+    "gemma3": ChatFormat(
+        specials=("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"), words=("user", "model"),
+        eos="<eos>", bos="<bos>", end_of_turn="<end_of_turn>",
+        template="{{ bos_token }}{% for m in messages %}{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' "
+                 "else m['role']) + '\n' + m['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+                 "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"),
+    # A Qwen base folder (Qwen2.5-*, Qwen3-*-Base): eos_token <|endoftext|>, ChatML turns
+    # ending with <|im_end|>.
+    "qwen3": ChatFormat(
+        specials=("<|endoftext|>", "<|im_start|>", "<|im_end|>"), words=("system", "user", "assistant"),
+        eos="<|endoftext|>", end_of_turn="<|im_end|>",
+        template="{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}"
+                 "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"),
+}
+
+
+def save_chat_tokenizer(path: Path, name: str, *, template: bool = True) -> ChatFormat:
+    """A word-level tokenizer with the chat layout of ``CHAT_FORMATS[name]``: its special
+    tokens and template words first, then "t{id}" words up to ``VOCAB``; its chat template
+    in tokenizer_config.json unless ``template`` is false."""
+    chat = CHAT_FORMATS[name]
+    named = chat.specials + chat.words
+    vocab = {token: i for i, token in enumerate(named)} | {f"t{i}": i for i in range(len(named), VOCAB)}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token=named[0]))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False) for t in chat.specials])
+    tok.save(str(path / "tokenizer.json"))
+    config = {"eos_token": chat.eos, "bos_token": chat.bos} | ({"chat_template": chat.template} if template else {})
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    return chat
 
 
 def make_family(name: str) -> torch.nn.Module:
