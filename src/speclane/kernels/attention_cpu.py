@@ -26,9 +26,9 @@ BLOCK = 32  # the C file's BLOCK: head_dim must be a multiple
 
 def declare(lib: ctypes.CDLL) -> None:
     pointer, integer = ctypes.c_void_p, ctypes.c_int
-    lib.attention.argtypes = [pointer] * 6 + [integer] * 5 + [ctypes.c_float]
+    lib.attention.argtypes = [pointer] * 6 + [integer] * 5 + [ctypes.c_float, integer, ctypes.c_float]
     lib.attention.restype = None
-    lib.rope_write_attention.argtypes = [pointer] * 9 + [integer] * 5 + [ctypes.c_float]
+    lib.rope_write_attention.argtypes = [pointer] * 9 + [integer] * 5 + [ctypes.c_float, integer, ctypes.c_float]
     lib.rope_write_attention.restype = None
 
 
@@ -49,10 +49,13 @@ def supports(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: in
 
 
 def attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, row_slot: torch.Tensor,
-              row_len: torch.Tensor, scale: float) -> torch.Tensor:
+              row_len: torch.Tensor, scale: float, *, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """q [T, heads, d] bfloat16; one layer's caches [slots, kv_heads, max_len, d] (already
     holding this forward's keys and values); row_slot, row_len [T] int32: each query's
-    cache slot and how many keys it sees. -> [T, heads * d] bfloat16."""
+    cache slot and its length (position + 1). A query sees the keys of positions
+    ``[len - window, len)`` with a ``window`` (a sliding-window layer), else ``[0, len)``;
+    ``softcap`` > 0 caps its scores as ``softcap * tanh(score / softcap)`` (Gemma 2).
+    -> [T, heads * d] bfloat16."""
     q = q.contiguous()
     rows, heads, head_dim = q.shape
     _, kv_heads, max_len, _ = k_cache.shape
@@ -64,20 +67,21 @@ def attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache:
         raise ValueError("attention: row_slot and row_len must be int32, one per query row")
     out = torch.empty(rows, heads * head_dim, dtype=torch.bfloat16)
     lib.attention(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), row_slot.data_ptr(),
-                  row_len.data_ptr(), out.data_ptr(), rows, heads, kv_heads, head_dim, max_len, scale)
+                  row_len.data_ptr(), out.data_ptr(), rows, heads, kv_heads, head_dim, max_len, scale, window, softcap)
     return out
 
 
 def rope_write_attention(lib: ctypes.CDLL, qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, k_cache: torch.Tensor,
                          v_cache: torch.Tensor, row_slot: torch.Tensor, row_len: torch.Tensor, num_heads: int,
-                         scale: float, q_scratch: torch.Tensor) -> torch.Tensor:
+                         scale: float, q_scratch: torch.Tensor, *, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """One layer's RoPE, cache write and attention in one call, from the fused projection.
 
     qkv [T, (heads + 2 kv_heads) * d] bfloat16 (query, key, value heads); cos, signed_sin
     [positions, d] bfloat16 tables (llama.py's, rotate-half layout); the caller has checked
     every row's position (row_len - 1) against the tables and the cache. Writes the rotated
     keys and the values at each row's position, returns the attention [T, heads * d] as
-    ``attention`` computes it; q_scratch [T, heads, d] bfloat16 receives the rotated queries.
+    ``attention`` computes it (``window``, ``softcap``); q_scratch [T, heads, d] bfloat16
+    receives the rotated queries.
     """
     rows, width = qkv.shape
     _, kv_heads, max_len, head_dim = k_cache.shape
@@ -92,5 +96,5 @@ def rope_write_attention(lib: ctypes.CDLL, qkv: torch.Tensor, cos: torch.Tensor,
     out = torch.empty(rows, num_heads * head_dim, dtype=torch.bfloat16)
     lib.rope_write_attention(qkv.data_ptr(), cos.data_ptr(), signed_sin.data_ptr(), k_cache.data_ptr(),
                              v_cache.data_ptr(), row_slot.data_ptr(), row_len.data_ptr(), q_scratch.data_ptr(),
-                             out.data_ptr(), rows, num_heads, kv_heads, head_dim, max_len, scale)
+                             out.data_ptr(), rows, num_heads, kv_heads, head_dim, max_len, scale, window, softcap)
     return out

@@ -103,8 +103,10 @@ INLINE __m256 w_fold(wide x) { return _mm256_add_ps(x.a, x.b); }
 #endif
 
 // One (query row, head): q [D] bfloat16, keys/values [len][D] bfloat16 -> out [D] bfloat16.
+// softcap > 0: each score becomes softcap * tanh(score / softcap) before the softmax
+// (Gemma 2), with the C library's tanhf in both builds.
 static void attend_one(const uint16_t *q, const uint16_t *keys, const uint16_t *values, int len, int D, float scale,
-                       float *scores, uint16_t *out) {
+                       float softcap, float *scores, uint16_t *out) {
     const int blocks = D / BLOCK;
     wide qlo[MAX_HEAD_DIM / BLOCK], qhi[MAX_HEAD_DIM / BLOCK];
     for (int b = 0; b < blocks; b++) load_block(q + BLOCK * b, &qlo[b], &qhi[b]);
@@ -119,6 +121,7 @@ static void attend_one(const uint16_t *q, const uint16_t *keys, const uint16_t *
             acc = w_fma(qhi[b], hi, w_fma(qlo[b], lo, acc));
         }
         scores[j] = hsum(w_fold(acc)) * scale;
+        if (softcap > 0.0f) scores[j] = softcap * tanhf(scores[j] / softcap);
         maximum = scores[j] > maximum ? scores[j] : maximum;
     }
     __m256 top = _mm256_set1_ps(maximum), total = _mm256_setzero_ps();
@@ -154,9 +157,12 @@ static void attend_one(const uint16_t *q, const uint16_t *keys, const uint16_t *
     for (int b = 0; b < blocks; b++) store_block(out + BLOCK * b, w_mul(alo[b], inverse), w_mul(ahi[b], inverse));
 }
 
-// The attention of every (query row, head) in `items` over the cache: q [T][H][D].
+// The attention of every (query row, head) over the cache: q [T][H][D]. A row of length
+// len sees keys [first, len): first = len - window with a window (window > 0) shorter
+// than len, else 0.
 static void attend_rows(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *row_slot,
-                        const int32_t *row_len, uint16_t *out, int T, int H, int KVH, int D, int max_len, float scale) {
+                        const int32_t *row_len, uint16_t *out, int T, int H, int KVH, int D, int max_len, float scale,
+                        int window, float softcap) {
     const int group = H / KVH;
     const size_t head_stride = (size_t)max_len * D, slot_stride = (size_t)KVH * head_stride;
     // Scores on the heap, one buffer per thread: max_len floats can exceed a worker's stack.
@@ -164,8 +170,10 @@ static void attend_rows(const uint16_t *q, const uint16_t *k_cache, const uint16
     #pragma omp for schedule(dynamic, 1)
     for (int item = 0; item < T * H; item++) {
         const int t = item / H, h = item % H, len = row_len[t];
-        const size_t at = (size_t)row_slot[t] * slot_stride + (size_t)(h / group) * head_stride;
-        attend_one(q + (size_t)item * D, k_cache + at, v_cache + at, len, D, scale, scores, out + (size_t)item * D);
+        const int first = window > 0 && len > window ? len - window : 0;
+        const size_t at = (size_t)row_slot[t] * slot_stride + (size_t)(h / group) * head_stride + (size_t)first * D;
+        attend_one(q + (size_t)item * D, k_cache + at, v_cache + at, len - first, D, scale, softcap, scores,
+                   out + (size_t)item * D);
     }
     free(scores);
 }
@@ -173,11 +181,13 @@ static void attend_rows(const uint16_t *q, const uint16_t *k_cache, const uint16
 // q: [T][H][D] bfloat16; k_cache, v_cache: one layer's [slots][KVH][max_len][D] bfloat16;
 // row_slot[t], row_len[t]: the cache row of query t and how many keys it sees (its
 // position + 1, 1 <= len <= max_len). out: [T][H][D] bfloat16. D % 32 == 0, D <= 256,
-// H % KVH == 0 (checked by the caller).
+// H % KVH == 0 (checked by the caller). window: keys a row sees, its own included (a
+// sliding-window layer; 0: all). softcap: the scores' soft cap (0: none).
 void attention(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *row_slot,
-               const int32_t *row_len, uint16_t *out, int T, int H, int KVH, int D, int max_len, float scale) {
+               const int32_t *row_len, uint16_t *out, int T, int H, int KVH, int D, int max_len, float scale,
+               int window, float softcap) {
     #pragma omp parallel
-    attend_rows(q, k_cache, v_cache, row_slot, row_len, out, T, H, KVH, D, max_len, scale);
+    attend_rows(q, k_cache, v_cache, row_slot, row_len, out, T, H, KVH, D, max_len, scale, window, softcap);
 }
 
 // RoPE in the rotate-half layout on one head, in bfloat16 as torch computes llama.py's
@@ -196,12 +206,14 @@ static void rotate_head(const uint16_t *x, const uint16_t *cos, const uint16_t *
 // One layer's attention straight from its fused projection: qkv [T][(H + 2 KVH) D]
 // bfloat16 (query heads, key heads, value heads). Rotates the queries into q_out [T][H][D]
 // and the keys, at each row's position (row_len[t] - 1), into the cache beside the values,
-// then attends as attention() does. cos, signed_sin: [positions][D] bfloat16 tables.
+// then attends as attention() does (window, softcap). cos, signed_sin: [positions][D]
+// bfloat16 tables.
 // Why fused: in a one-token step the RoPE, the split, the copies and the two cache writes
 // were ~6 torch ops per layer, each mostly dispatch on a 2-core CPU.
 void rope_write_attention(const uint16_t *qkv, const uint16_t *cos, const uint16_t *signed_sin, uint16_t *k_cache,
                           uint16_t *v_cache, const int32_t *row_slot, const int32_t *row_len, uint16_t *q_out,
-                          uint16_t *out, int T, int H, int KVH, int D, int max_len, float scale) {
+                          uint16_t *out, int T, int H, int KVH, int D, int max_len, float scale, int window,
+                          float softcap) {
     const size_t head_stride = (size_t)max_len * D, slot_stride = (size_t)KVH * head_stride;
     const int width = (H + 2 * KVH) * D;
     #pragma omp parallel
@@ -218,6 +230,6 @@ void rope_write_attention(const uint16_t *qkv, const uint16_t *cos, const uint16
                 memcpy(v_cache + at, row + (H + KVH + h) * D, sizeof(uint16_t) * D);
             }
         }  // the implicit barrier: every row's keys are in the cache before any row attends
-        attend_rows(q_out, k_cache, v_cache, row_slot, row_len, out, T, H, KVH, D, max_len, scale);
+        attend_rows(q_out, k_cache, v_cache, row_slot, row_len, out, T, H, KVH, D, max_len, scale, window, softcap);
     }
 }
