@@ -1,14 +1,11 @@
-"""Model families against transformers: a tiny random model of each, made and saved by the
-installed transformers, read back by speclane (``read_weights`` + ``build_model``,
-float32, no quantization).
+"""Model families against transformers: a tiny random model of each (``family_models.py``),
+made and saved by the installed transformers, read back by speclane (``read_weights`` +
+``build_model``, float32, no quantization).
 
 Per family: our logits on a ragged batch (three sequences of different lengths, a
 prefill, then decode steps and a multi-token row) against transformers' logits of each
 sequence alone, and the greedy continuations of three prompts generated together by our
-engine against transformers' ``generate``. The weights are drawn wider than transformers'
-initializer (std 0.02 gives near-tied logits a float32 reordering could flip), so the
-logits spread over several units and a wrong norm, rope base, window or scale moves them
-by order 1.
+engine against transformers' ``generate``.
 """
 
 from __future__ import annotations
@@ -20,6 +17,7 @@ import pytest
 import torch
 from slot_pool import SlotPool
 
+from family_models import FAMILIES, VOCAB, save_family, widen
 from speclane.config import ModelConfig
 from speclane.llm import LLM
 from speclane.models.build import build_model
@@ -32,75 +30,18 @@ from speclane.request import SamplingParams
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-VOCAB = 256
 # Measured max abs difference over all families: below 2e-5 on logits of magnitude ~5-10
 # (float32 accumulation order); 1e-3 is still far below what a wrong detail gives (> 0.1).
 LOGITS_ATOL = 1e-3
 SEQ_LENS = (7, 23, 30)  # longer than the Gemma / Mistral test windows (8, 6)
-
-COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-              max_position_embeddings=128)
-LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
-
-FAMILIES = {
-    "llama3-tied": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        **COMMON, num_hidden_layers=2, rope_parameters=dict(LLAMA3_ROPE), tie_word_embeddings=True)),
-    "llama3-untied": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        **COMMON, num_hidden_layers=2, rope_parameters=dict(LLAMA3_ROPE), tie_word_embeddings=False)),
-    "qwen3": lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
-        **COMMON, num_hidden_layers=2, head_dim=32, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-        tie_word_embeddings=True)),
-    "mistral": lambda: transformers.MistralForCausalLM(transformers.MistralConfig(
-        **COMMON, num_hidden_layers=2, sliding_window=6)),
-    "phi3": lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(
-        **{**COMMON, "max_position_embeddings": 256}, num_hidden_layers=2, original_max_position_embeddings=64,
-        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
-                         "short_factor": [1.0 + 0.1 * i for i in range(8)],
-                         "long_factor": [2.0 + 0.5 * i for i in range(8)]},
-        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
-    "gemma3": lambda: transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(
-        **COMMON, num_hidden_layers=4, head_dim=32, query_pre_attn_scalar=24, sliding_window=8,
-        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
-        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
-    "gemma2": lambda: transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
-        **COMMON, num_hidden_layers=3, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
-        attn_logit_softcapping=5.0, final_logit_softcapping=3.0)),
-}
-
-
-def _widen(model: torch.nn.Module) -> None:
-    """Weights drawn wider than transformers' initializer; norm weights around their neutral value."""
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(0.2 * torch.randn_like(p))
-            else:
-                p.normal_(0.0, 0.15)
-
-
-def _save_tokenizer(path) -> None:
-    """A word-level tokenizer over the model's ids ("t0" .. "t255"); t2 ends a sequence."""
-    vocab = {f"t{i}": i for i in range(VOCAB)}
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="t0"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
-    tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "t2", "bos_token": "t1"}))
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request, tmp_path_factory):
     """(name, transformers model float32, folder it is saved in)."""
     name = request.param
-    torch.manual_seed(0)
-    hf = FAMILIES[name]().float().eval()
-    _widen(hf)
     path = tmp_path_factory.mktemp(name)
-    hf.save_pretrained(path)
-    _save_tokenizer(path)
-    return name, hf, path
+    return name, save_family(name, path), path
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +139,7 @@ def test_a_gemma_3_270m_style_config_json(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(old_style))
     torch.manual_seed(0)
     hf = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(tmp_path)).float().eval()
-    _widen(hf)
+    widen(hf)
     hf.save_pretrained(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(old_style))  # save_pretrained writes transformers 5 keys
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
@@ -281,18 +222,18 @@ def test_gemma_embed_scale_and_attention_scale():
 
 def test_bfloat16_with_our_kernels_stays_near_float32(family, ours):
     """bfloat16 runs the layer matmuls on our float-weight kernel over the folder's float32
-    weights as saved, and our attention kernel on the global layers whose head shape it
-    takes (q/k norm applied to the fused projection before it), torch's windowed or
-    soft-capped path on the others. Measured: max abs difference 0.06-0.14 from float32
-    (bfloat16's rounding, the same as a Llama's; torch's bfloat16 linears over bfloat16
-    weights: 0.05-0.16), argmax agreement >= 0.97."""
+    weights as saved, and our attention kernel on every layer (q/k norm applied to the fused
+    projection before it; a sliding layer's window and Gemma 2's soft cap inside it).
+    Measured: max abs difference 0.05-0.16 from float32 (bfloat16's rounding, the same as a
+    Llama's; torch's bfloat16 linears over bfloat16 weights: 0.05-0.16), argmax agreement
+    >= 0.97."""
     name, _, path = family
     model = build_model(read_weights(str(path)), ModelConfig(dtype="bfloat16", quantization="none"))
     if model.kernels.float_matmul is not None:
         assert all(isinstance(linear.quantized, FloatWeight) and linear.quantized.packed.dtype == torch.float32
                    for layer in model.layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down))
-    if name in ("qwen3", "gemma3") and model.attention_library is not None:
-        assert model.kernel_layers == ([True, True] if name == "qwen3" else [False, False, True, False])
+    if model.kernels.attention_library is not None:
+        assert model.attention_library is not None and all(model.kernel_layers)
     prompts = _prompts()
     c = model.config
     half = _forward(model, SlotPool(c, 3, 64, torch.bfloat16),

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from family_models import VOCAB, widen
 from speclane.config import ModelConfig
 from speclane.models.build import build_model
 from speclane.models.loader import ModelLoadError, read_weights
@@ -26,7 +27,7 @@ from speclane.models.loader import ModelLoadError, read_weights
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).parent))
-from test_families import LOGITS_ATOL, VOCAB, _ragged_difference, _widen  # noqa: E402
+from test_families import LOGITS_ATOL, _ragged_difference  # noqa: E402
 
 _NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
           "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
@@ -123,7 +124,7 @@ def test_a_gguf_of_the_family_matches_transformers(tmp_path, monkeypatch, arch, 
     torch.manual_seed(0)
     hf, keys = make()
     hf = hf.float().eval()
-    _widen(hf)
+    widen(hf)
     path = _write_gguf(tmp_path / f"{arch}.gguf", arch, hf, keys)
     weights = read_weights(str(path))
     assert weights.config.architecture == arch and weights.config.head_dim == hf.config.head_dim
@@ -161,7 +162,7 @@ def test_a_llama_3_gguf_with_rope_freqs_matches_transformers(tmp_path, monkeypat
                                       rope_parameters=rope, tie_word_embeddings=False)
     torch.manual_seed(0)
     hf = transformers.LlamaForCausalLM(config).float().eval()
-    _widen(hf)
+    widen(hf)
     plain = transformers.LlamaConfig(**{**config.to_dict(), "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}})
     factors = LlamaRotaryEmbedding(plain).inv_freq / LlamaRotaryEmbedding(config).inv_freq
     assert factors.max() > 7  # the scaling matters at these frequencies

@@ -128,6 +128,11 @@ def test_gguf_bos_and_end_of_turn_flags() -> None:
     assert tok.encode("ab", add_special_tokens=True) == [0, 5]
     assert tok.encode("ab") == [5]
     assert tok.eos_token_id == 1 and tok.eos_token_ids == frozenset({1, 2})
+    # Without eot_token_id, a control token spelt as a family's end of turn ends a reply too
+    # (tokenizer.END_OF_TURN_TOKENS).
+    fields = {**fields, "tokenizer.ggml.tokens": ["<s>", "</s>", "<|im_end|>", "a", "b", "ab"]}
+    del fields["tokenizer.ggml.eot_token_id"]
+    assert Tokenizer.from_gguf_metadata(fields).eos_token_ids == frozenset({1, 2})
 
 
 # ---- the default model -------------------------------------------------------------------

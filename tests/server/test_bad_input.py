@@ -9,9 +9,12 @@ from typing import Any
 
 import httpx
 import pytest
-from server_helpers import MAX_MODEL_LEN, MODEL, LiveServer, engine_idle
+from server_helpers import MAX_MODEL_LEN, MODEL, TEST_ENGINE_OPTIONS, LiveServer, engine_idle
 
+from speclane.config import EngineConfig
 from speclane.engine.async_engine import AsyncEngine
+from speclane.engine.engine import LLMEngine
+from speclane.server.app import create_app
 
 pytestmark = pytest.mark.slow
 
@@ -186,3 +189,21 @@ def test_denormal_temperature_is_greedy(client: httpx.Client) -> None:
     greedy = client.post(CHAT, content=chat(temperature=0, max_tokens=4)).json()
     tiny = client.post(CHAT, content=chat(temperature=1e-300, max_tokens=4)).json()
     assert tiny["choices"][0]["message"]["content"] == greedy["choices"][0]["message"]["content"]
+
+
+def test_a_request_larger_than_the_whole_kv_pool_is_400_not_a_wait(our_kernels) -> None:
+    """--kv-cache-mib 1 holds 2 blocks of 16 positions: a completion that can reach past them
+    is refused at once with what to change; one that fits is answered."""
+    engine = AsyncEngine(LLMEngine(EngineConfig().replace(**TEST_ENGINE_OPTIONS, kv_cache_mib=1)))
+    server = LiveServer(create_app(engine))
+    try:
+        assert engine.engine.kv_pool["blocks"] == 2
+        with httpx.Client(base_url=server.url, timeout=60, headers={"content-type": "application/json"}) as c:
+            error = assert_openai_error(c.post(COMPLETIONS, content=completion(max_tokens=40)), 400)
+            assert "KV pool holds 2" in error["message"] and "--kv-cache-mib" in error["message"], error
+            answer = c.post(COMPLETIONS, content=completion(max_tokens=4, temperature=0))
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["usage"]["completion_tokens"] >= 1
+    finally:
+        server.stop()
+        engine.shutdown()

@@ -19,12 +19,17 @@ def _cache(seed: int = 0):
     return keys, values
 
 
-def _reference(q, keys, values, slot, length, scale):
-    """float64 softmax attention of one query row [heads, d] over the first `length` keys."""
+def _reference(q, keys, values, slot, length, scale, window=0, softcap=0.0):
+    """float64 softmax attention of one query row [heads, d] over the first `length` keys
+    (the last `window` of them with a window), scores soft-capped with a `softcap`."""
     group = HEADS // KV_HEADS
-    k = keys[slot, :, :length].double().repeat_interleave(group, dim=0)  # [heads, L, d]
-    v = values[slot, :, :length].double().repeat_interleave(group, dim=0)
-    weights = torch.softmax((k @ q.double().unsqueeze(-1)).squeeze(-1) * scale, dim=-1)  # [heads, L]
+    first = max(0, length - window) if window else 0
+    k = keys[slot, :, first:length].double().repeat_interleave(group, dim=0)  # [heads, L, d]
+    v = values[slot, :, first:length].double().repeat_interleave(group, dim=0)
+    scores = (k @ q.double().unsqueeze(-1)).squeeze(-1) * scale  # [heads, L]
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    weights = torch.softmax(scores, dim=-1)
     return (weights.unsqueeze(-1) * v).sum(1).reshape(-1)
 
 
@@ -40,6 +45,36 @@ def test_matches_float64_softmax_attention(length):
     torch.testing.assert_close(got[0].double(), expected, rtol=2**-7, atol=2e-3)
 
 
+@pytest.mark.parametrize(("length", "window"), [(1, 4), (4, 4), (5, 4), (9, 8), (201, 64), (MAX_LEN, 17)])
+def test_a_window_sees_the_last_window_keys(length, window):
+    """A sliding layer's query at position length - 1 sees keys (length - 1 - window, length - 1]."""
+    keys, values = _cache(6)
+    q = torch.randn(1, HEADS, HEAD_DIM).bfloat16()
+    got = attention_cpu.attention(LIB, q, keys, values, torch.tensor([2], dtype=torch.int32),
+                                  torch.tensor([length], dtype=torch.int32), 0.125, window=window)
+    torch.testing.assert_close(got[0].double(), _reference(q[0], keys, values, 2, length, 0.125, window),
+                               rtol=2**-7, atol=2e-3)
+    if length > window:  # the keys before the window are never read
+        keys[2, :, : length - window] = float("nan")
+        again = attention_cpu.attention(LIB, q, keys, values, torch.tensor([2], dtype=torch.int32),
+                                        torch.tensor([length], dtype=torch.int32), 0.125, window=window)
+        assert torch.equal(again, got)
+
+
+def test_soft_capped_scores_match_the_reference():
+    """Gemma 2's cap: scores -> cap * tanh(score / cap), with and without a window; the
+    scores are scaled up so that the cap changes the weights."""
+    keys, values = _cache(7)
+    q = (torch.randn(1, HEADS, HEAD_DIM) * 3).bfloat16()
+    for window in (0, 9):
+        got = attention_cpu.attention(LIB, q, keys, values, torch.tensor([0], dtype=torch.int32),
+                                      torch.tensor([40], dtype=torch.int32), 0.5, window=window, softcap=5.0)
+        expected = _reference(q[0], keys, values, 0, 40, 0.5, window, softcap=5.0)
+        torch.testing.assert_close(got[0].double(), expected, rtol=2**-7, atol=2e-3)
+        uncapped = _reference(q[0], keys, values, 0, 40, 0.5, window)
+        assert (uncapped - expected).abs().max() > 0.05  # the cap matters at this scale
+
+
 def test_a_rows_result_does_not_depend_on_the_other_rows():
     """Queries of different slots and lengths in one call give the bits each gives alone."""
     keys, values = _cache(1)
@@ -47,10 +82,12 @@ def test_a_rows_result_does_not_depend_on_the_other_rows():
     q = torch.randn(len(rows), HEADS, HEAD_DIM).bfloat16()
     slot = torch.tensor([s for s, _ in rows], dtype=torch.int32)
     length = torch.tensor([n for _, n in rows], dtype=torch.int32)
-    together = attention_cpu.attention(LIB, q, keys, values, slot, length, 0.125)
-    for i in range(len(rows)):
-        alone = attention_cpu.attention(LIB, q[i : i + 1], keys, values, slot[i : i + 1], length[i : i + 1], 0.125)
-        assert torch.equal(alone[0], together[i]), rows[i]
+    for extra in ({}, {"window": 6, "softcap": 4.0}):
+        together = attention_cpu.attention(LIB, q, keys, values, slot, length, 0.125, **extra)
+        for i in range(len(rows)):
+            alone = attention_cpu.attention(LIB, q[i : i + 1], keys, values, slot[i : i + 1], length[i : i + 1], 0.125,
+                                            **extra)
+            assert torch.equal(alone[0], together[i]), (rows[i], extra)
 
 
 def test_keys_past_the_length_are_never_read():
@@ -87,12 +124,13 @@ def test_the_avx512_and_avx2_builds_give_the_same_bits():
     rows = [(0, 1), (1, 9), (2, 300), (0, 77)]
     q = torch.randn(len(rows), HEADS, HEAD_DIM).bfloat16()
     args = (torch.tensor([s for s, _ in rows], dtype=torch.int32), torch.tensor([n for _, n in rows], dtype=torch.int32), 0.125)
-    out = {}
-    for isa in ("avx2", "avx512"):
-        kernels = Kernels.load("native", isa=isa)
-        assert kernels.attention_name == isa
-        out[isa] = attention_cpu.attention(kernels.attention_library, q, keys, values, *args)
-    assert torch.equal(out["avx2"], out["avx512"])
+    for extra in ({}, {"window": 30, "softcap": 4.0}):
+        out = {}
+        for isa in ("avx2", "avx512"):
+            kernels = Kernels.load("native", isa=isa)
+            assert kernels.attention_name == isa
+            out[isa] = attention_cpu.attention(kernels.attention_library, q, keys, values, *args, **extra)
+        assert torch.equal(out["avx2"], out["avx512"]), extra
 
 
 def test_a_nan_query_gives_nan_not_a_silent_average():
@@ -146,13 +184,15 @@ def test_fused_rope_write_attention_is_the_torch_ops_and_the_kernel_bit_for_bit(
     expected_keys[slot.long(), :, position] = k
     expected_values[slot.long(), :, position] = v
     row_len = (position + 1).to(torch.int32)
-    expected = attention_cpu.attention(LIB, q, expected_keys, expected_values, slot, row_len, 0.125)
-
-    scratch = torch.empty(len(rows), HEADS, HEAD_DIM, dtype=torch.bfloat16)
-    got = attention_cpu.rope_write_attention(LIB, qkv, cos, signed_sin, keys, values, slot, row_len, HEADS, 0.125, scratch)
-    assert torch.equal(scratch, q.contiguous())
-    assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)
-    assert torch.equal(got, expected)
+    for extra in ({}, {"window": 2, "softcap": 3.0}):  # a global layer, a windowed and capped one
+        expected = attention_cpu.attention(LIB, q, expected_keys, expected_values, slot, row_len, 0.125, **extra)
+        written_keys, written_values = keys.clone(), values.clone()
+        scratch = torch.empty(len(rows), HEADS, HEAD_DIM, dtype=torch.bfloat16)
+        got = attention_cpu.rope_write_attention(LIB, qkv, cos, signed_sin, written_keys, written_values, slot, row_len,
+                                                 HEADS, 0.125, scratch, **extra)
+        assert torch.equal(scratch, q.contiguous())
+        assert torch.equal(written_keys, expected_keys) and torch.equal(written_values, expected_values)
+        assert torch.equal(got, expected), extra
 
 
 def test_fused_rope_write_attention_refuses_what_it_cannot_read():
@@ -184,26 +224,32 @@ def _paged(keys, values, block_size, order):
     return pool_k, pool_v, tables
 
 
+@pytest.mark.parametrize("window, softcap", [(0, 0.0), (7, 0.0), (40, 2.0)])
 @pytest.mark.parametrize("block_size", [1, 15, 20, MAX_LEN])
-def test_paged_attention_gives_the_slot_caches_bits_through_any_block_table(block_size):
+def test_paged_attention_gives_the_slot_caches_bits_through_any_block_table(block_size, window, softcap):
     """A position's result does not depend on where its keys sit: blocks in order or shuffled,
-    of any size, give the bits of the slot cache."""
+    of any size, give the bits of the slot cache, a window starting mid-block and a soft
+    cap included, and match the float64 reference."""
     keys, values = _cache(4)
     rows = [(0, 5), (2, 299), (1, 1), (2, 64), (0, 16), (1, 17)]
     q = torch.randn(len(rows), HEADS, HEAD_DIM).bfloat16()
     slot = torch.tensor([s for s, _ in rows], dtype=torch.int32)
     length = torch.tensor([n for _, n in rows], dtype=torch.int32)
-    expected = attention_cpu.attention(LIB, q, keys, values, slot, length, 0.125)
+    expected = attention_cpu.attention(LIB, q, keys, values, slot, length, 0.125, window=window, softcap=softcap)
+    for t, (s, n) in enumerate(rows):
+        reference = _reference(q[t], keys, values, s, n, 0.125, window, softcap)
+        torch.testing.assert_close(expected[t].double(), reference, atol=2e-2, rtol=2e-2)
     num_blocks = SLOTS * (MAX_LEN // block_size)
     for order in (list(range(num_blocks)), torch.randperm(num_blocks, generator=torch.Generator().manual_seed(5)).tolist()):
         pool_k, pool_v, tables = _paged(keys, values, block_size, order)
-        got = attention_cpu.paged_attention(LIB, q, pool_k, pool_v, tables, slot, length, 0.125)
+        got = attention_cpu.paged_attention(LIB, q, pool_k, pool_v, tables, slot, length, 0.125, window=window,
+                                            softcap=softcap)
         assert torch.equal(got, expected), (block_size, order[:4])
 
 
 def test_paged_rope_write_attention_writes_through_the_table():
     """The fused call on a paged cache writes each row's key and value at its position's
-    block and offset, and gives the slot cache's output."""
+    block and offset, and gives the slot cache's output (a window and a soft cap included)."""
     cos, signed_sin = _rope_tables()
     rows = [(0, 40), (0, 41), (0, 42), (2, 0), (1, 299)]
     slot = torch.tensor([s for s, _ in rows], dtype=torch.int32)
@@ -214,9 +260,9 @@ def test_paged_rope_write_attention_writes_through_the_table():
     pool_k, pool_v, tables = _paged(keys, values, 20, order)
     scratch = torch.empty(len(rows), HEADS, HEAD_DIM, dtype=torch.bfloat16)
     expected = attention_cpu.rope_write_attention(LIB, qkv, cos, signed_sin, keys, values, slot, row_len, HEADS, 0.125,
-                                                  scratch.clone())
+                                                  scratch.clone(), window=9, softcap=3.0)
     got = attention_cpu.paged_rope_write_attention(LIB, qkv, cos, signed_sin, pool_k, pool_v, tables, slot, row_len,
-                                                   HEADS, 0.125, scratch)
+                                                   HEADS, 0.125, scratch, window=9, softcap=3.0)
     assert torch.equal(got, expected)
     written_k, written_v, _ = _paged(keys, values, 20, order)
     assert torch.equal(pool_k, written_k) and torch.equal(pool_v, written_v)

@@ -31,7 +31,6 @@ from gguf_files import (
     NAMES,
     VOCAB,
     assert_near_the_float32_model,
-    forward,
     gguf,
     reference,
     shape_of,

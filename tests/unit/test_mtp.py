@@ -192,7 +192,7 @@ def generate(engine: LLMEngine, prompts: list[list[int]], max_tokens: int = 24) 
     tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
     for out in engine.run_until_done():
         tokens[out.request_id].extend(out.token_ids)
-    assert engine.scheduler.slots.all_free
+    assert engine.scheduler.kv.num_holders == 0 and engine.scheduler.kv.num_available_blocks == engine.cache.num_blocks
     return tokens
 
 

@@ -32,6 +32,7 @@ def make_scheduler(
     chunked: bool = True,
     max_model_len: int = 256,
     lane: LaneConfig | None = None,
+    num_kv_blocks: int | None = None,
 ) -> Scheduler:
     config = SchedulerConfig(
         max_num_seqs=max_num_seqs,
@@ -39,7 +40,7 @@ def make_scheduler(
         max_num_batched_tokens=max_num_batched_tokens,
         enable_chunked_prefill=chunked,
     )
-    return Scheduler(config, lane or LaneConfig(spec_mode="off"), max_model_len)
+    return Scheduler(config, lane or LaneConfig(spec_mode="off"), max_model_len, num_kv_blocks=num_kv_blocks)
 
 
 def make_request(rid: str, num_prompt_tokens: int, max_tokens: int = 16, **sampling: object) -> Request:
@@ -215,6 +216,28 @@ def test_prompt_limits_and_request_ids():
         story.add(make_request("fits", 3))
     with pytest.raises(ValueError, match="prompt is empty"):
         make_request("empty", 0)
+
+
+@pytest.mark.parametrize("spec_mode", ["off", "slice"])
+def test_a_request_the_whole_kv_pool_cannot_hold_is_refused_and_one_that_just_fits_finishes(spec_mode: str):
+    """A pool of 4 blocks of 16 positions: positions [0, 64) at most. The last token is never
+    fed and drafts stop short of max_tokens and the context, so prompt + max_tokens = 65
+    fits and runs to the end; 66 would wait forever and is refused at once."""
+    lane = LaneConfig(spec_mode=spec_mode, num_draft_tokens=4)
+    story = Story(make_scheduler(max_model_len=256, num_kv_blocks=4, lane=lane))
+    with pytest.raises(ValueError, match="40 tokens and max_tokens is 26.*5 KV blocks of 16 positions.*pool holds 4"):
+        story.add(make_request("too-big", 40, max_tokens=26))
+    assert story.scheduler.get("too-big") is None
+    fits = story.add(make_request("fits", 40, max_tokens=25))
+    capped = Story(make_scheduler(max_model_len=65, num_kv_blocks=4, lane=lane))
+    by_context = capped.add(make_request("by-context", 40, max_tokens=1000))  # max_model_len caps it at 65 tokens
+    for s in (story, capped):
+        for _ in range(200):
+            if not s.scheduler.has_unfinished():
+                break
+            s.tick()
+    assert fits.num_output_tokens == 25 and fits.status == RequestStatus.FINISHED_LENGTH
+    assert by_context.num_output_tokens == 25 and by_context.status == RequestStatus.FINISHED_LENGTH
 
 
 # -- aborts --------------------------------------------------------------------------------

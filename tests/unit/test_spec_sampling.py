@@ -78,7 +78,7 @@ def generate_all(engine: LLMEngine, n: int, sp_of, prompt=(1, 2, 3)) -> dict[str
     tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(n)}
     for out in engine.run_until_done():
         tokens[out.request_id].extend(out.token_ids)
-    assert engine.scheduler.slots.all_free
+    assert engine.scheduler.kv.num_holders == 0 and engine.scheduler.kv.num_available_blocks == engine.cache.num_blocks
     return tokens
 
 
@@ -175,24 +175,28 @@ def test_kv_after_a_round_holds_exactly_the_accepted_tokens():
     engine.add_request("a", [1, 2, 3, 1, 2, 3, 1, 2], SamplingParams(max_tokens=10, ignore_eos=True))
     engine.step()  # prefill
     request = engine.scheduler.running["a"]
-    slot = engine.scheduler.slot_of["a"]
+    kv = engine.scheduler.kv
     for _ in range(4):
         engine.step()
-        # After each tick: cached length == computed tokens == all tokens but the newest.
-        assert engine.cache.lengths[slot] == request.num_computed_tokens == request.num_tokens - 1
+        # After each tick: committed length == computed tokens == all tokens but the newest,
+        # and the table holds no block wholly past the newest token's position.
+        assert kv.num_computed("a") == request.num_computed_tokens == request.num_tokens - 1
+        assert len(kv.block_table("a")) == -(-request.num_tokens // engine.cache.block_size)
     assert request.spec.rounds >= 4
     # The cached K/V equal those of a fresh prefill of the same tokens (no rejected leftovers).
-    from speclane.models.kv_cache import KVCache
+    from speclane.models.kv_cache import KVCache, gather
     from speclane.models.llama import RaggedBatch
 
     cfg = engine.model.config
-    fresh = KVCache(cfg.num_layers, 1, 64, cfg.num_kv_heads, cfg.head_dim, torch.float32)
+    fresh = KVCache(cfg.num_layers, 4, 16, cfg.num_kv_heads, cfg.head_dim, torch.float32)
     tokens = list(request.token_ids())[: request.num_computed_tokens]
-    engine.model(RaggedBatch(torch.tensor(tokens), torch.arange(len(tokens)), [0], [0], [len(tokens)]), fresh)
+    engine.model(RaggedBatch(torch.tensor(tokens), torch.arange(len(tokens)), [[0, 1, 2, 3]], [0], [len(tokens)]), fresh)
     n = len(tokens)
+    table, fresh_table = torch.tensor([kv.block_table("a")]), torch.tensor([[0, 1, 2, 3]])
     for layer in range(cfg.num_layers):
-        torch.testing.assert_close(engine.cache.keys[layer][slot, :, :n], fresh.keys[layer][0, :, :n], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(engine.cache.values[layer][slot, :, :n], fresh.values[layer][0, :, :n], atol=1e-5, rtol=1e-5)
+        for ours, theirs in ((engine.cache.keys, fresh.keys), (engine.cache.values, fresh.values)):
+            torch.testing.assert_close(gather(ours[layer], table, n), gather(theirs[layer], fresh_table, n),
+                                       atol=1e-5, rtol=1e-5)
 
 
 def test_rejection_rule_with_mtp_head_probabilities_matches_classic_distribution(classic_counts):

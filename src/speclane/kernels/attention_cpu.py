@@ -26,14 +26,15 @@ BLOCK = 32  # the C file's BLOCK: head_dim must be a multiple
 
 def declare(lib: ctypes.CDLL) -> None:
     pointer, integer = ctypes.c_void_p, ctypes.c_int
-    lib.attention.argtypes = [pointer] * 6 + [integer] * 5 + [ctypes.c_float]
+    lib.attention.argtypes = [pointer] * 6 + [integer] * 5 + [ctypes.c_float, integer, ctypes.c_float]
     lib.attention.restype = None
-    lib.rope_write_attention.argtypes = [pointer] * 9 + [integer] * 5 + [ctypes.c_float]
+    lib.rope_write_attention.argtypes = [pointer] * 9 + [integer] * 5 + [ctypes.c_float, integer, ctypes.c_float]
     lib.rope_write_attention.restype = None
-    lib.paged_attention.argtypes = [pointer] * 4 + [integer] + [pointer] * 3 + [integer] * 5 + [ctypes.c_float]
+    lib.paged_attention.argtypes = ([pointer] * 4 + [integer] + [pointer] * 3 + [integer] * 5
+                                    + [ctypes.c_float, integer, ctypes.c_float])
     lib.paged_attention.restype = None
     lib.paged_rope_write_attention.argtypes = ([pointer] * 6 + [integer] + [pointer] * 4 + [integer] * 5
-                                               + [ctypes.c_float])
+                                               + [ctypes.c_float, integer, ctypes.c_float])
     lib.paged_rope_write_attention.restype = None
 
 
@@ -54,10 +55,13 @@ def supports(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: in
 
 
 def attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, row_slot: torch.Tensor,
-              row_len: torch.Tensor, scale: float) -> torch.Tensor:
+              row_len: torch.Tensor, scale: float, *, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """q [T, heads, d] bfloat16; one layer's caches [slots, kv_heads, max_len, d] (already
     holding this forward's keys and values); row_slot, row_len [T] int32: each query's
-    cache slot and how many keys it sees. -> [T, heads * d] bfloat16."""
+    cache slot and its length (position + 1). A query sees the keys of positions
+    ``[len - window, len)`` with a ``window`` (a sliding-window layer), else ``[0, len)``;
+    ``softcap`` > 0 caps its scores as ``softcap * tanh(score / softcap)`` (Gemma 2).
+    -> [T, heads * d] bfloat16."""
     q = q.contiguous()
     rows, heads, head_dim = q.shape
     _, kv_heads, max_len, _ = k_cache.shape
@@ -69,20 +73,21 @@ def attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache:
         raise ValueError("attention: row_slot and row_len must be int32, one per query row")
     out = torch.empty(rows, heads * head_dim, dtype=torch.bfloat16)
     lib.attention(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), row_slot.data_ptr(),
-                  row_len.data_ptr(), out.data_ptr(), rows, heads, kv_heads, head_dim, max_len, scale)
+                  row_len.data_ptr(), out.data_ptr(), rows, heads, kv_heads, head_dim, max_len, scale, window, softcap)
     return out
 
 
 def rope_write_attention(lib: ctypes.CDLL, qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, k_cache: torch.Tensor,
                          v_cache: torch.Tensor, row_slot: torch.Tensor, row_len: torch.Tensor, num_heads: int,
-                         scale: float, q_scratch: torch.Tensor) -> torch.Tensor:
+                         scale: float, q_scratch: torch.Tensor, *, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """One layer's RoPE, cache write and attention in one call, from the fused projection.
 
     qkv [T, (heads + 2 kv_heads) * d] bfloat16 (query, key, value heads); cos, signed_sin
     [positions, d] bfloat16 tables (llama.py's, rotate-half layout); the caller has checked
     every row's position (row_len - 1) against the tables and the cache. Writes the rotated
     keys and the values at each row's position, returns the attention [T, heads * d] as
-    ``attention`` computes it; q_scratch [T, heads, d] bfloat16 receives the rotated queries.
+    ``attention`` computes it (``window``, ``softcap``); q_scratch [T, heads, d] bfloat16
+    receives the rotated queries.
     """
     rows, width = qkv.shape
     _, kv_heads, max_len, head_dim = k_cache.shape
@@ -97,7 +102,7 @@ def rope_write_attention(lib: ctypes.CDLL, qkv: torch.Tensor, cos: torch.Tensor,
     out = torch.empty(rows, num_heads * head_dim, dtype=torch.bfloat16)
     lib.rope_write_attention(qkv.data_ptr(), cos.data_ptr(), signed_sin.data_ptr(), k_cache.data_ptr(),
                              v_cache.data_ptr(), row_slot.data_ptr(), row_len.data_ptr(), q_scratch.data_ptr(),
-                             out.data_ptr(), rows, num_heads, kv_heads, head_dim, max_len, scale)
+                             out.data_ptr(), rows, num_heads, kv_heads, head_dim, max_len, scale, window, softcap)
     return out
 
 
@@ -112,12 +117,14 @@ def _check_paged(k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Ten
 
 
 def paged_attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    tables: torch.Tensor, row_seq: torch.Tensor, row_len: torch.Tensor, scale: float) -> torch.Tensor:
+                    tables: torch.Tensor, row_seq: torch.Tensor, row_len: torch.Tensor, scale: float, *,
+                    window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """``attention`` over a paged cache: one layer's blocks [blocks, kv_heads, block_size, d];
     tables [sequences, width] int32, each sequence's block table (position p in block
     ``table[p // block_size]``, offset ``p % block_size``); row_seq [T] int32, each query's
-    sequence; row_len [T] int32, the keys it sees (at most width * block_size). A
-    position's result does not depend on which blocks hold the keys."""
+    sequence; row_len [T] int32, its length (at most width * block_size); ``window`` and
+    ``softcap`` as ``attention`` takes them. A position's result does not depend on which
+    blocks hold the keys."""
     q = q.contiguous()
     rows, heads, head_dim = q.shape
     _, kv_heads, block_size, _ = k_cache.shape
@@ -127,18 +134,18 @@ def paged_attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_
     out = torch.empty(rows, heads * head_dim, dtype=torch.bfloat16)
     lib.paged_attention(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
                         row_seq.data_ptr(), row_len.data_ptr(), out.data_ptr(), rows, heads, kv_heads, head_dim,
-                        block_size, scale)
+                        block_size, scale, window, softcap)
     return out
 
 
 def paged_rope_write_attention(lib: ctypes.CDLL, qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
                                k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor, row_seq: torch.Tensor,
                                row_len: torch.Tensor, num_heads: int, scale: float,
-                               q_scratch: torch.Tensor) -> torch.Tensor:
+                               q_scratch: torch.Tensor, *, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """``rope_write_attention`` over a paged cache (tables and row_seq as in
     ``paged_attention``): each row's rotated key and value go to its position's block and
-    offset; the caller has checked every position against the rope tables and the row's
-    table."""
+    offset; ``window`` and ``softcap`` as ``attention`` takes them; the caller has checked
+    every position against the rope tables and the row's table."""
     rows, width = qkv.shape
     _, kv_heads, block_size, head_dim = k_cache.shape
     if width != (num_heads + 2 * kv_heads) * head_dim or not qkv.is_contiguous():
@@ -154,5 +161,5 @@ def paged_rope_write_attention(lib: ctypes.CDLL, qkv: torch.Tensor, cos: torch.T
     lib.paged_rope_write_attention(qkv.data_ptr(), cos.data_ptr(), signed_sin.data_ptr(), k_cache.data_ptr(),
                                    v_cache.data_ptr(), tables.data_ptr(), tables.shape[1], row_seq.data_ptr(),
                                    row_len.data_ptr(), q_scratch.data_ptr(), out.data_ptr(), rows, num_heads, kv_heads,
-                                   head_dim, block_size, scale)
+                                   head_dim, block_size, scale, window, softcap)
     return out

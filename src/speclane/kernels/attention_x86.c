@@ -114,16 +114,18 @@ typedef struct {
 } paging;
 
 // One (query row, head): q [D] bfloat16; the head's keys/values at k_head/v_head + a
-// block's offset (see paging), the first len positions -> out [D] bfloat16.
-static void attend_one(const uint16_t *q, const uint16_t *k_head, const uint16_t *v_head, paging pg, int len, int D,
-                       float scale, float *scores, uint16_t *out) {
-    const int blocks = D / BLOCK;
+// block's offset (see paging), positions [first, len) -> out [D] bfloat16.
+// softcap > 0: each score becomes softcap * tanh(score / softcap) before the softmax
+// (Gemma 2), with the C library's tanhf in both builds.
+static void attend_one(const uint16_t *q, const uint16_t *k_head, const uint16_t *v_head, paging pg, int first, int len,
+                       int D, float scale, float softcap, float *scores, uint16_t *out) {
+    const int blocks = D / BLOCK, count = len - first;  // scores[i]: position first + i
     wide qlo[MAX_HEAD_DIM / BLOCK], qhi[MAX_HEAD_DIM / BLOCK];
     for (int b = 0; b < blocks; b++) load_block(q + BLOCK * b, &qlo[b], &qhi[b]);
     float maximum = -INFINITY;
-    for (int first = 0, page = 0; first < len; first += pg.block_size, page++) {
-        const uint16_t *keys = k_head + (size_t)pg.table[page] * pg.block_stride;
-        const int n = len - first < pg.block_size ? len - first : pg.block_size;
+    for (int p = first; p < len;) {  // the run of positions [p, p + n) in one block
+        const int offset = p % pg.block_size, n = len - p < pg.block_size - offset ? len - p : pg.block_size - offset;
+        const uint16_t *keys = k_head + (size_t)pg.table[p / pg.block_size] * pg.block_stride + (size_t)offset * D;
         for (int i = 0; i < n; i++) {
             const uint16_t *k = keys + (size_t)i * D;
             wide lo, hi;
@@ -133,43 +135,46 @@ static void attend_one(const uint16_t *q, const uint16_t *k_head, const uint16_t
                 load_block(k + BLOCK * b, &lo, &hi);
                 acc = w_fma(qhi[b], hi, w_fma(qlo[b], lo, acc));
             }
-            const int j = first + i;
+            const int j = p - first + i;
             scores[j] = hsum(w_fold(acc)) * scale;
+            if (softcap > 0.0f) scores[j] = softcap * tanhf(scores[j] / softcap);
             maximum = scores[j] > maximum ? scores[j] : maximum;
         }
+        p += n;
     }
     __m256 top = _mm256_set1_ps(maximum), total = _mm256_setzero_ps();
     int j = 0;
-    for (; j + 8 <= len; j += 8) {
+    for (; j + 8 <= count; j += 8) {
         __m256 p = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(scores + j), top));
         _mm256_storeu_ps(scores + j, p);
         total = _mm256_add_ps(total, p);
     }
     float sum = hsum(total);
-    if (j < len) {  // the last partial block, padded with -inf (exp = 0)
+    if (j < count) {  // the last partial block, padded with -inf (exp = 0)
         float tail[8];
-        for (int i = 0; i < 8; i++) tail[i] = j + i < len ? scores[j + i] : -INFINITY;
+        for (int i = 0; i < 8; i++) tail[i] = j + i < count ? scores[j + i] : -INFINITY;
         __m256 p = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(tail), top));
         p = _mm256_and_ps(p, _mm256_cmp_ps(_mm256_loadu_ps(tail), _mm256_set1_ps(-INFINITY), _CMP_NEQ_UQ));
         _mm256_storeu_ps(tail, p);
-        for (int i = 0; j + i < len; i++) scores[j + i] = tail[i];
+        for (int i = 0; j + i < count; i++) scores[j + i] = tail[i];
         sum += hsum(p);
     }
     wide alo[MAX_HEAD_DIM / BLOCK], ahi[MAX_HEAD_DIM / BLOCK];
     for (int b = 0; b < blocks; b++) alo[b] = ahi[b] = w_zero();
-    for (int first = 0, page = 0; first < len; first += pg.block_size, page++) {
-        const uint16_t *values = v_head + (size_t)pg.table[page] * pg.block_stride;
-        const int n = len - first < pg.block_size ? len - first : pg.block_size;
+    for (int p = first; p < len;) {
+        const int offset = p % pg.block_size, n = len - p < pg.block_size - offset ? len - p : pg.block_size - offset;
+        const uint16_t *values = v_head + (size_t)pg.table[p / pg.block_size] * pg.block_stride + (size_t)offset * D;
         for (int i = 0; i < n; i++) {
-            const wide p = w_set1(scores[first + i]);
+            const wide w = w_set1(scores[p - first + i]);
             const uint16_t *val = values + (size_t)i * D;
             for (int b = 0; b < blocks; b++) {
                 wide lo, hi;
                 load_block(val + BLOCK * b, &lo, &hi);
-                alo[b] = w_fma(p, lo, alo[b]);
-                ahi[b] = w_fma(p, hi, ahi[b]);
+                alo[b] = w_fma(w, lo, alo[b]);
+                ahi[b] = w_fma(w, hi, ahi[b]);
             }
         }
+        p += n;
     }
     const wide inverse = w_set1(1.0f / sum);
     for (int b = 0; b < blocks; b++) store_block(out + BLOCK * b, w_mul(alo[b], inverse), w_mul(ahi[b], inverse));
@@ -181,20 +186,23 @@ INLINE const int32_t *row_table(const int32_t *tables, int table_width, const in
     return tables + (size_t)(row_seq ? row_seq[t] : t) * table_width;
 }
 
-// The attention of every (query row, head) over the cache: q [T][H][D].
+// The attention of every (query row, head) over the cache: q [T][H][D]. A row of length
+// len sees positions [first, len): first = len - window with a window (window > 0)
+// shorter than len, else 0.
 static void attend_rows(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *tables,
                         int table_width, const int32_t *row_seq, const int32_t *row_len, uint16_t *out, int T, int H,
-                        int KVH, int D, int block_size, float scale) {
+                        int KVH, int D, int block_size, float scale, int window, float softcap) {
     const int group = H / KVH;
     const size_t head_stride = (size_t)block_size * D;
     // Scores on the heap, one buffer per thread: a table's positions can exceed a worker's stack.
     float *scores = malloc(sizeof(float) * (size_t)table_width * block_size);
     #pragma omp for schedule(dynamic, 1)
     for (int item = 0; item < T * H; item++) {
-        const int t = item / H, h = item % H;
+        const int t = item / H, h = item % H, len = row_len[t];
+        const int first = window > 0 && len > window ? len - window : 0;
         const paging pg = {row_table(tables, table_width, row_seq, t), block_size, (size_t)KVH * head_stride};
         const size_t at = (size_t)(h / group) * head_stride;
-        attend_one(q + (size_t)item * D, k_cache + at, v_cache + at, pg, row_len[t], D, scale, scores,
+        attend_one(q + (size_t)item * D, k_cache + at, v_cache + at, pg, first, len, D, scale, softcap, scores,
                    out + (size_t)item * D);
     }
     free(scores);
@@ -204,18 +212,22 @@ static void attend_rows(const uint16_t *q, const uint16_t *k_cache, const uint16
 // bfloat16; tables [sequences][table_width] int32: each sequence's block table; row_seq[t]
 // the sequence of query t, row_len[t] how many keys it sees (its position + 1, at most
 // table_width * block_size). out: [T][H][D] bfloat16. D % 32 == 0, D <= 256, H % KVH == 0
-// (checked by the caller).
+// (checked by the caller). window: keys a row sees, its own included (a sliding-window
+// layer; 0: all). softcap: the scores' soft cap (0: none).
 void paged_attention(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *tables,
                      int table_width, const int32_t *row_seq, const int32_t *row_len, uint16_t *out, int T, int H,
-                     int KVH, int D, int block_size, float scale) {
+                     int KVH, int D, int block_size, float scale, int window, float softcap) {
     #pragma omp parallel
-    attend_rows(q, k_cache, v_cache, tables, table_width, row_seq, row_len, out, T, H, KVH, D, block_size, scale);
+    attend_rows(q, k_cache, v_cache, tables, table_width, row_seq, row_len, out, T, H, KVH, D, block_size, scale, window,
+                softcap);
 }
 
 // paged_attention on a slot cache [slots][KVH][max_len][D]: row_slot[t] is query t's slot.
 void attention(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *row_slot,
-               const int32_t *row_len, uint16_t *out, int T, int H, int KVH, int D, int max_len, float scale) {
-    paged_attention(q, k_cache, v_cache, row_slot, 1, NULL, row_len, out, T, H, KVH, D, max_len, scale);
+               const int32_t *row_len, uint16_t *out, int T, int H, int KVH, int D, int max_len, float scale,
+               int window, float softcap) {
+    paged_attention(q, k_cache, v_cache, row_slot, 1, NULL, row_len, out, T, H, KVH, D, max_len, scale, window,
+                    softcap);
 }
 
 // RoPE in the rotate-half layout on one head, in bfloat16 as torch computes llama.py's
@@ -234,14 +246,14 @@ static void rotate_head(const uint16_t *x, const uint16_t *cos, const uint16_t *
 // One layer's attention straight from its fused projection: qkv [T][(H + 2 KVH) D]
 // bfloat16 (query heads, key heads, value heads). Rotates the queries into q_out [T][H][D]
 // and the keys, at each row's position (row_len[t] - 1), into the cache beside the values
-// (through the row's block table), then attends as paged_attention() does. cos,
-// signed_sin: [positions][D] bfloat16 tables.
+// (through the row's block table), then attends as paged_attention() does (window,
+// softcap). cos, signed_sin: [positions][D] bfloat16 tables.
 // Why fused: in a one-token step the RoPE, the split, the copies and the two cache writes
 // were ~6 torch ops per layer, each mostly dispatch on a 2-core CPU.
 void paged_rope_write_attention(const uint16_t *qkv, const uint16_t *cos, const uint16_t *signed_sin,
                                 uint16_t *k_cache, uint16_t *v_cache, const int32_t *tables, int table_width,
                                 const int32_t *row_seq, const int32_t *row_len, uint16_t *q_out, uint16_t *out, int T,
-                                int H, int KVH, int D, int block_size, float scale) {
+                                int H, int KVH, int D, int block_size, float scale, int window, float softcap) {
     const size_t head_stride = (size_t)block_size * D, block_stride = (size_t)KVH * head_stride;
     const int width = (H + 2 * KVH) * D;
     #pragma omp parallel
@@ -261,14 +273,15 @@ void paged_rope_write_attention(const uint16_t *qkv, const uint16_t *cos, const 
             }
         }  // the implicit barrier: every row's keys are in the cache before any row attends
         attend_rows(q_out, k_cache, v_cache, tables, table_width, row_seq, row_len, out, T, H, KVH, D, block_size,
-                    scale);
+                    scale, window, softcap);
     }
 }
 
 // paged_rope_write_attention on a slot cache [slots][KVH][max_len][D] (the MTP drafter's).
 void rope_write_attention(const uint16_t *qkv, const uint16_t *cos, const uint16_t *signed_sin, uint16_t *k_cache,
                           uint16_t *v_cache, const int32_t *row_slot, const int32_t *row_len, uint16_t *q_out,
-                          uint16_t *out, int T, int H, int KVH, int D, int max_len, float scale) {
+                          uint16_t *out, int T, int H, int KVH, int D, int max_len, float scale, int window,
+                          float softcap) {
     paged_rope_write_attention(qkv, cos, signed_sin, k_cache, v_cache, row_slot, 1, NULL, row_len, q_out, out, T, H,
-                               KVH, D, max_len, scale);
+                               KVH, D, max_len, scale, window, softcap);
 }

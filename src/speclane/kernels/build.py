@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 # -ffp-contract=off: the compiler must not fuse a multiply and an add we wrote apart (the
 # kernels promise the same operations for every row, whatever the compiler).
 FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
+LIBS = ["-lm"]  # the attention kernel's tanhf (soft-capped scores), linked rather than found in the process
 # Instruction sets, widest first: the compiler flags of each build and the CPU flags it needs.
 ISA_FLAGS = {
     "amx": ["-mavx512f", "-mavx512bw", "-mavx512bf16", "-mavx2", "-mfma", "-mf16c", "-mamx-tile", "-mamx-bf16"],
@@ -98,7 +99,7 @@ def _compile(source: Path, isa: str, out: Path) -> None:
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         partial = Path(tmp) / out.name
         try:
-            result = subprocess.run([compiler, *FLAGS, *ISA_FLAGS[isa], str(source), "-o", str(partial)], capture_output=True,
+            result = subprocess.run([compiler, *FLAGS, *ISA_FLAGS[isa], str(source), "-o", str(partial), *LIBS], capture_output=True,
                                     text=True, timeout=300)
         except subprocess.TimeoutExpired as err:
             raise KernelUnavailable(f"{compiler} took over 300 s on {source.name}") from err

@@ -25,7 +25,8 @@ typedef void (*norm_fn)(float *x, const uint16_t *delta, const float *weight, ui
 typedef void (*silu_fn)(const uint16_t *gate_up, uint16_t *out, int rows, int inter);
 typedef void (*attention_fn)(const uint16_t *qkv, const uint16_t *cos, const uint16_t *signed_sin, uint16_t *k_cache,
                              uint16_t *v_cache, const int32_t *row_slot, const int32_t *row_len, uint16_t *q_out,
-                             uint16_t *out, int T, int H, int KVH, int D, int max_len, float scale);
+                             uint16_t *out, int T, int H, int KVH, int D, int max_len, float scale, int window,
+                             float softcap);
 
 typedef struct {
     const uint8_t *packed;
@@ -79,7 +80,7 @@ int mtp_step(const mtp_head *m, const float *hidden, const int64_t *next_tokens,
     m->norm(x, 0, m->attn_norm, m->narrow, n, H, m->eps);
     matmul(m, &m->qkv, m->narrow, m->wide, n, qkv_width, H);
     m->attention(m->wide, cos, signed_sin, k_cache, v_cache, row_slot, row_len, m->q, m->narrow2, n, m->heads,
-                 m->kv_heads, m->head_dim, max_len, m->scale);
+                 m->kv_heads, m->head_dim, max_len, m->scale, 0, 0.0f);  // every entry, no soft cap
     matmul(m, &m->o, m->narrow2, m->narrow, n, H, m->heads * m->head_dim);
     m->norm(x, m->narrow, m->mlp_norm, m->narrow2, n, H, m->eps);  // x += o, then the MLP's norm
     matmul(m, &m->gate_up, m->narrow2, m->wide, n, 2 * I, H);

@@ -8,15 +8,16 @@ verifications: each sequence brings its own new tokens and its own cached length
 sequence's block table; attention reads each sequence's ``[0, start + num_new)`` positions
 through it.
 
-Attention: bfloat16 models use our row-by-row kernel on their global layers (``kernels/attention_x86.c``:
+Attention: bfloat16 models use our row-by-row kernel on every layer (``kernels/attention_x86.c``:
 every query row alone, so a position's result does not depend on its neighbours in the
-batch). Elsewhere SDPA, with the query heads that share a KV head folded into extra
-query rows (measured faster here than ``enable_gqa`` or a per-sequence loop), so it runs
-on ``[batch, kv_heads, tokens * group, head_dim]`` against un-repeated keys.
-Sliding-window layers (a query at position p sees keys in ``(p - window, p]``) and
-soft-capped attention always take the torch path: SDPA with a windowed mask, or, with
-soft-capping, an explicit softmax. Their keys stay in the cache at every position (the
-cache is not a ring buffer): a window limits what a query sees, not the cache's memory.
+batch), a sliding layer's window (a query at position p sees keys in ``(p - window, p]``)
+and Gemma 2's soft-capped scores included. Elsewhere (float32, a head shape the kernel
+does not take) the torch path: SDPA, with the query heads that share a KV head folded
+into extra query rows (measured faster here than ``enable_gqa`` or a per-sequence loop),
+so it runs on ``[batch, kv_heads, tokens * group, head_dim]`` against un-repeated keys,
+with a windowed mask on sliding layers, or an explicit softmax with soft-capping. Keys
+stay in the cache at every position (the cache is not a ring buffer): a window limits
+what a query sees, not the cache's memory.
 """
 
 from __future__ import annotations
@@ -231,10 +232,10 @@ class LlamaModel(nn.Module):
         self.lm_head = lm_head
         traits = config.traits
         self.scale = 1.0 / math.sqrt(traits.query_pre_attn_scalar or config.head_dim)
-        # Our kernel reads every key of [0, len) and caps nothing: the layers with a window
-        # or soft-capped scores take the torch path.
-        self.kernel_layers = [self.attention_library is not None and not layer.window and not traits.attn_softcap
-                              for layer in layers]
+        # Our kernel runs every layer it is loaded for: a sliding layer's window and Gemma 2's
+        # soft-capped scores included (a windowed or capped layer on torch's path would round
+        # a verify round's rows differently from a decode step's).
+        self.kernel_layers = [self.attention_library is not None for _ in layers]
         self._make_rope(min(rope_positions or config.max_position_embeddings, config.max_position_embeddings))
 
     def _make_rope(self, positions: int) -> None:
@@ -301,7 +302,9 @@ class LlamaModel(nn.Module):
             if layer.q_norm is not None:
                 qkv = _norm_heads(qkv, layer)
             if self.kernel_layers[i]:
-                out = attn.rope_attend(qkv, self.cos, self.signed_sin, cache.keys[i], cache.values[i], self.scale)
+                cos, sin = self.rope[layer.rope]
+                out = attn.rope_attend(qkv, cos, sin, cache.keys[i], cache.values[i], self.scale,
+                                       window=layer.window, softcap=traits.attn_softcap)
             else:
                 cos, sin = tables[layer.rope]
                 # q and k heads sit side by side in the fused projection: rotate them in one go.
@@ -492,11 +495,13 @@ class _AttentionPlan:
         return out[self.pad_index]
 
     def rope_attend(self, qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, scale: float) -> torch.Tensor:
+                    v_cache: torch.Tensor, scale: float, *, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
         """Our kernel only: RoPE on the fused projection's q and k, the cache write and the
-        attention in one call (``attention_cpu.rope_write_attention``). -> [T, heads * d]"""
+        attention in one call (``attention_cpu.paged_rope_write_attention``; ``window`` and
+        ``softcap`` as ``attend`` takes them). -> [T, heads * d]"""
         return attention_cpu.paged_rope_write_attention(self.library, qkv, cos, signed_sin, k_cache, v_cache, self.tables,
-                                                        self.row_seq, self.row_len, self.num_heads, scale, self.q_scratch)
+                                                        self.row_seq, self.row_len, self.num_heads, scale, self.q_scratch,
+                                                        window=window, softcap=softcap)
 
     def _write(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         """This forward's keys and values into their blocks (k, v: [T, kv_heads, d])."""

@@ -54,13 +54,20 @@ def save_head(head: MTPHead, folder: Path, target: dict[str, object], **extra: o
     return folder
 
 
-def check_target(expected: dict[str, object], model: LlamaModel, model_name: str, where: Path) -> None:
-    actual = target_fingerprint(model, model_name)
+def fingerprint_differences(expected: dict[str, object], model: LlamaModel) -> list[str]:
+    """What of a ``target_fingerprint`` differs from ``model``'s (its name aside: one model
+    may be named by a path or a known name): [] for the same model."""
+    actual = target_fingerprint(model, "")
     shape_keys = ("architecture", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads")
     wrong = [k for k in shape_keys if expected.get(k) != actual[k]]
-    mean_e, mean_a = float(expected.get("embed_mean_abs", 0.0)), float(actual["embed_mean_abs"])
+    mean_e, mean_a = float(expected.get("embed_mean_abs", 0.0)), float(actual["embed_mean_abs"])  # type: ignore[arg-type]
     if not wrong and abs(mean_e - mean_a) > 0.02 * max(abs(mean_e), 1e-6):
         wrong.append("embedding fingerprint")
+    return wrong
+
+
+def check_target(expected: dict[str, object], model: LlamaModel, model_name: str, where: Path) -> None:
+    wrong = fingerprint_differences(expected, model)
     if wrong:
         raise MTPHeadError(
             f"MTP head {where} was trained for {expected.get('model')!r}, not for the loaded model {model_name!r} "

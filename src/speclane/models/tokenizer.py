@@ -79,8 +79,11 @@ CHATML_TEMPLATE = (
 
 # general.architecture values whose SentencePiece tokenizer is laid out like Gemma's.
 _GEMMA_ARCHS = frozenset({"gemma", "gemma2", "gemma3"})
-# Control tokens that end a chat turn: generation stops on them as on EOS (llama.cpp does too).
-_END_OF_TURN_TOKENS = ("<end_of_turn>",)
+# Special tokens that end a chat turn in the served families' templates (Gemma, ChatML /
+# Qwen, Llama 3, Phi-3): generation stops on them as on EOS, as llama.cpp's end-of-generation
+# tokens do, whether or not the model's files list them among its end tokens (a GGUF without
+# eot_token_id, a Hugging Face folder whose generation_config.json names only <eos>).
+END_OF_TURN_TOKENS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>")
 
 # Gemma's instruction-tuned chat template (as in google/gemma-3-*-it), for Gemma GGUF files
 # that carry no tokenizer.chat_template: a system message is prepended to the first user turn,
@@ -147,12 +150,13 @@ class Tokenizer:
     ) -> None:
         """`backend` must be fully configured, including a post-processor that adds BOS
         when the model wants it; `eos_token_id` is the model's main end token and
-        `extra_eos_token_ids` others that also end generation (e.g. <|eot_id|>)."""
+        `extra_eos_token_ids` others that also end generation. The backend's special tokens
+        of `END_OF_TURN_TOKENS` end generation too."""
         self._backend = backend
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
-        self.eos_token_ids: frozenset[int] = frozenset({eos_token_id, *extra_eos_token_ids})
+        self.eos_token_ids: frozenset[int] = frozenset({eos_token_id, *extra_eos_token_ids, *_end_of_turn_ids(backend)})
         self.chat_template = chat_template
         # Templates see the special tokens by name, as transformers passes them.
         self._template_tokens = {
@@ -172,9 +176,9 @@ class Tokenizer:
         """
         model = fields.get("tokenizer.ggml.model")
         if model == "gpt2":
-            backend, extra_eos = _byte_level_backend(fields)
+            backend = _byte_level_backend(fields)
         elif model == "llama":
-            backend, extra_eos = _sentencepiece_backend(fields)
+            backend = _sentencepiece_backend(fields)
         else:
             raise ValueError(
                 f"GGUF tokenizer model {model!r} is not supported: only byte-level BPE "
@@ -195,10 +199,7 @@ class Tokenizer:
             eos=(tokens[eos], eos) if fields.get("tokenizer.ggml.add_eos_token", False) else None,
         )
         # A separate end-of-turn token (Llama 3's eot_token_id) ends a reply too.
-        extra_eos = [
-            *extra_eos,
-            *(fields[k] for k in ("tokenizer.ggml.eot_token_id",) if k in fields),
-        ]
+        extra_eos = [fields[k] for k in ("tokenizer.ggml.eot_token_id",) if k in fields]
         chat_template = fields.get("tokenizer.chat_template")
         if chat_template is None and str(fields.get("general.architecture", "")) in _GEMMA_ARCHS:
             chat_template = GEMMA_TEMPLATE
@@ -218,7 +219,8 @@ class Tokenizer:
     @classmethod
     def from_hf_folder(cls, path: str | Path) -> Tokenizer:
         """Build from a Hugging Face model folder: tokenizer.json, tokenizer_config.json,
-        and generation_config.json's eos ids when present."""
+        and generation_config.json's eos ids when present. A Gemma folder without a chat
+        template gets Gemma's (as a Gemma GGUF without one does), others ChatML."""
         folder = Path(path)
         if not (folder / "tokenizer.json").is_file():
             raise ValueError(f"{folder} has no tokenizer.json (only fast tokenizers are supported)")
@@ -244,12 +246,16 @@ class Tokenizer:
                 f"{folder}: no eos_token in tokenizer_config.json and no eos_token_id in "
                 "generation_config.json"
             )
+        chat_template = _hf_chat_template(folder, config)
+        model_type = str(_read_json(folder / "config.json").get("model_type", ""))
+        if chat_template is None and model_type.removesuffix("_text") in _GEMMA_ARCHS:
+            chat_template = GEMMA_TEMPLATE
         return cls(
             backend,
             bos_token_id=bos_id,
             eos_token_id=eos_id,
             extra_eos_token_ids=gen_eos_ids,
-            chat_template=_hf_chat_template(folder, config),
+            chat_template=chat_template,
         )
 
     # ---- encode / decode ----------------------------------------------------------------
@@ -489,7 +495,7 @@ def _add_gguf_special_tokens(
         backend.add_tokens(user_defined)
 
 
-def _byte_level_backend(fields: Mapping[str, Any]) -> tuple[tokenizers.Tokenizer, list[int]]:
+def _byte_level_backend(fields: Mapping[str, Any]) -> tokenizers.Tokenizer:
     tokens: list[str] = list(fields["tokenizer.ggml.tokens"])
     token_types: list[int] = list(fields.get("tokenizer.ggml.token_type") or [1] * len(tokens))
     merges = fields.get("tokenizer.ggml.merges")
@@ -506,14 +512,12 @@ def _byte_level_backend(fields: Mapping[str, Any]) -> tuple[tokenizers.Tokenizer
     backend.pre_tokenizer = _byte_level_pre_tokenizer(fields.get("tokenizer.ggml.pre", "default"))
     backend.decoder = decoders.ByteLevel()
     _add_gguf_special_tokens(backend, tokens, token_types)
-    return backend, []
+    return backend
 
 
-def _sentencepiece_backend(fields: Mapping[str, Any]) -> tuple[tokenizers.Tokenizer, list[int]]:
+def _sentencepiece_backend(fields: Mapping[str, Any]) -> tokenizers.Tokenizer:
     """SentencePiece BPE with byte fallback (`<0xNN>` tokens), as transformers' GGUF loader
-    builds it: GemmaTokenizer's layout for the Gemma family, LlamaTokenizer's otherwise.
-
-    Returns the backend and the ids of end-of-turn tokens that also end generation."""
+    builds it: GemmaTokenizer's layout for the Gemma family, LlamaTokenizer's otherwise."""
     tokens: list[str] = list(fields["tokenizer.ggml.tokens"])
     token_types: list[int] = list(fields.get("tokenizer.ggml.token_type") or [1] * len(tokens))
     arch = str(fields.get("general.architecture", ""))
@@ -561,12 +565,15 @@ def _sentencepiece_backend(fields: Mapping[str, Any]) -> tuple[tokenizers.Tokeni
         if kind == _TOKEN_TYPE_CONTROL or (kind == _TOKEN_TYPE_USER_DEFINED and token in vocab)
     ]
     _add_gguf_special_tokens(backend, [t for t, _ in kept], [kind for _, kind in kept])
-    extra_eos = [
-        vocab[t]
-        for t in _END_OF_TURN_TOKENS
-        if t in vocab and token_types[vocab[t]] == _TOKEN_TYPE_CONTROL
-    ]
-    return backend, extra_eos
+    return backend
+
+
+def _end_of_turn_ids(backend: tokenizers.Tokenizer) -> list[int]:
+    """Ids of `END_OF_TURN_TOKENS` that are special tokens of `backend` (a GGUF's control
+    tokens, a tokenizer.json's added tokens marked special): a plain word spelt the same
+    ends nothing."""
+    special = {t.content: i for i, t in backend.get_added_tokens_decoder().items() if t.special}
+    return [special[t] for t in END_OF_TURN_TOKENS if t in special]
 
 
 def _set_post_processor(

@@ -114,10 +114,24 @@ class Scheduler:
                 f"the prompt has {request.num_prompt_tokens} tokens but --max-model-len is {self.max_model_len}: "
                 "shorten the prompt (at least one token must be left for the completion)"
             )
+        need, pool = self.blocks_needed(request), self.kv.pool.num_blocks
+        if need > pool:
+            raise ValueError(
+                f"the prompt has {request.num_prompt_tokens} tokens and max_tokens is {request.sampling.max_tokens}: "
+                f"that takes up to {need} KV blocks of {self.kv.block_size} positions but the KV pool holds {pool} "
+                "(--kv-cache-mib): ask for fewer tokens or shorten the prompt"
+            )
         if len(self.waiting) >= self.config.max_queue:
             raise QueueFullError(f"the queue is full ({self.config.max_queue} requests waiting); retry later")
         request.status = RequestStatus.WAITING
         self.waiting[request.request_id] = request
+
+    def blocks_needed(self, request: Request) -> int:
+        """The most KV blocks ``request`` can hold at once: its last token is never fed, and a
+        draft never reaches past ``max_tokens`` or the context (``_draft_budget``), so its
+        positions stay below min(prompt + max_tokens, max_model_len) - 1."""
+        positions = min(request.num_prompt_tokens + request.sampling.max_tokens, self.max_model_len) - 1
+        return -(-positions // self.kv.block_size)
 
     def abort_request(self, request_id: str, now: float, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> Request | None:
         """Stop a request wherever it is; its KV blocks are free for the next tick."""

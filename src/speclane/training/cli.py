@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from speclane.config import EngineConfig
+
+if TYPE_CHECKING:  # the parser is built without torch; the commands import what they run
+    from speclane.models.llama import LlamaModel
+
+TARGET = "target.json"  # in --out: the model its data and head are for
 
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,6 +35,23 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
+def claim_out_folder(out: Path, model: LlamaModel, model_name: str) -> None:
+    """``--out`` holds one target's data, checkpoint and head (a head learns one model's
+    hidden states): the first run records the target (``target.json``), a later run for
+    another model is refused before it would resume from that model's data."""
+    from speclane.models.mtp_store import fingerprint_differences, target_fingerprint
+
+    marker = out / TARGET
+    if not marker.exists():
+        marker.write_text(json.dumps(target_fingerprint(model, model_name), indent=2) + "\n")
+        return
+    recorded = json.loads(marker.read_text())
+    wrong = fingerprint_differences(recorded, model)
+    if wrong:
+        raise ValueError(f"{out} holds MTP training data of model {recorded.get('model')!r}, not of {model_name!r} "
+                         f"(differs in {', '.join(wrong)}); pass another --out")
+
+
 def run_train_mtp(args: argparse.Namespace, config: EngineConfig) -> int:
     from speclane.engine.engine import LLMEngine
     from speclane.training.capture import generate_samples
@@ -38,6 +62,7 @@ def run_train_mtp(args: argparse.Namespace, config: EngineConfig) -> int:
     started = time.perf_counter()
     config = config.replace(spec_mode="off", max_num_seqs=max(args.concurrency, 1))
     engine = LLMEngine(config)
+    claim_out_folder(out, engine.model, config.model.model)
     tokenizer = engine.tokenizer
     texts = training_prompts(args.prompts, seed=args.seed)
     prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": t}]), add_special_tokens=False)
