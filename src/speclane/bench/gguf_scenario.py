@@ -63,11 +63,11 @@ class GGUFFile:
     missing: str = ""
 
 
-def gguf_files(quantize: Path | None) -> list[GGUFFile]:
-    """The files this scenario measures, the default file first."""
+def gguf_files(quantize: Path | None, quick: bool = False) -> list[GGUFFile]:
+    """The files this scenario measures, the default file first (``quick``: it and Q4_K_M)."""
     default = resolve_model("smollm2-135m-instruct")
     files = [GGUFFile("SmolLM2-135M Q4_1 (the default file)", default)]
-    for type_name in REQUANTIZED:
+    for type_name in REQUANTIZED[:1] if quick else REQUANTIZED:
         label = f"SmolLM2-135M {type_name} (llama-quantize of the Q4_1 file)"
         if quantize is None:
             files.append(GGUFFile(label, None, "llama-quantize was not found"))
@@ -75,6 +75,8 @@ def gguf_files(quantize: Path | None) -> list[GGUFFile]:
         progress(f"gguf: {label}")
         out = CACHE / f"{default.stem.split('.')[0]}.{type_name}.gguf"
         files.append(GGUFFile(label, requantize(quantize, default, out, type_name)))
+    if quick:
+        return files
     try:
         files.append(GGUFFile("Gemma 3 270M Q4_K_M", resolve_model("gemma-3-270m")))
     except ModelLoadError as err:
@@ -124,7 +126,7 @@ def gguf(config: EngineConfig, quick: bool = False) -> list[Table]:
                     ["file", "speclane tok/s (speculation off)", "speclane tok/s (lane on)", "llama.cpp tok/s",
                      "speclane off / llama.cpp", "tokens / stream (speclane, llama.cpp)",
                      "resident MiB (speclane, llama.cpp)"])
-    for file in gguf_files(tools["llama-quantize"]):
+    for file in gguf_files(tools["llama-quantize"], quick):
         if file.path is None:
             decode.notes.append(f"{file.label}: not run ({file.missing}).")
             continue
@@ -145,7 +147,12 @@ def gguf(config: EngineConfig, quick: bool = False) -> list[Table]:
                          "Never both servers at once.")
     streams.notes.append("Greedy (temperature 0), the same prompts asking for long answers, one prompt per stream; "
                          "tok/s: completion tokens (the servers' usage) per second from the first request to the "
-                         "last stream's end. 'lane on': speclane's default lane (the requests may speculate).")
+                         "last stream's end. 'lane on': speclane's default lane (the requests may speculate). "
+                         "Resident memory: the server process's after its warm-up request (speclane's holds "
+                         "Python, torch and its KV pool; llama-server's its KV cache of -c tokens).")
+    if quick:
+        decode.notes.append("--quick: the default file and its Q4_K_M only, half the tokens, one round of streams "
+                            "without the lane-on arm, two layers in the weight-type table.")
     for name, table in (("llama-bench", decode), ("llama-quantize", decode), ("llama-server", streams)):
         if tools[name] is None:
             table.notes.append(f"{name} was not found (PATH or ~/.cache/speclane-anchors): what it makes or measures "
