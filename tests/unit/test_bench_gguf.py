@@ -167,7 +167,8 @@ def test_random_blocks_are_valid_weights_of_a_models_size(type_name):
     assert np.isfinite(reference).all() and 1e-3 < np.abs(reference).max() < 8
 
 
-def test_load_note_warns_only_when_the_machine_is_oversubscribed():
-    assert "More runnable threads" not in gguf_scenario.load_note(0.5, 1.8, cores=2)
-    assert "1.8 after, on 2 cores" in gguf_scenario.load_note(0.5, 1.8, cores=2)
-    assert "More runnable threads than cores" in gguf_scenario.load_note(6.2, 1.0, cores=2)
+def test_load_note_warns_only_when_threads_share_an_oversubscribed_machine():
+    assert "More runnable threads" not in gguf_scenario.load_note(0.5, 1.8, cores=2, threads=2)
+    assert "1.8 after, on 2 cores" in gguf_scenario.load_note(0.5, 1.8, cores=2, threads=2)
+    assert "More runnable threads than cores" in gguf_scenario.load_note(6.2, 1.0, cores=2, threads=2)
+    assert "More runnable threads" not in gguf_scenario.load_note(6.2, 1.0, cores=2, threads=1)

@@ -100,14 +100,16 @@ def ratio(ours: float | None, theirs: float | None) -> str:
     return f"{ours / theirs:.2f}x" if ours and theirs else "-"
 
 
-def load_note(before: float, after: float, cores: int) -> str:
+def load_note(before: float, after: float, cores: int, threads: int) -> str:
     """The machine's load average around the measurements, with a warning where it exceeds
-    the cores: llama.cpp's threads meet at a barrier after every operation, and a thread
-    the OS has preempted holds the others there, so its rates collapse first."""
+    the cores and the engines run several threads: their threads meet at a barrier after
+    every operation (llama.cpp's ggml, torch's OpenMP), and a thread the OS has preempted
+    holds the others there, so both engines' rates collapse, by different amounts."""
     note = f"Load average (1 min) of this machine: {before:.1f} before these tables, {after:.1f} after, on {cores} cores."
-    if max(before, after) > cores:
-        note += (" More runnable threads than cores: llama.cpp's threads wait at every operation's barrier for a "
-                 "preempted one, so its rates here are far below an idle machine's; rerun on an idle one to compare.")
+    if threads > 1 and max(before, after) > cores:
+        note += (f" More runnable threads than cores: each engine's {threads} threads wait at every operation's "
+                 "barrier for a preempted one, so these rates are far below an idle machine's and their ratios "
+                 "are noise; rerun on an idle machine, or with --num-threads 1.")
     return note
 
 
@@ -118,8 +120,8 @@ def gguf(config: EngineConfig, quick: bool = False) -> list[Table]:
     rounds = 1 if quick else 2
     load_before = os.getloadavg()[0]
     cores = len(os.sched_getaffinity(0))
-    decode = Table(f"Single-stream greedy decode, {tokens} new tokens, {threads} threads: speclane's engine vs "
-                   "llama.cpp's llama-bench on the same file",
+    decode = Table(f"Single-stream greedy decode, {tokens} new tokens, {threads} thread{'s' * (threads > 1)}: "
+                   "speclane's engine vs llama.cpp's llama-bench on the same file",
                    ["file", "layer matmul types", "MiB", "speclane tok/s", "llama.cpp tok/s", "speclane / llama.cpp"])
     streams = Table(f"{len(STREAM_PROMPTS)} concurrent streamed chat completions over HTTP, {tokens} max tokens each: "
                     "speclane serve vs llama-server",
@@ -157,7 +159,7 @@ def gguf(config: EngineConfig, quick: bool = False) -> list[Table]:
         if tools[name] is None:
             table.notes.append(f"{name} was not found (PATH or ~/.cache/speclane-anchors): what it makes or measures "
                                "did not run.")
-    load = load_note(load_before, os.getloadavg()[0], cores)
+    load = load_note(load_before, os.getloadavg()[0], cores, threads)
     decode.notes.append(load)
     streams.notes.append(load)
     types = weight_types(config.model.kernels, quick=quick)
