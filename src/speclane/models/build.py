@@ -243,4 +243,4 @@ def file_weight(part: QuantizedTensor, kernels: Kernels) -> Int4Weight | GroupIn
     """One weight's own blocks on the kernel a model built from its file runs them on
     (``_block_kernel``), or None where no kernel of ours runs them (``bench gguf`` times it)."""
     kind = _block_kernel(part, kernels)
-    return None if kind is None else _block_weight(kind, [part], kernels)
+    return None if kind is None else _native_weight(kind, [part], kernels)
