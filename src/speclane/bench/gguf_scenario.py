@@ -105,7 +105,7 @@ def load_note(before: float, after: float, cores: int, threads: int) -> str:
     the cores and the engines run several threads: their threads meet at a barrier after
     every operation (llama.cpp's ggml, torch's OpenMP), and a thread the OS has preempted
     holds the others there, so both engines' rates collapse, by different amounts."""
-    note = f"Load average (1 min) of this machine: {before:.1f} before these tables, {after:.1f} after, on {cores} cores."
+    note = f"Load average (1 min) of this machine: {before:.1f} before the scenario, {after:.1f} after, on {cores} cores."
     if threads > 1 and max(before, after) > cores:
         note += (f" More runnable threads than cores: each engine's {threads} threads wait at every operation's "
                  "barrier for a preempted one, so these rates are far below an idle machine's and their ratios "
@@ -159,10 +159,10 @@ def gguf(config: EngineConfig, quick: bool = False) -> list[Table]:
         if tools[name] is None:
             table.notes.append(f"{name} was not found (PATH or ~/.cache/speclane-anchors): what it makes or measures "
                                "did not run.")
-    load = load_note(load_before, os.getloadavg()[0], cores, threads)
-    decode.notes.append(load)
-    streams.notes.append(load)
     types = weight_types(config.model.kernels, quick=quick)
+    load = load_note(load_before, os.getloadavg()[0], cores, threads)
+    for table in (decode, streams, types):
+        table.notes.append(load)
     return [decode, streams, types]
 
 
