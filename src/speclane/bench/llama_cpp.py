@@ -61,15 +61,16 @@ def generation_rate(report: str, tokens: int) -> float:
     raise ValueError(f"llama-bench's report holds no test of {tokens} generated tokens after an empty prompt")
 
 
-def requantize(binary: Path, source: Path, out: Path, type_name: str) -> Path:
+def requantize(binary: Path, source: Path, out: Path, type_name: str, *, pure: bool = False) -> Path:
     """``source`` converted to ``type_name`` (``Q4_K_M``, ``Q8_0``, ...) at ``out`` by
-    ``llama-quantize --allow-requantize``; an existing ``out`` is reused. The file appears
-    under its name only once complete."""
+    ``llama-quantize --allow-requantize`` (``pure``: with ``--pure``, every tensor of that
+    type where its rows allow, no K-quant mixture); an existing ``out`` is reused. The file
+    appears under its name only once complete."""
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
-    subprocess.run([str(binary), "--allow-requantize", str(source), str(partial), type_name], check=True,
-                   capture_output=True)
+    subprocess.run([str(binary), "--allow-requantize", *(["--pure"] if pure else []), str(source), str(partial),
+                    type_name], check=True, capture_output=True)
     partial.rename(out)
     return out
