@@ -17,8 +17,9 @@ transformers = pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
 import benchmark_scripts  # noqa: E402
-from family_models import VOCAB, widen  # noqa: E402
 from test_family_gguf import _write_gguf  # noqa: E402
+
+from family_models import VOCAB, widen  # noqa: E402
 
 
 def test_the_script_measures_each_arm_against_its_float32_reference(tmp_path, monkeypatch):
