@@ -15,84 +15,21 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from speclane.bench.common import Table, alternate, median
 from speclane.bench.driver import progress
+from speclane.bench.llama_cpp import find_llama_cpp_tool, llama_server
+from speclane.bench.servers import speclane_server
 from speclane.config import EngineConfig
 
-ANCHORS = Path.home() / ".cache" / "speclane-anchors"
 ADD_TOOL = {"type": "function", "function": {
     "name": "add", "description": "Add two integers and return their sum.",
     "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
                    "required": ["a", "b"], "additionalProperties": False}}}
 QUESTIONS = ["What is 17 plus 25?", "Add 301 and 99 for me.", "How much is 12 + 30?", "What do 7 and 8 add up to?"]
 MAX_TOKENS = 48
-
-
-def find_llama_server() -> Path | None:
-    found = shutil.which("llama-server")
-    if found:
-        return Path(found)
-    builds = sorted(ANCHORS.glob("llama_cpp_python-*/vendor/llama.cpp/build/bin/llama-server"))
-    return builds[-1] if builds else None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_healthy(url: str, timeout_s: float = 300) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        time.sleep(0.5)
-    raise TimeoutError(f"{url} did not become healthy in {timeout_s:.0f} s")
-
-
-@contextlib.contextmanager
-def speclane_server(config: EngineConfig) -> Iterator[str]:
-    """``speclane serve`` in its own process, as a user runs it."""
-    port = _free_port()
-    command = [str(Path(sys.executable).with_name("speclane")), "serve", "--model", config.model.model,
-               "--num-threads", str(config.model.num_threads or 2), "--port", str(port)]
-    with _process(command) as url:
-        yield url.format(port=port)
-
-
-@contextlib.contextmanager
-def _process(command: list[str]) -> Iterator[str]:
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        yield "http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(30)
-        if process.poll() is None:
-            process.kill()
-
-
-@contextlib.contextmanager
-def llama_server(binary: Path, gguf: Path, threads: int) -> Iterator[str]:
-    port = _free_port()
-    command = [str(binary), "-m", str(gguf), "-t", str(threads), "-c", "2048", "--jinja", "--port", str(port),
-               "--host", "127.0.0.1", "-np", "1"]
-    with _process(command) as url:
-        yield url.format(port=port)
 
 
 # The call as a JSON object in the reply's text: how a server that enforces no tool_choice
@@ -145,7 +82,7 @@ def toolcall(config: EngineConfig, quick: bool = False) -> list[Table]:
 
     threads = config.model.num_threads or 2
     model = config.model.model
-    binary = find_llama_server()
+    binary = find_llama_cpp_tool("llama-server")
     repeats = 2 if quick else 3
     turns: dict[str, list[dict[str, Any]]] = {}
 
@@ -157,13 +94,11 @@ def toolcall(config: EngineConfig, quick: bool = False) -> list[Table]:
         return run
 
     with contextlib.ExitStack() as stack:
-        ours = stack.enter_context(speclane_server(config))
-        _wait_healthy(ours)
+        ours = stack.enter_context(speclane_server(config)).url
         arms = {"speclane (lane on)": arm("speclane (lane on)", ours, model),
                 "speclane (speculation off)": arm("speclane (speculation off)", ours, model, {"speculative": False})}
         if binary is not None:
-            theirs = stack.enter_context(llama_server(binary, resolve_model(model), threads))
-            _wait_healthy(theirs)
+            theirs = stack.enter_context(llama_server(binary, resolve_model(model), threads)).url
             arms["llama.cpp llama-server"] = arm("llama.cpp llama-server", theirs, model)
             arms["llama.cpp, call by response_format"] = arm("llama.cpp, call by response_format", theirs, model,
                                                              call_by_schema=True)

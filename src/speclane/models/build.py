@@ -237,3 +237,10 @@ def _native_weight(kind: str, parts: list[QuantizedTensor | FloatTensor], kernel
     if kind == "int4":
         return Int4Weight(q, scale, minimum, kernels)
     return GroupInt8Weight(q.to(torch.int8), scale, minimum, kernels)
+
+
+def file_weight(part: QuantizedTensor, kernels: Kernels) -> Int4Weight | GroupInt8Weight | None:
+    """One weight's own blocks on the kernel a model built from its file runs them on
+    (``_block_kernel``), or None where no kernel of ours runs them (``bench gguf`` times it)."""
+    kind = _block_kernel(part, kernels)
+    return None if kind is None else _native_weight(kind, [part], kernels)

@@ -333,18 +333,20 @@ class LlamaModel(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] (float32) -> [N, vocab] float32 logits.
 
-        A quantized head returns coarse logits (bfloat16 inputs and output): enough to find
-        the candidates, not to rank near-ties. The top ``REFINE_TOP`` candidates of each row
-        are recomputed exactly in float32 from the head's exact rows (``Linear.rows``: the
-        file's block values, or the float32 copy of a head quantized on load), so greedy
-        choices match the float32 model and do not depend on which kernel the tick used.
+        A head that runs in bfloat16 (on its blocks, quantized, or dense bfloat16) returns
+        coarse logits (bfloat16 inputs and output, 0.125 apart between 16 and 32): enough to
+        find the candidates, not to rank near-ties. The top ``REFINE_TOP`` candidates of each
+        row are recomputed exactly in float32 from the head's exact rows (``Linear.rows``:
+        the file's block values, the float32 copy of a head quantized on load, or the dense
+        bfloat16 values), so greedy choices are the float32 product of the hidden state and
+        those rows, whichever kernel the tick used. Only a float32 head is exact as it is.
         """
         head = self.lm_head
         cap = self.config.traits.final_softcap
-        if head.quantized is None:
-            logits = F.linear(hidden.to(head.dense.dtype), head.dense).float()
+        if head.quantized is None and head.dense.dtype == torch.float32:
+            logits = F.linear(hidden.float(), head.dense)
         else:
-            coarse = head.quantized.matmul(hidden.to(torch.bfloat16)).float()  # [N, vocab]
+            coarse = head(hidden).float()  # [N, vocab]: its kernel, or its dense weight, in bfloat16
             top = coarse.topk(REFINE_TOP, dim=-1).indices  # [N, R]
             rows = head.rows(top.flatten()).view(*top.shape, -1)  # [N, R, hidden]
             exact = torch.einsum("nh,nrh->nr", hidden.float(), rows)  # [N, R]

@@ -1,0 +1,54 @@
+"""Concurrent streaming chat completions against an OpenAI-compatible server, and the
+aggregate rate they reach: the load a server sees from several users at once."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StreamResult:
+    started: float  # time.perf_counter() when the request was sent
+    finished: float  # ... when its last chunk arrived
+    completion_tokens: int  # the server's usage count
+
+
+def aggregate_rate(results: Sequence[StreamResult]) -> float:
+    """Completion tokens of every stream per second, from the first stream's start to the
+    last one's end (the streams' wall time together, not the sum of their times)."""
+    if not results:
+        return float("nan")
+    wall = max(r.finished for r in results) - min(r.started for r in results)
+    return sum(r.completion_tokens for r in results) / wall
+
+
+def stream_chat(url: str, model: str, prompt: str, max_tokens: int, extra: dict[str, Any] | None = None
+                ) -> StreamResult:
+    """One greedy streamed chat completion of ``prompt``, read to its end; its token count is
+    the usage the server sends in its last chunk (``stream_options.include_usage``)."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{url}/v1", api_key="none", timeout=600)
+    started = time.perf_counter()
+    stream = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": prompt}], temperature=0, seed=0, max_tokens=max_tokens,
+        stream=True, stream_options={"include_usage": True}, extra_body=extra)
+    tokens = None
+    for chunk in stream:
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    if tokens is None:
+        raise RuntimeError(f"{url} sent no usage at the end of a stream (stream_options.include_usage)")
+    return StreamResult(started, time.perf_counter(), tokens)
+
+
+def concurrent_streams(url: str, model: str, prompts: Sequence[str], max_tokens: int,
+                       extra: dict[str, Any] | None = None) -> list[StreamResult]:
+    """One stream per prompt, all sent at once, each on its own connection."""
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        futures = [pool.submit(stream_chat, url, model, prompt, max_tokens, extra) for prompt in prompts]
+        return [future.result() for future in futures]
