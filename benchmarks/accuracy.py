@@ -54,6 +54,7 @@ from speclane.models.llama import LlamaModel, RaggedBatch
 from speclane.models.loader import read_weights, resolve_model
 from speclane.models.tokenizer import Tokenizer
 from speclane.models.weights import WeightSet
+from speclane.scheduler.block_pool import KV_BLOCK_SIZE
 
 PROMPTS = Path(__file__).with_name("data") / "accuracy_prompts.jsonl"
 # llama-quantize's type names: (output file suffix, type, --pure)
@@ -139,17 +140,18 @@ def batches(prompts: list[list[int]], max_rows: int) -> Iterator[list[list[int]]
 
 # -- the arms ----------------------------------------------------------------------------
 def speclane_logits(model: LlamaModel, max_prompts: int, max_len: int) -> Logits:
-    """speclane's forward: one ragged prefill of the prompts (a slot each) and the logits
-    of every position, as the engine computes them (``LlamaModel.logits``)."""
+    """speclane's forward: one ragged prefill of the prompts (a row of the paged pool each)
+    and the logits of every position, as the engine computes them (``LlamaModel.logits``)."""
     cfg = model.config
-    cache = KVCache(cfg.num_layers, max_prompts, max_len, cfg.num_kv_heads, cfg.head_dim, model.dtype)
+    block_size = KV_BLOCK_SIZE
+    cache = KVCache(cfg.num_layers, max_prompts * -(-max_len // block_size), block_size, cfg.num_kv_heads,
+                    cfg.head_dim, model.dtype)
+    tables = cache.row_tables(max_prompts, max_len)
 
     def run(prompts: list[list[int]]) -> list[torch.Tensor]:
-        slots = list(range(len(prompts)))
-        for slot in slots:
-            cache.reset(slot)
         batch = RaggedBatch(input_ids=torch.tensor([t for ids in prompts for t in ids]),
-                            positions=torch.cat([torch.arange(len(ids)) for ids in prompts]), slots=slots,
+                            positions=torch.cat([torch.arange(len(ids)) for ids in prompts]),
+                            block_tables=tables[: len(prompts)],
                             starts=[0] * len(prompts), num_new=[len(ids) for ids in prompts])
         return list(model.logits(model(batch, cache)).split(batch.num_new))
 
