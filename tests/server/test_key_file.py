@@ -26,6 +26,11 @@ def test_defaults_weight_1_and_no_jumping_ahead() -> None:
     principal = KeyTable.parse('{"keys": [{"key": "k", "tenant": "t"}]}').lookup("k")
     assert principal == Principal("t", 1.0, 0)
     principal.check_priority(0)
+    principal.check_cache_scope("tenant")
+    with pytest.raises(APIError) as not_shared:
+        principal.check_cache_scope("global")
+    assert not_shared.value.status == 403 and not_shared.value.code == "cache_scope_not_allowed"
+    Principal("t", may_share_prefix_cache=True).check_cache_scope("global")
     with pytest.raises(APIError) as refused:
         principal.check_priority(-1)
     assert refused.value.status == 403
@@ -40,6 +45,7 @@ def test_defaults_weight_1_and_no_jumping_ahead() -> None:
     ('{"keys": [{"key": "k", "tenant": "t", "weight": true}]}', "weight"),
     ('{"keys": [{"key": "k", "tenant": "t", "most_urgent_priority": 1.5}]}', "most_urgent_priority"),
     ('{"keys": [{"key": "k", "tenant": "t", "role": "admin"}]}', "unknown field"),
+    ('{"keys": [{"key": "k", "tenant": "t", "may_share_prefix_cache": "yes"}]}', "may_share_prefix_cache"),
     ('{"keys": [{"key": "k", "tenant": "t"}, {"key": "k", "tenant": "u"}]}', "twice"),
     ("not json = [", "neither valid JSON"),
 ])
@@ -62,6 +68,6 @@ def test_resolve_principal() -> None:
         with pytest.raises(APIError) as caught:
             resolve_principal(table, header)
         assert caught.value.status == 401
-    assert resolve_principal(None, None, user="bob") == Principal("bob")
+    assert resolve_principal(None, None, user="bob") == Principal("bob", may_share_prefix_cache=True)
     assert resolve_principal(None, "Bearer whatever").tenant == "anonymous"
     assert bearer_key("Bearer  abc ") == "abc"

@@ -75,3 +75,44 @@ def test_health_shows_the_kv_pool(live: LiveServer, async_engine: AsyncEngine) -
     cache = async_engine.engine.cache
     assert body["kv_cache"] == {"mib": round(cache.bytes / 2**20, 1), **async_engine.engine.kv_pool, "dtype": "bfloat16"}
     assert body["kv_cache"]["mib"] > 0
+
+
+def test_prefix_cache_and_kv_metrics(live: LiveServer, idle_after: AsyncEngine) -> None:
+    """A repeated prompt's cached tokens show in the hit counter, a tenant's cached blocks
+    under its label, and another tenant's identical prompt hits nothing."""
+    prompt = "Summarise this list in one line: " + ", ".join(f"item {i}" for i in range(40))
+
+    def send(tenant: str) -> int:
+        response = httpx.post(live.url + "/v1/chat/completions", timeout=120, json={
+            "model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 2,
+            "temperature": 0, "user": tenant})
+        assert response.status_code == 200
+        return response.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    def hits(families: dict[str, Any]) -> float:
+        return families["speclane_prefix_cache_hit_tokens"][("speclane_prefix_cache_hit_tokens_total", ())]
+
+    before = scrape(live.url)
+    assert send("kv-metrics-a") == 0
+    cached = send("kv-metrics-a")
+    assert cached >= 64, "the second identical prompt reads its full blocks from the cache"
+    middle = scrape(live.url)
+    assert hits(middle) - hits(before) == cached
+    assert send("kv-metrics-b") == 0, "another tenant's identical prompt takes the uncached path"
+    after = scrape(live.url)
+    assert hits(after) == hits(middle)
+    queried = after["speclane_prefix_cache_queried_tokens"][("speclane_prefix_cache_queried_tokens_total", ())]
+    assert queried - before["speclane_prefix_cache_queried_tokens"][
+        ("speclane_prefix_cache_queried_tokens_total", ())] >= 3 * cached
+
+    in_use = after["speclane_kv_blocks_in_use"]
+    assert after["speclane_kv_blocks_in_use:type"] == "gauge"
+    for tenant in ("kv-metrics-a", "kv-metrics-b"):
+        assert in_use[("speclane_kv_blocks_in_use", (("tenant", tenant),))] >= cached // 16, (
+            f"{tenant}'s prompt blocks stay cached and charged to it")
+    total = after["speclane_kv_blocks_total"][("speclane_kv_blocks_total", ())]
+    free = after["speclane_kv_blocks_free"][("speclane_kv_blocks_free", ())]
+    assert free + sum(in_use.values()) == total, "every block is free or charged to one tenant"
+    assert after["speclane_kv_blocks_cached"][("speclane_kv_blocks_cached", ())] >= 2 * cached // 16
+    for name in ("speclane_kv_evictions", "speclane_kv_preemptions"):
+        assert after[name + ":type"] == "counter", name

@@ -51,6 +51,16 @@ class EngineCounters:
     lane_waiting: int = 0
     running: int = 0
     waiting: int = 0
+    # The KV pool and prefix cache (``scheduler.kv``): totals and live sizes.
+    prefix_cache_queried_tokens: int = 0
+    prefix_cache_hit_tokens: int = 0
+    kv_evicted_blocks: int = 0
+    kv_preemptions: int = 0
+    kv_refused_admissions: int = 0
+    kv_blocks_total: int = 0
+    kv_blocks_free: int = 0
+    kv_blocks_cached: int = 0
+    kv_blocks_by_tenant: dict[str, int] = field(default_factory=dict)
 
     def record_tick(self, scheduler: Scheduler, seconds: float) -> None:
         self.ticks += 1
@@ -75,12 +85,23 @@ class EngineCounters:
         self.lane_waiting = lane.num_waiters
         self.running = scheduler.num_running
         self.waiting = scheduler.num_waiting
+        kv = scheduler.kv
+        self.prefix_cache_queried_tokens = kv.stats.queried_tokens
+        self.prefix_cache_hit_tokens = kv.stats.cached_tokens
+        self.kv_evicted_blocks = kv.stats.evicted_blocks
+        self.kv_preemptions = kv.stats.preemptions
+        self.kv_refused_admissions = kv.stats.refused_admissions
+        self.kv_blocks_total = kv.pool.num_blocks
+        self.kv_blocks_free = kv.pool.num_free
+        self.kv_blocks_cached = kv.cache.num_cached
+        self.kv_blocks_by_tenant = kv.pool.held_by_tenant()  # a new dict: readers never see it change
 
     def record_tokens(self, tenant: str, num_tokens: int) -> None:
         self.generated_by_tenant[tenant] += num_tokens
 
     def snapshot(self) -> dict[str, object]:
-        out = {k: v for k, v in self.__dict__.items() if not isinstance(v, Counter)}
+        out = {k: v for k, v in self.__dict__.items() if not isinstance(v, Counter | dict)}
+        out["kv_blocks_by_tenant"] = dict(self.kv_blocks_by_tenant)
         out["spec_rounds_by_tenant"] = dict(self.spec_rounds_by_tenant)
         out["generated_by_tenant"] = dict(self.generated_by_tenant)
         out["acceptance_by_position"] = self.acceptance_by_position()

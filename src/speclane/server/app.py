@@ -92,8 +92,9 @@ class _Server:
                        principal: Principal, *, chat: bool) -> Response:
         self.check_model(body.model)
         if self.keys is None:
-            principal = Principal(tenant=body.user or principal.tenant)
+            principal = Principal(tenant=body.user or principal.tenant, may_share_prefix_cache=True)
         principal.check_priority(body.priority)
+        principal.check_cache_scope(body.cache_scope)
         build = chat_input if chat else completion_input
         engine_input: EngineInput = await anyio.to_thread.run_sync(build, body, self.vocab)
         meta = ResponseMeta.new(chat=chat, model=self.model_name)
@@ -108,7 +109,8 @@ class _Server:
                     engine_input.prompt_token_ids, engine_input.sampling_for(i), request_id=rid,
                     priority=engine_input.priority, tenant=principal.tenant, tenant_weight=principal.weight,
                     speculative=engine_input.speculative, prediction_token_ids=engine_input.prediction_token_ids,
-                    grammar=engine_input.grammar, prefill_source=rids[0] if i else None))
+                    grammar=engine_input.grammar, prefill_source=rids[0] if i else None,
+                    global_cache_scope=body.cache_scope == "global"))
         except (QueueFullError, ValueError, RuntimeError) as exc:
             for rid in rids[: len(streams)]:
                 self.async_engine.abort(rid)

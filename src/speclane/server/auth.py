@@ -1,20 +1,30 @@
 """API keys (``--api-keys FILE``) and who a request is for: its tenant, weight and allowance.
 
 The file is JSON or TOML and lists keys, each with a tenant, a weight (its share of the
-lane relative to other tenants) and the most urgent priority it may ask for (lower is
-more urgent; default 0, so a key may not jump ahead unless the file says so)::
+lane and of the KV pool relative to other tenants), the most urgent priority it may ask
+for (lower is more urgent; default 0, so a key may not jump ahead unless the file says
+so) and whether it may send ``cache_scope: "global"`` (``may_share_prefix_cache``,
+default false)::
 
     # keys.toml                                  // keys.json
     [[keys]]                                     {"keys": [
     key = "sk-acme-1"                              {"key": "sk-acme-1", "tenant": "acme",
     tenant = "acme"                                 "weight": 2.0, "most_urgent_priority": -10}
-    weight = 2.0                                 ]}
-    most_urgent_priority = -10
+    weight = 2.0                                   "may_share_prefix_cache": true}
+    most_urgent_priority = -10                   ]}
+    may_share_prefix_cache = true
 
 ``keys`` may also be a table keyed by the key (``[keys."sk-acme-1"]``). With keys, a
-missing or unknown bearer key is 401, a priority beyond the key's allowance 403, and the
-tenant comes from the key, never from the body. Without keys the tenant is the ``user``
-field, else ``anonymous``. Keys are kept only as SHA-256 digests.
+missing or unknown bearer key is 401, a priority beyond the key's allowance 403, so is
+``cache_scope: "global"`` from a key not allowed it, and the tenant comes from the key,
+never from the body. Without keys the tenant is the ``user`` field, else ``anonymous``,
+and any request may use the global scope. Keys are kept only as SHA-256 digests.
+
+Why the global scope needs permission: a prefix cache shared by tenants is a timing side
+channel (a tenant that sees a fast first token learns another tenant sent that prefix),
+so by default a request reads only blocks its own tenant wrote. Blocks written under the
+global scope (a shared system prompt) are readable by every request that asks for it;
+only the operator's chosen keys may write or read them.
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ from speclane.server.errors import APIError
 
 ANONYMOUS = "anonymous"
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
-_ENTRY_FIELDS = {"key", "tenant", "weight", "most_urgent_priority"}
+_ENTRY_FIELDS = {"key", "tenant", "weight", "most_urgent_priority", "may_share_prefix_cache"}
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,7 @@ class Principal:
     tenant: str
     weight: float = 1.0
     most_urgent_priority: int | None = None  # None: any priority
+    may_share_prefix_cache: bool = False  # may send cache_scope "global"
 
     def check_priority(self, priority: int) -> None:
         if self.most_urgent_priority is not None and priority < self.most_urgent_priority:
@@ -50,6 +61,12 @@ class Principal:
                 f"urgent); the request asked for {priority}",
                 param="priority", code="priority_not_allowed",
             )
+
+    def check_cache_scope(self, scope: str) -> None:
+        if scope == "global" and not self.may_share_prefix_cache:
+            raise APIError(403, "this API key may not use the global prefix cache scope: omit cache_scope or "
+                                "send \"tenant\" (the operator grants it with may_share_prefix_cache)",
+                           param="cache_scope", code="cache_scope_not_allowed")
 
 
 def _digest(key: str) -> bytes:
@@ -117,7 +134,8 @@ def _decode(text: str, source: str) -> Any:
 
 def _entry(entry: Any, where: str) -> tuple[str, Principal]:
     if not isinstance(entry, dict):
-        raise ValueError(f"{where}: expected a table with key, tenant, weight, most_urgent_priority")
+        raise ValueError(f"{where}: expected a table with key, tenant, weight, most_urgent_priority, "
+                         "may_share_prefix_cache")
     unknown = set(entry) - _ENTRY_FIELDS
     if unknown:
         raise ValueError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: {sorted(_ENTRY_FIELDS)}")
@@ -132,7 +150,11 @@ def _entry(entry: Any, where: str) -> tuple[str, Principal]:
     most_urgent = entry.get("most_urgent_priority", 0)
     if isinstance(most_urgent, bool) or not isinstance(most_urgent, int):
         raise ValueError(f"{where}: 'most_urgent_priority' must be an integer; got {most_urgent!r}")
-    return key, Principal(tenant=tenant, weight=float(weight), most_urgent_priority=most_urgent)
+    share = entry.get("may_share_prefix_cache", False)
+    if not isinstance(share, bool):
+        raise ValueError(f"{where}: 'may_share_prefix_cache' must be true or false; got {share!r}")
+    return key, Principal(tenant=tenant, weight=float(weight), most_urgent_priority=most_urgent,
+                          may_share_prefix_cache=share)
 
 
 def bearer_key(authorization: str | None) -> str | None:
@@ -147,7 +169,7 @@ def bearer_key(authorization: str | None) -> str | None:
 def resolve_principal(keys: KeyTable | None, authorization: str | None, user: str | None = None) -> Principal:
     """The request's principal; 401 with keys configured and no valid bearer key."""
     if keys is None:
-        return Principal(tenant=user or ANONYMOUS)
+        return Principal(tenant=user or ANONYMOUS, may_share_prefix_cache=True)
     key = bearer_key(authorization)
     if key is None:
         raise APIError(401, "missing API key: send the header 'Authorization: Bearer <key>'", headers=_CHALLENGE)

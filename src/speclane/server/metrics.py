@@ -101,6 +101,28 @@ class _EngineCollector(Collector):
         for tenant, value in sorted(snap["generated_by_tenant"].items()):  # type: ignore[attr-defined]
             generated.add_metric([tenant], value)
         yield generated
+        yield from _kv_metrics(snap)
+
+
+def _kv_metrics(snap: dict[str, object]) -> Iterator[Metric]:
+    """The KV pool and the prefix cache (``EngineCounters``' copy, refreshed every tick)."""
+    yield _counter("speclane_prefix_cache_queried_tokens", "Prompt tokens of admitted requests looked up in "
+                   "the prefix cache.", snap["prefix_cache_queried_tokens"])
+    yield _counter("speclane_prefix_cache_hit_tokens", "Of them, tokens read from the cache (not prefilled).",
+                   snap["prefix_cache_hit_tokens"])
+    yield _counter("speclane_kv_evictions", "Cached KV blocks evicted to make room.", snap["kv_evicted_blocks"])
+    yield _counter("speclane_kv_preemptions", "Running requests preempted (to be recomputed) for KV blocks.",
+                   snap["kv_preemptions"])
+    yield _gauge("speclane_kv_blocks_total", "Blocks in the KV pool.", snap["kv_blocks_total"])  # type: ignore[arg-type]
+    yield _gauge("speclane_kv_blocks_free", "Blocks no request holds and no cache entry keeps.",
+                 snap["kv_blocks_free"])  # type: ignore[arg-type]
+    yield _gauge("speclane_kv_blocks_cached", "Blocks in the prefix cache (held by requests or not).",
+                 snap["kv_blocks_cached"])  # type: ignore[arg-type]
+    in_use = GaugeMetricFamily("speclane_kv_blocks_in_use", "Blocks charged to a tenant: held by its requests or "
+                               "cached from them.", labels=["tenant"])
+    for tenant, value in sorted(snap["kv_blocks_by_tenant"].items()):  # type: ignore[attr-defined]
+        in_use.add_metric([tenant], value)
+    yield in_use
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

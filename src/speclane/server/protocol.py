@@ -244,6 +244,9 @@ class _GenerationRequest(_Strict):
     prediction: Prediction | None = None
     priority: int = Field(default=0, ge=INT32_MIN, le=INT32_MAX, description="lower is more urgent")
     speculative: bool = Field(default=True, description="false keeps the request out of the lane")
+    cache_scope: Literal["tenant", "global"] = Field(
+        default="tenant", description="'global': read and write the prefix cache shared by every tenant (API keys "
+                                      "with may_share_prefix_cache only)")
     n: int | None = Field(default=None, ge=1, le=MAX_N, description=f"1 to {MAX_N} choices")
     frequency_penalty: float | None = Field(default=None, ge=0, le=0)
     presence_penalty: float | None = Field(default=None, ge=0, le=0)

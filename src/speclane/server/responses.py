@@ -109,6 +109,8 @@ def chat_body(request: ResponsesRequest) -> dict[str, Any]:
         body["priority"] = request.priority
     if not request.speculative:
         body["speculative"] = False
+    if request.cache_scope != "tenant":
+        body["cache_scope"] = request.cache_scope
     if request.tools:
         body["tools"] = [chat_tool(tool) for tool in request.tools]
     if request.tool_choice is not None:

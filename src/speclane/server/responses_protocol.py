@@ -176,6 +176,9 @@ class ResponsesRequest(_Strict):
     metadata: dict[str, str] | None = None  # echoed, not stored
     priority: int = Field(default=0, ge=INT32_MIN, le=INT32_MAX, description="lower is more urgent")
     speculative: bool = Field(default=True, description="false keeps the request out of the lane")
+    cache_scope: Literal["tenant", "global"] = Field(
+        default="tenant", description="'global': read and write the prefix cache shared by every tenant (API keys "
+                                      "with may_share_prefix_cache only)")
     service_tier: str | None = None  # accepted, ignored: use priority
     previous_response_id: None = Field(default=None, description="stateless: must be null")
     store: Literal[False] | None = Field(default=None, description="stateless: false or absent")
