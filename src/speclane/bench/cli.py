@@ -21,6 +21,7 @@ SCENARIOS: dict[str, str] = {
     "mtp": "held-out chat: MTP drafter vs n-gram vs off, acceptance per draft position",
     "structured": "JSON-schema decoding vs unconstrained (1 and 8 streams); forced-token drafting, lane on vs off",
     "toolcall": "one agent turn (tool call, tool result, answer) over HTTP: speclane vs llama.cpp's llama-server",
+    "prefix": "10-turn chat with a ~1,000-token system prompt: TTFT per turn, prefix cache on vs off vs llama.cpp",
     "gguf": "GGUF files of several types, decode and 8 HTTP streams vs llama.cpp; each weight type's kernel vs bfloat16",
 }
 
@@ -84,6 +85,10 @@ def _run(name: str, config: EngineConfig, quick: bool) -> tuple[list[Table], dic
         from speclane.bench.toolcall_scenario import toolcall
 
         return toolcall(config, quick=quick), {}
+    if name == "prefix":
+        from speclane.bench.prefix_scenario import prefix
+
+        return prefix(config, quick=quick), {}
     if name == "gguf":
         from speclane.bench.gguf_scenario import gguf
 

@@ -14,7 +14,7 @@ import contextlib
 import json
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from speclane.bench.servers import ServerProcess, free_port, server_process
@@ -32,13 +32,13 @@ def find_llama_cpp_tool(name: str) -> Path | None:
 
 
 @contextlib.contextmanager
-def llama_server(binary: Path, gguf: Path, threads: int, slots: int = 1, context: int = 2048
-                 ) -> Iterator[ServerProcess]:
+def llama_server(binary: Path, gguf: Path, threads: int, slots: int = 1, context: int = 2048,
+                 extra: Sequence[str] = ()) -> Iterator[ServerProcess]:
     """``llama-server`` on ``gguf`` with ``slots`` parallel sequences sharing ``context``
-    tokens of KV cache (``-np``, ``-c``) and its Jinja chat template."""
+    tokens of KV cache (``-np``, ``-c``), its Jinja chat template and ``extra`` arguments."""
     port = free_port()
     command = [str(binary), "-m", str(gguf), "-t", str(threads), "-c", str(context), "-np", str(slots), "--jinja",
-               "--host", "127.0.0.1", "--port", str(port)]
+               "--host", "127.0.0.1", "--port", str(port), *extra]
     with server_process(command, port) as server:
         yield server
 

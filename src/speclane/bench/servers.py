@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,11 +86,11 @@ def _tail(log) -> str:
 
 
 @contextlib.contextmanager
-def speclane_server(config: EngineConfig) -> Iterator[ServerProcess]:
+def speclane_server(config: EngineConfig, extra: Sequence[str] = ()) -> Iterator[ServerProcess]:
     """``speclane serve`` of ``config``'s model on its threads (the rest of the engine
-    options at their defaults), in its own process."""
+    options at their defaults, or as ``extra`` arguments set them), in its own process."""
     port = free_port()
     command = [str(Path(sys.executable).with_name("speclane")), "serve", "--model", config.model.model,
-               "--num-threads", str(config.model.num_threads or 2), "--port", str(port)]
+               "--num-threads", str(config.model.num_threads or 2), "--port", str(port), *extra]
     with server_process(command, port) as server:
         yield server
