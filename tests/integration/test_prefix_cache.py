@@ -1,6 +1,8 @@
 """The prefix cache and the paged pool through the engine, on the default model: greedy
-outputs do not change with the cache on or off, with speculation or without, with a pool
-small enough to preempt; cached tokens are reported per tenant and never across tenants."""
+and seeded outputs do not change with the cache on or off, with speculation or without,
+with a pool small enough to preempt; cached tokens are reported per tenant and never
+across tenants; under KV pressure a tenant never loses a running request to a tenant
+holding more blocks."""
 
 from __future__ import annotations
 
@@ -36,24 +38,29 @@ def _run(engine: LLMEngine, requests: list[tuple[str, list[int], str]],
     return out
 
 
-def _conversation(engine: LLMEngine, turns: int = 10) -> list[tuple[list[int], int]]:
+def _conversation(engine: LLMEngine, turns: int = 10, sampling: SamplingParams = GREEDY) -> list[tuple[list[int], int]]:
     """A conversation of ``turns`` short turns: each prompt is the previous one, its answer
     and a new question."""
     encode = engine.tokenizer.encode
     prompt = encode("You are a helpful assistant. Answer briefly.\nUser: Name a colour.\nAssistant:")
     results = []
     for turn in range(turns):
-        [(output, cached)] = _run(engine, [(f"turn{turn}", prompt, "alice")]).values()
+        [(output, cached)] = _run(engine, [(f"turn{turn}", prompt, "alice")], sampling).values()
         results.append((output, cached))
         prompt = prompt + output + encode(f"\nUser: And another one, number {turn + 2}?\nAssistant:")
     return results
 
 
-@pytest.mark.parametrize("spec_mode", ["off", "slice"])
-def test_a_conversation_answers_the_same_with_the_prefix_cache_on_and_off(our_kernels, llm_default, spec_mode):
+@pytest.mark.parametrize(("spec_mode", "sampling"), [
+    ("off", GREEDY), ("slice", GREEDY),
+    ("slice", SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.9, seed=11)),
+], ids=["greedy", "greedy-speculative", "seeded-speculative"])
+def test_a_conversation_answers_the_same_with_the_prefix_cache_on_and_off(our_kernels, llm_default, spec_mode,
+                                                                          sampling):
     drafter = "ngram" if spec_mode == "slice" else "none"
-    on = _conversation(_engine(llm_default, prefix_cache=True, spec_mode=spec_mode, drafter=drafter))
-    off = _conversation(_engine(llm_default, prefix_cache=False, spec_mode=spec_mode, drafter=drafter))
+    on = _conversation(_engine(llm_default, prefix_cache=True, spec_mode=spec_mode, drafter=drafter), sampling=sampling)
+    off = _conversation(_engine(llm_default, prefix_cache=False, spec_mode=spec_mode, drafter=drafter),
+                        sampling=sampling)
     assert [o for o, _ in on] == [o for o, _ in off]
     assert all(cached == 0 for _, cached in off)
     # From the second turn on, the previous turn's prompt and answer are read back.
@@ -85,7 +92,8 @@ def test_another_tenants_exact_prefix_is_not_read(our_kernels, llm_default):
     assert _run(engine, [("a2", prompt, "tenant-a")])["a2"][1] > 0
 
 
-def test_a_small_pool_finishes_every_request_with_the_large_pools_output(our_kernels, llm_default):
+@pytest.mark.parametrize("spec_mode", ["off", "slice"])
+def test_a_small_pool_finishes_every_request_with_the_large_pools_output(our_kernels, llm_default, spec_mode):
     """Long requests of one tenant in a pool of 14 or 15 blocks: two fit, the others wait,
     and a growing request preempts the other, which is recomputed; the outputs do not change."""
     encode = llm_default.engine.tokenizer.encode
@@ -98,10 +106,48 @@ def test_a_small_pool_finishes_every_request_with_the_large_pools_output(our_ker
     per_block = KVCache.bytes_per_block(c.num_layers, KV_BLOCK_SIZE, c.num_kv_heads, c.head_dim,
                                         llm_default.engine.cache.dtype)
     mib = 15 * per_block // 2**20
-    small = _engine(llm_default, kv_cache_mib=mib, spec_mode="off", drafter="none")
+    drafter = "ngram" if spec_mode == "slice" else "none"
+    small = _engine(llm_default, kv_cache_mib=mib, spec_mode=spec_mode, drafter=drafter)
     assert 14 <= small.cache.num_blocks <= 15
     requests = [(f"r{i}", p, "alice") for i, p in enumerate(prompts)]
     got = _run(small, requests, sampling)
-    expected = _run(_engine(llm_default, spec_mode="off", drafter="none"), requests, sampling)
+    expected = _run(_engine(llm_default, spec_mode=spec_mode, drafter=drafter), requests, sampling)
     assert {k: v[0] for k, v in got.items()} == {k: v[0] for k, v in expected.items()}
     assert small.scheduler.kv.stats.preemptions > 0
+    if spec_mode == "slice":
+        assert small.counters.accepted_tokens > 0, "drafts were accepted around the preemptions"
+
+
+def test_a_tenant_with_many_long_requests_does_not_push_out_another_tenants(our_kernels, llm_default, monkeypatch):
+    """Alice sends four requests of 110 prompt tokens, Bob one of 82, 16 tokens each, into
+    a pool of 14 blocks. Alice's first request (7 blocks) and Bob's (6) are admitted;
+    Alice's grows first (position 112) and takes the last free block, so when Bob's grows
+    (position 96) the pool is full: it takes its block from Alice, who holds more (under a
+    rule of preempting only within the tenant Bob's request would preempt itself). Bob's
+    request is never preempted and every output equals the large pool's. Speculation is
+    off so the ticks at which each request grows are known; the speculative path through
+    preemption is the small-pool test's."""
+    encode = llm_default.engine.tokenizer.encode
+    long = [encode(f"Story {i}: " + "the quick brown fox jumps over the lazy dog and " * 12)[:110] for i in range(4)]
+    short = encode("A poem about the sea: " + "waves roll in and out and " * 14)[:82]
+    sampling = SamplingParams(max_tokens=16, ignore_eos=True)
+    assert all(len(p) == 110 for p in long) and len(short) == 82
+    c = llm_default.engine.model.config
+    per_block = KVCache.bytes_per_block(c.num_layers, KV_BLOCK_SIZE, c.num_kv_heads, c.head_dim,
+                                        llm_default.engine.cache.dtype)
+    mib = 14 * per_block // 2**20 + 1
+    small = _engine(llm_default, kv_cache_mib=mib, spec_mode="off", drafter="none")
+    assert small.cache.num_blocks == 14, (mib, small.cache.num_blocks)
+    preempted: list[str] = []
+    original = small.scheduler._preempt
+
+    def record(request_id: str, now: float) -> None:
+        preempted.append(request_id)
+        original(request_id, now)
+
+    monkeypatch.setattr(small.scheduler, "_preempt", record)
+    requests = [(f"alice{i}", p, "alice") for i, p in enumerate(long)] + [("bob", short, "bob")]
+    got = _run(small, requests, sampling)
+    expected = _run(_engine(llm_default, spec_mode="off", drafter="none"), requests, sampling)
+    assert {k: v[0] for k, v in got.items()} == {k: v[0] for k, v in expected.items()}
+    assert "alice0" in preempted and "bob" not in preempted, preempted

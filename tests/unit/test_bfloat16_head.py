@@ -22,8 +22,8 @@ def test_a_dense_bfloat16_head_gives_the_float32_top_logit_and_argmax_of_its_row
     head = model.lm_head
     assert head.quantized is None and head.dense.dtype == torch.bfloat16
     tokens = torch.randint(1, config.vocab_size, (48,), generator=torch.Generator().manual_seed(2))
-    cache = KVCache(config.num_layers, 1, 48, config.num_kv_heads, config.head_dim, torch.bfloat16)
-    hidden = model(RaggedBatch(tokens, torch.arange(48), [0], [0], [48]), cache)
+    cache = KVCache(config.num_layers, 3, 16, config.num_kv_heads, config.head_dim, torch.bfloat16)
+    hidden = model(RaggedBatch(tokens, torch.arange(48), cache.row_tables(1, 48), [0], [48]), cache)
     logits = model.logits(hidden)
     exact = hidden.float() @ head.dense.float().T  # the head's bfloat16 values, in float32
     assert exact.max(-1).values.min() > 4  # where bfloat16's step is 1/32 or more

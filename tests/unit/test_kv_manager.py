@@ -5,8 +5,8 @@ manager reads), "computes" positions by committing them as the scheduler would a
 tick, and checks what a later request reads from the cache: tenant isolation and the
 global scope, prefixes diverging mid-block, the last prompt token, speculative draft
 positions, decode-time blocks for the next turn, recompute after preemption, and the
-rules under KV pressure (eviction by weighted share, admission order, preemption only
-within a tenant). Every story ends with the manager's own invariant check.
+rules under KV pressure (eviction by weighted share, admission order, preemption from the
+heaviest tenant, never from a lighter one). Every story ends with the manager's own invariant check.
 """
 
 from __future__ import annotations
@@ -199,20 +199,35 @@ def test_admission_order_prefers_the_tenant_holding_less_per_unit_of_weight():
     assert kv.load("A", weight=4.0) == 3.0 and kv.load("B") == 0.0  # blocks per unit of weight
 
 
-def test_growth_under_pressure_preempts_only_the_tenants_own_requests():
+def test_growth_of_the_heavier_tenant_preempts_its_own_requests():
     kv = KVManager(8, B)
     a1, a2, b1 = req("a1", [1] * 8), req("a2", [2] * 8), req("b1", [3] * 12)
     for r, tenant in ((a1, "A"), (a2, "A"), (b1, "B")):
         run_prompt(kv, r, tenant, keep=True)
     b_table = kv.block_table("b1")
-    grown = kv.reserve("a1", 16)  # two more blocks, one free: A's latest request makes room
+    grown = kv.reserve("a1", 16)  # two more blocks, one free: A (4 blocks) may not take B's (3)
     assert grown.ok and grown.preempted == ("a2",)
     assert kv.block_table("b1") == b_table and len(kv.block_table("a1")) == 4
-    a_table = kv.block_table("a1")
-    grown = kv.reserve("b1", 24)  # three more, none to take from B but itself
-    assert not grown.ok and grown.preempted == ("b1",) and "b1" not in kv
-    assert kv.block_table("a1") == a_table
+    kv.check()
+    # B (3 blocks) grows by three: A holds more (4 live, a2's 2 cached), so A's request goes.
+    grown = kv.reserve("b1", 24)
+    assert grown.ok and grown.preempted == ("a1",) and len(kv.block_table("b1")) == 6
     assert kv.stats.preemptions == 2
+    kv.check()
+
+
+def test_growth_never_preempts_a_lighter_tenant_or_a_more_urgent_request():
+    kv = KVManager(6, B)
+    run_prompt(kv, req("a1", [1] * 8), "A", keep=True)  # A: 2 blocks
+    run_prompt(kv, req("b1", [2] * 12), "B", keep=True)  # B: 3 blocks
+    grown = kv.reserve("b1", 20)  # two more, one free; A is lighter: B preempts itself
+    assert not grown.ok and grown.preempted == ("b1",) and "a1" in kv
+    kv.check()
+    kv = KVManager(6, B)
+    kv.admit("urgent", req("urgent", [1] * 12), tenant="A", priority=-1)  # A: 3 blocks
+    kv.admit("b1", req("b1", [2] * 8), tenant="B", priority=0)  # B: 2 blocks
+    grown = kv.reserve("b1", 16)  # two more, one free; A is heavier but more urgent
+    assert not grown.ok and grown.preempted == ("b1",) and "urgent" in kv
     kv.check()
 
 

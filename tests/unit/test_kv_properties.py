@@ -18,8 +18,9 @@ step:
 - a step only writes into blocks no other table and no cache entry holds;
 - after ``commit`` a table holds exactly the blocks of its verified or admitted
   positions (rejected drafts keep none);
-- growth preempts only requests of the growing request's tenant; every other table is
-  unchanged;
+- growth preempts requests of the growing request's tenant or of a tenant holding more
+  blocks per unit of weight before the step, never of a lighter one; every table not
+  preempted is unchanged;
 - an eviction takes a block of the tenant with the most blocks held per unit of weight.
 
 At the end every request finishes, the cache is cleared and the pool is full again.
@@ -117,9 +118,14 @@ class KVMachine(RuleBasedStateMachine):
         sample = end == r.num_tokens
         drafts = drafts if sample else []
         others = {o: self.kv.block_table(o) for o, x in self.live.items() if x.tenant != item.tenant}
+        loads = {x.tenant: self.kv.load(x.tenant) for x in self.live.values()}
         reservation = self.kv.reserve(rid, end + len(drafts))
-        assert {self.live[v].tenant for v in reservation.preempted} <= {item.tenant}
-        assert {o: self.kv.block_table(o) for o in others} == others
+        for victim in reservation.preempted:
+            taken = self.live[victim]
+            if taken.tenant != item.tenant:  # only from a tenant holding more per unit of weight
+                assert loads[taken.tenant] > loads[item.tenant], (loads, taken.tenant, item.tenant)
+        assert {o: self.kv.block_table(o) for o in others if o not in reservation.preempted} == {
+            o: t for o, t in others.items() if o not in reservation.preempted}
         for victim in reservation.preempted:
             self.waiting.append(self.live.pop(victim))
         if not reservation.ok:

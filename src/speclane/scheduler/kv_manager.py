@@ -29,11 +29,15 @@ Under pressure (more blocks asked for than are free):
    the order of ``admission_key``: priority, then blocks held per unit of weight, then
    arrival; it stops at the first request that does not fit, so among equally urgent
    requests the tenant most over its weighted share is admitted last.
-3. **Growth preempts within the tenant.** A running request that cannot get its blocks
-   preempts the least urgent, most recently admitted live request *of its own tenant*
-   (possibly itself); another tenant's live request keeps its blocks. A preempted request
-   loses nothing: its blocks are released (its full blocks stay cached until evicted) and
-   it is admitted again later with every token it has as its prompt (recompute).
+3. **Growth takes from the tenant most over its share, never from a lighter one.** A
+   running request that cannot get its blocks preempts a live request of the tenant with
+   the most blocks per unit of weight among the tenants holding more than its own tenant
+   (only requests no more urgent than it), else of its own tenant (possibly itself):
+   within that tenant the least urgent, most recently admitted. So a tenant never loses
+   a live request to a tenant that holds more than it does; a tenant that fills the pool
+   with many long requests makes its own requests wait. A preempted request loses
+   nothing: its blocks are released (its full blocks stay cached until evicted) and it is
+   admitted again later with every token it has as its prompt (recompute).
 
 How the scheduler treats a preempted request so its output continues identically: back
 to waiting with its output kept, ``num_computed_tokens`` = 0, out of the lane and out of
@@ -186,15 +190,14 @@ class KVManager:
         return Admission(num_cached, tuple(blocks))
 
     def reserve(self, request_id: str, upto: int) -> Reservation:
-        """Blocks for positions ``[0, upto)``. When there is no room, the least urgent, most
-        recently admitted live request of the same tenant is preempted, again until there
-        is; if that is this request, it is preempted too and ``ok`` is False."""
+        """Blocks for positions ``[0, upto)``. When there is no room, a live request is
+        preempted by rule 3 (``growth_victim``), again until there is; if that is this
+        request, it is preempted too and ``ok`` is False."""
         seq = self._seqs[request_id]
         need = self.pool.blocks_needed(upto) - len(seq.blocks)
         preempted: list[str] = []
         while need > self.num_available_blocks:
-            victim = max((rid for rid, s in self._seqs.items() if s.tenant == seq.tenant),
-                         key=lambda rid: (self._seqs[rid].priority, self._seqs[rid].order))
+            victim = self.growth_victim(request_id)
             self.free(victim)
             self.stats.preemptions += 1
             preempted.append(victim)
@@ -203,6 +206,20 @@ class KVManager:
         for _ in range(need):
             seq.blocks.append(self._allocate(seq.tenant))
         return Reservation(True, tuple(preempted))
+
+    def growth_victim(self, request_id: str) -> str:
+        """The live request that ``request_id``'s growth preempts when the pool is full:
+        from the heaviest tenant (blocks per unit of weight) holding more than its own
+        tenant, among requests no more urgent than it; else from its own tenant. Within the
+        tenant, the least urgent and then the most recently admitted."""
+        seq = self._seqs[request_id]
+        own_load = self.load(seq.tenant)
+        heavier = {s.tenant for s in self._seqs.values()
+                   if s.priority >= seq.priority and self.load(s.tenant) > own_load}
+        tenant = max(heavier, key=lambda t: (self.load(t), t)) if heavier else seq.tenant
+        return max((rid for rid, s in self._seqs.items()
+                    if s.tenant == tenant and (tenant == seq.tenant or s.priority >= seq.priority)),
+                   key=lambda rid: (self._seqs[rid].priority, self._seqs[rid].order))
 
     def commit(self, request_id: str, num_computed: int, tokens: TokenSource) -> None:
         """``num_computed`` positions hold verified tokens' K/V: free the blocks past them
