@@ -20,9 +20,10 @@ Per tick (``schedule``):
    source has already left, it prefills on its own.
 
 Before the plan each decoding request reserves the KV blocks of its fed token and its K
-draft positions; a request that cannot get them preempts the least urgent, most recently
-admitted request of its own tenant (``KVManager.reserve``), which goes back to waiting
-with its output kept and is recomputed when admitted again (``_preempt``).
+draft positions; a request that cannot get them preempts a request of the tenant most
+over its share, never of a tenant holding less than its own (``KVManager.reserve``),
+which goes back to waiting with its output kept and is recomputed when admitted again
+(``_preempt``).
 
 Per tick (``update``), from the plan and the runner's chosen tokens: each request's
 computed length (committed to the KV manager, which caches the blocks it filled), its output (stopping exactly at EOS, a stop token, ``max_tokens`` or
@@ -262,8 +263,8 @@ class Scheduler:
         return SchedulerPlan(seqs=tuple(seqs), released_request_ids=released, preempted_request_ids=self._take_preempted())
 
     def _reserve(self, request: Request, upto: int, now: float) -> bool:
-        """KV blocks for ``request``'s positions below ``upto``, preempting within its
-        tenant where the pool is full; False when it was preempted itself."""
+        """KV blocks for ``request``'s positions below ``upto``, preempting by the KV rules
+        where the pool is full; False when it was preempted itself."""
         reservation = self.kv.reserve(request.request_id, upto)
         for victim in reservation.preempted:
             self._preempt(victim, now)
