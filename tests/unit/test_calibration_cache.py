@@ -41,3 +41,50 @@ def test_calibration_stays_inside_the_models_positions():
     cache = KVCache(cfg.num_layers, 2, 24 + 4 + 1, cfg.num_kv_heads, cfg.head_dim, torch.float32)
     cost = calibration.measure_step_cost(model, cache, max_rows=5, repeats=1)
     assert cost.ms(1) > 0
+
+
+class _Clock:
+    """A clock that advances ``step`` seconds each time it is read."""
+
+    def __init__(self, step: float) -> None:
+        self.now, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def test_a_busy_machine_stops_the_sweeps_at_the_budget(monkeypatch):
+    cfg = toy_config()
+    model = toy_model(cfg)
+    cache = KVCache(cfg.num_layers, 4, 200, cfg.num_kv_heads, cfg.head_dim, torch.float32)
+    widths: list[int] = []
+
+    def fake_forward(model, cache, *, positions, kv_len, batch=1):
+        widths.append(positions)
+        return 2.0 + positions
+
+    monkeypatch.setattr(calibration, "forward_ms", fake_forward)
+    # The clock advances 1 s per read (the deadline's, then one per forward): a 4.5 s budget
+    # ends the first sweep after width 5.
+    cut = calibration.measure(model, cache, max_rows=8, budget_s=4.5, clock=_Clock(1.0))
+    assert cut.sweeps == 0 and not cut.complete()
+    assert cut.cost.ms_by_rows == (3.0, 4.0, 5.0, 6.0, 7.0)
+    assert cut.cost.ms(8) == 10.0, "widths past the last measured one extend its slope"
+    widths.clear()
+    # A budget of two sweeps: the sweep in progress finishes, the rest are skipped.
+    two = calibration.measure(model, cache, max_rows=4, budget_s=8.5, clock=_Clock(1.0))
+    assert two.sweeps == 2 and not two.complete() and widths == [1] + [1, 2, 3, 4] * 2
+    full = calibration.measure(model, cache, max_rows=4, budget_s=1000, clock=_Clock(1.0))
+    assert full.sweeps == calibration.SWEEPS and full.complete()
+
+
+def test_a_calibration_cut_short_is_not_saved(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECLANE_CALIBRATION_DIR", str(tmp_path))
+    cfg = toy_config()
+    model = toy_model(cfg)
+    cache = KVCache(cfg.num_layers, 4, 200, cfg.num_kv_heads, cfg.head_dim, torch.float32)
+    monkeypatch.setattr(calibration, "BUDGET_S", 0.0)
+    cost = calibration.step_cost(model, cache, max_rows=3)
+    assert len(cost.ms_by_rows) == 1 and cost.ms(3) > 0
+    assert not list(tmp_path.glob("step-cost-*.json")), "a table from a busy machine is measured again next time"

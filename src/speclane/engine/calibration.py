@@ -8,6 +8,11 @@ quantization, dtype, threads, rows) and kept as JSON under
 ``~/.cache/speclane/calibration`` (``RuntimeEnv.calibration_dir``:
 ``SPECLANE_CALIBRATION_DIR``); a few seconds the first time for the default model, nothing
 after.
+
+Start-up never waits long for it: the sweeps stop at ``BUDGET_S`` (a machine busy with
+another process made 5 sweeps take minutes). A table cut short is used for this run only
+(widths past the last measured one extend its slope, ``StepCost.ms``) and is not saved, so
+a quieter start measures it again.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -50,11 +57,24 @@ def forward_ms(model: LlamaModel, cache: KVCache, *, batch: int = 1, positions: 
 
 
 SWEEPS = 5  # sweeps of 1..max_rows rows; the table keeps each width's fastest
+BUDGET_S = 20.0  # the most start-up time the sweeps take (a busy machine: fewer sweeps)
 
 
-def measure_step_cost(model: LlamaModel, cache: KVCache, max_rows: int, repeats: int = SWEEPS) -> StepCost:
+@dataclass(frozen=True)
+class Calibration:
+    cost: StepCost
+    sweeps: int  # complete sweeps of 1..max_rows; fewer than asked: the budget ran out
+
+    def complete(self, repeats: int = SWEEPS) -> bool:
+        return self.sweeps >= repeats
+
+
+def measure(model: LlamaModel, cache: KVCache, max_rows: int, repeats: int = SWEEPS, budget_s: float | None = None,
+            clock: Callable[[], float] = time.perf_counter) -> Calibration:
     """Fastest of ``repeats`` interleaved sweeps of 1..max_rows rows (one sequence, its
-    rows as positions: the linears, which dominate, see rows, not sequences).
+    rows as positions: the linears, which dominate, see rows, not sequences), stopping
+    once ``budget_s`` (default ``BUDGET_S``) has passed: after the sweep in progress, or inside the first sweep
+    (the table then ends at the last width measured).
 
     The fastest, not the median: a busy machine only ever adds time, and adaptive K reads
     the table's ratios. With the median of 3 on a noisy 2-core machine a 5-row forward
@@ -64,12 +84,26 @@ def measure_step_cost(model: LlamaModel, cache: KVCache, max_rows: int, repeats:
     # not (a model whose limit is the served length): stay inside both.
     limit = min(cache.num_blocks * cache.block_size, model.config.max_position_embeddings)
     kv_len = max(0, min(CONTEXT, limit - max_rows - 1))
+    deadline = clock() + (BUDGET_S if budget_s is None else budget_s)
     forward_ms(model, cache, positions=1, kv_len=kv_len)  # warm-up
     samples: list[list[float]] = [[] for _ in range(max_rows)]
-    for _ in range(repeats):  # sweeps interleaved, so a slow second of the machine hits every width
+    sweeps = 0
+    while sweeps < repeats:  # sweeps interleaved, so a slow second of the machine hits every width
         for rows in range(1, max_rows + 1):
             samples[rows - 1].append(forward_ms(model, cache, positions=rows, kv_len=kv_len))
-    return StepCost.from_measurements(min(s) for s in samples)
+            if sweeps == 0 and clock() > deadline:
+                break
+        else:
+            sweeps += 1
+        if clock() > deadline:
+            break
+    measured = [min(s) for s in samples if s]
+    return Calibration(StepCost.from_measurements(measured), sweeps)
+
+
+def measure_step_cost(model: LlamaModel, cache: KVCache, max_rows: int, repeats: int = SWEEPS) -> StepCost:
+    """``measure``'s table, within the default budget."""
+    return measure(model, cache, max_rows, repeats).cost
 
 
 def _key(model: LlamaModel, max_rows: int) -> str:
@@ -92,9 +126,16 @@ def step_cost(model: LlamaModel, cache: KVCache, max_rows: int, directory: Path 
         return StepCost(tuple(json.loads(path.read_text())["ms_by_rows"]))
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    log.info("measuring the step cost of 1..%d rows for adaptive K (once per model and machine)", max_rows)
+    log.info("measuring the step cost of 1..%d rows for adaptive K (once per model and machine, at most %.0f s)",
+             max_rows, BUDGET_S)
     started = time.perf_counter()
-    cost = measure_step_cost(model, cache, max_rows)
+    calibration = measure(model, cache, max_rows)
+    cost = calibration.cost
+    if not calibration.complete():
+        log.warning("the machine is busy: the step cost came from %d of %d sweeps (%d of %d widths) in %.1f s; "
+                    "used for this run, not saved, measured again at the next start", calibration.sweeps, SWEEPS,
+                    len(cost.ms_by_rows), max_rows, time.perf_counter() - started)
+        return cost
     log.info("step cost calibrated for 1..%d rows in %.1f s", max_rows, time.perf_counter() - started)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
