@@ -72,8 +72,9 @@ def test_a_busy_machine_stops_the_sweeps_at_the_budget(monkeypatch):
     assert cut.cost.ms_by_rows == (3.0, 4.0, 5.0, 6.0, 7.0)
     assert cut.cost.ms(8) == 10.0, "widths past the last measured one extend its slope"
     widths.clear()
-    # A budget of two sweeps: the sweep in progress finishes, the rest are skipped.
-    two = calibration.measure(model, cache, max_rows=4, budget_s=8.5, clock=_Clock(1.0))
+    # After the first sweep the clock is read once a sweep: a 5.5 s budget passes during the
+    # second, which finishes; the rest are skipped.
+    two = calibration.measure(model, cache, max_rows=4, budget_s=5.5, clock=_Clock(1.0))
     assert two.sweeps == 2 and not two.complete() and widths == [1] + [1, 2, 3, 4] * 2
     full = calibration.measure(model, cache, max_rows=4, budget_s=1000, clock=_Clock(1.0))
     assert full.sweeps == calibration.SWEEPS and full.complete()
