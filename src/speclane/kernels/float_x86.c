@@ -118,7 +118,9 @@ void float_matmul(const uint16_t *x, const void *w, uint16_t *y, int M, int N, i
     const int R0 = M < ROW_BLOCK ? M : ROW_BLOCK;  // the rows of a full row block
     const int T0 = TILES_FOR(R0);  // tiles per group: each thread takes whole groups
     const int groups = (tiles + T0 - 1) / T0;
-    #pragma omp parallel for schedule(static)
+    // schedule(dynamic): a thread slowed by another process on its core takes fewer tiles instead of
+    // holding the others at the barrier; a tile's outputs are one thread's, so the split never changes a bit.
+    #pragma omp parallel for schedule(dynamic, 1)
     for (int g = 0; g < groups; g++) {
         const int t0 = g * T0, tn = tiles - t0 < T0 ? tiles - t0 : T0;
         for (int r0 = 0; r0 < M; r0 += ROW_BLOCK) {

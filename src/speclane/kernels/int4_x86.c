@@ -296,13 +296,15 @@ static void buffered_group(const q4_weight *w, const q4_input *in, int M, int ti
 static void matmul_rows(const q4_input *in, const q4_weight *w, uint16_t *y, int M) {
     const int tiles = w->n / LANES;
     if (M > DIRECT_MAX_ROWS) {
-        #pragma omp parallel for schedule(static)
+        // schedule(dynamic): a thread slowed by another process on its core takes fewer tiles instead of
+        // holding the others at the barrier; a tile's outputs are one thread's, so the split never changes a bit.
+        #pragma omp parallel for schedule(dynamic, 1)
         for (int t = 0; t < tiles; t += NT) buffered_group(w, in, M, t, y);
         return;
     }
     // One or two rows: TILES_PER_CALL tiles interleaved per direct() call (see direct).
     const int step = M <= 2 ? TILES_PER_CALL : 1;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(dynamic, 1)
     for (int t = 0; t < tiles; t += step) {
         if (step > 1 && t + step <= tiles) {
             if (M == 1) direct(1, TILES_PER_CALL, w, in, t, y);

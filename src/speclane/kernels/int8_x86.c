@@ -135,7 +135,9 @@ static void matmul(tile_fn any_rows_tile, const uint16_t *x, const int8_t *q, co
             }
     const q8_weight w = {q, scale, minimum, N, K, G};
     const int tiles = N / LANES;
-    #pragma omp parallel for schedule(static)
+    // schedule(dynamic): a thread slowed by another process on its core takes fewer tiles instead of
+    // holding the others at the barrier; a tile's outputs are one thread's, so the split never changes a bit.
+    #pragma omp parallel for schedule(dynamic, 1)
     for (int t = 0; t < tiles; t++)
         for (int r0 = 0; r0 < M; r0 += ROW_BLOCK)
             any_rows_tile(M - r0 < ROW_BLOCK ? M - r0 : ROW_BLOCK, &w, x32 + (size_t)r0 * K, sums + (size_t)r0 * groups, t,
