@@ -22,6 +22,7 @@ SCENARIOS: dict[str, str] = {
     "structured": "JSON-schema decoding vs unconstrained (1 and 8 streams); forced-token drafting, lane on vs off",
     "toolcall": "one agent turn (tool call, tool result, answer) over HTTP: speclane vs llama.cpp's llama-server",
     "prefix": "10-turn chat with a ~1,000-token system prompt: TTFT per turn, prefix cache on vs off vs llama.cpp",
+    "vs-llama-cpp": "one stream, 8/16 streams, speculation under load and a noisy neighbour, vs llama.cpp",
     "gguf": "GGUF files of several types, decode and 8 HTTP streams vs llama.cpp; each weight type's kernel vs bfloat16",
 }
 
@@ -85,6 +86,10 @@ def _run(name: str, config: EngineConfig, quick: bool) -> tuple[list[Table], dic
         from speclane.bench.toolcall_scenario import toolcall
 
         return toolcall(config, quick=quick), {}
+    if name == "vs-llama-cpp":
+        from speclane.bench.vs_llama_cpp import vs_llama_cpp
+
+        return vs_llama_cpp(config, quick=quick), {}
     if name == "prefix":
         from speclane.bench.prefix_scenario import prefix
 

@@ -15,6 +15,7 @@ class StreamResult:
     started: float  # time.perf_counter() when the request was sent
     finished: float  # ... when its last chunk arrived
     completion_tokens: int  # the server's usage count
+    first_token: float | None = None  # ... when the first content chunk arrived (None: none did)
 
 
 def aggregate_rate(results: Sequence[StreamResult]) -> float:
@@ -37,13 +38,15 @@ def stream_chat(url: str, model: str, prompt: str, max_tokens: int, extra: dict[
     stream = client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": prompt}], temperature=0, seed=0, max_tokens=max_tokens,
         stream=True, stream_options={"include_usage": True}, extra_body=extra)
-    tokens = None
+    tokens = first = None
     for chunk in stream:
+        if first is None and chunk.choices and chunk.choices[0].delta.content:
+            first = time.perf_counter()
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
     if tokens is None:
         raise RuntimeError(f"{url} sent no usage at the end of a stream (stream_options.include_usage)")
-    return StreamResult(started, time.perf_counter(), tokens)
+    return StreamResult(started, time.perf_counter(), tokens, first)
 
 
 def concurrent_streams(url: str, model: str, prompts: Sequence[str], max_tokens: int,

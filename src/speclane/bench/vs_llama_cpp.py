@@ -1,0 +1,226 @@
+"""``speclane bench vs-llama-cpp``: speclane against llama.cpp on llama.cpp's own ground,
+the default GGUF file, the same threads and the same client.
+
+- **One stream.** The engine alone (``speclane.LLM``, speculation off) against
+  ``llama-bench``'s ``tg`` test; one streamed chat completion over HTTP (speculation off
+  per request, and the default lane) against ``llama-server``; speclane's HTTP rate as a
+  fraction of its engine's.
+- **Streams.** 8 and 16 concurrent streamed chat completions: aggregate tok/s and mean
+  time to first token, ``speclane serve`` (speculation off per request, and the lane)
+  against ``llama-server -np 16``.
+- **Speculation under load.** 8 and 16 streams with speculation off, the n-gram drafter
+  (the default server, ``speculative`` per request) and the MTP drafter (a server with
+  ``--drafter mtp``): each drafter's aggregate over off, median and range of the runs.
+- **A noisy neighbour.** Single-stream decode with one busy process beside it (a Python
+  loop, one core's worth), as a fraction of the quiet rate measured just before, for
+  speclane's engine and for ``llama-bench``.
+
+Every comparison alternates its arms and reports medians; servers run side by side but
+only one is measured at a time (an idle speclane engine and an idle llama-server use no
+CPU). Without llama.cpp's programs (``bench/llama_cpp.py``) speclane's arms still run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from speclane.bench.common import Table, alternate, median
+from speclane.bench.decode import PROMPT, ours_generate
+from speclane.bench.driver import progress
+from speclane.bench.gguf_scenario import STREAM_PROMPTS, load_note, ratio
+from speclane.bench.http_streams import StreamResult, aggregate_rate, concurrent_streams
+from speclane.bench.llama_cpp import decode_rate, find_llama_cpp_tool, llama_server
+from speclane.bench.servers import speclane_server
+from speclane.config import EngineConfig
+from speclane.llm import LLM
+from speclane.models.loader import resolve_model
+from speclane.request import SamplingParams
+
+NEW_TOKENS = 128
+STREAM_LEVELS = (8, 16)
+CONTEXT_PER_SLOT = 1024
+OFF = {"speculative": False}
+
+
+@contextlib.contextmanager
+def busy_process() -> Iterator[None]:
+    """One other process spinning on the CPU while the block runs (one core's worth)."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)  # scheduled before the measurement starts
+        yield
+    finally:
+        hog.kill()
+        hog.wait()
+
+
+def mean_ttft(results: list[StreamResult]) -> float:
+    """Mean seconds from sending to the first content chunk (a stream without one counts
+    its whole time)."""
+    return sum((r.first_token if r.first_token is not None else r.finished) - r.started for r in results) / len(results)
+
+
+class StreamArm:
+    """One arm of a comparison: ``streams`` concurrent streams against a server; each call
+    returns their aggregate tok/s and records their mean time to first token."""
+
+    def __init__(self, url: str, model: str, streams: int, tokens: int, extra: dict[str, Any] | None = None) -> None:
+        self.url, self.model, self.streams, self.tokens, self.extra = url, model, streams, tokens, extra
+        self.ttfts: list[float] = []
+
+    def __call__(self) -> float:
+        results = concurrent_streams(self.url, self.model, prompts(self.streams), self.tokens, self.extra)
+        self.ttfts.append(mean_ttft(results))
+        return aggregate_rate(results)
+
+
+def prompts(n: int) -> list[str]:
+    return [STREAM_PROMPTS[i % len(STREAM_PROMPTS)] for i in range(n)]
+
+
+def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
+    threads = config.model.num_threads or 2
+    gguf = resolve_model(config.model.model)
+    tools = {name: find_llama_cpp_tool(name) for name in ("llama-bench", "llama-server")}
+    tokens = NEW_TOKENS // 2 if quick else NEW_TOKENS
+    repeats = 2 if quick else 3
+    spec_runs = 2 if quick else 5
+    load_before = os.getloadavg()[0]
+
+    llm = LLM(config=config.replace(spec_mode="off"))
+    prompt_ids = llm.encode_prompt(PROMPT, chat=True)
+    llm.generate([prompt_ids], SamplingParams(max_tokens=8))  # warm-up
+
+    def engine_rate() -> float:
+        return tokens / ours_generate(llm, prompt_ids, tokens)[0]
+
+    def bench_rate() -> float:
+        assert tools["llama-bench"] is not None
+        return decode_rate(tools["llama-bench"], gguf, threads, tokens, repeats=1)
+
+    engine_arms: dict[str, Callable[[], float]] = {"speclane": engine_rate}
+    if tools["llama-bench"] is not None:
+        engine_arms["llama.cpp"] = bench_rate
+    progress("vs-llama-cpp: engine alone")
+    engine = alternate(engine_arms, repeats, warmup=False)
+    progress("vs-llama-cpp: a noisy neighbour")
+    noisy = _noisy(engine_arms, repeats)
+
+    with contextlib.ExitStack() as stack:
+        ours = stack.enter_context(speclane_server(config)).url
+        mtp = stack.enter_context(speclane_server(config, ["--drafter", "mtp"])).url
+        theirs = None
+        if tools["llama-server"] is not None:
+            slots = max(STREAM_LEVELS)
+            theirs = stack.enter_context(llama_server(tools["llama-server"], gguf, threads, slots=slots,
+                                                      context=slots * CONTEXT_PER_SLOT)).url
+        servers = {"speclane, speculation off": (ours, OFF), "speclane, lane on": (ours, None)}
+        if theirs is not None:
+            servers["llama.cpp llama-server"] = (theirs, None)
+        model = config.model.model
+        for url, _ in servers.values():
+            concurrent_streams(url, model, prompts(1), 8)  # warm-up
+        concurrent_streams(mtp, model, prompts(1), 8)
+        progress("vs-llama-cpp: one stream over HTTP")
+        single = alternate({name: StreamArm(url, model, 1, tokens, extra) for name, (url, extra) in servers.items()},
+                           repeats, warmup=False)
+        progress("vs-llama-cpp: concurrent streams")
+        loads: dict[int, dict[str, StreamArm]] = {}
+        rates: dict[int, dict[str, list[float]]] = {}
+        for n in STREAM_LEVELS:
+            loads[n] = {name: StreamArm(url, model, n, tokens, extra) for name, (url, extra) in servers.items()}
+            rates[n] = alternate(loads[n], repeats, warmup=False)  # type: ignore[arg-type]
+        progress("vs-llama-cpp: speculation under load")
+        spec = {n: alternate({"off": StreamArm(ours, model, n, tokens, OFF), "ngram": StreamArm(ours, model, n, tokens),
+                              "mtp": StreamArm(mtp, model, n, tokens)}, spec_runs, warmup=False)
+                for n in STREAM_LEVELS}
+    load = load_note(load_before, os.getloadavg()[0], len(os.sched_getaffinity(0)), threads)
+    tables = [_single_table(engine, single, tokens, threads, repeats), _streams_table(loads, rates, tokens, repeats),
+              _spec_table(spec, tokens, spec_runs), _noisy_table(noisy, tokens, repeats)]
+    for table in tables:
+        if tools["llama-server"] is None or tools["llama-bench"] is None:
+            table.notes.append("llama.cpp's llama-bench or llama-server was not found (PATH or "
+                               "~/.cache/speclane-anchors): its arms did not run.")
+        table.notes.append(load)
+    return tables
+
+
+def _noisy(arms: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
+    """Per arm, the rate with a busy process beside it over the quiet rate just before."""
+    kept: dict[str, list[float]] = {name: [] for name in arms}
+    for _ in range(repeats):
+        for name, arm in arms.items():
+            quiet = arm()
+            with busy_process():
+                kept[name].append(arm() / quiet)
+    return kept
+
+
+def _single_table(engine: dict[str, list[float]], single: dict[str, list[float]], tokens: int, threads: int,
+                  repeats: int) -> Table:
+    table = Table(f"One stream, {tokens} new tokens, greedy, {threads} threads: speclane vs llama.cpp",
+                  ["path", "speclane tok/s", "llama.cpp tok/s", "speclane / llama.cpp"])
+    ours_engine = median(engine["speclane"])
+    theirs_engine = median(engine["llama.cpp"]) if "llama.cpp" in engine else None
+    table.add("engine alone (speclane.LLM vs llama-bench tg)", ours_engine, theirs_engine or "not run",
+              ratio(ours_engine, theirs_engine))
+    theirs_http = median(single["llama.cpp llama-server"]) if "llama.cpp llama-server" in single else None
+    for name in ("speclane, speculation off", "speclane, lane on"):
+        ours = median(single[name])
+        table.add(f"one streamed chat completion over HTTP ({name.split(', ')[1]})", ours, theirs_http or "not run",
+                  ratio(ours, theirs_http))
+    http_off = median(single["speclane, speculation off"])
+    table.notes.append(f"speclane over HTTP (speculation off) / its engine alone: {http_off / ours_engine:.2f}x "
+                       "(target: at least 0.95x). HTTP rates: completion tokens per second from sending the "
+                       "request to the stream's end, openai client, the same chat prompt for both servers.")
+    table.notes.append(f"Arms alternate, {repeats} runs each; medians. llama-bench: -p 0 -n {tokens} -t {threads}.")
+    return table
+
+
+def _streams_table(arms: dict[int, dict[str, StreamArm]], rates: dict[int, dict[str, list[float]]], tokens: int,
+                   repeats: int) -> Table:
+    table = Table(f"Concurrent streamed chat completions, {tokens} max tokens each: aggregate tok/s and time to "
+                  "first token", ["streams", "server", "tok/s", "vs llama.cpp", "mean TTFT s", "TTFT vs llama.cpp"])
+    reference = "llama.cpp llama-server"
+    for n, runs in rates.items():
+        ref_rate = median(runs[reference]) if reference in runs else None
+        ref_ttft = median(arms[n][reference].ttfts) if reference in runs else None
+        for name, values in runs.items():
+            ttft = median(arms[n][name].ttfts)
+            table.add(n, name, median(values), ratio(median(values), ref_rate), ttft,
+                      f"{ttft / ref_ttft:.2f}x" if ref_ttft else "-")
+    table.notes.append(f"Arms alternate, {repeats} runs each; medians. TTFT: sending to the first content chunk, "
+                       f"the mean over a run's streams. llama-server: -np {max(STREAM_LEVELS)} -c "
+                       f"{max(STREAM_LEVELS) * CONTEXT_PER_SLOT}. Targets: 16 streams at least 3x llama-server; "
+                       "TTFT at 8 streams at most 0.25x.")
+    return table
+
+
+def _spec_table(spec: dict[int, dict[str, list[float]]], tokens: int, runs: int) -> Table:
+    table = Table("Speculation under load: aggregate tok/s with each drafter over speculation off",
+                  ["streams", "off tok/s", "ngram / off (median, range)", "mtp / off (median, range)"])
+    for n, arms in spec.items():
+        row: list[Any] = [n, median(arms["off"])]
+        for drafter in ("ngram", "mtp"):
+            ratios = [a / b for a, b in zip(arms[drafter], arms["off"], strict=True)]
+            row.append(f"{median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
+        table.add(*row)
+    table.notes.append(f"{runs} alternated runs per arm, each run's ratio against the off run beside it; {tokens} max "
+                       "tokens per stream, greedy. Target: at least 1.0x for each drafter at 8 and 16 streams.")
+    return table
+
+
+def _noisy_table(noisy: dict[str, list[float]], tokens: int, repeats: int) -> Table:
+    table = Table("A noisy neighbour: single-stream decode beside one busy process, as a fraction of quiet",
+                  ["engine", "kept (median)", "runs"])
+    for name, kept in noisy.items():
+        table.add(name, f"{median(kept):.2f}", ", ".join(f"{k:.2f}" for k in kept))
+    table.notes.append(f"Each run measures the quiet rate ({tokens} tokens), then the same beside a Python busy loop "
+                       f"started for it; {repeats} runs. Target: speclane keeps at least 0.5.")
+    return table

@@ -1,0 +1,44 @@
+"""``speclane bench vs-llama-cpp``'s logic without servers: the time to first token of
+streams, the busy neighbour process, and the tables' ratios and ranges."""
+
+from __future__ import annotations
+
+import os
+
+from speclane.bench import vs_llama_cpp as vs
+from speclane.bench.http_streams import StreamResult
+
+
+def test_mean_ttft_counts_a_stream_without_content_whole():
+    results = [StreamResult(0.0, 2.0, 10, 0.5), StreamResult(1.0, 3.0, 10, 1.25), StreamResult(0.0, 4.0, 0, None)]
+    assert vs.mean_ttft(results) == (0.5 + 0.25 + 4.0) / 3
+
+
+def test_the_busy_process_runs_only_inside_the_block():
+    def spinning() -> set[int]:
+        return {int(p) for p in os.listdir("/proc") if p.isdigit() and _is_busy_loop(p)}
+
+    before = spinning()
+    with vs.busy_process():
+        inside = spinning() - before
+        assert len(inside) == 1
+    assert not (spinning() - before)
+
+
+def _is_busy_loop(pid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"while True: pass" in f.read()
+    except OSError:
+        return False
+
+
+def test_speculation_table_gives_median_and_range_of_paired_ratios():
+    spec = {8: {"off": [100.0, 200.0, 100.0], "ngram": [110.0, 180.0, 130.0], "mtp": [100.0, 200.0, 100.0]}}
+    table = vs._spec_table(spec, tokens=64, runs=3)
+    assert table.rows == [[8, 100.0, "1.10x (0.90-1.30)", "1.00x (1.00-1.00)"]]
+
+
+def test_noisy_table_reports_the_kept_fraction():
+    table = vs._noisy_table({"speclane": [0.5, 0.75, 0.25], "llama.cpp": [0.4]}, tokens=64, repeats=3)
+    assert table.rows == [["speclane", "0.50", "0.50, 0.75, 0.25"], ["llama.cpp", "0.40", "0.40"]]
