@@ -13,14 +13,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from speclane.bench import gguf_scenario
 from speclane.bench.http_streams import StreamResult, aggregate_rate
 from speclane.bench.llama_cpp import generation_rate, requantize
 from speclane.bench.servers import ServerProcess, free_port, server_process
-from speclane.bench.weight_types import SCALE_OFFSETS, measured_types, random_blocks
+from speclane.bench.weight_types import SCALE_OFFSETS, measured_types, random_blocks, random_values
 from speclane.config import EngineConfig
-from speclane.models.gguf_types import TYPES, quantized_tensor
+from speclane.kernels.select import Kernels
+from speclane.models.build import file_weight
+from speclane.models.gguf_types import FLOAT_DTYPES, TYPES, quantized_tensor
 
 gguf = pytest.importorskip("gguf")
 
@@ -149,11 +152,25 @@ def test_a_server_that_exits_before_serving_is_an_error_with_its_log():
         pass
 
 
-def test_every_native_block_type_has_its_scales_located():
+def test_every_native_type_is_timed():
     measured, skipped = measured_types()
-    with_blocks = [name for name, kind in TYPES.items() if kind.load == "native" and kind.blocks is not None]
-    assert measured == with_blocks and set(SCALE_OFFSETS) == set(measured)
-    assert all(TYPES[name].blocks is None for name in skipped)
+    native = [name for name, kind in TYPES.items() if kind.load == "native"]
+    assert measured == native and not skipped
+    assert set(measured) == set(SCALE_OFFSETS) | set(FLOAT_DTYPES)
+
+
+@pytest.mark.parametrize("type_name", sorted(FLOAT_DTYPES))
+def test_float_types_run_on_the_float_kernel_in_their_own_element_type(type_name):
+    kernels = Kernels.load("auto")
+    part = random_values(TYPES[type_name], 32, 64, np.random.default_rng(0))
+    assert part.values.dtype == FLOAT_DTYPES[type_name] and 0.01 < float(part.values.float().std()) < 0.03
+    weight = file_weight(part, kernels)
+    if kernels.float_matmul is None:
+        assert weight is None
+        return
+    x = torch.randn(3, 64).bfloat16()
+    expected = x.float() @ part.values.float().T
+    torch.testing.assert_close(weight.matmul(x).float(), expected, atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("type_name", sorted(SCALE_OFFSETS))

@@ -1,13 +1,15 @@
 """``speclane bench gguf``'s weight-type table: what each GGUF type our kernels run costs.
 
-For each ``native`` type of ``models/gguf_types.TYPES`` with a block layout, the layer
+For each ``native`` type of ``models/gguf_types.TYPES`` (the block types, and F32, F16 and
+BF16 on the float kernel), the layer
 matmuls of Qwen3-0.6B as our model runs them (q/k/v fused [4096 x 1024], o [1024 x 2048],
 gate/up fused [6144 x 1024], down [1024 x 3072]) for 7 layers: 110M weights, about the
 layer weights of SmolLM2-135M, more than the caches hold, read from memory as a decode step
 reads them. Every width is a multiple of 256, so the K types' super-blocks fit (SmolLM2's
 576-wide matmuls hold none: a K-quant file of it keeps them in Q5_0 or Q8_0). The blocks are
 random bytes with float16 scales of the size a model's weights have (``random_blocks``:
-every quant pattern is a valid block; a random float16 scale could be inf or nan). Each
+every quant pattern is a valid block; a random float16 scale could be inf or nan), the
+float types normal values (``random_values``). Each
 weight runs on the kernel a model of the file runs it on (``models.build.file_weight``),
 against torch's dense bfloat16 matmul (``torch.nn.functional.linear``) of the same
 weights dequantized, at 1 row (a decode step) and at 96 rows (a prefill chunk); the arms
@@ -27,7 +29,7 @@ from speclane.bench.common import Table, alternate, median
 from speclane.bench.driver import progress
 from speclane.kernels.select import Kernels
 from speclane.models.build import file_weight
-from speclane.models.gguf_types import TYPES, GGMLType, quantized_tensor
+from speclane.models.gguf_types import FLOAT_DTYPES, TYPES, FloatTensor, GGMLType, quantized_tensor
 
 LAYERS = 7
 SHAPES = [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)]  # [out, in] of one layer's matmuls
@@ -50,10 +52,19 @@ def random_blocks(kind: GGMLType, rows: int, cols: int, rng: np.random.Generator
     return raw.reshape(rows, -1)
 
 
+def random_values(kind: GGMLType, rows: int, cols: int, rng: np.random.Generator) -> FloatTensor:
+    """A float type's weight: normal values of a model's size (standard deviation 0.02) in
+    the type's own element type."""
+    values = torch.from_numpy(rng.normal(0.0, 0.02, (rows, cols)).astype(np.float32))
+    return FloatTensor(values.to(FLOAT_DTYPES[kind.name]).contiguous(), kind.name)
+
+
 def measured_types() -> tuple[list[str], list[str]]:
-    """The native types this table times, and those it cannot (no block layout it makes)."""
+    """The native types this table times (block types, then float types), and those it
+    cannot (no block layout it makes)."""
     native = [name for name, kind in TYPES.items() if kind.load == "native"]
-    return [n for n in native if n in SCALE_OFFSETS], [n for n in native if n not in SCALE_OFFSETS]
+    timed = [n for n in native if n in SCALE_OFFSETS or n in FLOAT_DTYPES]
+    return timed, [n for n in native if n not in timed]
 
 
 def _layers(type_name: str, kernels: Kernels, layers: int, seed: int) -> tuple[list, list[torch.Tensor]] | None:
@@ -63,7 +74,9 @@ def _layers(type_name: str, kernels: Kernels, layers: int, seed: int) -> tuple[l
     ours, dense = [], []
     for _ in range(layers):
         for rows, cols in SHAPES:
-            part = quantized_tensor(TYPES[type_name], random_blocks(TYPES[type_name], rows, cols, rng), rows, cols)
+            kind = TYPES[type_name]
+            part = (random_values(kind, rows, cols, rng) if type_name in FLOAT_DTYPES
+                    else quantized_tensor(kind, random_blocks(kind, rows, cols, rng), rows, cols))
             weight = file_weight(part, kernels)
             if weight is None:
                 return None

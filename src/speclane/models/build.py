@@ -239,8 +239,10 @@ def _native_weight(kind: str, parts: list[QuantizedTensor | FloatTensor], kernel
     return GroupInt8Weight(q.to(torch.int8), scale, minimum, kernels)
 
 
-def file_weight(part: QuantizedTensor, kernels: Kernels) -> Int4Weight | GroupInt8Weight | None:
-    """One weight's own blocks on the kernel a model built from its file runs them on
-    (``_block_kernel``), or None where no kernel of ours runs them (``bench gguf`` times it)."""
+def file_weight(part: QuantizedTensor | FloatTensor, kernels: Kernels) -> Int4Weight | GroupInt8Weight | FloatWeight | None:
+    """One weight's own blocks (or float values) on the kernel a model built from its file
+    runs them on, or None where no kernel of ours runs them (``bench gguf`` times it)."""
+    if isinstance(part, FloatTensor):
+        return FloatWeight(part.values, kernels) if FloatWeight.supports(part.shape[0], kernels) else None
     kind = _block_kernel(part, kernels)
     return None if kind is None else _native_weight(kind, [part], kernels)
