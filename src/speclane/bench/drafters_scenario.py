@@ -35,8 +35,10 @@ def _answer(engine, ids: list[int], prediction: list[int], tenant: str, new_toke
     return next(iter(timelines.values()))
 
 
-def drafters(factory: EngineFactory, quick: bool = False, new_tokens: int = 64, repeats: int = 2) -> list[Table]:
-    per_category = 2 if quick else None
+def drafters(factory: EngineFactory, quick: bool = False, new_tokens: int = 64, repeats: int = 2,
+             per_category: int | None = None) -> list[Table]:
+    """``per_category``: the first n held-out prompts of each category (None: all 15; quick: 2)."""
+    per_category = 2 if quick else per_category
     new_tokens = 48 if quick else new_tokens
     repeats = 1 if quick else repeats
     arms = ["ngram", "suffix"]
