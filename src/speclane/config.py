@@ -25,7 +25,7 @@ KERNELS = ("auto", "native", "torch")  # kernels/select.py
 SPEC_MODES = ("slice", "burst", "off")
 FAIRNESS_MODES = ("tenant", "request")
 # ``--drafter`` names; ``drafters/registry.py`` builds each (and asserts it covers these).
-DRAFTERS = ("none", "ngram", "mtp")
+DRAFTERS = ("none", "ngram", "suffix", "mtp", "auto")
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -78,7 +78,10 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class LaneConfig:
-    drafter: str = field(default="ngram", metadata={"help": "none, ngram, mtp"})
+    drafter: str = field(default="ngram", metadata={
+        "help": "none; ngram (prompt lookup); suffix (the request's text and its tenant's recent outputs); mtp (the MTP head); "
+                "auto (per round, the proposal with the most expected accepted tokens of suffix, prompt lookup and the MTP head "
+                "where the model has one)"})
     num_draft_tokens: int = field(default=4, metadata={"help": "K, draft tokens per round"})
     spec_mode: str = field(default="slice", metadata={"help": "slice: one round per tick beside everyone's decode; burst: the holder runs alone until it finishes (a baseline); off"})
     spec_adaptive_k: bool = field(default=True, metadata={"help": "draft fewer than K (even 0) when the tick's expected goodput says so"})
@@ -92,6 +95,9 @@ class LaneConfig:
     mtp_min_draft_prob: float = field(default=0.0, metadata={"help": "MTP stops drafting a round when its confidence falls below this"})
     mtp_lookup: bool = field(default=True, metadata={
         "help": "MTP drafts a round by prompt lookup (as ngram does) where the recent tokens appeared before, by its head elsewhere"})
+    suffix_cache_tokens: int = field(default=8192, metadata={
+        "help": "suffix and auto drafters: tokens of each tenant's recent outputs kept to draft from (oldest evicted first); "
+                "0 = the request's own text only"})
 
     def __post_init__(self) -> None:
         _choice("drafter", self.drafter, DRAFTERS)
@@ -104,6 +110,7 @@ class LaneConfig:
         _at_least("spec_grant_rounds", self.spec_grant_rounds, 0)
         _at_least("spec_grant_ms", self.spec_grant_ms, 0)
         _at_least("spec_skip_cap", self.spec_skip_cap, 1)
+        _at_least("suffix_cache_tokens", self.suffix_cache_tokens, 0)
         if not 0 <= self.mtp_min_draft_prob < 1:
             raise ValueError(f"mtp_min_draft_prob must be in [0, 1); got {self.mtp_min_draft_prob}")
 

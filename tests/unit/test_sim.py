@@ -107,6 +107,9 @@ class ScriptedDrafter:
         drafts += [1] * (k - len(drafts))
         return Draft(drafts)
 
+    def finish(self, request: Request) -> None:
+        pass
+
     def release(self, request_id: str) -> None:
         pass
 

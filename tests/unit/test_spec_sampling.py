@@ -38,6 +38,9 @@ class WrongDrafter:
     def propose(self, request: Request, k: int) -> Draft:
         return Draft([self.rng.randrange(VOCAB) for _ in range(k)])
 
+    def finish(self, request: Request) -> None:
+        pass
+
     def release(self, request_id: str) -> None:
         pass
 
@@ -56,6 +59,9 @@ class RandomQDrafter:
     def propose(self, request: Request, k: int) -> Draft:
         tokens = torch.multinomial(self.q, k, replacement=True, generator=self.rng).tolist()
         return Draft(tokens, self.q.expand(k, VOCAB).clone())
+
+    def finish(self, request: Request) -> None:
+        pass
 
     def release(self, request_id: str) -> None:
         pass

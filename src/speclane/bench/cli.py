@@ -19,6 +19,7 @@ SCENARIOS: dict[str, str] = {
     "priority": "ticks from an urgent arrival to holding the lane",
     "overhead": "cost of a lane decision by number of waiters; the lane's share of tick time",
     "mtp": "held-out chat: MTP drafter vs n-gram vs off, acceptance per draft position",
+    "drafters": "held-out drafts set, 7 categories: ngram, suffix, mtp and auto speed-up over off, acceptance",
     "structured": "JSON-schema decoding vs unconstrained (1 and 8 streams); forced-token drafting, lane on vs off",
     "toolcall": "one agent turn (tool call, tool result, answer) over HTTP: speclane vs llama.cpp's llama-server",
     "prefix": "10-turn chat with a ~1,000-token system prompt: TTFT per turn, prefix cache on vs off vs llama.cpp",
@@ -115,6 +116,7 @@ def _run(name: str, config: EngineConfig, quick: bool) -> tuple[list[Table], dic
         "throughput": es.throughput,
         "priority": ls.priority,
         "mtp": _mtp,
+        "drafters": _drafters,
         "structured": _structured,
     }
     return runners[name](factory, quick=quick), {}
@@ -124,6 +126,12 @@ def _structured(factory, quick: bool = False):
     from speclane.bench.structured_scenario import structured
 
     return structured(factory, quick=quick)
+
+
+def _drafters(factory, quick: bool = False):
+    from speclane.bench.drafters_scenario import drafters
+
+    return drafters(factory, quick=quick)
 
 
 def _mtp(factory, quick: bool = False):

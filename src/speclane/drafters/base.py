@@ -29,6 +29,10 @@ class Draft:
     # says nothing about the next rounds, or drafted the round another way than its
     # costly one (the MTP drafter's prompt lookup): adaptive K leaves it out of its timing.
     catch_up_ms: float | None = 0.0
+    # The drafter's estimate, per token, that verification keeps the draft up to and
+    # including it (non-increasing); empty when it has none. ``--drafter auto`` compares
+    # drafters by the sum, the expected accepted tokens.
+    confidence: tuple[float, ...] = ()
 
 
 class Drafter(Protocol):
@@ -39,6 +43,10 @@ class Drafter(Protocol):
     - ``needs_hidden_states``: when True the runner also calls ``observe`` (the
       ``HiddenObserver`` contract) after every forward, for every request, so the
       drafter can catch up on positions decoded while the request did not hold the lane.
+    - ``finish(request)``: the request finished (stopped, hit a limit, or was aborted);
+      called once, before ``release``, with its final output. A drafter that learns from
+      a tenant's outputs (the suffix drafter) reads them here, and must never let them
+      shape another tenant's drafts; the others do nothing.
     - ``release(request_id)`` forgets any per-request state (the request finished,
       was aborted, or lost the lane and will be re-seeded on its next grant).
     """
@@ -47,6 +55,8 @@ class Drafter(Protocol):
     needs_hidden_states: bool
 
     def propose(self, request: Request, k: int) -> Draft: ...
+
+    def finish(self, request: Request) -> None: ...
 
     def release(self, request_id: str) -> None: ...
 

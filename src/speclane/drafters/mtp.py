@@ -203,6 +203,9 @@ class MTPDrafter:
         full[:, self.head.vocab_ids] = run.probs
         return Draft(run.token_ids, full, catch_up_ms=catch_up_ms)
 
+    def finish(self, request: Request) -> None:  # learns nothing from finished requests
+        return None
+
     def release(self, request_id: str) -> None:
         self.states.pop(request_id, None)
 

@@ -3,7 +3,9 @@
 Apart from ``base.py`` so that the contract stays a leaf the implementations import;
 the implementations are imported here, by the registry alone. The names are
 ``config.DRAFTERS`` (config validates ``--drafter`` and imports nothing of speclane);
-``BUILDERS`` covers exactly those names.
+``BUILDERS`` covers exactly those names. Every builder takes the engine's drafter options
+by keyword (``model``, ``model_config``, ``mtp_head``, ``min_draft_prob``, ``lookup``,
+``suffix_cache_tokens``) and uses those it needs.
 """
 
 from __future__ import annotations
@@ -11,17 +13,42 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from speclane.config import DRAFTERS
+from speclane.drafters.auto import AutoDrafter
 from speclane.drafters.base import Drafter
-from speclane.drafters.mtp import load_mtp_drafter
+from speclane.drafters.mtp import default_head_path, load_mtp_drafter
 from speclane.drafters.ngram import NgramDrafter
+from speclane.drafters.suffix import DEFAULT_CACHE_TOKENS, SuffixDrafter
 
 
 def _ngram(**options: object) -> Drafter:
     return NgramDrafter()
 
 
+def _suffix(suffix_cache_tokens: int = DEFAULT_CACHE_TOKENS, **options: object) -> Drafter:
+    return SuffixDrafter(cache_tokens=suffix_cache_tokens)
+
+
+def _mtp(model, model_config, mtp_head: str = "", lookup: bool = False, min_draft_prob: float = 0.0,
+         **options: object) -> Drafter:
+    return load_mtp_drafter(model, model_config, mtp_head, lookup=lookup, min_draft_prob=min_draft_prob)
+
+
+def has_mtp_head(model_name: str, mtp_head: str = "") -> bool:
+    """Whether ``--drafter mtp`` finds a head: ``--mtp-head``, else one shipped for the model."""
+    return bool(mtp_head) or default_head_path(model_name).exists()
+
+
+def _auto(model, model_config, mtp_head: str = "", min_draft_prob: float = 0.0,
+          suffix_cache_tokens: int = DEFAULT_CACHE_TOKENS, **options: object) -> Drafter:
+    head = None
+    if has_mtp_head(model_config.model, mtp_head):
+        head = load_mtp_drafter(model, model_config, mtp_head, lookup=False, min_draft_prob=min_draft_prob)
+    return AutoDrafter(SuffixDrafter(cache_tokens=suffix_cache_tokens), NgramDrafter(), head)
+
+
 # ``none`` builds no drafter (None); the others take the engine's options by keyword.
-BUILDERS: dict[str, Callable[..., Drafter] | None] = {"none": None, "ngram": _ngram, "mtp": load_mtp_drafter}
+BUILDERS: dict[str, Callable[..., Drafter] | None] = {
+    "none": None, "ngram": _ngram, "suffix": _suffix, "mtp": _mtp, "auto": _auto}
 if tuple(BUILDERS) != DRAFTERS:
     raise ImportError(f"config.DRAFTERS {DRAFTERS} and the registry {tuple(BUILDERS)} must name the same drafters")
 

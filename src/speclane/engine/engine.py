@@ -123,7 +123,7 @@ class LLMEngine:
         if drafter is None and config.lane.speculation_enabled:
             drafter = create_drafter(config.lane.drafter, model=self.model, model_config=config.model,
                                      mtp_head=config.lane.mtp_head, min_draft_prob=config.lane.mtp_min_draft_prob,
-                                     lookup=config.lane.mtp_lookup)
+                                     lookup=config.lane.mtp_lookup, suffix_cache_tokens=config.lane.suffix_cache_tokens)
         self.drafter = drafter if config.lane.speculation_enabled else None
         lane = config.lane if self.drafter is not None else dataclasses.replace(config.lane, spec_mode="off")
         step_cost = None
@@ -312,6 +312,7 @@ class LLMEngine:
                       logprobs: list[TokenLogprob] | None = None) -> RequestOutput:
         self._detoks.pop(request.request_id, None)
         self._last_token_s.pop(request.request_id, None)
+        self.runner.finish(request)  # before its release: a drafter may keep its output for the tenant
         if self.observer is not None:
             self.observer.on_finish(request)
         return self._output(request, text, new_ids or [], True, logprobs or [])

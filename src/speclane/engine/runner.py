@@ -71,6 +71,11 @@ class ModelRunner:
             if self.drafter is not None:
                 self.drafter.release(rid)
 
+    def finish(self, request: Request) -> None:
+        """``request`` finished: the drafter may learn from its output (``Drafter.finish``)."""
+        if self.drafter is not None:
+            self.drafter.finish(request)
+
     @property
     def num_sampling_streams(self) -> int:
         """Unseeded requests whose sampling stream the runner keeps (a leak check for tests)."""

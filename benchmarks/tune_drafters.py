@@ -1,0 +1,134 @@
+"""Tune the suffix drafter's parameters on the evaluation set's tuning half, never the held-out one.
+
+    PYTHONPATH=src python benchmarks/tune_drafters.py [--max-tokens 64] [--references refs.json]
+
+1. The default model's greedy answer to every ``tune`` prompt of ``bench/data/drafts.jsonl``,
+   speculation off (greedy output is the same with any drafter, so one answer serves every
+   setting); ``--references`` caches them in a JSON file.
+2. A replay per setting: each answer is decoded again in rounds, the drafter proposing up
+   to K tokens from the prompt and the answer so far (and the prediction); a round keeps
+   the matching prefix of the proposal plus one token. The prompts of a category are one
+   tenant, answered in file order, so the tenant store holds the category's earlier answers.
+3. The estimated speed-up of a category: its tokens at the plain step's cost, over the
+   rounds' cost, a round of n drafts costing the default engine's measured step of 1 + n
+   rows (``engine/calibration.py``) plus the drafter's measured time.
+
+The score of a setting is the geometric mean over categories of the estimated speed-up,
+so no category is given up for another. The script prints every setting tried with its
+per-category estimates, then the one chosen; ``SuffixParams``' defaults are set from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from speclane.bench import drafts_set
+from speclane.bench.factory import EngineFactory
+from speclane.config import EngineConfig
+from speclane.drafters.suffix import SuffixDrafter
+from speclane.drafters.suffix_index import SuffixParams
+from speclane.engine import calibration
+from speclane.request import Request, SamplingParams
+
+GRID = {
+    "min_prob": [0.05, 0.1, 0.2, 0.35],
+    "spec_factor": [0.25, 0.5, 1.0, 2.0],
+    "prior": [0.5, 2.0, 6.0],
+    "max_match": [4, 8, 32],
+}
+
+
+def references(factory: EngineFactory, prompts: list[drafts_set.DraftPrompt], max_tokens: int,
+               cache: Path | None) -> dict[str, dict]:
+    """Prompt and greedy answer token ids of every prompt (speculation off, batched)."""
+    if cache is not None and cache.exists():
+        return json.loads(cache.read_text())
+    engine = factory.engine(spec_mode="off", max_num_seqs=16)
+    out: dict[str, dict] = {}
+    for p in prompts:
+        ids = factory.tokenizer.encode(factory.tokenizer.apply_chat_template(list(p.messages)))
+        prediction = factory.tokenizer.encode(p.prediction) if p.prediction else []
+        out[p.id] = {"category": p.category, "prompt": ids, "prediction": prediction}
+        engine.add_request(p.id, ids, SamplingParams(max_tokens=max_tokens))
+    answers: dict[str, list[int]] = {p.id: [] for p in prompts}
+    while engine.has_unfinished():
+        for step in engine.step():
+            answers[step.request_id].extend(step.token_ids)
+    for rid, tokens in answers.items():
+        out[rid]["answer"] = tokens
+    if cache is not None:
+        cache.write_text(json.dumps(out))
+    return out
+
+
+def replay(refs: dict[str, dict], params: SuffixParams, k: int, step_ms: list[float]) -> dict[str, float]:
+    """Estimated speed-up per category of the suffix drafter with ``params`` (module docstring)."""
+    drafter = SuffixDrafter(params)
+    plain: dict[str, float] = {}
+    spent: dict[str, float] = {}
+    for rid, ref in refs.items():
+        category, answer = ref["category"], ref["answer"]
+        request = Request(request_id=rid, prompt_token_ids=ref["prompt"], sampling=SamplingParams(max_tokens=len(answer) + 1),
+                          tenant=category, prediction_token_ids=ref["prediction"])
+        cost = 0.0
+        done = 0
+        while done < len(answer):
+            started = time.perf_counter()
+            draft = drafter.propose(request, min(k, len(answer) - done - 1)).token_ids
+            cost += (time.perf_counter() - started) * 1000
+            accepted = 0
+            while accepted < len(draft) and draft[accepted] == answer[done + accepted]:
+                accepted += 1
+            cost += step_ms[len(draft)]  # the verify of 1 + len(draft) rows
+            request.output_token_ids.extend(answer[done : done + accepted + 1])
+            done += accepted + 1
+        drafter.finish(request)
+        drafter.release(rid)
+        plain[category] = plain.get(category, 0.0) + len(answer) * step_ms[0]
+        spent[category] = spent.get(category, 0.0) + cost
+    return {c: plain[c] / spent[c] for c in plain}
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--references", type=Path, help="JSON cache of the greedy answers")
+    args = parser.parse_args()
+    config = EngineConfig.from_flat(num_threads=2)
+    factory = EngineFactory(config)
+    prompts = drafts_set.load("tune")  # the tuning half only
+    refs = references(factory, prompts, args.max_tokens, args.references)
+    k = config.lane.num_draft_tokens
+    engine = factory.engine(spec_mode="off")
+    step_ms = list(calibration.step_cost(engine.model, engine.cache, k + 1).ms_by_rows[: k + 1])
+    print(f"{len(refs)} tuning prompts, K={k}, step ms by rows 1..{k + 1}: {', '.join(f'{m:.2f}' for m in step_ms)}")
+    categories = list(drafts_set.by_category(prompts))
+    print("setting | " + " | ".join(categories) + " | geomean")
+    best: tuple[float, SuffixParams] | None = None
+    for values in itertools.product(*GRID.values()):
+        params = replace(SuffixParams(), **dict(zip(GRID, values, strict=True)))
+        speedups = replay(refs, params, k, step_ms)
+        score = geomean(list(speedups.values()))
+        setting = ", ".join(f"{name}={value}" for name, value in zip(GRID, values, strict=True))
+        print(f"{setting} | " + " | ".join(f"{speedups[c]:.2f}" for c in categories) + f" | {score:.3f}", flush=True)
+        if best is None or score > best[0]:
+            best = (score, params)
+    assert best is not None
+    chosen = ", ".join(f"{name}={getattr(best[1], name)}" for name in GRID)
+    print(f"chosen: {chosen} (estimated geomean speed-up {best[0]:.3f} on the tuning half)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""``speclane bench drafters``: each drafter's speed-up on the held-out half of the drafts set.
+
+The evaluation set (``bench/drafts_set.py``): seven categories, from verbatim copy to open
+chat; drafter parameters are tuned on its other half (``benchmarks/tune_drafters.py``), so
+nothing here was tuned on these prompts. Engines over the same model (speculation off,
+``ngram``, ``suffix``, ``mtp`` where the model has a head, and ``auto``) answer every
+prompt in turn (one arm after another per prompt, so machine noise hits each alike),
+single stream, greedy. The prompts of a category are sent as one tenant, in file order,
+so the suffix drafter's tenant store holds that category's earlier answers and never the
+answer it is drafting; a repeated pass (the best pass of each arm counts, against load
+spikes on a shared machine) is a tenant of its own.
+
+Reports per category the median over prompts of each arm's decode rate (tokens after the
+first, over their time) divided by speculation off's on the same prompt; the drafted and
+accepted tokens; whether each arm's text equals speculation off; and which drafter
+``auto``'s rounds took.
+"""
+
+from __future__ import annotations
+
+import time
+
+from speclane.bench import drafts_set
+from speclane.bench.common import Table, median
+from speclane.bench.driver import Job, Timeline, drive, progress
+from speclane.bench.factory import EngineFactory
+from speclane.drafters.registry import has_mtp_head
+from speclane.request import SamplingParams
+
+
+def _answer(engine, ids: list[int], prediction: list[int], tenant: str, new_tokens: int) -> Timeline:
+    job = Job(f"d{time.perf_counter()}", ids, SamplingParams(max_tokens=new_tokens),
+              options={"tenant": tenant, "prediction_token_ids": prediction})
+    timelines, _ = drive(engine, [job])
+    return next(iter(timelines.values()))
+
+
+def drafters(factory: EngineFactory, quick: bool = False, new_tokens: int = 64, repeats: int = 2,
+             per_category: int | None = None) -> list[Table]:
+    """``per_category``: the first n held-out prompts of each category (None: all 15; quick: 2)."""
+    per_category = 2 if quick else per_category
+    new_tokens = 48 if quick else new_tokens
+    repeats = 1 if quick else repeats
+    arms = ["ngram", "suffix"]
+    lane = factory.base.lane
+    if has_mtp_head(factory.base.model.model, lane.mtp_head):
+        arms.append("mtp")
+    arms.append("auto")
+    engines = {"off": factory.engine(spec_mode="off")}
+    engines.update({name: factory.engine(spec_mode="slice", drafter=name) for name in arms})
+    groups = {c: ps[:per_category] for c, ps in drafts_set.by_category(drafts_set.load("heldout")).items()}
+    tok = factory.tokenizer
+    encoded = {p.id: (tok.encode(tok.apply_chat_template(list(p.messages))), tok.encode(p.prediction) if p.prediction else [])
+               for ps in groups.values() for p in ps}
+    warm = next(iter(encoded.values()))
+    for engine in engines.values():  # warm-up (a tenant of its own)
+        _answer(engine, warm[0], [], "warm-up", 8)
+    ratios: dict[str, dict[str, list[float]]] = {c: {a: [] for a in arms} for c in groups}
+    counts: dict[str, dict[str, list[int]]] = {c: {a: [0, 0] for a in arms} for c in groups}  # drafted, accepted
+    same = dict.fromkeys(arms, 0)
+    total = sum(len(ps) for ps in groups.values())
+    done = 0
+    for category, prompts in groups.items():
+        for p in prompts:
+            done += 1
+            progress(f"drafters {category} {done}/{total}")
+            ids, prediction = encoded[p.id]
+            # Each pass is a tenant of its own: a repeat never drafts from its own earlier answer.
+            passes = [{name: _answer(engine, ids, prediction, f"{category}#{r}", new_tokens)
+                       for name, engine in engines.items()} for r in range(repeats)]
+            runs = passes[0]
+            rate = {name: max(_rate_of(run[name]) for run in passes) for name in engines}  # the least disturbed pass
+            off = runs["off"]
+            for name in arms:
+                run = runs[name]
+                if rate["off"] > 0 and rate[name] > 0:
+                    ratios[category][name].append(rate[name] / rate["off"])
+                spec = run.usage.get("speculative", {})
+                counts[category][name][0] += int(spec.get("draft_tokens", 0))
+                counts[category][name][1] += int(spec.get("accepted_tokens", 0))
+                same[name] += run.text == off.text
+    k = lane.num_draft_tokens
+    speed = Table(f"Held-out drafts set: decode speed-up over speculation off, median per category "
+                  f"(single stream, greedy, up to {new_tokens} tokens, K={k}, adaptive K)", ["category", "prompts", *arms])
+    accept = Table("Drafted tokens accepted, per category (accepted / drafted)", ["category", *arms])
+    for category in groups:
+        speed.add(category, len(groups[category]),
+                  *[f"{median(ratios[category][a]):.2f}x" if ratios[category][a] else "-" for a in arms])
+        accept.add(category, *[_rate(*counts[category][a]) for a in arms])
+    every = [r for c in groups for r in ratios[c]["auto"]]
+    speed.add("all prompts", total, *[f"{median([r for c in groups for r in ratios[c][a]]):.2f}x" for a in arms])
+    speed.notes.append("'text == off' (greedy answers identical to speculation off): "
+                       + ", ".join(f"{a} {same[a]}/{total}" for a in arms) + ".")
+    auto = engines["auto"].drafter
+    chosen = getattr(auto, "chosen", {})
+    if chosen:
+        rounds = sum(chosen.values()) or 1
+        speed.notes.append("auto's drafted rounds by drafter: " + ", ".join(f"{s} {n / rounds:.0%}" for s, n in chosen.items())
+                           + f"; auto's per-prompt speed-up below 1.0x on {sum(r < 1 for r in every)} of {len(every)} prompts.")
+    speed.notes.append(f"Each prompt is answered by every arm in turn, {repeats} pass(es), each pass its own tenant; the "
+                       "ratio is per prompt (decode rate after the first token, the best pass of each arm), so prefill and "
+                       "machine load hit the arms alike. Parameters were tuned on the "
+                       "other half of the set (benchmarks/tune_drafters.py).")
+    return [speed, accept]
+
+
+def _rate_of(run: Timeline) -> float:
+    """Decode rate after the first token; 0 where there is none to measure."""
+    rate = run.decode_rate
+    return rate if rate == rate else 0.0  # NaN: fewer than two tokens
+
+
+def _rate(drafted: int, accepted: int) -> str:
+    return f"{accepted}/{drafted} ({accepted / drafted:.0%})" if drafted else "-"

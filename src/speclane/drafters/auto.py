@@ -1,0 +1,147 @@
+"""``--drafter auto``: per round, the proposal with the most expected accepted tokens.
+
+Three drafters compete each round: the suffix drafter (``suffix.py``: the request's own
+text, its prediction and its tenant's recent outputs), prompt lookup (``ngram.py``, which
+also searches the prediction), and the MTP head where the model has one (``mtp.py``, run
+without its own lookup). Each proposal gets an expected number of accepted tokens:
+
+- suffix: the sum of its per-token probabilities (``Draft.confidence``), times how its
+  estimates have held up (accepted over predicted, so far);
+- prompt lookup: ``a + a^2 + ... + a^n`` for a draft of n tokens, where ``a`` is lookup's
+  measured acceptance (accepted over tried positions: a position is tried when every
+  draft before it was accepted);
+- the MTP head: the same with the head's rate and ``n = k``, known before it runs, so the
+  head (the only drafter whose call costs a model pass) runs only when it is expected
+  to beat the best cheap proposal.
+
+The rates are decayed counts (recent rounds weigh more), per request with the engine-wide
+rate as a prior worth ``PRIOR_WEIGHT`` tried positions, so a request's own record takes
+over after a few rounds (a copy's lookup is worth more than a chat's). A round's outcome
+is read at the request's next round (or when it finishes): the tokens that followed the
+round's start, compared with what was drafted.
+
+The head's hidden-state catch-up is the MTP drafter's: ``observe`` goes to it every forward,
+and a round that the head skips leaves its positions pending for the next head round.
+Adaptive K times only head rounds (the others report ``catch_up_ms=None``), as the MTP
+drafter does for its lookup rounds. Every proposal is deterministic, so the output is
+unchanged whichever drafter a round takes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from speclane.drafters.base import Draft
+from speclane.drafters.mtp import MTPDrafter
+from speclane.drafters.ngram import NgramDrafter
+from speclane.drafters.suffix import SuffixDrafter
+from speclane.request import Request
+
+PRIOR_WEIGHT = 4.0  # tried positions the engine-wide rate is worth in a request's estimate
+DECAY = 0.9  # per round, on the counts behind a rate
+SOURCES = ("suffix", "lookup", "mtp")
+# Before any round is seen: per-position acceptance of lookup and the head, and the
+# suffix drafter's accepted over predicted.
+INITIAL = {"suffix": 1.0, "lookup": 0.5, "mtp": 0.5}
+
+
+@dataclass
+class _Rate:
+    hits: float = 0.0
+    tries: float = 0.0
+
+    def add(self, hits: float, tries: float) -> None:
+        self.hits = self.hits * DECAY + hits
+        self.tries = self.tries * DECAY + tries
+
+
+@dataclass
+class _Round:
+    source: str
+    start: int  # the request's length when drafted
+    tokens: list[int]
+    predicted: float  # the suffix drafter's sum of confidences
+
+
+@dataclass
+class _RequestState:
+    rates: dict[str, _Rate] = field(default_factory=lambda: {s: _Rate() for s in SOURCES})
+    last: _Round | None = None
+
+
+def geometric(rate: float, n: int) -> float:
+    """Expected accepted tokens of an n-token draft whose positions each pass with ``rate``."""
+    return sum(rate**j for j in range(1, n + 1))
+
+
+class AutoDrafter:
+    name = "auto"
+
+    def __init__(self, suffix: SuffixDrafter, lookup: NgramDrafter, head: MTPDrafter | None = None):
+        self.suffix = suffix
+        self.lookup = lookup
+        self.head = head
+        self.needs_hidden_states = head is not None
+        self.rates = {s: _Rate(INITIAL[s] * PRIOR_WEIGHT, PRIOR_WEIGHT) for s in SOURCES}
+        self.states: dict[str, _RequestState] = {}
+        self.chosen = dict.fromkeys(SOURCES, 0)  # rounds each drafter won (for benchmarks)
+
+    def observe(self, request: Request, start: int, hidden: torch.Tensor) -> None:
+        if self.head is not None:
+            self.head.observe(request, start, hidden)
+
+    def rate(self, state: _RequestState, source: str) -> float:
+        own, engine = state.rates[source], self.rates[source]
+        return (own.hits + PRIOR_WEIGHT * engine.hits / engine.tries) / (own.tries + PRIOR_WEIGHT)
+
+    def propose(self, request: Request, k: int) -> Draft:
+        state = self.states.setdefault(request.request_id, _RequestState())
+        self._score_last(request, state)
+        if k <= 0:
+            return Draft([])
+        suffix = self.suffix.propose(request, k)
+        found = self.lookup.propose(request, k)
+        options = [
+            (self.rate(state, "suffix") * sum(suffix.confidence), "suffix", suffix),
+            (geometric(self.rate(state, "lookup"), len(found.token_ids)), "lookup", found),
+        ]
+        expected, source, draft = max(options, key=lambda option: option[0])
+        if self.head is not None:
+            head = self.head.propose(request, k) if geometric(self.rate(state, "mtp"), k) > expected else Draft([])
+            if head.token_ids:
+                source, draft = "mtp", head
+            else:  # adaptive K times head rounds only
+                draft = Draft(draft.token_ids, confidence=draft.confidence, catch_up_ms=None)
+        if draft.token_ids:
+            self.chosen[source] += 1
+            predicted = sum(suffix.confidence) if source == "suffix" else 0.0
+            state.last = _Round(source, request.num_tokens, list(draft.token_ids), predicted)
+        return draft
+
+    def _score_last(self, request: Request, state: _RequestState) -> None:
+        """Count how the request's previous round went, once tokens follow its start."""
+        last = state.last
+        if last is None or request.num_tokens <= last.start:
+            return
+        state.last = None
+        followed = request.tokens_between(last.start, min(request.num_tokens, last.start + len(last.tokens)))
+        accepted = 0
+        while accepted < len(followed) and followed[accepted] == last.tokens[accepted]:
+            accepted += 1
+        if last.source == "suffix":
+            hits, tries = accepted, last.predicted  # the suffix drafter's calibration
+        else:
+            hits, tries = accepted, min(accepted + 1, len(last.tokens))
+        state.rates[last.source].add(hits, tries)
+        self.rates[last.source].add(hits, tries)
+
+    def finish(self, request: Request) -> None:
+        self.suffix.finish(request)
+
+    def release(self, request_id: str) -> None:
+        self.states.pop(request_id, None)
+        self.suffix.release(request_id)
+        if self.head is not None:
+            self.head.release(request_id)

@@ -1,0 +1,77 @@
+"""--drafter auto: each round takes the proposal with the most expected accepted tokens,
+runs the MTP head only when it is expected to win, and learns each drafter's acceptance."""
+
+from speclane.drafters.auto import AutoDrafter, geometric
+from speclane.drafters.base import Draft
+from speclane.request import Request, SamplingParams
+
+
+class Fixed:
+    """Proposes ``tokens`` with ``confidence``; counts its calls."""
+
+    needs_hidden_states = False
+
+    def __init__(self, tokens, confidence=()):
+        self.tokens, self.confidence, self.calls = list(tokens), tuple(confidence), 0
+
+    def propose(self, request: Request, k: int) -> Draft:
+        self.calls += 1
+        return Draft(self.tokens[:k], confidence=self.confidence[:k])
+
+    def finish(self, request: Request) -> None:
+        pass
+
+    def release(self, request_id: str) -> None:
+        pass
+
+    def observe(self, request, start, hidden) -> None:
+        pass
+
+
+def _request(rid="r") -> Request:
+    return Request(request_id=rid, prompt_token_ids=[1, 2, 3], sampling=SamplingParams(max_tokens=100))
+
+
+def test_the_proposal_with_more_expected_accepted_tokens_wins():
+    sure = AutoDrafter(Fixed([7, 8, 9], [0.9, 0.9, 0.9]), Fixed([5, 6]), None)  # 2.7 vs 0.5 + 0.25
+    assert sure.propose(_request(), 4).token_ids == [7, 8, 9]
+    doubtful = AutoDrafter(Fixed([7, 8, 9], [0.2, 0.1, 0.05]), Fixed([5, 6]), None)  # 0.35 vs 0.75
+    assert doubtful.propose(_request(), 4).token_ids == [5, 6]
+
+
+def test_the_head_runs_only_when_it_is_expected_to_beat_the_cheap_proposals():
+    head = Fixed([40, 41, 42, 43])
+    auto = AutoDrafter(Fixed([7, 8, 9, 10], [0.95] * 4), Fixed([]), head)  # 3.8 > the head's 0.94
+    draft = auto.propose(_request(), 4)
+    assert draft.token_ids == [7, 8, 9, 10] and head.calls == 0
+    assert draft.catch_up_ms is None  # adaptive K times head rounds only
+    auto = AutoDrafter(Fixed([]), Fixed([]), head)
+    assert auto.propose(_request(), 4).token_ids == [40, 41, 42, 43] and head.calls == 1
+
+
+def test_rejected_rounds_lower_a_drafters_rate_until_the_other_wins():
+    lookup = Fixed([5, 6, 7])
+    auto = AutoDrafter(Fixed([8, 9], [0.5, 0.3]), lookup, None)  # 0.8 vs lookup's 0.875 at the start
+    request = _request()
+    assert auto.propose(request, 3).token_ids == [5, 6, 7]
+    for _ in range(6):  # the target writes what the suffix drafter proposes: lookup's drafts fail
+        request.output_token_ids.extend([8, 9, 10])
+        auto.propose(request, 3)
+    assert auto.rate(auto.states["r"], "lookup") < 0.5  # below where it started
+    assert auto.propose(request, 3).token_ids == [8, 9]
+
+
+def test_accepted_rounds_raise_the_rate():
+    auto = AutoDrafter(Fixed([]), Fixed([5, 6]), None)
+    request = _request()
+    auto.propose(request, 2)
+    start = auto.rate(auto.states["r"], "lookup")
+    for _ in range(4):
+        request.output_token_ids.extend([5, 6, 11])  # both drafts accepted, then the target's own token
+        auto.propose(request, 2)
+    assert auto.rate(auto.states["r"], "lookup") > start
+
+
+def test_geometric_expectation():
+    assert geometric(0.5, 3) == 0.5 + 0.25 + 0.125
+    assert geometric(0.9, 0) == 0
