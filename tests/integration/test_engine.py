@@ -259,6 +259,9 @@ class FakeRunner:
     def release(self, request_ids: Sequence[str]) -> None:
         self.released.update(request_ids)
 
+    def finish(self, request: Request) -> None:
+        pass  # no drafter keeps outputs here
+
     def execute(self, plan: SchedulerPlan) -> RunnerResult:
         results = []
         self.ran.update(seq.request_id for seq in plan.seqs)
