@@ -248,6 +248,8 @@ class LLMEngine:
                 self.runner.release(plan.preempted_request_ids, preempted=True)
             with self._lock:
                 self.counters.refresh(self.scheduler)  # gauges stay true when idle
+            if self.observer is not None:
+                self.observer.on_idle()
             return outputs
         started = time.perf_counter()
         result = self.runner.execute(plan)

@@ -22,11 +22,40 @@ class EngineObserver(Protocol):
 
     def on_tick(self, seconds: float) -> None: ...
 
+    def on_idle(self) -> None: ...  # a tick that ran nothing (aborts only, or nothing to do)
+
     def on_first_token(self, seconds: float) -> None: ...
 
     def on_token_gap(self, seconds: float, num_tokens: int) -> None: ...
 
     def on_finish(self, request: Request) -> None: ...
+
+
+class Observers:
+    """Several ``EngineObserver``s behind one (the metrics and the dashboard)."""
+
+    def __init__(self, *observers: EngineObserver) -> None:
+        self.observers = observers
+
+    def on_tick(self, seconds: float) -> None:
+        for o in self.observers:
+            o.on_tick(seconds)
+
+    def on_idle(self) -> None:
+        for o in self.observers:
+            o.on_idle()
+
+    def on_first_token(self, seconds: float) -> None:
+        for o in self.observers:
+            o.on_first_token(seconds)
+
+    def on_token_gap(self, seconds: float, num_tokens: int) -> None:
+        for o in self.observers:
+            o.on_token_gap(seconds, num_tokens)
+
+    def on_finish(self, request: Request) -> None:
+        for o in self.observers:
+            o.on_finish(request)
 
 
 @dataclass

@@ -198,6 +198,18 @@ class SpecLane:
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._members
 
+    def holder_view(self) -> list[tuple[str, str, int]]:
+        """``(request_id, tenant, priority)`` of each holder, in grant order (the dashboard)."""
+        return [(m.request_id, m.tenant, m.priority) for m in self._holders]
+
+    def waiters_by_tenant(self) -> dict[str, int]:
+        """How many requests of each tenant wait for the lane; O(eligible requests)."""
+        counts: dict[str, int] = {}
+        for m in self._members.values():
+            if m.waiting:
+                counts[m.tenant] = counts.get(m.tenant, 0) + 1
+        return counts
+
     @property
     def events(self) -> list[LaneEvent]:
         """The most recent events (at most ``max_events``), oldest first."""

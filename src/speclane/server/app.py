@@ -2,7 +2,8 @@
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``
 (an adapter over chat, ``responses.py``), ``GET /v1/models`` (these four need a key when
-``--api-keys`` is given), ``GET /health``, ``GET /metrics``.
+``--api-keys`` is given), ``GET /health``, ``GET /metrics``, ``GET /dashboard`` and its data ``GET /dashboard/state``
+(``dashboard.py``).
 
 A generation request goes: drain check (503) -> key (401) -> body validation (400) ->
 model (404) -> priority allowance (403) -> tokenize in a worker thread (400 if it does
@@ -26,8 +27,11 @@ from fastapi.responses import JSONResponse, Response
 
 from speclane.config import EngineConfig, RuntimeEnv, runtime_env
 from speclane.engine.async_engine import AsyncEngine
+from speclane.engine.lane_recorder import LaneRecorder, LatencyWindow, merge_states
+from speclane.engine.stats import Observers
 from speclane.scheduler.scheduler import QueueFullError
 from speclane.server.auth import KeyTable, Principal, resolve_principal
+from speclane.server.dashboard import install_dashboard
 from speclane.server.errors import APIError, install_error_handlers
 from speclane.server.lifecycle import ABORT_WAIT_S, DEFAULT_GRACE_S, DrainingServer, RequestTracker
 from speclane.server.limits import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
@@ -161,14 +165,15 @@ def create_app(
 ) -> FastAPI:
     """The HTTP app around a running ``AsyncEngine``.
 
-    Installs the app's ``ServerMetrics`` as the engine's observer (one app per engine
-    gets the latency histograms). Does not shut the engine down: its owner does.
+    Installs the app's ``ServerMetrics`` and the dashboard's recorders as the engine's
+    observer (one app per engine gets the latency histograms). Does not shut the engine down: its owner does.
     """
     engine = async_engine.engine
     keys = KeyTable.load(api_keys) if isinstance(api_keys, str | Path) else api_keys
     server = _Server(async_engine, keys, model_name or engine.config.model.model)
     metrics = ServerMetrics(engine)
-    engine.observer = metrics
+    recorder, latency = LaneRecorder(engine), LatencyWindow()
+    engine.observer = Observers(metrics, recorder, latency)
 
     app = FastAPI(title="speclane", summary="OpenAI-compatible server with a fairly shared speculative lane",
                   version="0.1.0")
@@ -177,6 +182,8 @@ def create_app(
     app.state.tracker = server.tracker
     app.state.metrics = metrics
     install_error_handlers(app)
+    install_dashboard(app, lambda: merge_states([("0", "healthy", recorder.state())], latency=latency.percentiles(),
+                                                window_s=recorder.window_s))
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
 
     def admitting() -> None:

@@ -52,6 +52,9 @@ class ServerMetrics:
     def on_tick(self, seconds: float) -> None:
         self.tick.observe(seconds)
 
+    def on_idle(self) -> None:
+        pass
+
     def on_first_token(self, seconds: float) -> None:
         self.time_to_first_token.observe(seconds)
 
