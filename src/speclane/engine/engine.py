@@ -81,6 +81,16 @@ def kv_pool_blocks(config: SchedulerConfig, default_blocks: int, bytes_per_block
     return fit
 
 
+def check_token_ids(vocab: int, prompt_token_ids: Sequence[int], prediction_token_ids: Sequence[int],
+                    sampling: SamplingParams) -> None:
+    """``ValueError`` naming the first token id outside ``[0, vocab)``."""
+    bias_ids = [token for token, _ in sampling.logit_bias]
+    for ids, what in ((prompt_token_ids, "prompt"), (prediction_token_ids, "prediction"), (bias_ids, "logit_bias")):
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"{what} token id {bad} is outside the vocabulary [0, {vocab})")
+
+
 def load_tokenizer(source: object) -> Tokenizer:
     if isinstance(source, dict):
         return Tokenizer.from_gguf_metadata(source)
@@ -193,12 +203,7 @@ class LLMEngine:
         sampling = sampling or SamplingParams()
         if isinstance(grammar, GrammarSpec):
             grammar = self.compile_grammar(grammar)
-        vocab = self.model.config.vocab_size
-        bias_ids = [token for token, _ in sampling.logit_bias]
-        for ids, what in ((prompt_token_ids, "prompt"), (prediction_token_ids, "prediction"), (bias_ids, "logit_bias")):
-            bad = next((t for t in ids if not 0 <= t < vocab), None)
-            if bad is not None:
-                raise ValueError(f"{what} token id {bad} is outside the vocabulary [0, {vocab})")
+        check_token_ids(self.model.config.vocab_size, prompt_token_ids, prediction_token_ids, sampling)
         request = Request(
             request_id=request_id,
             prompt_token_ids=prompt_token_ids,
@@ -226,6 +231,15 @@ class LLMEngine:
         """Cancel; takes effect (KV freed, lane passed on) at the next tick boundary."""
         with self._lock:
             self._pending_aborts.append(request_id)
+
+    def exchange_lane_service(self, remote: dict[str, float] | None) -> dict[str, float]:
+        """Take the lane service the other replicas charged per tenant (``remote``, cumulative;
+        None: nothing new) and return what this engine charged (replicas, ``cluster/``).
+        Any thread: the lane changes under the engine's lock, between ticks' scheduling."""
+        with self._lock:
+            if remote:
+                self.scheduler.lane.set_remote_service(remote)
+            return self.scheduler.lane.charged_service()
 
     def has_unfinished(self) -> bool:
         with self._lock:

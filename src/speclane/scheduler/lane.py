@@ -224,6 +224,15 @@ class SpecLane:
         """The tenant's virtual lane service (rounds / weight, plus idle lifts)."""
         return self._counters.service(tenant)
 
+    def charged_service(self) -> dict[str, float]:
+        """Lane service run here per tenant, cumulative (replicas share it, ``fairness.py``)."""
+        return self._counters.charged()
+
+    def set_remote_service(self, service: dict[str, float]) -> None:
+        """What the other replicas charged each tenant (cumulative); keys only grow, so the
+        waiters' heaps re-file lazily."""
+        self._counters.set_remote(service)
+
     # -- the scheduler's calls ------------------------------------------------------
     def add(self, request_id: str, *, tenant: str, priority: int, now: float,
             stats: SpecStats | None = None, weight: float = 1.0) -> None:
