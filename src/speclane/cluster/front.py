@@ -177,6 +177,10 @@ class ClusterEngine:
         return [(c.name, h, s["lane"] if s is not None and h == "healthy" else None)
                 for c, h, s in zip(self.clients, self.health, self.statuses, strict=True)]
 
+    def replica_pid(self, i: int) -> int:
+        """The process id of replica ``i`` (operations, the fault tests)."""
+        return int(self._run(self.clients[i].call("pid"), 30))
+
     def wait_ready(self, timeout_s: float = 300.0) -> None:
         """Block until every replica answers (tests, start-up)."""
         deadline = time.monotonic() + timeout_s

@@ -9,11 +9,15 @@ Pure policy (no Ray, no I/O, no clock), driven by the cluster front (``front.py`
   (``scheduler/fairness.py``, VTC): a tenant that becomes active is lifted to the least
   active counter, so idling banks no credit. A request put back after its replica died
   (no token sent yet) goes to the front of its tenant's queue.
-- **Placement.** The request goes to the replica that served the longest prefix of its
-  prompt (its conversation's earlier turns: that replica's prefix cache holds them) unless
-  that replica is unhealthy, full, or runs ``affinity_slack`` more requests than the least
-  loaded healthy replica; otherwise to the least loaded healthy replica (ties: the lowest
-  index). Prefixes are hashed per 16-token block, chained, scoped by tenant (the prefix cache
+- **Placement.** Among the healthy replicas with a free slot, the one running the fewest
+  requests of the same tenant, then the fewest requests (ties: the lowest index): a busy
+  tenant's streams spread over the replicas and every replica's lane sees a mix of tenants,
+  which the shared lane counters can then balance (a tenant alone on a replica would get
+  that replica's whole lane). Affinity overrides this for the replica that served the
+  longest prefix of the prompt (its conversation's earlier turns: that replica's prefix
+  cache holds them) when it runs none of the tenant's requests (a conversation runs one
+  request at a time; a tenant's parallel streams spread instead) and at most
+  ``affinity_slack`` more requests than the chosen one. Prefixes are hashed per 16-token block, chained, scoped by tenant (the prefix cache
   is per tenant) and remembered for the last ``max_prefixes`` blocks placed.
 
 Cost per placement: O(tenants waiting + replicas + prompt blocks hashed, at most
@@ -61,6 +65,7 @@ def prefix_hashes(tenant: str, token_ids: Sequence[int], *, max_blocks: int = 64
 class _Replica:
     load: int = 0  # requests placed and not finished
     healthy: bool = True
+    by_tenant: dict[str, int] = field(default_factory=dict)  # of them, per tenant
 
 
 @dataclass
@@ -158,8 +163,10 @@ class Router:
         if not queue:
             del self._queues[tenant]
         self._num_queued -= 1
-        pending.replica = self.choose_replica(pending.prefix_hashes)
-        self._replicas[pending.replica].load += 1
+        pending.replica = self.choose_replica(pending.tenant, pending.prefix_hashes)
+        chosen = self._replicas[pending.replica]
+        chosen.load += 1
+        chosen.by_tenant[pending.tenant] = chosen.by_tenant.get(pending.tenant, 0) + 1
         self._placed[pending.request_id] = pending
         for h in pending.prefix_hashes:
             self._prefixes[h] = pending.replica
@@ -168,24 +175,32 @@ class Router:
             self._prefixes.popitem(last=False)
         return pending
 
-    def choose_replica(self, hashes: Sequence[int]) -> int:
-        """Affinity to the replica of the longest cached prefix, else the least loaded
-        (only healthy replicas with a free slot; call when there is one)."""
-        open_ = [i for i, r in enumerate(self._replicas) if r.healthy and r.load < self.capacity]
-        least = min(open_, key=lambda i: (self._replicas[i].load, i))
+    def choose_replica(self, tenant: str, hashes: Sequence[int]) -> int:
+        """Spread the tenant, then least loaded; affinity when it costs neither (see the
+        module docstring). Only healthy replicas with a free slot; call when there is one."""
+        replicas = self._replicas
+        open_ = [i for i, r in enumerate(replicas) if r.healthy and r.load < self.capacity]
+        best = min(open_, key=lambda i: (replicas[i].by_tenant.get(tenant, 0), replicas[i].load, i))
         for h in reversed(hashes):
             replica = self._prefixes.get(h)
             if replica is None:
                 continue
-            if replica in open_ and self._replicas[replica].load <= self._replicas[least].load + self.affinity_slack:
+            if (replica in open_ and tenant not in replicas[replica].by_tenant
+                    and replicas[replica].load <= replicas[best].load + self.affinity_slack):
                 return replica
             break
-        return least
+        return best
 
     # -- helpers ----------------------------------------------------------------------------
     def _unplace(self, pending: Pending) -> None:
         if self._placed.pop(pending.request_id, None) is not None and pending.replica is not None:
-            self._replicas[pending.replica].load -= 1
+            replica = self._replicas[pending.replica]
+            replica.load -= 1
+            left = replica.by_tenant[pending.tenant] - 1
+            if left:
+                replica.by_tenant[pending.tenant] = left
+            else:
+                del replica.by_tenant[pending.tenant]
         pending.replica = None
 
     def _leave(self, tenant: str) -> None:
