@@ -92,7 +92,7 @@ def test_greedy_outputs_equal_the_single_process_servers(cluster: tuple[LiveServ
 
 def lane_rounds(url: str) -> dict[str, float]:
     text = httpx.get(url + "/metrics").text
-    family = next(f for f in text_string_to_metric_families(text) if f.name == "speclane_spec_rounds")
+    family = next(f for f in text_string_to_metric_families(text) if f.name == "speclane_spec_lane_rounds")
     return {s.labels["tenant"]: s.value for s in family.samples if s.name.endswith("_total")}
 
 

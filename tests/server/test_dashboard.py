@@ -51,7 +51,7 @@ def test_state_counts_each_tenants_rounds_tokens_and_latency(live: LiveServer, i
     by_tenant = {t["tenant"]: t for t in state["tenants"]}
     for tenant in tenants:
         assert by_tenant[tenant]["tokens"] == counters["generated_by_tenant"][tenant] == completion[tenant]
-        assert by_tenant[tenant]["lane_rounds"] == counters["spec_rounds_by_tenant"][tenant] > 0
+        assert by_tenant[tenant]["lane_rounds"] == counters["lane_rounds_by_tenant"][tenant] > 0
     assert sum(t["token_share"] for t in state["tenants"]) == pytest.approx(1.0)
     assert sum(t["lane_share"] for t in state["tenants"]) == pytest.approx(1.0)
     assert state["latency"]["ttft_ms"]["count"] >= 2

@@ -171,3 +171,28 @@ def test_three_streams_of_one_tenant_on_two_lanes_buy_one_share(sync_every: int)
     # runs in one sync interval of its fair share, per lane.
     fair = sum(shared.values()) / 3
     assert max(abs(shared[t] - fair) for t in "abc") <= 2 * (8 + sync_every)
+
+
+def test_a_tenant_active_on_another_replica_keeps_its_counter_across_leaving_this_lane() -> None:
+    from speclane.scheduler.fairness import VirtualCounters
+
+    def rejoined_key(elsewhere: set[str]) -> tuple[float, float]:
+        counters = VirtualCounters()
+        counters.set_remote({}, elsewhere)
+        counters.join("a", 1.0)
+        counters.join("b", 1.0)
+        counters.leave("a")  # a's request here ended; a still runs on another replica
+        for _ in range(10):
+            counters.charge("b", reserved=False)
+        counters.join("a", 1.0)
+        return counters.key("a"), counters.key("b")
+
+    a_key, b_key = rejoined_key({"a"})
+    assert a_key == 0.0 < b_key, "not lifted: it kept its place, as one cluster-wide counter would"
+    a_key, b_key = rejoined_key(set())
+    assert a_key == b_key == 10.0, "a tenant idle in the whole cluster is lifted (no banked credit)"
+    counters = VirtualCounters()
+    counters.join("a", 2.0)
+    counters.set_remote({"a": 3.0})
+    counters.charge("a", reserved=False)
+    assert counters.service("a") == 3.5 and counters.charged() == {"a": 0.5}, "remote service adds to the counter"

@@ -297,19 +297,26 @@ class ClusterEngine:
         client = self.clients[i]
         sync_s = self.cluster.counter_sync_ms / 1000.0
         next_sync = next_status = 0.0
+        sent_elsewhere: set[str] | None = None
         while not self._stopping:
             now = time.monotonic()
             sync, want_status = now >= next_sync, now >= next_status
             remote = self.shared.remote_for(i) if sync else None
+            elsewhere = self.router.tenants_elsewhere(i) if sync else None
+            if elsewhere is not None and elsewhere == sent_elsewhere:
+                elsewhere = None  # unchanged since the last sync
+            sent_elsewhere = elsewhere if elsewhere is not None else sent_elsewhere
             # The first poll waits for the replica to load its model.
             timeout = self.cluster.health_timeout_s if self._incarnations[i] else self._ready_timeout_s
             try:
                 reply: PollReply = await asyncio.wait_for(
-                    client.call("poll", remote, wait_s=POLL_WAIT_S, want_charged=sync, want_status=want_status),
+                    client.call("poll", remote, active_elsewhere=elsewhere, wait_s=POLL_WAIT_S, want_charged=sync,
+                                want_status=want_status),
                     timeout)
             except (ReplicaUnavailable, TimeoutError) as exc:
                 await self._replica_down(i, f"{type(exc).__name__}: {exc}")
                 next_sync = next_status = 0.0
+                sent_elsewhere = None
                 continue
             if reply.incarnation != self._incarnations[i]:
                 if self._incarnations[i] is not None:  # restarted between two polls

@@ -121,13 +121,13 @@ class ReplicaHost:
         self.engine.abort_request(request_id)
         self._wake.set()
 
-    def poll(self, remote_service: dict[str, float] | None = None, *, wait_s: float = 0.2,
-             want_charged: bool = False, want_status: bool = False) -> PollReply:
+    def poll(self, remote_service: dict[str, float] | None = None, *, active_elsewhere: set[str] | None = None,
+             wait_s: float = 0.2, want_charged: bool = False, want_status: bool = False) -> PollReply:
         """New outputs (waiting up to ``wait_s`` for some); applies the other replicas' lane
-        service and returns this one's when asked."""
+        service (and who runs there) and returns this one's when asked."""
         charged = None
-        if remote_service or want_charged:
-            charged = self.engine.exchange_lane_service(remote_service)
+        if remote_service or active_elsewhere is not None or want_charged:
+            charged = self.engine.exchange_lane_service(remote_service, active_elsewhere)
         with self._cond:
             if not self._outbox:
                 self._cond.wait(wait_s)

@@ -101,6 +101,10 @@ class Router:
     def placed_on(self, replica: int) -> list[Pending]:
         return [p for p in self._placed.values() if p.replica == replica]
 
+    def tenants_elsewhere(self, replica: int) -> set[str]:
+        """Tenants with requests placed on replicas other than ``replica``."""
+        return {t for i, r in enumerate(self._replicas) if i != replica for t in r.by_tenant}
+
     def service(self, tenant: str) -> float:
         return self._counters.service(tenant)
 

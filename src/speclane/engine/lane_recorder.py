@@ -70,7 +70,7 @@ class LaneRecorder:
         holders = lane.holder_view()
         waiting = lane.waiters_by_tenant()
         counters = self.engine.counters
-        rounds = _delta(counters.spec_rounds_by_tenant, self._last_rounds)
+        rounds = _delta(counters.lane_rounds_by_tenant, self._last_rounds)
         tokens = _delta(counters.generated_by_tenant, self._last_tokens)
         now = self.clock()
         with self._lock:

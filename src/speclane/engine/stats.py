@@ -68,6 +68,8 @@ class EngineCounters:
     prefill_tokens: int = 0
     busy_s: float = 0.0
     spec_rounds_by_tenant: Counter[str] = field(default_factory=Counter)
+    # Rounds each tenant held the lane for, with drafts or not (the lane's fair share).
+    lane_rounds_by_tenant: Counter[str] = field(default_factory=Counter)
     generated_by_tenant: Counter[str] = field(default_factory=Counter)
     # Drafts tried and accepted by draft position (the scheduler's tallies).
     draft_tried_by_position: Counter[int] = field(default_factory=Counter)
@@ -107,6 +109,7 @@ class EngineCounters:
         self.draft_tried_by_position = counts.tried_by_position
         self.draft_accepted_by_position = counts.accepted_by_position
         lane = scheduler.lane
+        self.lane_rounds_by_tenant = lane.held_rounds_by_tenant
         self.lane_grants = lane.grants_total
         self.lane_yields = lane.yields_total
         self.lane_preemptions = lane.preemptions_total
@@ -132,6 +135,7 @@ class EngineCounters:
         out = {k: v for k, v in self.__dict__.items() if not isinstance(v, Counter | dict)}
         out["kv_blocks_by_tenant"] = dict(self.kv_blocks_by_tenant)
         out["spec_rounds_by_tenant"] = dict(self.spec_rounds_by_tenant)
+        out["lane_rounds_by_tenant"] = dict(self.lane_rounds_by_tenant)
         out["generated_by_tenant"] = dict(self.generated_by_tenant)
         out["acceptance_by_position"] = self.acceptance_by_position()
         return out

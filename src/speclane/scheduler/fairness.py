@@ -20,7 +20,9 @@ service it charged per tenant (``charged``, cumulative rounds per weight) and is
 sync interval, what the other replicas charged (``set_remote``); a tenant's counter is its
 local counter plus that remote service, so its requests spread over several replicas buy
 one share of the cluster's lane, not one per replica (docs/design.md, "Replicas"). Remote
-service only grows, so counters and keys still only grow between lifts.
+service only grows, so counters and keys still only grow between lifts. A tenant with
+requests on another replica is active in the cluster: it is neither lifted when it joins
+this lane nor forgotten when it leaves it.
 
 Pure bookkeeping: no time, no I/O. Every operation is O(log t) amortized in the number
 of tenants t, using min-heaps with lazy deletion.
@@ -62,6 +64,7 @@ class VirtualCounters:
         self._idle: list[tuple[float, str]] = []  # lazy min-heap of idle tenants kept for debt
         self._charged: dict[str, float] = {}  # rounds / weight run here, ever, per tenant
         self._remote: dict[str, float] = {}  # the same, charged on the other replicas
+        self._elsewhere: set[str] = set()  # tenants with requests on other replicas
 
     # -- reading --------------------------------------------------------------------
     def key(self, tenant: str) -> float:
@@ -94,9 +97,14 @@ class VirtualCounters:
         return dict(self._charged)
 
     # -- changes --------------------------------------------------------------------
-    def set_remote(self, service: dict[str, float]) -> None:
+    def set_remote(self, service: dict[str, float], active_elsewhere: set[str] | None = None) -> None:
         """The service each tenant was charged on the other replicas (cumulative; a value
-        below the one already known is ignored: remote service only grows)."""
+        below the one already known is ignored: remote service only grows), and (when not
+        None) the tenants with requests on other replicas: those are active in the cluster,
+        so joining or leaving this lane neither lifts nor forgets them (their counter goes
+        on as one cluster-wide counter would)."""
+        if active_elsewhere is not None:
+            self._elsewhere = set(active_elsewhere)
         for name, value in service.items():
             if value <= self._remote.get(name, 0.0):
                 continue
@@ -117,7 +125,8 @@ class VirtualCounters:
             remote = self._remote.get(tenant, 0.0)
             if t is None:
                 t = self._tenants[tenant] = _Tenant(base=target - remote, remote=remote)
-            t.base, t.rounds, t.weight = max(t.counter, target) - remote, 0, weight
+            lifted = t.counter if tenant in self._elsewhere else max(t.counter, target)
+            t.base, t.rounds, t.weight = lifted - remote, 0, weight
             self._num_active += 1
             # Active from here on, before the stale-entry clean-up below looks at who is.
             t.num_eligible += 1
@@ -138,7 +147,7 @@ class VirtualCounters:
         self._num_active -= 1
         if self._num_active == 0:
             self._floor = max(self._floor, t.counter)
-        if t.counter <= self.lift_target():
+        if t.counter <= self.lift_target() and tenant not in self._elsewhere:
             del self._tenants[tenant]  # a return would be lifted to at least this anyway
         else:
             heapq.heappush(self._idle, (t.counter, tenant))
@@ -164,5 +173,5 @@ class VirtualCounters:
         while self._idle and self._idle[0][0] <= target:
             counter, name = heapq.heappop(self._idle)
             t = self._tenants.get(name)
-            if t is not None and t.num_eligible == 0 and t.counter == counter:
+            if t is not None and t.num_eligible == 0 and t.counter == counter and name not in self._elsewhere:
                 del self._tenants[name]

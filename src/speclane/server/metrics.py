@@ -154,6 +154,11 @@ def _snapshot_metrics(snap: dict[str, Any]) -> Iterator[Metric]:
     for tenant, value in sorted(snap["spec_rounds_by_tenant"].items()):
         rounds.add_metric([tenant], value)
     yield rounds
+    held = CounterMetricFamily("speclane_spec_lane_rounds", "Rounds a tenant's requests held the lane, with "
+                               "drafts or not (what the lane shares fairly).", labels=["tenant"])
+    for tenant, value in sorted(snap["lane_rounds_by_tenant"].items()):
+        held.add_metric([tenant], value)
+    yield held
     yield _counter("speclane_spec_draft_tokens", "Draft tokens proposed.", snap["draft_tokens"])
     yield _counter("speclane_spec_accepted_tokens", "Draft tokens accepted.", snap["accepted_tokens"])
     yield _counter("speclane_spec_grants", "Times a request was given the lane.", snap["lane_grants"])
