@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-ORDER = ["decode", "concurrency", "speedup", "hol", "throughput", "fairness", "priority", "overhead", "mtp", "structured", "toolcall", "prefix", "gguf"]
+ORDER = ["decode", "concurrency", "speedup", "hol", "throughput", "fairness", "priority", "overhead", "mtp", "structured", "toolcall", "prefix", "gguf", "replicas"]
 DEFAULT_DOCS = ROOT / "docs" / "benchmarks.md"
 
 

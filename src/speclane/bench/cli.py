@@ -23,6 +23,7 @@ SCENARIOS: dict[str, str] = {
     "toolcall": "one agent turn (tool call, tool result, answer) over HTTP: speclane vs llama.cpp's llama-server",
     "prefix": "10-turn chat with a ~1,000-token system prompt: TTFT per turn, prefix cache on vs off vs llama.cpp",
     "gguf": "GGUF files of several types, decode and 8 HTTP streams vs llama.cpp; each weight type's kernel vs bfloat16",
+    "replicas": "16 HTTP streams: 2 Ray replicas x 1 thread vs 1 process x 2 threads; the router's added latency",
 }
 
 
@@ -93,6 +94,10 @@ def _run(name: str, config: EngineConfig, quick: bool) -> tuple[list[Table], dic
         from speclane.bench.gguf_scenario import gguf
 
         return gguf(config, quick=quick), {}
+    if name == "replicas":
+        from speclane.bench.replicas_scenario import replicas
+
+        return replicas(config, quick=quick), {}
     if name == "overhead":
         from speclane.bench.factory import EngineFactory
 

@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from speclane.cluster.client import ReplicaClient, ReplicaUnavailable
 from speclane.cluster.replica import PollReply
@@ -44,6 +44,18 @@ log = logging.getLogger("speclane.cluster")
 STATUS_EVERY_S = 0.25  # how often a poll also brings the replica's counters and lane state
 POLL_WAIT_S = 0.2
 PING_EVERY_S = 0.5
+
+
+class ClusterMetricsSink(Protocol):
+    """What the front measures beyond an ``EngineObserver``'s TTFT and gaps."""
+
+    def on_tick(self, seconds: float) -> None: ...
+
+    def observe_spec_wait(self, seconds: float) -> None: ...
+
+    def observe_dispatch(self, seconds: float) -> None: ...  # arrival -> the replica accepted it
+
+    def observe_delivery(self, seconds: float) -> None: ...  # a poll reply's trip from the replica
 
 
 @dataclass(frozen=True)
@@ -109,6 +121,7 @@ class ClusterEngine:
         self.clients = list(clients)
         self.cluster = cluster
         self.error: BaseException | None = None
+        self.metrics: ClusterMetricsSink | None = None  # the app's histograms (create_app sets it)
         self._on_shutdown = on_shutdown
         self._ready_timeout_s = ready_timeout_s
         n = len(self.clients)
@@ -244,6 +257,8 @@ class ClusterEngine:
         except Exception as exc:  # noqa: BLE001 - the engine refused it (ValueError, queue full)
             self._end(live, "error", f"replica {self.clients[replica].name} refused the request: {exc}")
             return
+        if self.metrics is not None:
+            self.metrics.observe_dispatch(time.monotonic() - live.arrival_s)
         if live.aborted:
             await self._abort_on(replica, live.request_id)
 
@@ -340,15 +355,14 @@ class ClusterEngine:
                 self._dispatch()
 
     def _observe_samples(self, reply: PollReply) -> None:
-        observer = self.engine.observer
-        if observer is None:
+        sink = self.metrics
+        if sink is None:
             return
+        sink.observe_delivery(max(0.0, time.time() - reply.sent_s))
         for seconds in reply.tick_s:
-            observer.on_tick(seconds)
-        wait = getattr(observer, "observe_spec_wait", None)
-        if wait is not None:
-            for seconds in reply.spec_wait_s:
-                wait(seconds)
+            sink.on_tick(seconds)
+        for seconds in reply.spec_wait_s:
+            sink.observe_spec_wait(seconds)
 
     async def _replica_down(self, i: int, reason: str) -> None:
         """Take replica ``i`` out, end or re-queue its requests, and wait until it answers."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ class PollReply:
     status: dict[str, Any] | None = None  # when asked
     tick_s: list[float] = field(default_factory=list)  # tick times since the last poll
     spec_wait_s: list[float] = field(default_factory=list)  # finished lane requests' waits
+    sent_s: float = 0.0  # time.time() when the replica sent it (one machine's clock, or synced clocks)
 
 
 class _Samples:
@@ -133,7 +135,8 @@ class ReplicaHost:
                 self._cond.wait(wait_s)
             outputs, self._outbox = self._outbox, []
         ticks, waits = self._samples.take()
-        return PollReply(self.incarnation, outputs, charged, self.status() if want_status else None, ticks, waits)
+        return PollReply(self.incarnation, outputs, charged, self.status() if want_status else None, ticks, waits,
+                         time.time())
 
     def status(self) -> dict[str, Any]:
         """Counters (as ``/metrics`` reads them) and the lane recorder's state."""

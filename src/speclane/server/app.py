@@ -177,6 +177,7 @@ def create_app(
         cluster = async_engine
         metrics = ServerMetrics(None, replicas=lambda: _replica_view(cluster))
         engine.observer = Observers(metrics, latency)
+        cluster.metrics = metrics
 
         def dashboard_state() -> dict[str, Any]:
             return merge_states(cluster.lane_states(), queued_front=cluster.router.num_queued,

@@ -54,6 +54,14 @@ class ServerMetrics:
         self.tick = Histogram(
             "speclane_tick_seconds", "Wall time of one engine tick (execute + update).",
             buckets=_TOKEN_GAP_BUCKETS + (10.0,), registry=r)
+        if replicas is not None:
+            self.cluster_dispatch = Histogram(
+                "speclane_cluster_dispatch_seconds", "Arrival at the cluster front to a replica accepting the "
+                "request (the admission queue, placement and the Ray call).", buckets=_TOKEN_GAP_BUCKETS + (10.0,),
+                registry=r)
+            self.cluster_delivery = Histogram(
+                "speclane_cluster_delivery_seconds", "A replica's batch of outputs, from sent to received by the "
+                "front.", buckets=_TOKEN_GAP_BUCKETS, registry=r)
         r.register(_EngineCollector(engine, replicas))
 
     # -- EngineObserver (engine thread) ----------------------------------------------------
@@ -77,6 +85,12 @@ class ServerMetrics:
     def observe_spec_wait(self, seconds: float) -> None:
         """A finished lane request's wait (a replica's, brought by the cluster front)."""
         self.spec_wait.observe(seconds)
+
+    def observe_dispatch(self, seconds: float) -> None:
+        self.cluster_dispatch.observe(seconds)
+
+    def observe_delivery(self, seconds: float) -> None:
+        self.cluster_delivery.observe(seconds)
 
     # -- scrape --------------------------------------------------------------------------
     def render(self) -> bytes:
