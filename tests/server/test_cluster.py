@@ -90,10 +90,14 @@ def test_greedy_outputs_equal_the_single_process_servers(cluster: tuple[LiveServ
         "both replicas served"
 
 
-def lane_rounds(url: str) -> dict[str, float]:
+def per_tenant(url: str, name: str) -> dict[str, float]:
     text = httpx.get(url + "/metrics").text
-    family = next(f for f in text_string_to_metric_families(text) if f.name == "speclane_spec_lane_rounds")
+    family = next(f for f in text_string_to_metric_families(text) if f.name == name)
     return {s.labels["tenant"]: s.value for s in family.samples if s.name.endswith("_total")}
+
+
+def lane_rounds(url: str) -> dict[str, float]:
+    return per_tenant(url, "speclane_spec_lane_rounds")
 
 
 def jain(values: list[float]) -> float:
@@ -140,6 +144,8 @@ def test_a_replica_killed_mid_stream_ends_only_its_own_streams_and_rejoins(clust
         thread.start()
     for event in started:
         assert event.wait(120), "every stream sent a token"
+    time.sleep(0.5)  # the front's copy of the counters catches up
+    generated_before = sum(per_tenant(server.url, "speclane_generated_tokens").values())
     os.kill(front.replica_pid(1), signal.SIGKILL)
     wait_until(lambda: httpx.get(server.url + "/health").json()["status"] == "degraded", timeout=15,
                what="/health to report the degraded state")
@@ -163,5 +169,9 @@ def test_a_replica_killed_mid_stream_ends_only_its_own_streams_and_rejoins(clust
     for thread in pair:
         thread.join(120)
     assert len(done) == 2
+    retired = dict(front.snapshots())["retired"]["generated_by_tenant"]
+    assert any(retired.get(f"kill-{i}", 0) > 0 for i in range(8)), "the dead replica's totals are kept"
+    assert sum(per_tenant(server.url, "speclane_generated_tokens").values()) > generated_before, \
+        "the summed counters never go back"
     wait_until(lambda: front.statuses[1] is not None and front.statuses[1]["counters"]["generated_by_tenant"],
                timeout=10, what="the rejoined replica to serve")

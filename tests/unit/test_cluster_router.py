@@ -196,3 +196,13 @@ def test_a_tenant_active_on_another_replica_keeps_its_counter_across_leaving_thi
     counters.set_remote({"a": 3.0})
     counters.charge("a", reserved=False)
     assert counters.service("a") == 3.5 and counters.charged() == {"a": 0.5}, "remote service adds to the counter"
+
+
+def test_one_process_serving_never_imports_ray() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; import speclane.cli, speclane.server.app, speclane.cluster.front; "
+            "speclane.cli.build_parser().parse_args(['serve']); print('ray' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout.strip() == "False"

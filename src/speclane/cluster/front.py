@@ -36,7 +36,7 @@ from speclane.cluster.shared_service import SharedService
 from speclane.config import ClusterConfig, EngineConfig
 from speclane.engine.async_engine import read_stream
 from speclane.engine.engine import RequestOutput, check_token_ids
-from speclane.engine.stats import EngineObserver
+from speclane.engine.stats import EngineObserver, sum_snapshots, totals_only
 from speclane.request import SamplingParams
 
 log = logging.getLogger("speclane.cluster")
@@ -135,6 +135,7 @@ class ClusterEngine:
         self.statuses: list[dict[str, Any] | None] = [None] * n
         self._incarnations: list[str | None] = [None] * n
         self._live: dict[str, _Live] = {}
+        self._retired: dict[str, Any] = {}  # counters of replica incarnations that are gone
         self._stopping = False
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="speclane-front", daemon=True)
@@ -182,8 +183,10 @@ class ClusterEngine:
 
     def snapshots(self) -> list[tuple[str, dict[str, Any]]]:
         """Each answering replica's counters (``EngineCounters.snapshot``), at most
-        ``STATUS_EVERY_S`` old."""
-        return [(c.name, s["counters"]) for c, s in zip(self.clients, self.statuses, strict=True) if s is not None]
+        ``STATUS_EVERY_S`` old, and the totals of replica incarnations that are gone (so
+        the sums never go back)."""
+        live = [(c.name, s["counters"]) for c, s in zip(self.clients, self.statuses, strict=True) if s is not None]
+        return [*live, ("retired", self._retired)] if self._retired else live
 
     def lane_states(self) -> list[tuple[str, str, dict[str, Any] | None]]:
         """``(name, health, LaneRecorder.state())`` per replica, for the dashboard."""
@@ -335,6 +338,7 @@ class ClusterEngine:
                 continue
             if reply.incarnation != self._incarnations[i]:
                 if self._incarnations[i] is not None:  # restarted between two polls
+                    self._retire_status(i)
                     self._drain_replica(i, "restarted")
                 self._incarnations[i] = reply.incarnation
             if self.health[i] != "healthy":
@@ -372,7 +376,7 @@ class ClusterEngine:
         log.warning("replica %s is unavailable (%s): draining it", name, reason)
         self.health[i] = "down"
         self.router.set_healthy(i, False)
-        self.statuses[i] = None
+        self._retire_status(i)
         self._drain_replica(i, "became unavailable")
         self.outages[i] += 1
         while not self._stopping:
@@ -380,6 +384,12 @@ class ClusterEngine:
             with contextlib.suppress(ReplicaUnavailable, TimeoutError):
                 await asyncio.wait_for(self.clients[i].call("ping"), self.cluster.health_timeout_s)
                 return  # the next poll marks it healthy (and sees its new incarnation)
+
+    def _retire_status(self, i: int) -> None:
+        """Replica ``i``'s incarnation is gone: keep its last totals, forget its live sizes."""
+        status, self.statuses[i] = self.statuses[i], None
+        if status is not None:
+            self._retired = totals_only(sum_snapshots([self._retired, totals_only(status["counters"])]))
 
     def _drain_replica(self, i: int, what: str) -> None:
         for live in [live for live in self._live.values() if live.replica == i]:

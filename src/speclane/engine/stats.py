@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from speclane.request import Request
 from speclane.scheduler.counts import acceptance_by_position
@@ -142,3 +142,30 @@ class EngineCounters:
 
     def acceptance_by_position(self) -> list[float]:
         return acceptance_by_position(self.draft_tried_by_position, self.draft_accepted_by_position)
+
+
+# The snapshot's live sizes: a replica that is gone holds none, while its totals still count.
+GAUGE_KEYS = ("running", "waiting", "lane_holders", "lane_waiting", "kv_blocks_total", "kv_blocks_free",
+              "kv_blocks_cached", "kv_blocks_by_tenant")
+
+
+def sum_snapshots(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
+    """``EngineCounters.snapshot()``s added up: numbers, and per-tenant dicts per tenant
+    (lists, per-engine shapes, are dropped); a key no snapshot has reads as an idle engine's."""
+    total: dict[str, Any] = {}
+    for snap in snapshots:
+        for key, value in snap.items():
+            if isinstance(value, dict):
+                into = total.setdefault(key, {})
+                for k, v in value.items():
+                    into[k] = into.get(k, 0) + v
+            elif isinstance(value, int | float):
+                total[key] = total.get(key, 0) + value
+    for key, value in EngineCounters().snapshot().items():
+        total.setdefault(key, value)
+    return total
+
+
+def totals_only(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """``snapshot`` without its live sizes (``GAUGE_KEYS``): what a replica that is gone leaves."""
+    return {k: v for k, v in snapshot.items() if k not in GAUGE_KEYS}

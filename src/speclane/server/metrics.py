@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from speclane.engine.stats import EngineCounters
+from speclane.engine.stats import sum_snapshots
 
 if TYPE_CHECKING:
     from speclane.engine.engine import LLMEngine
@@ -139,22 +139,6 @@ def engine_snapshot(engine: LLMEngine) -> dict[str, Any]:
                 lane_waiting=lane.num_waiters, lane_grants=lane.grants_total, lane_yields=lane.yields_total,
                 lane_preemptions=lane.preemptions_total)
     return snap
-
-
-def sum_snapshots(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
-    """Numbers added up, per-tenant dicts added per tenant (lists, per-engine shapes, dropped)."""
-    total: dict[str, Any] = {}
-    for snap in snapshots:
-        for key, value in snap.items():
-            if isinstance(value, dict):
-                into = total.setdefault(key, {})
-                for k, v in value.items():
-                    into[k] = into.get(k, 0) + v
-            elif isinstance(value, int | float):
-                total[key] = total.get(key, 0) + value
-    for key, value in EngineCounters().snapshot().items():  # an empty cluster reads as zeros
-        total.setdefault(key, value)
-    return total
 
 
 def _snapshot_metrics(snap: dict[str, Any]) -> Iterator[Metric]:
