@@ -132,6 +132,21 @@ def test_three_tenants_3_1_1_streams_share_the_clusters_lane_fairly(cluster: tup
     assert a_on == {"0", "1"}, "the 3-stream tenant held the lane on both replicas"
 
 
+def test_a_client_that_disconnects_ends_its_request_on_its_replica(cluster: tuple[LiveServer, Any]) -> None:
+    server, front = cluster
+    with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=180, json={
+            "model": MODEL, "messages": [{"role": "user", "content": COUNT}], "max_tokens": 300,
+            "temperature": 0, "user": "gone", "stream": True}) as response:
+        for i, _ in enumerate(response.iter_lines()):
+            if i >= 6:
+                break
+    wait_until(lambda: front.num_streams == 0, timeout=10, what="the front to drop the request")
+    time.sleep(1.0)  # a second at several tokens per tick, had the replica gone on
+    generated = sum(s["counters"]["generated_by_tenant"].get("gone", 0) for s in front.statuses if s is not None)
+    assert generated < 40, f"{generated} tokens: the replica went on generating after the client left"
+    assert all(s is not None and s["counters"]["running"] == 0 for s in front.statuses)
+
+
 def test_a_replica_killed_mid_stream_ends_only_its_own_streams_and_rejoins(cluster: tuple[LiveServer, Any],
                                                                           live: LiveServer) -> None:
     server, front = cluster

@@ -270,11 +270,13 @@ class ClusterEngine:
         if live is None or live.aborted:
             return
         live.aborted = True
-        pending = self.router.cancel(request_id)
-        if pending is not None and pending.replica is None:  # still queued here
+        if live.replica is None:  # still queued here (or put back after its replica died)
             self._end(live, "abort", None)
-        elif live.replica is not None:
-            asyncio.get_running_loop().create_task(self._abort_on(live.replica, request_id))
+            return
+        # Its replica ends it and sends the final output; its slot is free for placement now.
+        self.router.cancel(request_id)
+        asyncio.get_running_loop().create_task(self._abort_on(live.replica, request_id))
+        self._dispatch()
 
     async def _abort_on(self, replica: int, request_id: str) -> None:
         with contextlib.suppress(ReplicaUnavailable):
