@@ -1,5 +1,6 @@
 """``GET /dashboard/state`` after real traffic, and ``GET /dashboard`` in headless Chromium:
-the page names the lane's holder within 2 s of its grant and logs no console error."""
+the page names the lane's holder within 2 s of its grant and logs no console error. The
+test's screenshot lands in its tmp_path; docs/img/dashboard.png is one of them."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from speclane.engine.async_engine import AsyncEngine
 
 pytestmark = pytest.mark.slow
 
-SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "dashboard.png"
 REPEAT = "Count from 1 to 100, separated by commas."
 
 
@@ -71,7 +71,8 @@ def _watch_holds(read: Any, holds: dict[str, list[float]], until: threading.Even
         time.sleep(0.005)
 
 
-def test_browser_shows_the_lane_holder_within_two_seconds(live: LiveServer, idle_after: AsyncEngine) -> None:
+def test_browser_shows_the_lane_holder_within_two_seconds(live: LiveServer, idle_after: AsyncEngine,
+                                                          tmp_path: Path) -> None:
     executable = find_chromium()
     if executable is None:
         pytest.skip("no chromium on PATH (make install puts Debian's chromium there as root)")
@@ -101,7 +102,7 @@ def test_browser_shows_the_lane_holder_within_two_seconds(live: LiveServer, idle
                 shown.setdefault(tenant, now)
             if not screenshot_taken and browser.evaluate(
                     "document.querySelector('.waiting').textContent.includes('dash-')"):
-                browser.screenshot(SCREENSHOT)
+                browser.screenshot(tmp_path / "dashboard.png")
                 screenshot_taken = True
             time.sleep(0.05)
         done.set()
@@ -115,4 +116,4 @@ def test_browser_shows_the_lane_holder_within_two_seconds(live: LiveServer, idle
     for tenant, granted in long_holds.items():
         assert tenant in shown, f"the page never showed {tenant} holding the lane"
         assert shown[tenant] - granted <= 2.0, (tenant, shown[tenant] - granted)
-    assert screenshot_taken and SCREENSHOT.stat().st_size > 10_000
+    assert screenshot_taken and (tmp_path / "dashboard.png").stat().st_size > 10_000
