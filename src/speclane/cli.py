@@ -114,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tenants", type=int, default=1_000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--calibrate", default=None, help="a bench report.json to fit the cost model")
+    p.add_argument("--replicas", type=int, default=1, help="simulate the fair lane over this many replicas "
+                   "sharing their lane counters (docs/design.md, Replicas)")
+    p.add_argument("--counter-sync-ms", type=float, default=50.0, help="with --replicas: how often the "
+                   "replicas' lanes exchange tenant service (simulated time)")
     p.set_defaults(func=_cmd_simulate)
 
     p = sub.add_parser("train-mtp", help="train an MTP draft head for a model by self-distillation")
