@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-ORDER = ["decode", "concurrency", "speedup", "hol", "throughput", "fairness", "priority", "overhead", "mtp", "drafters", "structured", "toolcall", "prefix", "vs-llama-cpp", "gguf"]
+ORDER = ["decode", "concurrency", "speedup", "hol", "throughput", "fairness", "priority", "overhead", "mtp", "drafters", "structured", "toolcall", "prefix", "vs-llama-cpp", "gguf", "replicas"]
 DEFAULT_DOCS = ROOT / "docs" / "benchmarks.md"
 
 

@@ -52,7 +52,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from speclane.server.app import serve
 
-    return serve(cfg.from_namespace(args), host=args.host, port=args.port, api_keys=args.api_keys)
+    return serve(cfg.from_namespace(args), host=args.host, port=args.port, api_keys=args.api_keys,
+                 cluster=cfg.section_from_namespace(cfg.ClusterConfig, args))
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -78,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
-    cfg.add_arguments(p)
+    cfg.add_arguments(p, sections=(*cfg.SECTIONS, cfg.ClusterConfig))
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-keys", default=None, help="JSON or TOML file of API keys (key, tenant, weight, max priority)")
@@ -113,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tenants", type=int, default=1_000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--calibrate", default=None, help="a bench report.json to fit the cost model")
+    p.add_argument("--replicas", type=int, default=1, help="simulate the fair lane over this many replicas "
+                   "sharing their lane counters (docs/design.md, Replicas)")
+    p.add_argument("--counter-sync-ms", type=float, default=50.0, help="with --replicas: how often the "
+                   "replicas' lanes exchange tenant service (simulated time)")
     p.set_defaults(func=_cmd_simulate)
 
     p = sub.add_parser("train-mtp", help="train an MTP draft head for a model by self-distillation")

@@ -145,6 +145,29 @@ class EngineConfig:
 SECTIONS: tuple[type, ...] = (ModelConfig, SchedulerConfig, LaneConfig)
 
 
+@dataclass(frozen=True)
+class ClusterConfig:
+    """``speclane serve`` across engine replicas (Ray actors, ``speclane/cluster/``)."""
+
+    replicas: int = field(default=1, metadata={
+        "help": "engine replicas; above 1 they run as Ray actors (pip install speclane[cluster]) behind one "
+                "endpoint, each with cores / replicas torch threads unless --num-threads says otherwise"})
+    ray_address: str = field(default="", metadata={"help": "join this Ray cluster instead of starting a local one"})
+    counter_sync_ms: float = field(default=50.0, metadata={
+        "help": "how often the replicas' lanes exchange each tenant's lane service (the cluster-wide fair lane)"})
+    affinity_slack: int = field(default=2, metadata={
+        "help": "a conversation stays on the replica holding its cached prefix unless that replica runs this "
+                "many more requests than the least loaded one"})
+    health_timeout_s: float = field(default=10.0, metadata={
+        "help": "a replica that answers no poll for this long is drained: its requests end with an error"})
+
+    def __post_init__(self) -> None:
+        _at_least("replicas", self.replicas, 1)
+        _at_least("counter_sync_ms", self.counter_sync_ms, 1.0)
+        _at_least("affinity_slack", self.affinity_slack, 0)
+        _at_least("health_timeout_s", self.health_timeout_s, 0.5)
+
+
 def _parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -187,16 +210,19 @@ def _from_env(section: type, env: Mapping[str, str]) -> dict[str, Any]:
 
 def from_namespace(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> EngineConfig:
     """Build the config: dataclass defaults < SPECLANE_* environment < command-line flags."""
-    env = os.environ if env is None else env
-    parts = {}
-    for name, section in (("model", ModelConfig), ("scheduler", SchedulerConfig), ("lane", LaneConfig)):
-        values = _from_env(section, env)
-        for f in fields(section):
-            flag_value = getattr(args, f.name, None)
-            if flag_value is not None:
-                values[f.name] = flag_value
-        parts[name] = section(**values)
+    parts = {name: section_from_namespace(section, args, env)
+             for name, section in (("model", ModelConfig), ("scheduler", SchedulerConfig), ("lane", LaneConfig))}
     return EngineConfig(**parts)
+
+
+def section_from_namespace(section: type, args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Any:
+    """One section (e.g. ``ClusterConfig``): defaults < SPECLANE_* environment < flags."""
+    values = _from_env(section, os.environ if env is None else env)
+    for f in fields(section):
+        flag_value = getattr(args, f.name, None)
+        if flag_value is not None:
+            values[f.name] = flag_value
+    return section(**values)
 
 
 @dataclass(frozen=True)

@@ -45,5 +45,5 @@ def test_the_page_has_a_header_and_one_section_per_scenario_that_ran(tmp_path):
     assert not (docs.parent / "img" / "hol-old.png").exists()
     assert (docs.parent / "img" / "diagram.png").exists()
     assert "The run failed (exit status 1)" in page
-    assert "Not in this run: `decode`, `concurrency`, `speedup`, `fairness`, `priority`, `overhead`, `drafters`, `structured`, `toolcall`, `prefix`, `vs-llama-cpp`, `gguf`." in page
+    assert "Not in this run: `decode`, `concurrency`, `speedup`, `fairness`, `priority`, `overhead`, `drafters`, `structured`, `toolcall`, `prefix`, `vs-llama-cpp`, `gguf`, `replicas`." in page
     assert page.index("## hol") < page.index("## throughput") < page.index("## mtp")

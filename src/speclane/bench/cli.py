@@ -25,6 +25,7 @@ SCENARIOS: dict[str, str] = {
     "prefix": "10-turn chat with a ~1,000-token system prompt: TTFT per turn, prefix cache on vs off vs llama.cpp",
     "vs-llama-cpp": "one stream, 8/16 streams, speculation under load and a noisy neighbour, vs llama.cpp",
     "gguf": "GGUF files of several types, decode and 8 HTTP streams vs llama.cpp; each weight type's kernel vs bfloat16",
+    "replicas": "16 HTTP streams: 2 Ray replicas x 1 thread vs 1 process x 2 threads; the router's added latency",
 }
 
 
@@ -99,6 +100,10 @@ def _run(name: str, config: EngineConfig, quick: bool) -> tuple[list[Table], dic
         from speclane.bench.gguf_scenario import gguf
 
         return gguf(config, quick=quick), {}
+    if name == "replicas":
+        from speclane.bench.replicas_scenario import replicas
+
+        return replicas(config, quick=quick), {}
     if name == "overhead":
         from speclane.bench.factory import EngineFactory
 

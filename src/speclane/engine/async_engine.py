@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import threading
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from speclane.engine.engine import LLMEngine, RequestOutput
@@ -60,22 +60,14 @@ class AsyncEngine:
         self._wake.set()
         return self._stream(rid, queue)
 
-    async def _stream(self, rid: str, queue: asyncio.Queue[RequestOutput | BaseException]) -> AsyncIterator[RequestOutput]:
-        finished = False
-        try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.finished:
-                    finished = True
-                    return
-        finally:
+    def _stream(self, rid: str, queue: asyncio.Queue[RequestOutput | BaseException]) -> AsyncIterator[RequestOutput]:
+        def closed(finished: bool) -> None:
             with self._streams_lock:
                 self._streams.pop(rid, None)
             if not finished:  # the consumer left early: cancel the work
                 self.abort(rid)
+
+        return read_stream(queue, closed)
 
     def abort(self, request_id: str) -> None:
         self.engine.abort_request(request_id)
@@ -93,19 +85,15 @@ class AsyncEngine:
 
     # -- the engine thread ----------------------------------------------------------------
     def _loop(self) -> None:
-        while not self._stop.is_set():
-            if not self.engine.has_unfinished():
-                self._wake.wait(0.5)
-                self._wake.clear()
-                continue
-            try:
-                outputs = self.engine.step()
-            except BaseException as exc:  # never leave clients hanging on a dead engine
-                self.error = exc
-                self._fail_all(exc)
-                return
-            for out in outputs:
-                self._deliver(out.request_id, out)
+        tick_until_stopped(self.engine, self._wake, self._stop, self._deliver_all, self._failed)
+
+    def _deliver_all(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            self._deliver(out.request_id, out)
+
+    def _failed(self, exc: BaseException) -> None:  # never leave clients hanging on a dead engine
+        self.error = exc
+        self._fail_all(exc)
 
     def _deliver(self, rid: str, item: RequestOutput | BaseException) -> None:
         with self._streams_lock:
@@ -125,3 +113,39 @@ class AsyncEngine:
             rids = list(self._streams)
         for rid in rids:
             self._deliver(rid, RuntimeError(f"engine error: {exc}"))
+
+
+async def read_stream(queue: asyncio.Queue[RequestOutput | BaseException],
+                      closed: Callable[[bool], None]) -> AsyncIterator[RequestOutput]:
+    """A request's outputs until its final one (an exception in the queue is raised);
+    ``closed(finished)`` runs when the reader stops, ``finished`` False if it left early."""
+    finished = False
+    try:
+        while True:
+            item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if item.finished:
+                finished = True
+                return
+    finally:
+        closed(finished)
+
+
+def tick_until_stopped(engine: LLMEngine, wake: threading.Event, stop: threading.Event,
+                       deliver: Callable[[list[RequestOutput]], None],
+                       failed: Callable[[BaseException], None]) -> None:
+    """The engine thread: tick while there is work (else sleep until ``wake``), hand each
+    tick's outputs to ``deliver``; an exception from the engine goes to ``failed`` and ends it."""
+    while not stop.is_set():
+        if not engine.has_unfinished():
+            wake.wait(0.5)
+            wake.clear()
+            continue
+        try:
+            outputs = engine.step()
+        except BaseException as exc:
+            failed(exc)
+            return
+        deliver(outputs)

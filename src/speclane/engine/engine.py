@@ -81,6 +81,16 @@ def kv_pool_blocks(config: SchedulerConfig, default_blocks: int, bytes_per_block
     return fit
 
 
+def check_token_ids(vocab: int, prompt_token_ids: Sequence[int], prediction_token_ids: Sequence[int],
+                    sampling: SamplingParams) -> None:
+    """``ValueError`` naming the first token id outside ``[0, vocab)``."""
+    bias_ids = [token for token, _ in sampling.logit_bias]
+    for ids, what in ((prompt_token_ids, "prompt"), (prediction_token_ids, "prediction"), (bias_ids, "logit_bias")):
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"{what} token id {bad} is outside the vocabulary [0, {vocab})")
+
+
 def load_tokenizer(source: object) -> Tokenizer:
     if isinstance(source, dict):
         return Tokenizer.from_gguf_metadata(source)
@@ -193,12 +203,7 @@ class LLMEngine:
         sampling = sampling or SamplingParams()
         if isinstance(grammar, GrammarSpec):
             grammar = self.compile_grammar(grammar)
-        vocab = self.model.config.vocab_size
-        bias_ids = [token for token, _ in sampling.logit_bias]
-        for ids, what in ((prompt_token_ids, "prompt"), (prediction_token_ids, "prediction"), (bias_ids, "logit_bias")):
-            bad = next((t for t in ids if not 0 <= t < vocab), None)
-            if bad is not None:
-                raise ValueError(f"{what} token id {bad} is outside the vocabulary [0, {vocab})")
+        check_token_ids(self.model.config.vocab_size, prompt_token_ids, prediction_token_ids, sampling)
         request = Request(
             request_id=request_id,
             prompt_token_ids=prompt_token_ids,
@@ -227,6 +232,17 @@ class LLMEngine:
         with self._lock:
             self._pending_aborts.append(request_id)
 
+    def exchange_lane_service(self, remote: dict[str, float] | None,
+                              active_elsewhere: set[str] | None = None) -> dict[str, float]:
+        """Take the lane service the other replicas charged per tenant (``remote``, cumulative;
+        None: nothing new) and the tenants with requests there (None: unchanged), and return
+        what this engine charged (replicas, ``cluster/``). Any thread: the lane changes
+        under the engine's lock, between ticks' scheduling."""
+        with self._lock:
+            if remote or active_elsewhere is not None:
+                self.scheduler.lane.set_remote_service(remote or {}, active_elsewhere)
+            return self.scheduler.lane.charged_service()
+
     def has_unfinished(self) -> bool:
         with self._lock:
             return self.scheduler.has_unfinished() or bool(self._pending_aborts)
@@ -248,6 +264,8 @@ class LLMEngine:
                 self.runner.release(plan.preempted_request_ids, preempted=True)
             with self._lock:
                 self.counters.refresh(self.scheduler)  # gauges stay true when idle
+            if self.observer is not None:
+                self.observer.on_idle()
             return outputs
         started = time.perf_counter()
         result = self.runner.execute(plan)

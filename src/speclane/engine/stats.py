@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from speclane.request import Request
 from speclane.scheduler.counts import acceptance_by_position
@@ -22,11 +22,40 @@ class EngineObserver(Protocol):
 
     def on_tick(self, seconds: float) -> None: ...
 
+    def on_idle(self) -> None: ...  # a tick that ran nothing (aborts only, or nothing to do)
+
     def on_first_token(self, seconds: float) -> None: ...
 
     def on_token_gap(self, seconds: float, num_tokens: int) -> None: ...
 
     def on_finish(self, request: Request) -> None: ...
+
+
+class Observers:
+    """Several ``EngineObserver``s behind one (the metrics and the dashboard)."""
+
+    def __init__(self, *observers: EngineObserver) -> None:
+        self.observers = observers
+
+    def on_tick(self, seconds: float) -> None:
+        for o in self.observers:
+            o.on_tick(seconds)
+
+    def on_idle(self) -> None:
+        for o in self.observers:
+            o.on_idle()
+
+    def on_first_token(self, seconds: float) -> None:
+        for o in self.observers:
+            o.on_first_token(seconds)
+
+    def on_token_gap(self, seconds: float, num_tokens: int) -> None:
+        for o in self.observers:
+            o.on_token_gap(seconds, num_tokens)
+
+    def on_finish(self, request: Request) -> None:
+        for o in self.observers:
+            o.on_finish(request)
 
 
 @dataclass
@@ -39,6 +68,8 @@ class EngineCounters:
     prefill_tokens: int = 0
     busy_s: float = 0.0
     spec_rounds_by_tenant: Counter[str] = field(default_factory=Counter)
+    # Rounds each tenant held the lane for, with drafts or not (the lane's fair share).
+    lane_rounds_by_tenant: Counter[str] = field(default_factory=Counter)
     generated_by_tenant: Counter[str] = field(default_factory=Counter)
     # Drafts tried and accepted by draft position (the scheduler's tallies).
     draft_tried_by_position: Counter[int] = field(default_factory=Counter)
@@ -78,6 +109,7 @@ class EngineCounters:
         self.draft_tried_by_position = counts.tried_by_position
         self.draft_accepted_by_position = counts.accepted_by_position
         lane = scheduler.lane
+        self.lane_rounds_by_tenant = lane.held_rounds_by_tenant
         self.lane_grants = lane.grants_total
         self.lane_yields = lane.yields_total
         self.lane_preemptions = lane.preemptions_total
@@ -103,9 +135,37 @@ class EngineCounters:
         out = {k: v for k, v in self.__dict__.items() if not isinstance(v, Counter | dict)}
         out["kv_blocks_by_tenant"] = dict(self.kv_blocks_by_tenant)
         out["spec_rounds_by_tenant"] = dict(self.spec_rounds_by_tenant)
+        out["lane_rounds_by_tenant"] = dict(self.lane_rounds_by_tenant)
         out["generated_by_tenant"] = dict(self.generated_by_tenant)
         out["acceptance_by_position"] = self.acceptance_by_position()
         return out
 
     def acceptance_by_position(self) -> list[float]:
         return acceptance_by_position(self.draft_tried_by_position, self.draft_accepted_by_position)
+
+
+# The snapshot's live sizes: a replica that is gone holds none, while its totals still count.
+GAUGE_KEYS = ("running", "waiting", "lane_holders", "lane_waiting", "kv_blocks_total", "kv_blocks_free",
+              "kv_blocks_cached", "kv_blocks_by_tenant")
+
+
+def sum_snapshots(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
+    """``EngineCounters.snapshot()``s added up: numbers, and per-tenant dicts per tenant
+    (lists, per-engine shapes, are dropped); a key no snapshot has reads as an idle engine's."""
+    total: dict[str, Any] = {}
+    for snap in snapshots:
+        for key, value in snap.items():
+            if isinstance(value, dict):
+                into = total.setdefault(key, {})
+                for k, v in value.items():
+                    into[k] = into.get(k, 0) + v
+            elif isinstance(value, int | float):
+                total[key] = total.get(key, 0) + value
+    for key, value in EngineCounters().snapshot().items():
+        total.setdefault(key, value)
+    return total
+
+
+def totals_only(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """``snapshot`` without its live sizes (``GAUGE_KEYS``): what a replica that is gone leaves."""
+    return {k: v for k, v in snapshot.items() if k not in GAUGE_KEYS}

@@ -15,6 +15,15 @@ never decreases, an idle tenant whose counter is at or below it can be forgotten
 record of an idle tenant still in debt (counter above the target) is kept until the
 target passes it.
 
+Replicas (``speclane serve --replicas``) share these counters: each replica reports the
+service it charged per tenant (``charged``, cumulative rounds per weight) and is told, every
+sync interval, what the other replicas charged (``set_remote``); a tenant's counter is its
+local counter plus that remote service, so its requests spread over several replicas buy
+one share of the cluster's lane, not one per replica (docs/design.md, "Replicas"). Remote
+service only grows, so counters and keys still only grow between lifts. A tenant with
+requests on another replica is active in the cluster: it is neither lifted when it joins
+this lane nor forgotten when it leaves it.
+
 Pure bookkeeping: no time, no I/O. Every operation is O(log t) amortized in the number
 of tenants t, using min-heaps with lazy deletion.
 """
@@ -33,15 +42,17 @@ class _Tenant:
     reserved: int = 0  # rounds granted, not yet run
     num_eligible: int = 0  # requests in the lane (holding or waiting)
 
+    remote: float = 0.0  # service charged on other replicas (shared counters)
+
     # Kept as base + integers / weight so that running a reserved round leaves ``key``
     # bit-identical and equal-weight tenants compare exactly.
     @property
     def counter(self) -> float:
-        return self.base + self.rounds / self.weight
+        return self.base + self.rounds / self.weight + self.remote
 
     @property
     def key(self) -> float:
-        return self.base + (self.rounds + self.reserved) / self.weight
+        return self.base + (self.rounds + self.reserved) / self.weight + self.remote
 
 
 class VirtualCounters:
@@ -51,6 +62,9 @@ class VirtualCounters:
         self._floor = 0.0  # lift target when no tenant is active
         self._active: list[tuple[float, str]] = []  # lazy min-heap of active counters
         self._idle: list[tuple[float, str]] = []  # lazy min-heap of idle tenants kept for debt
+        self._charged: dict[str, float] = {}  # rounds / weight run here, ever, per tenant
+        self._remote: dict[str, float] = {}  # the same, charged on the other replicas
+        self._elsewhere: set[str] = set()  # tenants with requests on other replicas
 
     # -- reading --------------------------------------------------------------------
     def key(self, tenant: str) -> float:
@@ -77,7 +91,30 @@ class VirtualCounters:
             else:
                 return counter
 
+    def charged(self) -> dict[str, float]:
+        """Lane service run here per tenant since the start (rounds / weight): what a replica
+        reports to the others. A copy."""
+        return dict(self._charged)
+
     # -- changes --------------------------------------------------------------------
+    def set_remote(self, service: dict[str, float], active_elsewhere: set[str] | None = None) -> None:
+        """The service each tenant was charged on the other replicas (cumulative; a value
+        below the one already known is ignored: remote service only grows), and (when not
+        None) the tenants with requests on other replicas: those are active in the cluster,
+        so joining or leaving this lane neither lifts nor forgets them (their counter goes
+        on as one cluster-wide counter would)."""
+        if active_elsewhere is not None:
+            self._elsewhere = set(active_elsewhere)
+        for name, value in service.items():
+            if value <= self._remote.get(name, 0.0):
+                continue
+            self._remote[name] = value
+            t = self._tenants.get(name)
+            if t is not None:
+                t.remote = value
+                if t.num_eligible == 0:  # re-file its debt at the new counter
+                    heapq.heappush(self._idle, (t.counter, name))
+
     def join(self, tenant: str, weight: float) -> None:
         """One more eligible request of ``tenant`` (``weight`` applies when it activates)."""
         t = self._tenants.get(tenant)
@@ -85,9 +122,11 @@ class VirtualCounters:
             target = self.lift_target()
             self._forget_idle_below(target)  # may forget this very tenant: it starts afresh
             t = self._tenants.get(tenant)
+            remote = self._remote.get(tenant, 0.0)
             if t is None:
-                t = self._tenants[tenant] = _Tenant(base=target)
-            t.base, t.rounds, t.weight = max(t.counter, target), 0, weight
+                t = self._tenants[tenant] = _Tenant(base=target - remote, remote=remote)
+            lifted = t.counter if tenant in self._elsewhere else max(t.counter, target)
+            t.base, t.rounds, t.weight = lifted - remote, 0, weight
             self._num_active += 1
             # Active from here on, before the stale-entry clean-up below looks at who is.
             t.num_eligible += 1
@@ -108,7 +147,7 @@ class VirtualCounters:
         self._num_active -= 1
         if self._num_active == 0:
             self._floor = max(self._floor, t.counter)
-        if t.counter <= self.lift_target():
+        if t.counter <= self.lift_target() and tenant not in self._elsewhere:
             del self._tenants[tenant]  # a return would be lifted to at least this anyway
         else:
             heapq.heappush(self._idle, (t.counter, tenant))
@@ -121,6 +160,7 @@ class VirtualCounters:
         """One round run; ``reserved`` if it was one of the tenant's reserved rounds."""
         t = self._tenants[tenant]
         t.rounds += 1
+        self._charged[tenant] = self._charged.get(tenant, 0.0) + 1.0 / t.weight
         if reserved:
             t.reserved -= 1
 
@@ -133,5 +173,5 @@ class VirtualCounters:
         while self._idle and self._idle[0][0] <= target:
             counter, name = heapq.heappop(self._idle)
             t = self._tenants.get(name)
-            if t is not None and t.num_eligible == 0 and t.counter == counter:
+            if t is not None and t.num_eligible == 0 and t.counter == counter and name not in self._elsewhere:
                 del self._tenants[name]

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -174,6 +174,8 @@ class SpecLane:
         self._classes: dict[int, _PriorityClass] = {}  # priority -> its waiters
         self._num_waiters = 0
         self._counters = VirtualCounters()
+        # Rounds run per tenant, drafts or not (``round_done``): what the lane shares out.
+        self.held_rounds_by_tenant: Counter[str] = Counter()
         self._seq = itertools.count()
         self._tenant_fair = config.fairness == "tenant"
 
@@ -198,6 +200,18 @@ class SpecLane:
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._members
 
+    def holder_view(self) -> list[tuple[str, str, int]]:
+        """``(request_id, tenant, priority)`` of each holder, in grant order (the dashboard)."""
+        return [(m.request_id, m.tenant, m.priority) for m in self._holders]
+
+    def waiters_by_tenant(self) -> dict[str, int]:
+        """How many requests of each tenant wait for the lane; O(eligible requests)."""
+        counts: dict[str, int] = {}
+        for m in self._members.values():
+            if m.waiting:
+                counts[m.tenant] = counts.get(m.tenant, 0) + 1
+        return counts
+
     @property
     def events(self) -> list[LaneEvent]:
         """The most recent events (at most ``max_events``), oldest first."""
@@ -211,6 +225,15 @@ class SpecLane:
     def lane_service(self, tenant: str) -> float:
         """The tenant's virtual lane service (rounds / weight, plus idle lifts)."""
         return self._counters.service(tenant)
+
+    def charged_service(self) -> dict[str, float]:
+        """Lane service run here per tenant, cumulative (replicas share it, ``fairness.py``)."""
+        return self._counters.charged()
+
+    def set_remote_service(self, service: dict[str, float], active_elsewhere: set[str] | None = None) -> None:
+        """What the other replicas charged each tenant (cumulative; keys only grow, so the
+        waiters' heaps re-file lazily) and who has requests there (``fairness.py``)."""
+        self._counters.set_remote(service, active_elsewhere)
 
     # -- the scheduler's calls ------------------------------------------------------
     def add(self, request_id: str, *, tenant: str, priority: int, now: float,
@@ -264,6 +287,7 @@ class SpecLane:
             raise ValueError(f"request {request_id!r} ran a round without holding the lane")
         m.rounds += 1
         m.ms += elapsed_ms
+        self.held_rounds_by_tenant[m.tenant] += 1
         # With a round budget the grant was charged up front; without one, the round each
         # holder is about to run stays reserved (one round ahead) for as long as it holds.
         reserved = self.config.spec_grant_rounds > 0 and m.reserved > 0

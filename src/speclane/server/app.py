@@ -2,7 +2,8 @@
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``
 (an adapter over chat, ``responses.py``), ``GET /v1/models`` (these four need a key when
-``--api-keys`` is given), ``GET /health``, ``GET /metrics``.
+``--api-keys`` is given), ``GET /health``, ``GET /metrics``, ``GET /dashboard`` and its data ``GET /dashboard/state``
+(``dashboard.py``).
 
 A generation request goes: drain check (503) -> key (401) -> body validation (400) ->
 model (404) -> priority allowance (403) -> tokenize in a worker thread (400 if it does
@@ -24,15 +25,19 @@ import anyio
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from speclane.config import EngineConfig, RuntimeEnv, runtime_env
+from speclane.cluster.front import ClusterEngine
+from speclane.config import ClusterConfig, EngineConfig, RuntimeEnv, runtime_env
 from speclane.engine.async_engine import AsyncEngine
+from speclane.engine.lane_recorder import LaneRecorder, LatencyWindow, merge_states
+from speclane.engine.stats import Observers
 from speclane.scheduler.scheduler import QueueFullError
 from speclane.server.auth import KeyTable, Principal, resolve_principal
+from speclane.server.dashboard import install_dashboard
 from speclane.server.errors import APIError, install_error_handlers
 from speclane.server.lifecycle import ABORT_WAIT_S, DEFAULT_GRACE_S, DrainingServer, RequestTracker
 from speclane.server.limits import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
 from speclane.server.logprobs import TokenTexts
-from speclane.server.metrics import CONTENT_TYPE, ServerMetrics
+from speclane.server.metrics import CONTENT_TYPE, ReplicaView, ServerMetrics
 from speclane.server.prompts import EngineInput, Vocabulary, chat_input, completion_input
 from speclane.server.protocol import (
     ChatCompletionRequest,
@@ -70,7 +75,7 @@ _STREAM = {"content": {"text/event-stream": {"schema": {"type": "string"}}},
 class _Server:
     """What the route handlers share: the engine, keys, tokenizer view and live requests."""
 
-    def __init__(self, async_engine: AsyncEngine, keys: KeyTable | None, model_name: str) -> None:
+    def __init__(self, async_engine: AsyncEngine | ClusterEngine, keys: KeyTable | None, model_name: str) -> None:
         engine = async_engine.engine
         self.async_engine = async_engine
         self.keys = keys
@@ -153,7 +158,7 @@ class _Server:
 
 
 def create_app(
-    async_engine: AsyncEngine,
+    async_engine: AsyncEngine | ClusterEngine,
     *,
     api_keys: KeyTable | str | Path | None = None,
     model_name: str | None = None,
@@ -161,14 +166,29 @@ def create_app(
 ) -> FastAPI:
     """The HTTP app around a running ``AsyncEngine``.
 
-    Installs the app's ``ServerMetrics`` as the engine's observer (one app per engine
-    gets the latency histograms). Does not shut the engine down: its owner does.
+    Installs the app's ``ServerMetrics`` and the dashboard's recorders as the engine's
+    observer (one app per engine gets the latency histograms). Does not shut the engine down: its owner does.
     """
     engine = async_engine.engine
     keys = KeyTable.load(api_keys) if isinstance(api_keys, str | Path) else api_keys
     server = _Server(async_engine, keys, model_name or engine.config.model.model)
-    metrics = ServerMetrics(engine)
-    engine.observer = metrics
+    latency = LatencyWindow()
+    if isinstance(async_engine, ClusterEngine):
+        cluster = async_engine
+        metrics = ServerMetrics(None, replicas=lambda: _replica_view(cluster))
+        engine.observer = Observers(metrics, latency)
+        cluster.metrics = metrics
+
+        def dashboard_state() -> dict[str, Any]:
+            return merge_states(cluster.lane_states(), queued_front=cluster.router.num_queued,
+                                latency=latency.percentiles())
+    else:
+        metrics = ServerMetrics(engine)
+        recorder = LaneRecorder(engine)
+        engine.observer = Observers(metrics, recorder, latency)
+
+        def dashboard_state() -> dict[str, Any]:
+            return merge_states([("0", "healthy", recorder.state())], latency=latency.percentiles())
 
     app = FastAPI(title="speclane", summary="OpenAI-compatible server with a fairly shared speculative lane",
                   version="0.1.0")
@@ -177,6 +197,7 @@ def create_app(
     app.state.tracker = server.tracker
     app.state.metrics = metrics
     install_error_handlers(app)
+    install_dashboard(app, dashboard_state)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
 
     def admitting() -> None:
@@ -217,8 +238,13 @@ def create_app(
         if async_engine.error is not None:
             raise APIError(503, f"the engine stopped: {async_engine.error}", code="engine_stopped")
         server.tracker.check_admitting()
-        return {"status": "ok", "model": server.model_name, "running": server.tracker.num_live,
+        body = {"status": "ok", "model": server.model_name, "running": server.tracker.num_live,
                 "kv_cache": server.kv_cache}
+        if isinstance(async_engine, ClusterEngine):
+            body.update(async_engine.health_state())  # "degraded" while a replica is down
+            if body["status"] == "unavailable":
+                raise APIError(503, "no replica is serving", code="no_replica")
+        return body
 
     @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {}}}})
     async def metrics_endpoint() -> Response:
@@ -229,15 +255,22 @@ def create_app(
 
 def serve(engine_config: EngineConfig, *, host: str = "127.0.0.1", port: int = 8000,
           api_keys: str | Path | None = None, grace_s: float | None = None, log_level: str = "info",
-          env: RuntimeEnv | None = None) -> int:
-    """Load the engine, serve until SIGTERM/SIGINT, drain (``grace_s``, default
+          env: RuntimeEnv | None = None, cluster: ClusterConfig | None = None) -> int:
+    """Load the engine (or, with ``cluster.replicas`` > 1 or a Ray address, start the
+    replicas), serve until SIGTERM/SIGINT, drain (``grace_s``, default
     ``env.shutdown_grace_s``: ``SPECLANE_SHUTDOWN_GRACE_S`` or 30 s), and return 0."""
-    from speclane.engine.engine import LLMEngine
-
     grace = grace_s if grace_s is not None else (env or runtime_env()).shutdown_grace_s(DEFAULT_GRACE_S)
     _configure_logging(log_level)
     keys = KeyTable.load(api_keys) if api_keys else None  # a bad key file fails before the model loads
-    async_engine = AsyncEngine(LLMEngine(engine_config))
+    async_engine: AsyncEngine | ClusterEngine
+    if cluster is not None and (cluster.replicas > 1 or cluster.ray_address):
+        from speclane.cluster.launch import start_cluster  # imports Ray
+
+        async_engine = start_cluster(engine_config, cluster)
+    else:
+        from speclane.engine.engine import LLMEngine
+
+        async_engine = AsyncEngine(LLMEngine(engine_config))
     try:
         app = create_app(async_engine, api_keys=keys)
         config = uvicorn_config(app, host=host, port=port, grace_s=grace, log_level=log_level)
@@ -245,6 +278,12 @@ def serve(engine_config: EngineConfig, *, host: str = "127.0.0.1", port: int = 8
     finally:
         async_engine.shutdown()
     return 0
+
+
+def _replica_view(cluster: ClusterEngine) -> ReplicaView:
+    return ReplicaView(cluster.snapshots(), [(c.name, h == "healthy") for c, h in zip(cluster.clients, cluster.health,
+                                                                                   strict=True)],
+                       cluster.router.num_queued)
 
 
 def _configure_logging(level: str) -> None:

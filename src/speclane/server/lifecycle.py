@@ -21,6 +21,7 @@ import uvicorn
 from speclane.server.errors import APIError
 
 if TYPE_CHECKING:
+    from speclane.cluster.front import ClusterEngine
     from speclane.engine.async_engine import AsyncEngine
 
 logger = logging.getLogger("speclane.server")
@@ -32,7 +33,7 @@ ABORT_WAIT_S = 5.0  # after aborting, how long to wait for handlers to tell thei
 class RequestTracker:
     """The requests an app is generating for, and the drain that ends them."""
 
-    def __init__(self, async_engine: AsyncEngine) -> None:
+    def __init__(self, async_engine: AsyncEngine | ClusterEngine) -> None:
         self.async_engine = async_engine
         self.draining = False
         self._live: set[str] = set()

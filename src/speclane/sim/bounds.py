@@ -103,9 +103,7 @@ class BoundsMonitor:
         # Lane share: the backlog, per priority: tenant -> [weight, eligible requests].
         self._backlog: dict[int, dict[str, list[float]]] = {}
         self._backlog_stale = False
-        self._fair: dict[Key, float] = defaultdict(float)
-        self._actual: dict[Key, float] = defaultdict(float)
-        self._lag: dict[Key, float] = {}
+        self._ledger = ShareLedger()
 
     # -- after schedule -------------------------------------------------------------
     def after_schedule(self, tick: int, now: float, scheduler: Scheduler, plan: SchedulerPlan,
@@ -226,20 +224,8 @@ class BoundsMonitor:
 
         Uses the backlog as it stood at this tick's schedule (membership changes made by
         this update take effect from the next tick)."""
-        for priority, tenants in self._backlog.items():
-            capacity = sum(v for (_, p), v in rounds.items() if p == priority)
-            if not capacity:
-                continue  # no entitlement, no service: nothing moves
-            fair = _water_fill(capacity, tenants)
-            for tenant, share in fair.items():
-                key = (tenant, priority)
-                got = rounds.get(key, 0.0)
-                self._fair[key] += share
-                self._actual[key] += got
-                lag = self._lag.get(key, 0.0) + share - got
-                self._lag[key] = lag
-                if abs(lag) > self.report.max_lag_rounds:
-                    self.report.max_lag_rounds = abs(lag)
+        self._ledger.add(rounds, self._backlog)
+        self.report.max_lag_rounds = self._ledger.max_lag
         if self._backlog_stale:
             self._rebuild_backlog()
 
@@ -248,8 +234,7 @@ class BoundsMonitor:
         for tenant, priority, weight in self._eligible.values():
             entry = backlog.setdefault(priority, {}).setdefault(tenant, [weight, 0])
             entry[1] += 1
-        for key in [k for k in self._lag if k[0] not in backlog.get(k[1], ())]:
-            del self._lag[key]  # its backlogged period ended
+        self._ledger.end_periods(backlog)
         self._backlog = backlog
         self._backlog_stale = False
 
@@ -259,10 +244,45 @@ class BoundsMonitor:
             self._close_grant(rid)
         rep = self.report
         threshold = self.budget or 8
-        rep.fair_rounds = {k: v for k, v in self._fair.items() if v >= threshold}
-        rep.share_ratios = {k: self._actual[k] / v for k, v in rep.fair_rounds.items()}
+        rep.fair_rounds = {k: v for k, v in self._ledger.fair.items() if v >= threshold}
+        rep.share_ratios = self._ledger.ratios(threshold)
         rep.jain = jain(list(rep.share_ratios.values()))
         return rep
+
+
+class ShareLedger:
+    """Fair and actual lane rounds per (tenant, priority), and each one's lag within its
+    backlogged period: ``add`` one tick's rounds against the backlog it had (priority ->
+    tenant -> [weight, eligible requests]); ``end_periods`` drops the lags of those that
+    left it."""
+
+    def __init__(self) -> None:
+        self.fair: dict[Key, float] = defaultdict(float)
+        self.actual: dict[Key, float] = defaultdict(float)
+        self.lag: dict[Key, float] = {}
+        self.max_lag = 0.0
+
+    def add(self, rounds: dict[Key, float], backlog: dict[int, dict[str, list[float]]]) -> None:
+        for priority, tenants in backlog.items():
+            capacity = sum(v for (_, p), v in rounds.items() if p == priority)
+            if not capacity:
+                continue  # no entitlement, no service: nothing moves
+            for tenant, share in water_fill(capacity, tenants).items():
+                key = (tenant, priority)
+                got = rounds.get(key, 0.0)
+                self.fair[key] += share
+                self.actual[key] += got
+                lag = self.lag.get(key, 0.0) + share - got
+                self.lag[key] = lag
+                self.max_lag = max(self.max_lag, abs(lag))
+
+    def end_periods(self, backlog: dict[int, dict[str, list[float]]]) -> None:
+        for key in [k for k in self.lag if k[0] not in backlog.get(k[1], ())]:
+            del self.lag[key]  # its backlogged period ended
+
+    def ratios(self, threshold: float) -> dict[Key, float]:
+        """``actual / fair`` of every key entitled to at least ``threshold`` rounds."""
+        return {k: self.actual[k] / v for k, v in self.fair.items() if v >= threshold}
 
 
 def jain(values: list[float]) -> float:
@@ -272,7 +292,7 @@ def jain(values: list[float]) -> float:
     return total * total / (len(values) * squares) if squares else float("nan")
 
 
-def _water_fill(capacity: float, tenants: dict[str, list[float]]) -> dict[str, float]:
+def water_fill(capacity: float, tenants: dict[str, list[float]]) -> dict[str, float]:
     """Split ``capacity`` by weight, each tenant capped at its number of eligible requests."""
     total_w = sum(w for w, _ in tenants.values())
     if all(capacity * w / total_w <= cap for w, cap in tenants.values()):

@@ -24,6 +24,8 @@ PROGRESS_MIN_REQUESTS = 500  # smaller runs finish before a bar would help
 
 
 def run_simulate(args: argparse.Namespace, engine_config: EngineConfig) -> int:
+    if getattr(args, "replicas", 1) > 1:
+        return run_cluster_simulate(args, engine_config)
     started = time.perf_counter()
     spec = WorkloadSpec(num_requests=args.requests, num_tenants=args.tenants)
     cost, notes = CostModel(), []
@@ -86,3 +88,34 @@ def _run(policies: dict, jobs: list, setup: Setup, num_requests: int) -> list[Po
     with tqdm(total=total, desc="simulating", unit="req", disable=num_requests < PROGRESS_MIN_REQUESTS,
               mininterval=0.5) as bar:
         return run_policies(policies, jobs, setup, on_finished=bar.update)
+
+
+def run_cluster_simulate(args: argparse.Namespace, engine_config: EngineConfig) -> int:
+    """``--replicas N``: the fair lane over N replicas, counters shared every
+    ``--counter-sync-ms``, ten times less often, and never (``sim/cluster.py``)."""
+    from speclane.bench.common import Table, write_report
+    from speclane.sim.cluster import run_cluster
+
+    spec = WorkloadSpec(num_requests=args.requests, num_tenants=args.tenants)
+    cost, sched, lane = CostModel(), engine_config.scheduler, lane_policies(engine_config.lane)
+    fair_lane = next(iter(lane.values()))
+    rate = arrival_rate(spec, cost, sched.max_num_seqs) * args.replicas
+    jobs = make_workload(spec, args.seed, rate)
+    setup = Setup(sched, engine_config.model.max_model_len, cost, args.seed)
+    table = Table(f"The fair lane over {args.replicas} replicas: {spec.num_requests} requests, {spec.num_tenants} "
+                  f"tenants, {fair_lane.spec_slots} slot(s) each, grant budget B={fair_lane.spec_grant_rounds} rounds",
+                  ["lane counters", "Jain's index (actual / fair share)", "max lag (rounds)", "lane rounds",
+                   "simulated s", "wall s"])
+    for sync_ms in (args.counter_sync_ms, args.counter_sync_ms * 10, None):
+        outcome = run_cluster(fair_lane, jobs, setup, replicas=args.replicas, sync_ms=sync_ms)
+        label = f"shared every {sync_ms:g} ms" if sync_ms is not None else "per replica (not shared)"
+        counts = outcome.counts
+        table.add(label, round(outcome.jain, 4), round(outcome.max_lag_rounds, 1), int(counts["rounds"]),
+                  round(counts["sim_time_s"], 1), round(counts["wall_s"], 1))
+    table.notes.append(f"Poisson arrivals at {rate:.2f}/s ({spec.load:.0%} of the estimated capacity of "
+                       f"{args.replicas} replicas); each tenant's fair share is taken over the whole cluster")
+    print(table.markdown())
+    report = write_report(Path(args.out), "speclane simulate --replicas", [table],
+                          {"replicas": args.replicas, "seed": args.seed, "arrival_rate_per_s": rate})
+    print(f"report: {report}")
+    return 0

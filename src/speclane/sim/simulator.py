@@ -100,7 +100,7 @@ class Simulator:
             while arrivals and arrivals[0][0] <= now:
                 _, _, job = heapq.heappop(arrivals)
                 try:
-                    scheduler.add_request(_request(job, now), now)
+                    scheduler.add_request(job_request(job, now), now)
                 except QueueFullError:
                     out.rejected += 1
                     heapq.heappush(arrivals, (now + self.retry_s, next(seq), job))
@@ -148,7 +148,8 @@ class Simulator:
             out.lane_events.extend(events)
 
 
-def _request(job: SimJob, now: float) -> Request:
+def job_request(job: SimJob, now: float) -> Request:
+    """The scheduler's request for ``job``, arriving at ``now``."""
     return Request(
         request_id=job.request_id,
         prompt_token_ids=(TOKEN,) * job.num_prompt_tokens,

@@ -1,0 +1,96 @@
+"""``speclane bench replicas``: one engine process vs engine replicas on Ray, over HTTP.
+
+On this machine's cores (two here) the arms are ``speclane serve --num-threads 2`` (one
+process, both cores in one engine) and ``speclane serve --replicas 2 --num-threads 1``
+(two Ray actors, a core each, behind the cluster front). Each arm serves 16 greedy
+streams at once (``CHAT_PROMPTS``), and the table reports their aggregate tok/s, median
+of the runs. The router's added latency per request is measured inside the front while
+one-token requests are sent alone: the time from a request's arrival at the front to a
+replica accepting it (admission queue, placement, the Ray call) plus the mean trip of a
+poll reply that carries outputs back. The table also gives each one-token request's end
+to end time, beside a one-process server with one thread (the engine a replica runs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import httpx
+
+from speclane.bench.common import Table, median
+from speclane.bench.driver import progress
+from speclane.bench.http_streams import aggregate_rate, concurrent_streams
+from speclane.bench.prompts import CHAT_PROMPTS
+from speclane.bench.servers import speclane_server
+from speclane.config import EngineConfig
+
+STREAMS = 16
+WARMUP = 3
+
+
+def _one_token_ms(url: str, model: str, repeats: int) -> float:
+    """Median wall time of a one-token chat completion sent alone (after three warm-ups)."""
+    times = []
+    for i in range(repeats + WARMUP):
+        started = time.perf_counter()
+        response = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+            "model": model, "messages": [{"role": "user", "content": CHAT_PROMPTS[i % len(CHAT_PROMPTS)]}],
+            "max_tokens": 1, "temperature": 0})
+        response.raise_for_status()
+        if i >= WARMUP:
+            times.append((time.perf_counter() - started) * 1000.0)
+    return median(times)
+
+
+def _front_seconds(url: str) -> dict[str, tuple[float, float]]:
+    """(sum, count) of the front's dispatch and delivery histograms."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        for kind in ("dispatch", "delivery"):
+            if family.name == f"speclane_cluster_{kind}_seconds":
+                samples = {s.name.rsplit("_", 1)[-1]: s.value for s in family.samples if s.name.endswith(("_sum", "_count"))}
+                out[kind] = (samples["sum"], samples["count"])
+    return out
+
+
+def replicas(config: EngineConfig, quick: bool = False) -> list[Table]:
+    model = config.model.model
+    max_tokens, runs, repeats = (32, 1, 5) if quick else (64, 3, 15)
+    prompts = (CHAT_PROMPTS * 2)[:STREAMS]
+    arms = {"1 process x 2 threads": (2, ()), "2 replicas x 1 thread (Ray)": (1, ("--replicas", "2"))}
+    throughput = Table(f"Aggregate tok/s of {STREAMS} concurrent greedy streams ({max_tokens} tokens each)",
+                       ["server", "tok/s (median)", "runs"])
+    # The one-thread baseline first, before any Ray process exists (or is still exiting).
+    with speclane_server(dataclasses.replace(config, model=dataclasses.replace(config.model, num_threads=1))) as one:
+        latency_ms = {"1 process x 1 thread": _one_token_ms(one.url, model, repeats)}
+    for arm, (threads, extra) in arms.items():
+        arm_config = config.replace(num_threads=threads)
+        with speclane_server(arm_config, extra) as server:
+            concurrent_streams(server.url, model, prompts[:2], 8)  # warm-up
+            rates = []
+            for run in range(runs):
+                progress(f"{arm}: run {run + 1}/{runs}")
+                rates.append(aggregate_rate(concurrent_streams(server.url, model, prompts, max_tokens)))
+            throughput.add(arm, median(rates), runs)
+            if extra:
+                before = _front_seconds(server.url)
+                latency_ms[arm] = _one_token_ms(server.url, model, repeats)
+                after = _front_seconds(server.url)
+                front_ms = {k: 1000.0 * (after[k][0] - before[k][0]) / max(1.0, after[k][1] - before[k][1])
+                            for k in after}
+    latency = Table("Router's added latency: a one-token request sent alone", ["server", "median ms", "requests"])
+    for arm, ms in latency_ms.items():
+        latency.add(arm, ms, repeats)
+    added = front_ms["dispatch"] + front_ms["delivery"]
+    latency.notes.append(
+        f"the router's added latency, measured inside the front: {added:.1f} ms per request = arrival to a "
+        f"replica accepting it {front_ms['dispatch']:.1f} ms (speclane_cluster_dispatch_seconds) + a poll reply's "
+        f"trip back {front_ms['delivery']:.1f} ms (speclane_cluster_delivery_seconds, mean per reply)")
+    latency.notes.append("end to end, the one-process server runs its HTTP handling and its engine thread in one "
+                         "Python process (one GIL); a replica's engine has its process to itself")
+    throughput.notes.append("the replicas' torch threads are fixed by --num-threads; Ray runs the "
+                            "replicas as actors of a local cluster started by speclane serve")
+    return [throughput, latency]
