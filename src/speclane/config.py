@@ -45,6 +45,9 @@ class ModelConfig:
     quantization: str = field(default="auto", metadata={"help": "auto: run a GGUF's own values (its blocks, F32/F16/BF16) and a folder's float weights on our kernels, quantize nothing on load; int8, int4: quantize the other weights on load; none"})
     max_model_len: int = field(default=2048, metadata={"help": "prompt + completion tokens"})
     num_threads: int = field(default=0, metadata={"help": "torch CPU threads; 0 = torch's default"})
+    adapt_threads: bool = field(default=True, metadata={
+        "help": "run on as many of the threads as other processes leave cores free (checked each second; a busy "
+                "neighbour otherwise stalls every thread at each barrier)"})
     kernels: str = field(default="auto", metadata={
         "help": "auto: our C kernels where they build here, else torch's ops; native: ours or a start-up error; torch: torch's ops"})
 

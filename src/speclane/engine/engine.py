@@ -23,6 +23,7 @@ from speclane.engine import calibration
 from speclane.engine.detokenizer import IncrementalDetokenizer
 from speclane.engine.runner import ModelRunner
 from speclane.engine.stats import EngineCounters, EngineObserver
+from speclane.engine.threads import ThreadGovernor
 from speclane.grammar.compiler import CompiledGrammar, GrammarCompiler
 from speclane.grammar.spec import GrammarSpec
 from speclane.models.build import build_model
@@ -120,6 +121,8 @@ class LLMEngine:
                observer: EngineObserver | None, drafter: Drafter | None) -> None:
         self.config = config
         self.clock = clock
+        threads = torch.get_num_threads()
+        self.thread_governor = ThreadGovernor(threads) if config.model.adapt_threads and threads > 1 else None
         self.tokenizer = tokenizer
         self.model = model
         mc = self.model.config
@@ -267,6 +270,7 @@ class LLMEngine:
             if self.observer is not None:
                 self.observer.on_idle()
             return outputs
+        self._follow_free_cores()
         started = time.perf_counter()
         result = self.runner.execute(plan)
         with self._lock:
@@ -325,6 +329,14 @@ class LLMEngine:
             speculative=request.spec.as_dict(),
             logprobs=logprobs if request.sampling.logprobs is not None else None,
         )
+
+    def _follow_free_cores(self) -> None:
+        """Between ticks, on the engine thread (the thread whose OpenMP regions run the forward)."""
+        threads = self.thread_governor.update() if self.thread_governor is not None else None
+        if threads is not None:
+            log.info("threads: %d (other processes keep %s of %d cores busy)", threads,
+                     "some" if threads < self.thread_governor.max_threads else "none", self.thread_governor.cores)
+            torch.set_num_threads(threads)
 
     def _final_output(self, request: Request, text: str, new_ids: list[int] | None = None,
                       logprobs: list[TokenLogprob] | None = None) -> RequestOutput:

@@ -1,0 +1,97 @@
+"""The thread governor: threads follow the cores other processes leave free, between 1 and
+the configured count, read from the kernel's CPU counters (a fake reading here, and one
+real reading of /proc)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from speclane.engine.threads import CpuSample, ThreadGovernor, free_threads, read_sample
+
+
+def test_free_threads_counts_the_cores_others_leave():
+    assert free_threads(busy_s=2.0, ours_s=2.0, elapsed_s=1.0, cores=2, max_threads=2) == 2  # all busy time is ours
+    assert free_threads(busy_s=2.0, ours_s=1.0, elapsed_s=1.0, cores=2, max_threads=2) == 1  # one core is another's
+    assert free_threads(busy_s=2.0, ours_s=0.7, elapsed_s=1.0, cores=2, max_threads=2) == 1
+    assert free_threads(busy_s=1.2, ours_s=1.0, elapsed_s=1.0, cores=2, max_threads=2) == 2  # a fifth of a core: noise
+    assert free_threads(busy_s=2.5, ours_s=2.0, elapsed_s=1.0, cores=2, max_threads=2) == 2  # half a core: a client
+    assert free_threads(busy_s=4.0, ours_s=0.0, elapsed_s=1.0, cores=2, max_threads=2) == 1  # never below one
+    assert free_threads(busy_s=0.0, ours_s=0.0, elapsed_s=1.0, cores=8, max_threads=4) == 4  # never above the setting
+
+
+class _Machine:
+    """Fake counters: ``others`` cores of other processes' work and ``ours`` of ours per second."""
+
+    def __init__(self) -> None:
+        self.now, self.busy, self.ours = 0.0, 0.0, 0.0
+        self.others_rate, self.ours_rate = 0.0, 2.0
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        self.busy += (self.others_rate + self.ours_rate) * seconds
+        self.ours += self.ours_rate * seconds
+
+    def read(self) -> CpuSample:
+        return CpuSample(self.busy, self.ours)
+
+
+def test_the_governor_drops_to_the_free_cores_and_comes_back():
+    machine = _Machine()
+    governor = ThreadGovernor(2, cores=2, read=machine.read, clock=lambda: machine.now)
+    machine.advance(0.5)
+    assert governor.update() is None, "not before the interval"
+    machine.advance(0.6)
+    assert governor.update() is None, "quiet: two threads stay"
+    machine.others_rate, machine.ours_rate = 1.0, 1.0  # a busy process beside us
+    machine.advance(1.1)
+    assert governor.update() == 1 and governor.threads == 1
+    machine.advance(1.1)
+    assert governor.update() is None, "no change: nothing to do"
+    machine.others_rate = 0.0
+    machine.advance(1.1)
+    assert governor.update() == 2
+
+
+def test_the_governor_asks_nothing_without_counters():
+    governor = ThreadGovernor(2, cores=2, read=lambda: None, clock=iter(range(0, 100, 2)).__next__)
+    assert all(governor.update() is None for _ in range(5))
+
+
+def test_read_sample_parses_the_allowed_cores_and_this_process(tmp_path: Path):
+    proc = tmp_path
+    (proc / "self").mkdir()
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    (proc / "stat").write_text("cpu  9 9 9 9 9 9 9 9 0 0\ncpu0 100 0 50 1000 5 1 2 3 0 0\n"
+                               "cpu1 10 0 5 500 0 0 0 0 0 0\ncpu2 7 0 0 0 0 0 0 0 0 0\nintr 1 2\n")
+    fields = ["S"] + ["0"] * 10 + ["40", "2"] + ["0"] * 30  # state, then fields 4..: utime 40, stime 2
+    (proc / "self" / "stat").write_text("123 (a name) with space) " + " ".join(fields))
+    tick = os.sysconf("SC_CLK_TCK")
+    sample = read_sample(cores={0, 1}, proc=proc)
+    assert sample == CpuSample((100 + 50 + 1 + 2 + 3 + 10 + 5) / tick, 42 / tick)
+    assert read_sample(cores={0}, proc=tmp_path / "absent") is None
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="no /proc here")
+def test_a_real_busy_process_shows_as_another_processs_core():
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("one core: nothing to free")
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        before, start = read_sample(), time.monotonic()
+        time.sleep(1.0)
+        after, end = read_sample(), time.monotonic()
+    finally:
+        hog.kill()
+        hog.wait()
+    others = (after.busy_s - before.busy_s - (after.ours_s - before.ours_s)) / (end - start)
+    assert others > 0.6, f"the busy process used {others:.2f} of a core"
+    assert free_threads(after.busy_s - before.busy_s, after.ours_s - before.ours_s, end - start, len(cores),
+                        len(cores)) <= len(cores) - 1 + (others < 0.75)
