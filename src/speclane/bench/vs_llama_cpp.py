@@ -46,14 +46,17 @@ NEW_TOKENS = 128
 STREAM_LEVELS = (8, 16)
 CONTEXT_PER_SLOT = 1024
 OFF = {"speculative": False}
+SETTLE_S = 1.2  # a busy neighbour's head start before the noisy measurement
 
 
 @contextlib.contextmanager
 def busy_process() -> Iterator[None]:
-    """One other process spinning on the CPU while the block runs (one core's worth)."""
+    """One other process spinning on the CPU while the block runs (one core's worth),
+    started ``SETTLE_S`` before it: a neighbour that has been there a while, which the
+    engine's thread governor (reading the CPU counters each second) has had time to see."""
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        time.sleep(0.2)  # scheduled before the measurement starts
+        time.sleep(SETTLE_S)
         yield
     finally:
         hog.kill()
@@ -222,5 +225,7 @@ def _noisy_table(noisy: dict[str, list[float]], tokens: int, repeats: int) -> Ta
     for name, kept in noisy.items():
         table.add(name, f"{median(kept):.2f}", ", ".join(f"{k:.2f}" for k in kept))
     table.notes.append(f"Each run measures the quiet rate ({tokens} tokens), then the same beside a Python busy loop "
-                       f"started for it; {repeats} runs. Target: speclane keeps at least 0.5.")
+                       f"started {SETTLE_S} s before it; {repeats} runs. speclane's engine gives up a thread per core "
+                       "another process keeps busy (--adapt-threads); llama-bench keeps its -t threads. Target: speclane "
+                       "keeps at least 0.5.")
     return table
