@@ -30,3 +30,14 @@ def test_shared_counters_give_each_tenant_its_share_of_the_clusters_lane(sync_ms
     assert alone.jain < 0.93, alone.share_ratios
     assert alone.share_ratios[("a", 0)] > 1.3, "per replica, a runs on both lanes: half of the cluster's rounds"
     assert shared.max_lag_rounds < alone.max_lag_rounds / 3
+
+
+def test_bench_replicas_carries_the_simulated_cluster_table(monkeypatch):
+    from speclane.bench import replicas_scenario
+
+    monkeypatch.setattr(replicas_scenario, "SIMULATE", ["--replicas", "2", "--requests", "120", "--tenants", "6"])
+    [table] = replicas_scenario.simulated_cluster()
+    assert table.title.startswith("The fair lane over 2 replicas: 120 requests, 6 tenants")
+    assert [row[0] for row in table.rows] == ["shared every 50 ms", "shared every 500 ms", "per replica (not shared)"]
+    assert all(0 < row[1] <= 1 for row in table.rows)
+    assert "`speclane simulate --replicas 2 --requests 120 --tenants 6`" in table.notes[-1]

@@ -9,12 +9,22 @@ one-token requests are sent alone: the time from a request's arrival at the fron
 replica accepting it (admission queue, placement, the Ray call) plus the mean trip of a
 poll reply that carries outputs back. The table also gives each one-token request's end
 to end time, beside a one-process server with one thread (the engine a replica runs).
+
+Without ``--quick`` the scenario also runs ``speclane simulate --replicas 8 --requests
+10000 --tenants 1000`` (its own process: the simulator sits above the benchmarks) and
+carries its table: the fair lane's bounds over 8 replicas with the counters shared every
+50 ms, every 500 ms and not at all.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import httpx
 
@@ -27,6 +37,7 @@ from speclane.config import EngineConfig
 
 STREAMS = 16
 WARMUP = 3
+SIMULATE = ["--replicas", "8", "--requests", "10000", "--tenants", "1000"]
 
 
 def _one_token_ms(url: str, model: str, repeats: int) -> float:
@@ -93,4 +104,20 @@ def replicas(config: EngineConfig, quick: bool = False) -> list[Table]:
                          "Python process (one GIL); a replica's engine has its process to itself")
     throughput.notes.append("the replicas' torch threads are fixed by --num-threads; Ray runs the "
                             "replicas as actors of a local cluster started by speclane serve")
-    return [throughput, latency]
+    return [throughput, latency] + ([] if quick else simulated_cluster())
+
+
+def simulated_cluster() -> list[Table]:
+    """The tables of ``speclane simulate`` over 8 replicas (``SIMULATE``), run in its own process."""
+    progress("replicas: speclane simulate " + " ".join(SIMULATE))
+    with tempfile.TemporaryDirectory() as out:
+        command = [str(Path(sys.executable).with_name("speclane")), "simulate", *SIMULATE, "--out", out]
+        started = time.perf_counter()
+        subprocess.run(command, check=True, capture_output=True)
+        minutes = (time.perf_counter() - started) / 60
+        report = json.loads((Path(out) / "report.json").read_text())
+    tables = [Table(t["title"], t["columns"], t["rows"], t["notes"]) for t in report["tables"]]
+    for table in tables:
+        table.notes.append(f"`speclane simulate {' '.join(SIMULATE)}` (the cost model, seed {report.get('seed', 0)}; "
+                           f"{minutes:.1f} min)")
+    return tables
