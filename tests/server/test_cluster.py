@@ -190,3 +190,45 @@ def test_a_replica_killed_mid_stream_ends_only_its_own_streams_and_rejoins(clust
         "the summed counters never go back"
     wait_until(lambda: front.statuses[1] is not None and front.statuses[1]["counters"]["generated_by_tenant"],
                timeout=10, what="the rejoined replica to serve")
+
+
+def test_a_replica_that_stops_answering_is_drained_then_stops_what_the_front_ended(
+        cluster: tuple[LiveServer, Any], live: LiveServer) -> None:
+    """SIGSTOP freezes replica 0 (its process lives, its calls hang): after the health
+    timeout the front drains it (its streams end with an error event, new requests go to
+    replica 1); SIGCONT brings it back with the same incarnation, it serves again, and the
+    requests the front ended are aborted there rather than left generating."""
+    server, front = cluster
+    short = chat(live.url, COUNT, 20)
+    results: dict[int, dict[str, Any]] = {}
+    started = [threading.Event() for _ in range(4)]
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(
+        i, stream(server.url, COUNT, 150, f"hang-{i}", started[i])), daemon=True) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for event in started:
+        assert event.wait(120), "every stream sent a token"
+    pid = front.replica_pid(0)
+    outages = httpx.get(server.url + "/health").json()["replicas"][0]["outages"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: httpx.get(server.url + "/health").json()["status"] == "degraded",
+                   timeout=front.cluster.health_timeout_s + 20, what="the frozen replica to be drained")
+        assert chat(server.url, COUNT, 20, "hang-new") == short, "a new request is served by the other replica"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    for thread in threads:
+        thread.join(180)
+    failed = [r for r in results.values() if r["errors"]]
+    assert failed and all("replica 0" in r["errors"][0] for r in failed), [r["errors"] for r in results.values()]
+    wait_until(lambda: httpx.get(server.url + "/health").json()["status"] == "ok", timeout=60,
+               what="the resumed replica to serve again")
+    assert httpx.get(server.url + "/health").json()["replicas"][0]["outages"] == outages + 1
+    wait_until(lambda: front.statuses[0] is not None and front.statuses[0]["counters"]["running"] == 0
+               and front.statuses[0]["counters"]["waiting"] == 0, timeout=30,
+               what="the resumed replica to finish or stop its requests")
+    generated = front.statuses[0]["counters"]["generated_by_tenant"]
+    ended = [i for i, r in results.items() if r["errors"]]
+    assert all(generated.get(f"hang-{i}", 0) < 150 for i in ended), (
+        "the requests the front ended were stopped on the resumed replica, not generated to their 150 tokens",
+        {i: generated.get(f"hang-{i}") for i in ended})

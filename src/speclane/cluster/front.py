@@ -294,7 +294,11 @@ class ClusterEngine:
     def _deliver(self, replica: int, out: RequestOutput) -> None:
         live = self._live.get(out.request_id)
         if live is None or live.replica != replica:
-            return  # ended here already, or re-run elsewhere after this replica was drained
+            # Ended here already, or re-run elsewhere after this replica was drained. A replica
+            # that hung and came back still runs what the front ended: stop it there.
+            if not out.finished:
+                asyncio.get_running_loop().create_task(self._abort_on(replica, out.request_id))
+            return
         now = time.monotonic()
         n = len(out.token_ids)
         if n:
