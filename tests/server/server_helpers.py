@@ -6,11 +6,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 
 from speclane.engine.async_engine import AsyncEngine
+from speclane.server.app import create_app
 from speclane.server.lifecycle import DrainingServer
 
 MODEL = "smollm2-135m-instruct"
@@ -43,6 +45,13 @@ class LiveServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(15)
+
+
+def keyed_server(async_engine: AsyncEngine, keys_toml: str, folder: Path) -> LiveServer:
+    """A live server of ``async_engine`` with the API keys of ``keys_toml`` (written into ``folder``)."""
+    path = folder / "keys.toml"
+    path.write_text(keys_toml)
+    return LiveServer(create_app(async_engine, api_keys=path))
 
 
 def wait_until(predicate: Callable[[], bool], *, timeout: float = 60.0, interval: float = 0.05,

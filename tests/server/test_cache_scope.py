@@ -10,10 +10,9 @@ from typing import Any
 
 import httpx
 import pytest
-from server_helpers import MODEL, LiveServer
+from server_helpers import MODEL, LiveServer, keyed_server
 
 from speclane.engine.async_engine import AsyncEngine
-from speclane.server.app import create_app
 
 pytestmark = pytest.mark.slow
 
@@ -36,9 +35,7 @@ tenant = "guest"
 
 @pytest.fixture(scope="module")
 def keyed(async_engine: AsyncEngine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    path = tmp_path_factory.mktemp("keys") / "keys.toml"
-    path.write_text(KEYS_TOML)
-    server = LiveServer(create_app(async_engine, api_keys=path))
+    server = keyed_server(async_engine, KEYS_TOML, tmp_path_factory.mktemp("keys"))
     yield server
     server.stop()
 

@@ -147,18 +147,25 @@ def test_a_client_that_disconnects_ends_its_request_on_its_replica(cluster: tupl
     assert all(s is not None and s["counters"]["running"] == 0 for s in front.statuses)
 
 
-def test_a_replica_killed_mid_stream_ends_only_its_own_streams_and_rejoins(cluster: tuple[LiveServer, Any],
-                                                                          live: LiveServer) -> None:
-    server, front = cluster
-    expected, short = chat(live.url, COUNT, 150), chat(live.url, COUNT, 20)
+def streams_under_way(url: str, n: int, tenant_prefix: str) -> tuple[dict[int, dict[str, Any]], list[threading.Thread]]:
+    """``n`` streams of 150 tokens of ``COUNT`` (tenants ``{tenant_prefix}-{i}``), each one
+    past its first token when this returns; their results fill in as they end."""
     results: dict[int, dict[str, Any]] = {}
-    started = [threading.Event() for _ in range(8)]
+    started = [threading.Event() for _ in range(n)]
     threads = [threading.Thread(target=lambda i=i: results.__setitem__(
-        i, stream(server.url, COUNT, 150, f"kill-{i}", started[i])), daemon=True) for i in range(8)]
+        i, stream(url, COUNT, 150, f"{tenant_prefix}-{i}", started[i])), daemon=True) for i in range(n)]
     for thread in threads:
         thread.start()
     for event in started:
         assert event.wait(120), "every stream sent a token"
+    return results, threads
+
+
+def test_a_replica_killed_mid_stream_ends_only_its_own_streams_and_rejoins(cluster: tuple[LiveServer, Any],
+                                                                          live: LiveServer) -> None:
+    server, front = cluster
+    expected, short = chat(live.url, COUNT, 150), chat(live.url, COUNT, 20)
+    results, threads = streams_under_way(server.url, 8, "kill")
     time.sleep(0.5)  # the front's copy of the counters catches up
     generated_before = sum(per_tenant(server.url, "speclane_generated_tokens").values())
     os.kill(front.replica_pid(1), signal.SIGKILL)
@@ -200,14 +207,7 @@ def test_a_replica_that_stops_answering_is_drained_then_stops_what_the_front_end
     requests the front ended are aborted there rather than left generating."""
     server, front = cluster
     short = chat(live.url, COUNT, 20)
-    results: dict[int, dict[str, Any]] = {}
-    started = [threading.Event() for _ in range(4)]
-    threads = [threading.Thread(target=lambda i=i: results.__setitem__(
-        i, stream(server.url, COUNT, 150, f"hang-{i}", started[i])), daemon=True) for i in range(4)]
-    for thread in threads:
-        thread.start()
-    for event in started:
-        assert event.wait(120), "every stream sent a token"
+    results, threads = streams_under_way(server.url, 4, "hang")
     pid = front.replica_pid(0)
     outages = httpx.get(server.url + "/health").json()["replicas"][0]["outages"]
     os.kill(pid, signal.SIGSTOP)
