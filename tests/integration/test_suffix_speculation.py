@@ -1,5 +1,5 @@
-"""The suffix and auto drafters are lossless on the real model: greedy output on a sample
-of the drafts evaluation set equals speculation off, token for token, in the default
+"""The suffix drafter (with and without draft trees) and the auto drafter are lossless on
+the real model: greedy output on a sample of the drafts evaluation set equals speculation off, token for token, in the default
 configuration (bfloat16, the GGUF's int4 blocks on our kernels), and finished outputs
 reach the suffix drafter's store of their own tenant."""
 
@@ -9,6 +9,8 @@ import pytest
 
 from speclane.bench import drafts_set
 from speclane.config import EngineConfig
+from speclane.drafters.suffix import SuffixDrafter
+from speclane.drafters.suffix_index import SuffixParams
 from speclane.engine.engine import LLMEngine, load_tokenizer
 from speclane.models.build import build_model
 from speclane.models.loader import read_weights
@@ -17,10 +19,13 @@ from speclane.request import SamplingParams
 pytestmark = pytest.mark.slow
 
 PER_CATEGORY = 2
+TREES = SuffixParams(max_branches=3, branch_min_prob=0.05)
 MODES = {
     "off": dict(spec_mode="off"),
     # Every request holds the lane, the tenant stores filling as requests finish.
     "suffix": dict(spec_mode="slice", drafter="suffix", spec_slots=len(drafts_set.CATEGORIES), spec_grant_rounds=0),
+    # The same with draft trees wherever two continuations are seen (a low bar for branches).
+    "suffix-tree": dict(spec_mode="slice", drafter="suffix", spec_slots=len(drafts_set.CATEGORIES), spec_grant_rounds=0),
     # Two slots rotating every 2 rounds: auto's per-request state (and the head's) is dropped
     # and rebuilt at every yield.
     "auto": dict(spec_mode="slice", drafter="auto", spec_slots=2, spec_grant_rounds=2),
@@ -42,7 +47,8 @@ def runs(our_kernels):
     model, tokenizer = build_model(weights, base.model), load_tokenizer(weights.tokenizer_source)
     out = {}
     for mode, options in MODES.items():
-        engine = LLMEngine.from_parts(base.replace(**options), model, tokenizer)
+        drafter = SuffixDrafter(TREES) if mode == "suffix-tree" else None
+        engine = LLMEngine.from_parts(base.replace(**options), model, tokenizer, drafter=drafter)
         for p in prompts:
             ids = tokenizer.encode(tokenizer.apply_chat_template(list(p.messages)))
             prediction = tokenizer.encode(p.prediction) if p.prediction else ()
@@ -54,13 +60,15 @@ def runs(our_kernels):
     return out
 
 
-@pytest.mark.parametrize("mode", ["suffix", "auto"])
+@pytest.mark.parametrize("mode", ["suffix", "suffix-tree", "auto"])
 def test_greedy_output_equals_speculation_off(runs, mode):
     off, _ = runs["off"]
     on, engine = runs[mode]
     for rid, tokens in off.items():
         assert on[rid] == tokens, f"{rid}: token ids differ with --drafter {mode}"
     assert engine.counters.accepted_tokens > 0  # drafts were made and kept
+    if mode == "suffix-tree":  # trees were verified, and some accepted path left the first chain
+        assert engine.runner.tree_rounds > 0 and engine.runner.branch_rounds > 0
 
 
 def test_finished_outputs_reach_their_own_tenant_store(runs):

@@ -45,6 +45,16 @@ class WrongDrafter:
         pass
 
 
+class WrongTreeDrafter(WrongDrafter):
+    """One-hot draft trees: k random tokens, each under a random earlier node or the root."""
+
+    name = "wrong-tree"
+
+    def propose(self, request: Request, k: int) -> Draft:
+        parents = tuple(self.rng.randrange(-1, j) for j in range(k))
+        return Draft([self.rng.randrange(VOCAB) for _ in range(k)], parents=parents)
+
+
 class RandomQDrafter:
     """Samples drafts from a fixed distribution q that differs from the target's."""
 
@@ -67,10 +77,10 @@ class RandomQDrafter:
         pass
 
 
-def make_engine(drafter, spec_mode: str = "slice", slots: int = 64) -> LLMEngine:
+def make_engine(drafter, spec_mode: str = "slice", slots: int = 64, num_draft_tokens: int = 3) -> LLMEngine:
     config = EngineConfig().replace(
         dtype="float32", quantization="none", max_model_len=64, max_num_seqs=64, max_queue=100_000,
-        spec_mode=spec_mode, spec_slots=slots, spec_grant_rounds=0, num_draft_tokens=3,
+        spec_mode=spec_mode, spec_slots=slots, spec_grant_rounds=0, num_draft_tokens=num_draft_tokens,
         drafter="ngram" if drafter is not None else "none", max_num_batched_tokens=4096,
         spec_adaptive_k=False,  # the rejection rule at full K; draft_length.py has its own tests
     )
@@ -108,6 +118,34 @@ def test_seeded_sampling_with_one_hot_drafts_is_token_identical():
     assert on == off
     assert on_engine.counters.accepted_tokens > 0, "some drafts must have been accepted for this to mean anything"
     assert on_engine.counters.accepted_tokens < on_engine.counters.draft_tokens, "and some rejected"
+
+
+def test_draft_trees_reproduce_classic_decoding_greedy_and_seeded():
+    """Trees of wrong one-hot drafts: the walk takes branches other than the first and
+    the output is still classic decoding's, token for token."""
+    greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+
+    def seeded(i):
+        return SamplingParams(max_tokens=8, temperature=1.5, seed=1000 + i, ignore_eos=True)
+
+    for sp_of, n in ((lambda i: greedy, 4), (seeded, 50)):
+        off = generate_all(make_engine(None, "off"), n, sp_of, prompt=(1, 2, 3, 1, 2))
+        engine = make_engine(WrongTreeDrafter(), num_draft_tokens=6)
+        assert generate_all(engine, n, sp_of, prompt=(1, 2, 3, 1, 2)) == off
+        assert engine.runner.tree_rounds > 0 and engine.runner.branch_rounds > 0  # trees verified, branches taken
+
+
+def test_seeded_sampling_with_draft_trees_matches_classic_distribution(classic_counts):
+    """Other seeds than the classic run: the joint distribution of the tokens after the first,
+    made in a round of up to 6 tree nodes (more tokens to go than the classic run's 3, so
+    the round is not cut to one node; what follows them does not change their law)."""
+    def sp(i):
+        return SamplingParams(max_tokens=8, temperature=2.0, seed=3 * 10**6 + i, ignore_eos=True)
+
+    engine = make_engine(WrongTreeDrafter(), num_draft_tokens=6)
+    counts = _joint_counts(generate_all(engine, 4000, sp))
+    assert engine.runner.branch_rounds > 100
+    assert _p_value(classic_counts, counts) > SIGNIFICANCE
 
 
 def _joint_counts(tokens: dict[str, list[int]]) -> list[int]:

@@ -4,6 +4,7 @@ estimated-probability stop, tenant isolation, the memory bound and the cost of a
 import random
 import time
 
+from speclane import draft_tree
 from speclane.drafters.suffix import SuffixDrafter
 from speclane.drafters.suffix_index import SuffixIndex, SuffixParams, alignments, vote
 from speclane.request import Request, SamplingParams
@@ -31,14 +32,14 @@ def test_a_copy_drafts_what_followed_its_longest_matching_suffix():
 def test_the_longest_suffix_wins_over_a_more_recent_shorter_match():
     # "5 6 7" is followed by 8 once; the more recent "6 7" by 99. The context ends in 5 6 7.
     index = SuffixIndex([5, 6, 7, 8, 0, 6, 7, 99, 0])
-    tokens, _ = vote(alignments(index, [3, 5, 6, 7], LONG), 1, LONG)
+    tokens, _, _ = vote(alignments(index, [3, 5, 6, 7], LONG), 1, LONG)
     assert tokens == [8]
 
 
 def test_the_most_frequent_continuation_wins_and_its_share_is_its_probability():
     index = SuffixIndex([4, 5, 6, 0, 4, 5, 6, 0, 4, 5, 7, 0])
     params = SuffixParams(max_match=2, prior=0.0, min_prob=0.1)
-    tokens, probs = vote(alignments(index, [9, 4, 5], params), 1, params)
+    tokens, probs, _ = vote(alignments(index, [9, 4, 5], params), 1, params)
     assert tokens == [6] and abs(probs[0] - 2 / 3) < 1e-9
 
 
@@ -51,9 +52,39 @@ def test_the_draft_stops_where_its_estimated_probability_falls_below_the_thresho
     context = [9, 4, 5, 6]
     low = SuffixParams(max_match=3, prior=0.0, min_prob=0.3, spec_factor=4.0)
     high = SuffixParams(max_match=3, prior=0.0, min_prob=0.5, spec_factor=4.0)
-    tokens, probs = vote(alignments(index, context, low), 4, low)
+    tokens, probs, _ = vote(alignments(index, context, low), 4, low)
     assert tokens == [7, 2] and abs(probs[1] - 1 / 3) < 1e-9  # the document ends there
     assert vote(alignments(index, context, high), 4, high)[0] == [7]
+
+
+def test_an_ambiguous_match_drafts_a_tree_of_its_continuations_best_first():
+    # After 4 5 6: "8 3" three times, "7 1 2" twice, "9" once.
+    index = SuffixIndex()
+    for document in ([4, 5, 6, 7, 1, 2], [4, 5, 6, 9], [4, 5, 6, 7, 1, 2], [4, 5, 6, 8, 3], [4, 5, 6, 8, 3],
+                     [4, 5, 6, 8, 3]):
+        index.add_document(document)
+    context = [0, 4, 5, 6]
+    chain = SuffixParams(max_match=3, prior=0.0, min_prob=0.3, spec_factor=4.0)
+    tree = SuffixParams(max_match=3, prior=0.0, min_prob=0.3, spec_factor=4.0, max_branches=2, branch_min_prob=0.3)
+    tokens, probs, parents = vote(alignments(index, context, chain), 6, chain)
+    assert (tokens, parents) == ([8, 3], [-1, 0])
+    tokens, probs, parents = vote(alignments(index, context, tree), 6, tree)
+    # Best first: 8 and its 3 (1/2 each), then the sibling 7 and its 1 and 2 (1/3); 9 (1/6) is below the bar.
+    assert tokens == [8, 3, 7, 1, 2] and parents == [-1, 0, -1, 2, 3]
+    assert [round(p, 6) for p in probs] == [0.5, 0.5, 0.333333, 0.333333, 0.333333]
+    assert draft_tree.first_chain(parents) == [0, 1]  # the likeliest branch first
+    # A budget of 3 nodes keeps the likeliest ones, still a tree.
+    tokens, _, parents = vote(alignments(index, context, tree), 3, tree)
+    assert tokens == [8, 3, 7] and parents == [-1, 0, -1]
+
+
+def test_one_branch_per_node_drafts_the_chain():
+    index = SuffixIndex()
+    for document in ([4, 5, 6, 7, 1], [4, 5, 6, 7, 2], [4, 5, 6, 8]):
+        index.add_document(document)
+    params = SuffixParams(max_match=3, prior=0.0, min_prob=0.3, spec_factor=4.0)
+    tokens, _, parents = vote(alignments(index, [9, 4, 5, 6], params), 4, params)
+    assert draft_tree.is_chain(parents) and tokens == [7, 2]
 
 
 def test_a_short_match_drafts_a_short_continuation():

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from speclane import draft_tree
 from speclane.drafters.base import Draft
 from speclane.drafters.mtp import MTPDrafter
 from speclane.drafters.ngram import NgramDrafter
@@ -63,6 +64,7 @@ class _Round:
     start: int  # the request's length when drafted
     tokens: list[int]
     predicted: float  # the suffix drafter's sum of confidences
+    parents: tuple[int, ...] | None = None  # a draft tree's (draft_tree.py)
 
 
 @dataclass
@@ -117,7 +119,7 @@ class AutoDrafter:
         if draft.token_ids:
             self.chosen[source] += 1
             predicted = sum(suffix.confidence) if source == "suffix" else 0.0
-            state.last = _Round(source, request.num_tokens, list(draft.token_ids), predicted)
+            state.last = _Round(source, request.num_tokens, list(draft.token_ids), predicted, draft.parents)
         return draft
 
     def _score_last(self, request: Request, state: _RequestState) -> None:
@@ -127,9 +129,9 @@ class AutoDrafter:
             return
         state.last = None
         followed = request.tokens_between(last.start, min(request.num_tokens, last.start + len(last.tokens)))
-        accepted = 0
-        while accepted < len(followed) and followed[accepted] == last.tokens[accepted]:
-            accepted += 1
+        parents = last.parents if last.parents is not None else tuple(range(-1, len(last.tokens) - 1))
+        path, _ = draft_tree.accept(last.tokens, parents, lambda row, depth: followed[depth] if depth < len(followed) else -1)
+        accepted = len(path)
         if last.source == "suffix":
             hits, tries = accepted, last.predicted  # the suffix drafter's calibration
         else:

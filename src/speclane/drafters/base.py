@@ -9,11 +9,12 @@ produced (see ``engine/sampling.py``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
 
+from speclane import draft_tree
 from speclane.request import Request
 
 
@@ -33,6 +34,28 @@ class Draft:
     # including it (non-increasing); empty when it has none. ``--drafter auto`` compares
     # drafters by the sum, the expected accepted tokens.
     confidence: tuple[float, ...] = ()
+    # None: the tokens are a chain. Else a draft tree (``speclane/draft_tree.py``): the
+    # parent of each token among the draft's tokens (-1: it follows the request's last
+    # token), a parent before its children and the likeliest branch first; ``confidence``
+    # is then each node's estimate and its sum still the expected accepted tokens. Only
+    # deterministic drafts (``probs`` None) are trees; the runner verifies the first chain
+    # of a tree where a round needs a chain (a grammar).
+    parents: tuple[int, ...] | None = None
+
+    def cut(self, k: int) -> Draft:
+        """The first ``k`` tokens (a tree's first k nodes are a tree: parents come first)."""
+        if len(self.token_ids) <= k:
+            return self
+        return replace(self, token_ids=self.token_ids[:k], probs=None if self.probs is None else self.probs[:k],
+                       confidence=self.confidence[:k], parents=None if self.parents is None else self.parents[:k])
+
+    def chain(self) -> Draft:
+        """The draft as a chain: a tree's first chain (``draft_tree.first_chain``)."""
+        if self.parents is None:
+            return self
+        path = draft_tree.first_chain(self.parents)
+        return Draft([self.token_ids[j] for j in path], catch_up_ms=self.catch_up_ms,
+                     confidence=tuple(self.confidence[j] for j in path) if self.confidence else ())
 
 
 class Drafter(Protocol):

@@ -7,7 +7,9 @@ and output so far) and the outputs of its tenant's recently finished requests. T
 occurrences of the context's longest matching suffix, exact or resynchronised after a
 one-token divergence, vote on the continuation; a draft is as long as its estimated
 probability stays above ``min_prob`` (never more than the ``k`` the runner asks for). The
-draft's per-token probabilities ride on ``Draft.confidence`` for ``--drafter auto``.
+draft's per-token probabilities ride on ``Draft.confidence`` for ``--drafter auto``. Where
+the occurrences disagree on what comes next, the draft may be a tree of the likely
+continuations (``SuffixParams.max_branches``), verified in one forward.
 
 A tenant's store holds only that tenant's outputs: a draft built from another tenant's
 text would leak it through acceptance timing (a request that speeds up where someone
@@ -27,6 +29,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from speclane import draft_tree
 from speclane.drafters.base import Draft
 from speclane.drafters.suffix_index import SuffixIndex, SuffixParams, alignments, vote
 from speclane.request import Request
@@ -99,8 +102,9 @@ class SuffixDrafter:
         if store is not None:
             self.tenants.move_to_end(request.tenant)
             occurrences += alignments(store.index, context, params)
-        tokens, probs = vote(occurrences, k, params)
-        return Draft(tokens, confidence=tuple(probs), catch_up_ms=None if seeding else 0.0)
+        tokens, probs, parents = vote(occurrences, k, params)
+        return Draft(tokens, confidence=tuple(probs), catch_up_ms=None if seeding else 0.0,
+                     parents=None if draft_tree.is_chain(parents) else tuple(parents))
 
     def finish(self, request: Request) -> None:
         """Keep the finished request's output in its tenant's store (module docstring)."""

@@ -23,12 +23,17 @@ dropped, and so on; the estimated probability of the path is the product of the
 chosen tokens' shares, times a confidence in the match itself that grows with its
 length (``prior``). The draft stops when that probability falls below ``min_prob``, when
 it is ``spec_factor`` times as long as the match (a short match says little about a long
-continuation), or at ``k``. SuffixDecoding (arXiv 2411.04975) scores continuations by the
-same frequency counts and bounds a draft by the same factor of the match length.
+continuation), or at ``k``. With ``max_branches`` > 1 the draft is a tree: where the
+occurrences disagree, the less frequent continuations are drafted too while their own
+probability stays above ``branch_min_prob``, best first, and the round verifies every
+branch in one forward (``draft_tree.py``). SuffixDecoding (arXiv 2411.04975) scores
+continuations by the same frequency counts, grows its speculation trees best first by
+them, and bounds a draft by the same factor of the match length.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -50,12 +55,17 @@ class SuffixParams:
     spec_factor: float = 1.0  # draft at most this many times the match length
     prior: float = 2.0  # confidence in a match of length L: L / (L + prior)
     resync_penalty: int = 1  # a resynchronised match scores this much less than an exact one
+    max_branches: int = 1  # next tokens drafted per node (1: a chain; more: a draft tree)
+    branch_min_prob: float = 0.2  # a node that is not its parent's likeliest child needs this
 
     def __post_init__(self) -> None:
         if not 2 <= self.min_match <= self.max_match:
             raise ValueError(f"need 2 <= min_match <= max_match; got {self.min_match}, {self.max_match}")
         if not 0 <= self.min_prob < 1:
             raise ValueError(f"min_prob must be in [0, 1); got {self.min_prob}")
+        if self.max_branches < 1 or not 0 <= self.branch_min_prob < 1:
+            raise ValueError(f"need max_branches >= 1 and branch_min_prob in [0, 1); got {self.max_branches}, "
+                             f"{self.branch_min_prob}")
         if self.spec_factor <= 0 or self.prior < 0 or self.max_candidates < 1 or self.resync_min < 2:
             raise ValueError("spec_factor must be > 0, prior >= 0, max_candidates >= 1, resync_min >= 2")
 
@@ -160,11 +170,19 @@ def alignments(index: SuffixIndex, context: Sequence[int], params: SuffixParams,
     return out
 
 
-def vote(occurrences: list[Occurrence], k: int, params: SuffixParams) -> tuple[list[int], list[float]]:
-    """The most frequent continuation of the longest-matching occurrences, and the estimated
-    probability of each prefix of it (module docstring). Earlier occurrences win ties."""
+def vote(occurrences: list[Occurrence], k: int, params: SuffixParams) -> tuple[list[int], list[float], list[int]]:
+    """The draft the longest-matching occurrences vote for: up to ``k`` tokens, each one's
+    estimated probability of being accepted, and each one's parent (a draft tree's
+    ``parents``, ``draft_tree.py``; a chain where ``params.max_branches`` is 1).
+
+    Best first: the candidates are the next tokens seen after a drafted node (its
+    ``max_branches`` most frequent), each with its parent's probability times its share
+    of the occurrences that reached the parent; the likeliest candidate is drafted next,
+    while it is at least ``min_prob`` (the most frequent child) or ``branch_min_prob`` (the
+    others) and at most ``spec_factor`` times the match length deep. Earlier occurrences win
+    ties, and a node's likeliest child comes before its others."""
     if not occurrences or k <= 0:
-        return [], []
+        return [], [], []
     best = max(o.score for o in occurrences)
     group: list[tuple[list[int], int]] = []
     seen: set[tuple[int, int]] = set()
@@ -173,26 +191,35 @@ def vote(occurrences: list[Occurrence], k: int, params: SuffixParams) -> tuple[l
         if o.score == best and key not in seen:
             seen.add(key)
             group.append((o.text, o.start))
-    length = min(k, max(1, int(params.spec_factor * best)))
-    prob = best / (best + params.prior)
+    max_depth = max(1, int(params.spec_factor * best))
     tokens: list[int] = []
     probs: list[float] = []
-    offset = 0
-    while len(tokens) < length and group:
-        counts: dict[int, int] = {}
-        for text, start in group:
-            i = start + offset
+    parents: list[int] = []
+    # (-probability, tie-break, parent, depth, token, the occurrences that continue with it)
+    frontier: list[tuple[float, int, int, int, int, list[tuple[list[int], int]]]] = []
+    pushed = 0
+
+    def expand(node: int, prob: float, members: list[tuple[list[int], int]], depth: int) -> None:
+        nonlocal pushed
+        if depth >= max_depth:
+            return
+        following: dict[int, list[tuple[list[int], int]]] = {}
+        for text, start in members:
+            i = start + depth
             if i < len(text) and text[i] != SEPARATOR:
-                counts[text[i]] = counts.get(text[i], 0) + 1
-        if not counts:
-            break
-        token = max(counts, key=counts.__getitem__)  # the first seen among equal counts
-        share = counts[token] / len(group)
-        if prob * share < params.min_prob:
-            break
-        prob *= share
+                following.setdefault(text[i], []).append((text, start))
+        ranked = sorted(following.items(), key=lambda item: -len(item[1]))  # stable: the first seen among equals
+        for rank, (token, continuing) in enumerate(ranked[: params.max_branches]):
+            p = prob * len(continuing) / len(members)
+            if p >= (params.min_prob if rank == 0 else params.branch_min_prob):
+                heapq.heappush(frontier, (-p, pushed, node, depth + 1, token, continuing))
+                pushed += 1
+
+    expand(-1, best / (best + params.prior), group, 0)
+    while frontier and len(tokens) < k:
+        neg_prob, _, parent, depth, token, continuing = heapq.heappop(frontier)
         tokens.append(token)
-        probs.append(prob)
-        group = [(text, start) for text, start in group if start + offset < len(text) and text[start + offset] == token]
-        offset += 1
-    return tokens, probs
+        probs.append(-neg_prob)
+        parents.append(parent)
+        expand(len(tokens) - 1, -neg_prob, continuing, depth)
+    return tokens, probs, parents

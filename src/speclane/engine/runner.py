@@ -9,6 +9,12 @@ at the verified length, reads nothing past it, and overwrites them); the target'
 token at the first mismatch (or the bonus token after ``K`` accepted) is kept as the
 next input, exactly as in classic decoding.
 
+A draft may be a tree (``draft_tree.py``): its nodes ride in the forward as rows at
+consecutive cache positions, each at the RoPE position of its depth and seeing only its
+ancestors (``RaggedBatch.trees``); verification walks the tree, and the accepted path's
+keys and values move to their positions (``KVCache.move``), so the cache ends as a chain
+round's would. A tree of n nodes is n verify rows, what a chain of n drafts costs.
+
 A request with a grammar (structured outputs, forced tool calls) has a matcher here.
 Its round's draft is cut to what the grammar allows and extended with the tokens the
 grammar forces (a fixed JSON key, punctuation), so forced tokens cost no drafting and
@@ -25,6 +31,7 @@ import time
 
 import torch
 
+from speclane import draft_tree
 from speclane.drafters.base import Draft, Drafter, HiddenObserver
 from speclane.engine.logits import constrain, token_logprobs
 from speclane.engine.sampling import choose_tokens
@@ -46,6 +53,10 @@ class ModelRunner:
         self.drafter = drafter
         self._seeds: dict[str, int] = {}  # unseeded requests' own sampling streams
         self._matchers: dict[str, GrammarMatcher] = {}  # constrained requests' grammar state
+        # Rounds that verified a draft tree, and those whose accepted path left the tree's
+        # first chain (diagnostics for tests and benchmarks).
+        self.tree_rounds = 0
+        self.branch_rounds = 0
         # Who receives the target's final hidden states of every kept position: a drafter
         # that drafts from them (MTP), or a recorder (``speclane train-mtp``).
         self.hidden_observers: list[HiddenObserver] = []
@@ -105,24 +116,31 @@ class ModelRunner:
                 elapsed = (time.perf_counter() - started) * 1000
                 if draft.catch_up_ms is not None:  # not a (re)seeding call
                     self._draft_timings.append((elapsed - draft.catch_up_ms, len(draft.token_ids), draft.catch_up_ms))
+                draft = draft.cut(seq.num_draft_tokens)
                 matcher = self._matcher(seq.request)
                 if matcher is not None:  # what the grammar allows, then what it forces; exact-match verify
-                    draft = Draft(matcher.draft(draft.token_ids[: seq.num_draft_tokens], seq.num_draft_tokens))
+                    draft = Draft(matcher.draft(draft.chain().token_ids, seq.num_draft_tokens))
                 drafts.append(draft)
             else:
                 drafts.append(Draft([]))
-        fed = [list(seq.token_ids) + d.token_ids[: seq.num_draft_tokens] for seq, d in zip(seqs, drafts, strict=True)]
+        fed = [list(seq.token_ids) + d.token_ids for seq, d in zip(seqs, drafts, strict=True)]
         input_ids: list[int] = []
         positions: list[int] = []
-        for seq, tokens in zip(seqs, fed, strict=True):
+        for seq, tokens, draft in zip(seqs, fed, drafts, strict=True):
             input_ids.extend(tokens)
-            positions.extend(range(seq.start, seq.start + len(tokens)))
+            if draft.parents is None:
+                positions.extend(range(seq.start, seq.start + len(tokens)))
+            else:  # the fed tokens, then each node at its depth
+                last = seq.start + len(seq.token_ids) - 1
+                positions.extend(range(seq.start, last + 1))
+                positions.extend(last + depth for depth in draft_tree.depths(draft.parents))
         batch = RaggedBatch(
             input_ids=torch.tensor(input_ids, dtype=torch.long),
             positions=torch.tensor(positions, dtype=torch.long),
             block_tables=[s.block_table for s in seqs],
             starts=[s.start for s in seqs],
             num_new=[len(t) for t in fed],
+            trees=[d.parents for d in drafts] if any(d.parents for d in drafts) else None,
         )
         hidden = self.model(batch, self.cache)  # [T, hidden]
 
@@ -131,7 +149,7 @@ class ModelRunner:
         offset = 0
         for seq, tokens, draft in zip(seqs, fed, drafts, strict=True):
             if seq.sample:
-                num_sampled = len(draft.token_ids[: seq.num_draft_tokens]) + 1
+                num_sampled = len(draft.token_ids) + 1
                 rows.extend(range(offset + len(tokens) - num_sampled, offset + len(tokens)))
             offset += len(tokens)
         logits = self.model.logits(hidden[rows]) if rows else None  # [R, vocab] float32
@@ -142,18 +160,19 @@ class ModelRunner:
         argmax = logits.argmax(dim=-1).tolist() if greedy else None
 
         results: list[SeqResult] = []
-        kept: list[int] = []  # per sequence: positions that stay in the cache
+        kept: list[list[int] | int] = []  # per sequence: its rows that stay in the cache (a count: the first ones)
         cursor = 0
         for seq, tokens, draft in zip(seqs, fed, drafts, strict=True):
             if not seq.sample:  # a chunk in the middle of a prompt
                 results.append(SeqResult(seq.request_id))
                 kept.append(len(tokens))
                 continue
-            proposed = draft.token_ids[: seq.num_draft_tokens]
+            proposed = draft.token_ids
             n = len(proposed) + 1
             probs = draft.probs[: len(proposed)] if draft.probs is not None else None
-            verdict = self._choose(seq.request, logits[cursor : cursor + n], proposed, probs, seq.start + len(seq.token_ids),
-                                   argmax[cursor : cursor + n] if argmax is not None else None)
+            verdict = self._choose(seq.request, logits[cursor : cursor + n], proposed, probs,
+                                   seq.start + len(seq.token_ids), argmax[cursor : cursor + n] if argmax is not None else None,
+                                   draft.parents)
             cursor += n
             matcher = self._matcher(seq.request)
             if matcher is not None and not matcher.consume(verdict.token_ids):
@@ -161,11 +180,21 @@ class ModelRunner:
                 # end-of-sequence token, so the request ends instead of the engine.
                 logger.error("%s: the grammar refused a chosen token: %s", seq.request_id, matcher.error)
             num_top = seq.request.sampling.logprobs
-            logprobs = token_logprobs(raw[seq.request_id], verdict.token_ids, num_top) if num_top is not None else ()
+            path_rows = [0] + [j + 1 for j in verdict.path]  # the rows the kept tokens were chosen from
+            logprobs = token_logprobs(raw[seq.request_id][path_rows], verdict.token_ids, num_top) if num_top is not None else ()
             results.append(SeqResult(seq.request_id, tuple(verdict.token_ids), len(proposed), logprobs))
             # Keep the fed tokens and the accepted drafts; the rejected ones lie past the
             # verified length, which the scheduler's next plan starts from.
-            kept.append(len(seq.token_ids) + verdict.num_accepted)
+            fed_count = len(seq.token_ids)
+            if draft.parents is not None:
+                self.tree_rounds += 1
+                self.branch_rounds += verdict.path != draft_tree.first_chain(draft.parents)[: len(verdict.path)]
+            if verdict.path == list(range(verdict.num_accepted)):
+                kept.append(fed_count + verdict.num_accepted)
+            else:  # a tree's branch: its nodes' keys and values to the positions of their depths
+                first = seq.start + fed_count
+                self.cache.move(seq.block_table, [(first + j, first + d) for d, j in enumerate(verdict.path) if j != d])
+                kept.append(list(range(fed_count)) + [fed_count + j for j in verdict.path])
         if self.hidden_observers:
             self._share_hidden(seqs, fed, kept, hidden)
         return results
@@ -178,7 +207,7 @@ class ModelRunner:
         for seq, draft in zip(seqs, drafts, strict=True):
             if not seq.sample:
                 continue
-            proposed = draft.token_ids[: seq.num_draft_tokens]
+            proposed = draft.token_ids
             first, cursor = cursor, cursor + len(proposed) + 1
             params = seq.request.sampling
             if params.logprobs is not None:
@@ -188,19 +217,24 @@ class ModelRunner:
                     constrain(logits[first:cursor], params, self._matcher(seq.request), proposed)
         return raw
 
-    def _share_hidden(self, seqs: list[ScheduledSeq], fed: list[list[int]], kept: list[int], hidden: torch.Tensor) -> None:
+    def _share_hidden(self, seqs: list[ScheduledSeq], fed: list[list[int]], kept: list[list[int] | int],
+                      hidden: torch.Tensor) -> None:
         """Hand each observer the hidden states of the positions that stay in the cache."""
         offset = 0
-        for seq, tokens, num_kept in zip(seqs, fed, kept, strict=True):
-            rows = hidden[offset : offset + num_kept]  # rejected draft positions are dropped
+        for seq, tokens, rows_kept in zip(seqs, fed, kept, strict=True):
+            # Rejected draft positions are dropped; a tree's kept rows are its accepted path.
+            if isinstance(rows_kept, int):
+                rows = hidden[offset : offset + rows_kept]
+            else:
+                rows = hidden[[offset + r for r in rows_kept]]
             for observer in self.hidden_observers:
                 observer.observe(seq.request, seq.start, rows)
             offset += len(tokens)
 
     def _choose(self, request: Request, logits: torch.Tensor, draft: list[int], draft_probs: torch.Tensor | None,
-                first_position: int, argmax: list[int] | None = None):
+                first_position: int, argmax: list[int] | None = None, parents: tuple[int, ...] | None = None):
         seed = request.sampling.seed if request.sampling.seed is not None else self._seed_of(request.request_id)
-        return choose_tokens(logits, request.sampling, seed, first_position, draft, draft_probs, argmax)
+        return choose_tokens(logits, request.sampling, seed, first_position, draft, draft_probs, argmax, parents)
 
     def _seed_of(self, request_id: str) -> int:
         # Unseeded requests still get a stream of their own, independent of the batch.

@@ -14,6 +14,10 @@ Verification (docs/design.md, "Losslessness"):
   that position, then emit the target's own token there. Equivalent in distribution
   to the rejection rule with one-hot q (accept x with probability p(x), else sample
   from p without x), and token-for-token identical to classic decoding.
+- a draft tree (deterministic drafts only, ``draft_tree.py``): the same walk from the
+  root, following at each node the child that holds the target's token; each row's token
+  is drawn with the noise of its depth's position, so the output is again token for
+  token classic decoding's.
 - a drafter with probabilities q (MTP): accept x with probability min(1, p(x)/q(x));
   on rejection sample from max(p - q, 0) renormalised; if all K are accepted, sample
   a bonus token from p.
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from speclane import draft_tree
 from speclane.request import SamplingParams
 
 _MASK64 = (1 << 64) - 1
@@ -74,6 +79,11 @@ def sample_at(probs: torch.Tensor, seed: int, position: int) -> int:
 class Verdict:
     token_ids: list[int]  # accepted drafts + the target's own next token
     num_accepted: int
+    path: list[int] | None = None  # the accepted drafts' indices in the draft (None: 0 .. num_accepted - 1)
+
+    def __post_init__(self) -> None:
+        if self.path is None:
+            self.path = list(range(self.num_accepted))
 
 
 def choose_tokens(
@@ -84,27 +94,29 @@ def choose_tokens(
     draft: list[int],  # n - 1 draft tokens (empty for a classic step)
     draft_probs: torch.Tensor | None = None,  # [n - 1, V] the drafter's q, or None (one-hot)
     argmax: list[int] | None = None,  # greedy: the n rows' argmax, if the caller took it for a whole tick
+    parents: tuple[int, ...] | None = None,  # a draft tree's parents (draft_tree.py), or None: a chain
 ) -> Verdict:
-    """Verify ``draft`` against the target and return the tokens to append."""
-    if params.greedy:
+    """Verify ``draft`` against the target and return the tokens to append. Row 0 of
+    ``logits`` is the last fed token's, row j + 1 draft token j's."""
+    if draft_probs is not None and draft:
+        if parents is not None:
+            raise ValueError("a draft tree must be deterministic (no draft probabilities)")
+        return _rejection_rule(probabilities(logits, params), draft, draft_probs, seed, first_position)
+    greedy = params.greedy
+    if greedy:
         targets = argmax if argmax is not None else torch.argmax(logits, dim=-1).tolist()
-        return _accept_matching(targets, draft)
-    probs = probabilities(logits, params)
-    if draft_probs is None or not draft:
-        targets: list[int] = []
-        for i in range(len(draft) + 1):
-            targets.append(sample_at(probs[i], seed, first_position + i))
-            if i < len(draft) and targets[i] != draft[i]:
-                break  # positions after a mismatch are never used
-        return _accept_matching(targets, draft)
-    return _rejection_rule(probs, draft, draft_probs, seed, first_position)
+    else:
+        probs = probabilities(logits, params)
+
+    def target(row: int, depth: int) -> int:
+        return targets[row] if greedy else sample_at(probs[row], seed, first_position + depth)
+
+    path, tokens = draft_tree.accept(draft, parents if parents is not None else _chain(len(draft)), target)
+    return Verdict(tokens, len(path), path)
 
 
-def _accept_matching(targets: list[int], draft: list[int]) -> Verdict:
-    accepted = 0
-    while accepted < len(draft) and draft[accepted] == targets[accepted]:
-        accepted += 1
-    return Verdict(draft[:accepted] + [targets[accepted]], accepted)
+def _chain(n: int) -> tuple[int, ...]:
+    return tuple(range(-1, n - 1))
 
 
 def _rejection_rule(probs: torch.Tensor, draft: list[int], draft_probs: torch.Tensor, seed: int, first_position: int) -> Verdict:

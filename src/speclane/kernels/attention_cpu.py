@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -30,10 +31,10 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.attention.restype = None
     lib.rope_write_attention.argtypes = [pointer] * 9 + [integer] * 5 + [ctypes.c_float, integer, ctypes.c_float]
     lib.rope_write_attention.restype = None
-    lib.paged_attention.argtypes = ([pointer] * 4 + [integer] + [pointer] * 3 + [integer] * 5
+    lib.paged_attention.argtypes = ([pointer] * 4 + [integer] + [pointer] * 6 + [integer] * 5
                                     + [ctypes.c_float, integer, ctypes.c_float])
     lib.paged_attention.restype = None
-    lib.paged_rope_write_attention.argtypes = ([pointer] * 6 + [integer] + [pointer] * 4 + [integer] * 5
+    lib.paged_rope_write_attention.argtypes = ([pointer] * 6 + [integer] + [pointer] * 7 + [integer] * 5
                                                + [ctypes.c_float, integer, ctypes.c_float])
     lib.paged_rope_write_attention.restype = None
 
@@ -106,6 +107,27 @@ def rope_write_attention(lib: ctypes.CDLL, qkv: torch.Tensor, cos: torch.Tensor,
     return out
 
 
+class TreeRows(NamedTuple):
+    """A forward's draft-tree rows for the paged kernels (the C file's ``tree_rows``): row t
+    is at RoPE position ``pos[t]`` and sees, after ``[0, row_len[t])``, the cache positions
+    ``extra[extra_start[t]:extra_start[t + 1]]`` (its tree ancestors, then its own, where
+    its key and value go). int32, contiguous: pos [T], extra_start [T + 1], extra [E]."""
+
+    pos: torch.Tensor
+    extra_start: torch.Tensor
+    extra: torch.Tensor
+
+
+def _tree_pointers(tree: TreeRows | None, rows: int) -> tuple[int | None, int | None, int | None]:
+    if tree is None:
+        return None, None, None
+    if any(t.dtype != torch.int32 or not t.is_contiguous() for t in tree):
+        raise ValueError("paged attention: tree rows must be contiguous int32 tensors")
+    if tree.pos.numel() != rows or tree.extra_start.numel() != rows + 1 or int(tree.extra_start[-1]) != tree.extra.numel():
+        raise ValueError("paged attention: tree rows need one pos per row, rows + 1 extra_start and every extra")
+    return tree.pos.data_ptr(), tree.extra_start.data_ptr(), tree.extra.data_ptr()
+
+
 def _check_paged(k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor, row_seq: torch.Tensor,
                  row_len: torch.Tensor, rows: int) -> None:
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or k_cache.shape != v_cache.shape:
@@ -118,13 +140,13 @@ def _check_paged(k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Ten
 
 def paged_attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     tables: torch.Tensor, row_seq: torch.Tensor, row_len: torch.Tensor, scale: float, *,
-                    window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+                    window: int = 0, softcap: float = 0.0, tree: TreeRows | None = None) -> torch.Tensor:
     """``attention`` over a paged cache: one layer's blocks [blocks, kv_heads, block_size, d];
     tables [sequences, width] int32, each sequence's block table (position p in block
     ``table[p // block_size]``, offset ``p % block_size``); row_seq [T] int32, each query's
     sequence; row_len [T] int32, its length (at most width * block_size); ``window`` and
-    ``softcap`` as ``attention`` takes them. A position's result does not depend on which
-    blocks hold the keys."""
+    ``softcap`` as ``attention`` takes them; ``tree``: draft-tree rows (``TreeRows``). A
+    position's result does not depend on which blocks hold the keys."""
     q = q.contiguous()
     rows, heads, head_dim = q.shape
     _, kv_heads, block_size, _ = k_cache.shape
@@ -133,19 +155,21 @@ def paged_attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_
         raise ValueError("paged attention: bfloat16 queries and caches only")
     out = torch.empty(rows, heads * head_dim, dtype=torch.bfloat16)
     lib.paged_attention(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
-                        row_seq.data_ptr(), row_len.data_ptr(), out.data_ptr(), rows, heads, kv_heads, head_dim,
-                        block_size, scale, window, softcap)
+                        row_seq.data_ptr(), row_len.data_ptr(), *_tree_pointers(tree, rows), out.data_ptr(), rows, heads,
+                        kv_heads, head_dim, block_size, scale, window, softcap)
     return out
 
 
 def paged_rope_write_attention(lib: ctypes.CDLL, qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
                                k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor, row_seq: torch.Tensor,
                                row_len: torch.Tensor, num_heads: int, scale: float,
-                               q_scratch: torch.Tensor, *, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+                               q_scratch: torch.Tensor, *, window: int = 0, softcap: float = 0.0,
+                               tree: TreeRows | None = None) -> torch.Tensor:
     """``rope_write_attention`` over a paged cache (tables and row_seq as in
     ``paged_attention``): each row's rotated key and value go to its position's block and
-    offset; ``window`` and ``softcap`` as ``attention`` takes them; the caller has checked
-    every position against the rope tables and the row's table."""
+    offset (a tree row: rotated at ``tree.pos``, written at its last extra position);
+    ``window`` and ``softcap`` as ``attention`` takes them; the caller has checked every
+    position against the rope tables and the row's table."""
     rows, width = qkv.shape
     _, kv_heads, block_size, head_dim = k_cache.shape
     if width != (num_heads + 2 * kv_heads) * head_dim or not qkv.is_contiguous():
@@ -160,6 +184,6 @@ def paged_rope_write_attention(lib: ctypes.CDLL, qkv: torch.Tensor, cos: torch.T
     out = torch.empty(rows, num_heads * head_dim, dtype=torch.bfloat16)
     lib.paged_rope_write_attention(qkv.data_ptr(), cos.data_ptr(), signed_sin.data_ptr(), k_cache.data_ptr(),
                                    v_cache.data_ptr(), tables.data_ptr(), tables.shape[1], row_seq.data_ptr(),
-                                   row_len.data_ptr(), q_scratch.data_ptr(), out.data_ptr(), rows, num_heads, kv_heads,
-                                   head_dim, block_size, scale, window, softcap)
+                                   row_len.data_ptr(), *_tree_pointers(tree, rows), q_scratch.data_ptr(), out.data_ptr(),
+                                   rows, num_heads, kv_heads, head_dim, block_size, scale, window, softcap)
     return out

@@ -113,19 +113,47 @@ typedef struct {
     size_t block_stride;   // elements per block: KVH * block_size * D
 } paging;
 
+// The positions a row sees: the run [first, len), then each of `extra` alone (in a draft
+// tree: the row's ancestors and the row itself, ascending; none outside a tree). Keys are
+// read and combined in that order, so a tree row sees the same keys in the same order as
+// the chain row of its path does, and gets the same bits.
+typedef struct {
+    int first, len;        // the contiguous run
+    const int32_t *extra;  // then these positions
+    int num_extra;
+} key_runs;
+
+typedef struct { int r, p; } run_cursor;  // r: -1 in [first, len), else the extra being read; p: next position
+
+// The next run [*p, *p + *n) of the row's positions that lies in one block; 0 at the end.
+INLINE int next_run(key_runs k, paging pg, run_cursor *c, int *p, int *n) {
+    for (;;) {
+        const int end = c->r < 0 ? k.len : k.extra[c->r] + 1;
+        if (c->p < end) {
+            const int offset = c->p % pg.block_size;
+            *p = c->p;
+            *n = end - c->p < pg.block_size - offset ? end - c->p : pg.block_size - offset;
+            c->p += *n;
+            return 1;
+        }
+        if (++c->r >= k.num_extra) return 0;
+        c->p = k.extra[c->r];
+    }
+}
+
 // One (query row, head): q [D] bfloat16; the head's keys/values at k_head/v_head + a
-// block's offset (see paging), positions [first, len) -> out [D] bfloat16.
+// block's offset (see paging), the positions of `runs` -> out [D] bfloat16.
 // softcap > 0: each score becomes softcap * tanh(score / softcap) before the softmax
 // (Gemma 2), with the C library's tanhf in both builds.
-static void attend_one(const uint16_t *q, const uint16_t *k_head, const uint16_t *v_head, paging pg, int first, int len,
+static void attend_one(const uint16_t *q, const uint16_t *k_head, const uint16_t *v_head, paging pg, key_runs runs,
                        int D, float scale, float softcap, float *scores, uint16_t *out) {
-    const int blocks = D / BLOCK, count = len - first;  // scores[i]: position first + i
+    const int blocks = D / BLOCK, count = runs.len - runs.first + runs.num_extra;  // scores[j]: the row's j-th key
     wide qlo[MAX_HEAD_DIM / BLOCK], qhi[MAX_HEAD_DIM / BLOCK];
     for (int b = 0; b < blocks; b++) load_block(q + BLOCK * b, &qlo[b], &qhi[b]);
     float maximum = -INFINITY;
-    for (int p = first; p < len;) {  // the run of positions [p, p + n) in one block
-        const int offset = p % pg.block_size, n = len - p < pg.block_size - offset ? len - p : pg.block_size - offset;
-        const uint16_t *keys = k_head + (size_t)pg.table[p / pg.block_size] * pg.block_stride + (size_t)offset * D;
+    run_cursor cursor = {-1, runs.first};
+    for (int p, n, j0 = 0; next_run(runs, pg, &cursor, &p, &n); j0 += n) {  // positions [p, p + n) in one block
+        const uint16_t *keys = k_head + (size_t)pg.table[p / pg.block_size] * pg.block_stride + (size_t)(p % pg.block_size) * D;
         for (int i = 0; i < n; i++) {
             const uint16_t *k = keys + (size_t)i * D;
             wide lo, hi;
@@ -135,12 +163,11 @@ static void attend_one(const uint16_t *q, const uint16_t *k_head, const uint16_t
                 load_block(k + BLOCK * b, &lo, &hi);
                 acc = w_fma(qhi[b], hi, w_fma(qlo[b], lo, acc));
             }
-            const int j = p - first + i;
+            const int j = j0 + i;
             scores[j] = hsum(w_fold(acc)) * scale;
             if (softcap > 0.0f) scores[j] = softcap * tanhf(scores[j] / softcap);
             maximum = scores[j] > maximum ? scores[j] : maximum;
         }
-        p += n;
     }
     __m256 top = _mm256_set1_ps(maximum), total = _mm256_setzero_ps();
     int j = 0;
@@ -161,11 +188,11 @@ static void attend_one(const uint16_t *q, const uint16_t *k_head, const uint16_t
     }
     wide alo[MAX_HEAD_DIM / BLOCK], ahi[MAX_HEAD_DIM / BLOCK];
     for (int b = 0; b < blocks; b++) alo[b] = ahi[b] = w_zero();
-    for (int p = first; p < len;) {
-        const int offset = p % pg.block_size, n = len - p < pg.block_size - offset ? len - p : pg.block_size - offset;
-        const uint16_t *values = v_head + (size_t)pg.table[p / pg.block_size] * pg.block_stride + (size_t)offset * D;
+    cursor = (run_cursor){-1, runs.first};
+    for (int p, n, j0 = 0; next_run(runs, pg, &cursor, &p, &n); j0 += n) {
+        const uint16_t *values = v_head + (size_t)pg.table[p / pg.block_size] * pg.block_stride + (size_t)(p % pg.block_size) * D;
         for (int i = 0; i < n; i++) {
-            const wide w = w_set1(scores[p - first + i]);
+            const wide w = w_set1(scores[j0 + i]);
             const uint16_t *val = values + (size_t)i * D;
             for (int b = 0; b < blocks; b++) {
                 wide lo, hi;
@@ -174,7 +201,6 @@ static void attend_one(const uint16_t *q, const uint16_t *k_head, const uint16_t
                 ahi[b] = w_fma(w, hi, ahi[b]);
             }
         }
-        p += n;
     }
     const wide inverse = w_set1(1.0f / sum);
     for (int b = 0; b < blocks; b++) store_block(out + BLOCK * b, w_mul(alo[b], inverse), w_mul(ahi[b], inverse));
@@ -186,23 +212,46 @@ INLINE const int32_t *row_table(const int32_t *tables, int table_width, const in
     return tables + (size_t)(row_seq ? row_seq[t] : t) * table_width;
 }
 
+// A draft tree's rows (all NULL outside a tree): row t is at position pos[t] (its RoPE
+// position; NULL: row_len[t] - 1) and sees, after [0, row_len[t]), the positions
+// extra[extra_start[t] .. extra_start[t + 1]) (NULL: none), the last of which holds its
+// own key and value. A tree's nodes sit at consecutive cache positions after the fed
+// prefix while their RoPE positions are their depths, so siblings share a position.
+typedef struct {
+    const int32_t *pos, *extra_start, *extra;
+} tree_rows;
+
+INLINE int row_position(tree_rows tree, const int32_t *row_len, int t) {
+    return tree.pos ? tree.pos[t] : row_len[t] - 1;
+}
+
+// Where row t's key and value go: its last extra position, else row_len[t] - 1.
+INLINE int row_place(tree_rows tree, const int32_t *row_len, int t) {
+    if (tree.extra_start && tree.extra_start[t + 1] > tree.extra_start[t]) return tree.extra[tree.extra_start[t + 1] - 1];
+    return row_len[t] - 1;
+}
+
 // The attention of every (query row, head) over the cache: q [T][H][D]. A row of length
-// len sees positions [first, len): first = len - window with a window (window > 0)
-// shorter than len, else 0.
+// len at position pos sees positions [first, len), then its tree extras: first =
+// pos + 1 - window with a window (window > 0) shorter than pos + 1, else 0.
 static void attend_rows(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *tables,
-                        int table_width, const int32_t *row_seq, const int32_t *row_len, uint16_t *out, int T, int H,
-                        int KVH, int D, int block_size, float scale, int window, float softcap) {
+                        int table_width, const int32_t *row_seq, const int32_t *row_len, tree_rows tree,
+                        uint16_t *out, int T, int H, int KVH, int D, int block_size, float scale, int window,
+                        float softcap) {
     const int group = H / KVH;
     const size_t head_stride = (size_t)block_size * D;
     // Scores on the heap, one buffer per thread: a table's positions can exceed a worker's stack.
     float *scores = malloc(sizeof(float) * (size_t)table_width * block_size);
     #pragma omp for schedule(dynamic, 1)
     for (int item = 0; item < T * H; item++) {
-        const int t = item / H, h = item % H, len = row_len[t];
-        const int first = window > 0 && len > window ? len - window : 0;
+        const int t = item / H, h = item % H, len = row_len[t], seen = row_position(tree, row_len, t) + 1;
+        const int first = window > 0 && seen > window ? (seen - window < len ? seen - window : len) : 0;
+        const int extra_first = tree.extra_start ? tree.extra_start[t] : 0;
+        const key_runs runs = {first, len, tree.extra_start ? tree.extra + extra_first : NULL,
+                               tree.extra_start ? tree.extra_start[t + 1] - extra_first : 0};
         const paging pg = {row_table(tables, table_width, row_seq, t), block_size, (size_t)KVH * head_stride};
         const size_t at = (size_t)(h / group) * head_stride;
-        attend_one(q + (size_t)item * D, k_cache + at, v_cache + at, pg, first, len, D, scale, softcap, scores,
+        attend_one(q + (size_t)item * D, k_cache + at, v_cache + at, pg, runs, D, scale, softcap, scores,
                    out + (size_t)item * D);
     }
     free(scores);
@@ -213,21 +262,24 @@ static void attend_rows(const uint16_t *q, const uint16_t *k_cache, const uint16
 // the sequence of query t, row_len[t] how many keys it sees (its position + 1, at most
 // table_width * block_size). out: [T][H][D] bfloat16. D % 32 == 0, D <= 256, H % KVH == 0
 // (checked by the caller). window: keys a row sees, its own included (a sliding-window
-// layer; 0: all). softcap: the scores' soft cap (0: none).
+// layer; 0: all). softcap: the scores' soft cap (0: none). row_pos, extra_start, extra: a
+// draft tree's rows (tree_rows; all NULL outside a tree).
 void paged_attention(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *tables,
-                     int table_width, const int32_t *row_seq, const int32_t *row_len, uint16_t *out, int T, int H,
-                     int KVH, int D, int block_size, float scale, int window, float softcap) {
+                     int table_width, const int32_t *row_seq, const int32_t *row_len, const int32_t *row_pos,
+                     const int32_t *extra_start, const int32_t *extra, uint16_t *out, int T, int H, int KVH, int D,
+                     int block_size, float scale, int window, float softcap) {
+    const tree_rows tree = {row_pos, extra_start, extra};
     #pragma omp parallel
-    attend_rows(q, k_cache, v_cache, tables, table_width, row_seq, row_len, out, T, H, KVH, D, block_size, scale, window,
-                softcap);
+    attend_rows(q, k_cache, v_cache, tables, table_width, row_seq, row_len, tree, out, T, H, KVH, D, block_size, scale,
+                window, softcap);
 }
 
 // paged_attention on a slot cache [slots][KVH][max_len][D]: row_slot[t] is query t's slot.
 void attention(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *row_slot,
                const int32_t *row_len, uint16_t *out, int T, int H, int KVH, int D, int max_len, float scale,
                int window, float softcap) {
-    paged_attention(q, k_cache, v_cache, row_slot, 1, NULL, row_len, out, T, H, KVH, D, max_len, scale, window,
-                    softcap);
+    paged_attention(q, k_cache, v_cache, row_slot, 1, NULL, row_len, NULL, NULL, NULL, out, T, H, KVH, D, max_len, scale,
+                    window, softcap);
 }
 
 // RoPE in the rotate-half layout on one head, in bfloat16 as torch computes llama.py's
@@ -245,15 +297,18 @@ static void rotate_head(const uint16_t *x, const uint16_t *cos, const uint16_t *
 
 // One layer's attention straight from its fused projection: qkv [T][(H + 2 KVH) D]
 // bfloat16 (query heads, key heads, value heads). Rotates the queries into q_out [T][H][D]
-// and the keys, at each row's position (row_len[t] - 1), into the cache beside the values
-// (through the row's block table), then attends as paged_attention() does (window,
-// softcap). cos, signed_sin: [positions][D] bfloat16 tables.
+// and the keys, at each row's position (row_len[t] - 1, or a tree row's pos and place),
+// into the cache beside the values (through the row's block table), then attends as
+// paged_attention() does (window, softcap, tree rows). cos, signed_sin: [positions][D]
+// bfloat16 tables.
 // Why fused: in a one-token step the RoPE, the split, the copies and the two cache writes
 // were ~6 torch ops per layer, each mostly dispatch on a 2-core CPU.
 void paged_rope_write_attention(const uint16_t *qkv, const uint16_t *cos, const uint16_t *signed_sin,
                                 uint16_t *k_cache, uint16_t *v_cache, const int32_t *tables, int table_width,
-                                const int32_t *row_seq, const int32_t *row_len, uint16_t *q_out, uint16_t *out, int T,
+                                const int32_t *row_seq, const int32_t *row_len, const int32_t *row_pos,
+                                const int32_t *extra_start, const int32_t *extra, uint16_t *q_out, uint16_t *out, int T,
                                 int H, int KVH, int D, int block_size, float scale, int window, float softcap) {
+    const tree_rows tree = {row_pos, extra_start, extra};
     const size_t head_stride = (size_t)block_size * D, block_stride = (size_t)KVH * head_stride;
     const int width = (H + 2 * KVH) * D;
     #pragma omp parallel
@@ -261,10 +316,10 @@ void paged_rope_write_attention(const uint16_t *qkv, const uint16_t *cos, const 
         #pragma omp for schedule(static)
         for (int t = 0; t < T; t++) {
             const uint16_t *row = qkv + (size_t)t * width;
-            const int position = row_len[t] - 1;
+            const int position = row_position(tree, row_len, t), slot = row_place(tree, row_len, t);
             const uint16_t *c = cos + (size_t)position * D, *s = signed_sin + (size_t)position * D;
             const int32_t *table = row_table(tables, table_width, row_seq, t);
-            const size_t place = (size_t)table[position / block_size] * block_stride + (size_t)(position % block_size) * D;
+            const size_t place = (size_t)table[slot / block_size] * block_stride + (size_t)(slot % block_size) * D;
             for (int h = 0; h < H; h++) rotate_head(row + h * D, c, s, D, q_out + ((size_t)t * H + h) * D);
             for (int h = 0; h < KVH; h++) {
                 const size_t at = place + (size_t)h * head_stride;
@@ -272,7 +327,7 @@ void paged_rope_write_attention(const uint16_t *qkv, const uint16_t *cos, const 
                 memcpy(v_cache + at, row + (H + KVH + h) * D, sizeof(uint16_t) * D);
             }
         }  // the implicit barrier: every row's keys are in the cache before any row attends
-        attend_rows(q_out, k_cache, v_cache, tables, table_width, row_seq, row_len, out, T, H, KVH, D, block_size,
+        attend_rows(q_out, k_cache, v_cache, tables, table_width, row_seq, row_len, tree, out, T, H, KVH, D, block_size,
                     scale, window, softcap);
     }
 }
@@ -282,6 +337,6 @@ void rope_write_attention(const uint16_t *qkv, const uint16_t *cos, const uint16
                           uint16_t *v_cache, const int32_t *row_slot, const int32_t *row_len, uint16_t *q_out,
                           uint16_t *out, int T, int H, int KVH, int D, int max_len, float scale, int window,
                           float softcap) {
-    paged_rope_write_attention(qkv, cos, signed_sin, k_cache, v_cache, row_slot, 1, NULL, row_len, q_out, out, T, H,
-                               KVH, D, max_len, scale, window, softcap);
+    paged_rope_write_attention(qkv, cos, signed_sin, k_cache, v_cache, row_slot, 1, NULL, row_len, NULL, NULL, NULL, q_out,
+                               out, T, H, KVH, D, max_len, scale, window, softcap);
 }

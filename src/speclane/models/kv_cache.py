@@ -14,6 +14,8 @@ written, and the next forward overwrites them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
@@ -41,6 +43,18 @@ class KVCache:
     @property
     def dtype(self) -> torch.dtype:
         return self.all_keys.dtype
+
+    def move(self, table: Sequence[int], moves: Sequence[tuple[int, int]]) -> None:
+        """Copy, in every layer, the keys and values at position ``source`` to position
+        ``target`` of the sequence with block ``table``, for each (source, target) in turn:
+        a draft tree's accepted nodes, from their slots to the positions of their depths.
+        A position's key (rotated at its depth) and value do not depend on where they sit."""
+        if not moves:
+            return
+        size = self.block_size
+        for cache in (self.all_keys, self.all_values):
+            for source, target in moves:
+                cache[:, table[target // size], :, target % size] = cache[:, table[source // size], :, source % size]
 
     def blocks_needed(self, num_positions: int) -> int:
         return -(-num_positions // self.block_size)

@@ -8,6 +8,12 @@ verifications: each sequence brings its own new tokens and its own cached length
 sequence's block table; attention reads each sequence's ``[0, start + num_new)`` positions
 through it.
 
+A sequence may end in a draft tree (``RaggedBatch.trees``, ``speclane/draft_tree.py``): its
+nodes take consecutive cache positions after the fed tokens, each at the RoPE position of
+its depth, and each node's row sees the context, its ancestors and itself (the kernel's
+tree rows; a mask on the torch path). The runner moves the accepted path's keys and
+values to their positions (``KVCache.move``).
+
 Attention: bfloat16 models use our row-by-row kernel on every layer (``kernels/attention_x86.c``:
 every query row alone, so a position's result does not depend on its neighbours in the
 batch), a sliding layer's window (a query at position p sees keys in ``(p - window, p]``)
@@ -31,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from speclane import draft_tree
 from speclane.kernels import attention_cpu, norm_cpu
 from speclane.kernels.select import Kernels
 from speclane.models.kv_cache import KVCache, gather
@@ -124,6 +131,46 @@ class RaggedBatch:
     block_tables: list[Sequence[int]]  # [B] each sequence's KV block table (covering start + num_new)
     starts: list[int]  # [B] cached length before this forward
     num_new: list[int]  # [B] new tokens of each sequence (sum == T)
+    # [B] per sequence, None or the parents of its last len(parents) new tokens, a draft
+    # tree (``draft_tree.py``): ``positions`` holds their RoPE positions (by depth), and
+    # their keys and values go to consecutive cache positions after the fed tokens.
+    trees: list[tuple[int, ...] | None] | None = None
+
+
+@dataclass
+class TreeLayout:
+    """Where a forward's draft-tree rows sit in the cache and what they see (int32 [T] or
+    flat): ``slots``, each row's cache position; ``row_len``, the contiguous positions
+    ``[0, row_len)`` it sees; ``extra_start`` [T + 1] and ``extra``, the further positions
+    it sees (its tree ancestors, then its own slot)."""
+
+    slots: torch.Tensor
+    row_len: torch.Tensor
+    extra_start: torch.Tensor
+    extra: torch.Tensor
+
+    @classmethod
+    def of(cls, batch: RaggedBatch) -> TreeLayout | None:
+        """None where no sequence carries a tree."""
+        if not batch.trees or not any(batch.trees):
+            return None
+        slots: list[int] = []
+        row_len: list[int] = []
+        extra_start = [0]
+        extra: list[int] = []
+        for start, n, parents in zip(batch.starts, batch.num_new, batch.trees, strict=True):
+            fed = n - len(parents or ())
+            slots.extend(range(start, start + n))
+            row_len.extend(range(start + 1, start + fed + 1))
+            extra_start.extend([len(extra)] * fed)
+            for j in range(len(parents or ())):
+                row_len.append(start + fed)
+                extra.extend(start + fed + a for a in draft_tree.path_to(parents, j))
+                extra_start.append(len(extra))
+        return cls(*(torch.tensor(values, dtype=torch.int32) for values in (slots, row_len, extra_start, extra)))
+
+    def tree_rows(self, positions: torch.Tensor) -> attention_cpu.TreeRows:
+        return attention_cpu.TreeRows(positions.to(torch.int32).contiguous(), self.extra_start, self.extra)
 
 
 def rope_inv_freq(config: LlamaConfig, sliding: bool = False) -> torch.Tensor:
@@ -275,6 +322,12 @@ class LlamaModel(nn.Module):
         max_kv = max(s + n for s, n in zip(batch.starts, batch.num_new, strict=True))
         if max_kv > cfg.max_position_embeddings:
             raise ValueError(f"position {max_kv} is beyond the model's {cfg.max_position_embeddings} positions")
+        for parents, n in zip(batch.trees or (), batch.num_new, strict=False):
+            if parents:
+                draft_tree.check(parents)
+                if len(parents) >= n or max(draft_tree.depths(parents)) >= min(
+                        (w for w in map(cfg.traits.window, range(cfg.num_layers)) if w), default=cfg.max_position_embeddings):
+                    raise ValueError("a draft tree needs a fed token before it and must be shallower than every window")
         for table, start, n in zip(batch.block_tables, batch.starts, batch.num_new, strict=True):
             # Before any kernel reads or writes past a table's end or the pool's.
             if len(table) * cache.block_size < start + n or max(table, default=0) >= cache.num_blocks or min(table, default=0) < 0:
@@ -416,9 +469,12 @@ class _AttentionPlan:
         rows = [list(t[: -(-(s + n) // block_size)]) for t, s, n in zip(batch.block_tables, batch.starts, batch.num_new, strict=True)]
         self.tables = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32)  # [B, width]
         seq_of_token = torch.repeat_interleave(torch.arange(self.num_seqs), torch.tensor(batch.num_new))
-        # Where each new token's key and value go.
-        self.write_blocks = self.tables[seq_of_token, batch.positions // block_size].long()  # [T]
-        self.write_offsets = batch.positions % block_size  # [T]
+        self.positions = batch.positions
+        self.layout = TreeLayout.of(batch)
+        # Where each new token's key and value go: its position, or a tree node's slot.
+        slots = self.layout.slots.long() if self.layout is not None else batch.positions
+        self.write_blocks = self.tables[seq_of_token, slots // block_size].long()  # [T]
+        self.write_offsets = slots % block_size  # [T]
         self.single = self.num_seqs == 1
         self._masks: dict[int, torch.Tensor | None] = {}  # by window (0: none)
         # bfloat16: our row-by-row kernel (kernels/attention_x86.c), so that a position's
@@ -427,7 +483,12 @@ class _AttentionPlan:
         if self.ours:
             self.library = attention_library
             self.row_seq = seq_of_token.to(torch.int32).contiguous()
-            self.row_len = (batch.positions + 1).to(torch.int32).contiguous()  # position p sees keys 0..p
+            if self.layout is None:
+                self.row_len = (batch.positions + 1).to(torch.int32).contiguous()  # position p sees keys 0..p
+                self.tree_rows = None
+            else:
+                self.row_len = self.layout.row_len
+                self.tree_rows = self.layout.tree_rows(batch.positions)
             self.num_heads = cfg.num_heads
             self.q_scratch = torch.empty(total, cfg.num_heads, cfg.head_dim, dtype=dtype)  # shared by the layers
         if not need_torch:
@@ -448,6 +509,8 @@ class _AttentionPlan:
         return self._masks[window]
 
     def _make_mask(self, window: int) -> torch.Tensor | None:
+        if self.layout is not None:
+            return self._tree_mask(window)
         key_pos = torch.arange(self.kv_len)  # [L]
         if self.single:
             n, start = self.num_new[0], self.starts[0]
@@ -468,6 +531,26 @@ class _AttentionPlan:
             allowed &= key_pos[None, None, :] > limit[:, :, None] - window
         # [B, 1, max_new * group, L] matching the folded query rows.
         return allowed.repeat_interleave(self.group, dim=1).unsqueeze(1)
+
+    def _tree_mask(self, window: int) -> torch.Tensor:
+        """``_make_mask`` for a forward with draft trees: each row sees ``[0, row_len)`` (in
+        its window, by its RoPE position), then its extra positions (``TreeLayout``)."""
+        layout = self.layout
+        assert layout is not None
+        key_pos = torch.arange(self.kv_len)
+        allowed = key_pos[None, :] < layout.row_len[:, None].long()  # [T, L]
+        if window:
+            allowed &= key_pos[None, :] > self.positions[:, None] - window
+        rows = torch.repeat_interleave(torch.arange(len(layout.row_len)), layout.extra_start.diff().long())
+        allowed[rows, layout.extra.long()] = True
+        if self.single:
+            return allowed.repeat_interleave(self.group, dim=0)  # [n * group, L]
+        padded = allowed.new_zeros(self.num_seqs * self.max_new, self.kv_len)
+        padded[self.pad_index] = allowed
+        padding = torch.ones(len(padded), dtype=torch.bool)
+        padding[self.pad_index] = False
+        padded[padding, 0] = True  # a padding row (its output is dropped) sees one key: no empty softmax
+        return padded.view(self.num_seqs, self.max_new, -1).repeat_interleave(self.group, dim=1).unsqueeze(1)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                v_cache: torch.Tensor, scale: float, *, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
@@ -503,7 +586,7 @@ class _AttentionPlan:
         ``softcap`` as ``attend`` takes them). -> [T, heads * d]"""
         return attention_cpu.paged_rope_write_attention(self.library, qkv, cos, signed_sin, k_cache, v_cache, self.tables,
                                                         self.row_seq, self.row_len, self.num_heads, scale, self.q_scratch,
-                                                        window=window, softcap=softcap)
+                                                        window=window, softcap=softcap, tree=self.tree_rows)
 
     def _write(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         """This forward's keys and values into their blocks (k, v: [T, kv_heads, d])."""
