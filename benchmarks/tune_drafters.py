@@ -1,13 +1,14 @@
 """Tune the suffix drafter's parameters on the evaluation set's tuning half, never the held-out one.
 
-    PYTHONPATH=src python benchmarks/tune_drafters.py [--max-tokens 64] [--references refs.json]
+    PYTHONPATH=src python benchmarks/tune_drafters.py [--max-tokens 64] [--references refs.json] [--trees]
 
 1. The default model's greedy answer to every ``tune`` prompt of ``bench/data/drafts.jsonl``,
    speculation off (greedy output is the same with any drafter, so one answer serves every
    setting); ``--references`` caches them in a JSON file.
 2. A replay per setting: each answer is decoded again in rounds, the drafter proposing up
    to K tokens from the prompt and the answer so far (and the prediction); a round keeps
-   the matching prefix of the proposal plus one token. The prompts of a category are one
+   the accepted path of the proposal (a chain's matching prefix, a tree's longest
+   matching branch) plus one token. The prompts of a category are one
    tenant, answered in file order, so the tenant store holds the category's earlier answers.
 3. The estimated speed-up of a category: its tokens at the plain step's cost, over the
    rounds' cost, a round of n drafts costing the default engine's measured step of 1 + n
@@ -16,6 +17,8 @@
 The score of a setting is the geometric mean over categories of the estimated speed-up,
 so no category is given up for another. The script prints every setting tried with its
 per-category estimates, then the one chosen; ``SuffixParams``' defaults are set from it.
+``--trees`` tunes the draft-tree parameters (``TREE_GRID``) on top of ``SuffixParams``'
+other defaults; a tree of n nodes costs the step of 1 + n rows, as a chain of n drafts does.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from speclane import draft_tree
 from speclane.bench import drafts_set
 from speclane.bench.factory import EngineFactory
 from speclane.config import EngineConfig
@@ -42,6 +46,10 @@ GRID = {
     "spec_factor": [0.25, 0.5, 1.0, 2.0],
     "prior": [0.5, 2.0, 6.0],
     "max_match": [4, 8, 32],
+}
+TREE_GRID = {
+    "max_branches": [1, 2, 3],
+    "branch_min_prob": [0.02, 0.05, 0.1, 0.2],
 }
 
 
@@ -81,12 +89,13 @@ def replay(refs: dict[str, dict], params: SuffixParams, k: int, step_ms: list[fl
         done = 0
         while done < len(answer):
             started = time.perf_counter()
-            draft = drafter.propose(request, min(k, len(answer) - done - 1)).token_ids
+            draft = drafter.propose(request, min(k, len(answer) - done - 1))
             cost += (time.perf_counter() - started) * 1000
-            accepted = 0
-            while accepted < len(draft) and draft[accepted] == answer[done + accepted]:
-                accepted += 1
-            cost += step_ms[len(draft)]  # the verify of 1 + len(draft) rows
+            tokens = draft.token_ids
+            parents = draft.parents if draft.parents is not None else tuple(range(-1, len(tokens) - 1))
+            path, _ = draft_tree.accept(tokens, parents, lambda row, depth, at=done, text=answer: text[at + depth])
+            accepted = len(path)
+            cost += step_ms[len(tokens)]  # the verify of 1 + len(tokens) rows
             request.output_token_ids.extend(answer[done : done + accepted + 1])
             done += accepted + 1
         drafter.finish(request)
@@ -104,7 +113,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--references", type=Path, help="JSON cache of the greedy answers")
+    parser.add_argument("--trees", action="store_true", help="tune the draft-tree parameters (TREE_GRID) only")
     args = parser.parse_args()
+    grid = TREE_GRID if args.trees else GRID
     config = EngineConfig.from_flat(num_threads=2)
     factory = EngineFactory(config)
     prompts = drafts_set.load("tune")  # the tuning half only
@@ -116,16 +127,16 @@ def main() -> int:
     categories = list(drafts_set.by_category(prompts))
     print("setting | " + " | ".join(categories) + " | geomean")
     best: tuple[float, SuffixParams] | None = None
-    for values in itertools.product(*GRID.values()):
-        params = replace(SuffixParams(), **dict(zip(GRID, values, strict=True)))
+    for values in itertools.product(*grid.values()):
+        params = replace(SuffixParams(), **dict(zip(grid, values, strict=True)))
         speedups = replay(refs, params, k, step_ms)
         score = geomean(list(speedups.values()))
-        setting = ", ".join(f"{name}={value}" for name, value in zip(GRID, values, strict=True))
+        setting = ", ".join(f"{name}={value}" for name, value in zip(grid, values, strict=True))
         print(f"{setting} | " + " | ".join(f"{speedups[c]:.2f}" for c in categories) + f" | {score:.3f}", flush=True)
         if best is None or score > best[0]:
             best = (score, params)
     assert best is not None
-    chosen = ", ".join(f"{name}={getattr(best[1], name)}" for name in GRID)
+    chosen = ", ".join(f"{name}={getattr(best[1], name)}" for name in grid)
     print(f"chosen: {chosen} (estimated geomean speed-up {best[0]:.3f} on the tuning half)")
     return 0
 

@@ -75,3 +75,27 @@ def test_accepted_rounds_raise_the_rate():
 def test_geometric_expectation():
     assert geometric(0.5, 3) == 0.5 + 0.25 + 0.125
     assert geometric(0.9, 0) == 0
+
+
+class FixedTree(Fixed):
+    """Proposes a draft tree: ``tokens`` under ``parents``."""
+
+    def __init__(self, tokens, confidence, parents):
+        super().__init__(tokens, confidence)
+        self.parents = tuple(parents)
+
+    def propose(self, request: Request, k: int) -> Draft:
+        return Draft(self.tokens, confidence=self.confidence, parents=self.parents)
+
+
+def test_a_tree_round_counts_the_branch_the_target_took():
+    # Two branches: 7 8 (first) and 9 10. The target writes 9 10: both accepted, on the second branch.
+    tree = FixedTree([7, 8, 9, 10], [0.5, 0.5, 0.4, 0.4], [-1, 0, -1, 2])
+    auto = AutoDrafter(tree, Fixed([]), None)
+    request = _request()
+    draft = auto.propose(request, 4)
+    assert draft.parents == (-1, 0, -1, 2)
+    request.output_token_ids.extend([9, 10, 11])
+    auto.propose(request, 4)
+    rate = auto.states["r"].rates["suffix"]
+    assert rate.hits == 2 and abs(rate.tries - 1.8) < 1e-9  # 2 accepted of 1.8 predicted (the sum of the confidences)
