@@ -17,8 +17,8 @@
 The score of a setting is the geometric mean over categories of the estimated speed-up,
 so no category is given up for another. The script prints every setting tried with its
 per-category estimates, then the one chosen; ``SuffixParams``' defaults are set from it.
-``--trees`` tunes the draft-tree parameters (``TREE_GRID``) on top of ``SuffixParams``'
-other defaults; a tree of n nodes costs the step of 1 + n rows, as a chain of n drafts does.
+``--trees`` tunes the draft-tree parameters with ``min_prob`` (``TREE_GRID``) on top of
+``SuffixParams``' other defaults; a tree of n nodes costs the step of 1 + n rows, as a chain of n drafts does.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ GRID = {
     "max_match": [4, 8, 32],
 }
 TREE_GRID = {
+    "min_prob": [0.1, 0.2, 0.35],
     "max_branches": [1, 2, 3],
     "branch_min_prob": [0.02, 0.05, 0.1, 0.2],
 }

@@ -99,3 +99,10 @@ def test_a_tree_round_counts_the_branch_the_target_took():
     auto.propose(request, 4)
     rate = auto.states["r"].rates["suffix"]
     assert rate.hits == 2 and abs(rate.tries - 1.8) < 1e-9  # 2 accepted of 1.8 predicted (the sum of the confidences)
+
+
+def test_a_tree_keeps_its_shape_when_the_head_sits_the_round_out():
+    tree = FixedTree([7, 8, 9], [0.9, 0.9, 0.8], [-1, 0, -1])
+    head = Fixed([40, 41, 42])
+    draft = AutoDrafter(tree, Fixed([]), head).propose(_request(), 3)  # 2.6 expected: the head is not asked
+    assert head.calls == 0 and draft.parents == (-1, 0, -1) and draft.catch_up_ms is None

@@ -29,7 +29,7 @@ unchanged whichever drafter a round takes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -115,7 +115,7 @@ class AutoDrafter:
             if head.token_ids:
                 source, draft = "mtp", head
             else:  # adaptive K times head rounds only
-                draft = Draft(draft.token_ids, confidence=draft.confidence, catch_up_ms=None)
+                draft = replace(draft, catch_up_ms=None)
         if draft.token_ids:
             self.chosen[source] += 1
             predicted = sum(suffix.confidence) if source == "suffix" else 0.0
