@@ -7,13 +7,14 @@ import json
 
 import torch
 
-from speclane.engine import calibration
+from speclane.engine import calibration, threads
 from speclane.models.kv_cache import KVCache
 from speclane.models.toy import toy_config, toy_model
 
 
 def test_step_cost_is_cached_per_model_and_row_count(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECLANE_CALIBRATION_DIR", str(tmp_path))
+    monkeypatch.setattr(threads, "read_sample", lambda: None)  # no word on other processes: a quiet machine
     cfg = toy_config()
     model = toy_model(cfg)
     cache = KVCache(cfg.num_layers, 4, 200, cfg.num_kv_heads, cfg.head_dim, torch.float32)
@@ -89,3 +90,23 @@ def test_a_calibration_cut_short_is_not_saved(tmp_path, monkeypatch):
     cost = calibration.step_cost(model, cache, max_rows=3)
     assert len(cost.ms_by_rows) == 1 and cost.ms(3) > 0
     assert not list(tmp_path.glob("step-cost-*.json")), "a table from a busy machine is measured again next time"
+
+
+def test_a_calibration_beside_a_busy_process_is_not_saved(tmp_path, monkeypatch):
+    """Another process kept a core busy through the sweeps: its table read about twice the
+    quiet cost per row, and saved it would steer adaptive K on every later start."""
+    monkeypatch.setenv("SPECLANE_CALIBRATION_DIR", str(tmp_path))
+    samples = iter([threads.CpuSample(busy_s=0.0, ours_s=0.0), threads.CpuSample(busy_s=1e6, ours_s=0.0)])
+    monkeypatch.setattr(threads, "read_sample", lambda: next(samples))
+    cfg = toy_config()
+    model = toy_model(cfg)
+    cache = KVCache(cfg.num_layers, 4, 200, cfg.num_kv_heads, cfg.head_dim, torch.float32)
+    assert calibration.step_cost(model, cache, max_rows=3).ms(1) > 0
+    assert not list(tmp_path.glob("step-cost-*.json"))
+
+
+def test_cores_taken_counts_other_processes_cores():
+    before = threads.CpuSample(busy_s=10.0, ours_s=4.0)
+    assert threads.cores_taken(before, threads.CpuSample(busy_s=13.0, ours_s=6.0), 1.0, 2) == 1  # 1 core of others
+    assert threads.cores_taken(before, threads.CpuSample(busy_s=12.2, ours_s=6.0), 1.0, 2) == 0  # a client's 0.2
+    assert threads.cores_taken(None, before, 1.0, 2) == 0

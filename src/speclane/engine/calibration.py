@@ -10,9 +10,10 @@ quantization, dtype, threads, rows) and kept as JSON under
 after.
 
 Start-up never waits long for it: the sweeps stop at ``BUDGET_S`` (a machine busy with
-another process made 5 sweeps take minutes). A table cut short is used for this run only
-(widths past the last measured one extend its slope, ``StepCost.ms``) and is not saved, so
-a quieter start measures it again.
+another process made 5 sweeps take minutes). A table cut short, or measured while other
+processes kept a core busy (``threads.cores_taken``: such a table read twice the quiet
+cost per row), is used for this run only (widths past the last measured one extend its
+slope, ``StepCost.ms``) and is not saved, so a quieter start measures it again.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 import torch
 
 from speclane.config import runtime_env
+from speclane.engine import threads
 from speclane.models import kv_cache
 from speclane.models import linear as linear_module
 from speclane.models import llama as llama_module
@@ -128,13 +130,15 @@ def step_cost(model: LlamaModel, cache: KVCache, max_rows: int, directory: Path 
         pass
     log.info("measuring the step cost of 1..%d rows for adaptive K (once per model and machine, at most %.0f s)",
              max_rows, BUDGET_S)
-    started = time.perf_counter()
+    started, before = time.perf_counter(), threads.read_sample()
     calibration = measure(model, cache, max_rows)
     cost = calibration.cost
-    if not calibration.complete():
-        log.warning("the machine is busy: the step cost came from %d of %d sweeps (%d of %d widths) in %.1f s; "
-                    "used for this run, not saved, measured again at the next start", calibration.sweeps, SWEEPS,
-                    len(cost.ms_by_rows), max_rows, time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    taken = threads.cores_taken(before, threads.read_sample(), elapsed, len(os.sched_getaffinity(0)))
+    if not calibration.complete() or taken:
+        log.warning("the machine is busy (other processes kept %d core(s) busy): the step cost came from %d of %d "
+                    "sweeps (%d of %d widths) in %.1f s; used for this run, not saved, measured again at the next "
+                    "start", taken, calibration.sweeps, SWEEPS, len(cost.ms_by_rows), max_rows, elapsed)
         return cost
     log.info("step cost calibrated for 1..%d rows in %.1f s", max_rows, time.perf_counter() - started)
     try:

@@ -61,6 +61,13 @@ def free_threads(busy_s: float, ours_s: float, elapsed_s: float, cores: int, max
     return max(1, min(max_threads, cores - taken))
 
 
+def cores_taken(before: CpuSample | None, after: CpuSample | None, elapsed_s: float, cores: int) -> int:
+    """Cores other processes kept busy between two samples (0 where either is missing)."""
+    if before is None or after is None or elapsed_s <= 0:
+        return 0
+    return cores - free_threads(after.busy_s - before.busy_s, after.ours_s - before.ours_s, elapsed_s, cores, cores)
+
+
 class ThreadGovernor:
     def __init__(self, max_threads: int, cores: int | None = None, *,
                  read: Callable[[], CpuSample | None] = read_sample, clock: Callable[[], float] = time.monotonic,
