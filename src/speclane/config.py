@@ -101,6 +101,9 @@ class LaneConfig:
     suffix_cache_tokens: int = field(default=8192, metadata={
         "help": "suffix and auto drafters: tokens of each tenant's recent outputs kept to draft from (oldest evicted first); "
                 "0 = the request's own text only"})
+    suffix_tree_branches: int = field(default=1, metadata={
+        "help": "suffix and auto drafters: continuations drafted per node where several were seen before, a draft tree "
+                "verified in one forward within the round's K rows; 1 = a chain"})
 
     def __post_init__(self) -> None:
         _choice("drafter", self.drafter, DRAFTERS)
@@ -114,6 +117,7 @@ class LaneConfig:
         _at_least("spec_grant_ms", self.spec_grant_ms, 0)
         _at_least("spec_skip_cap", self.spec_skip_cap, 1)
         _at_least("suffix_cache_tokens", self.suffix_cache_tokens, 0)
+        _at_least("suffix_tree_branches", self.suffix_tree_branches, 1)
         if not 0 <= self.mtp_min_draft_prob < 1:
             raise ValueError(f"mtp_min_draft_prob must be in [0, 1); got {self.mtp_min_draft_prob}")
 

@@ -5,7 +5,7 @@ the implementations are imported here, by the registry alone. The names are
 ``config.DRAFTERS`` (config validates ``--drafter`` and imports nothing of speclane);
 ``BUILDERS`` covers exactly those names. Every builder takes the engine's drafter options
 by keyword (``model``, ``model_config``, ``mtp_head``, ``min_draft_prob``, ``lookup``,
-``suffix_cache_tokens``) and uses those it needs.
+``suffix_cache_tokens``, ``suffix_tree_branches``) and uses those it needs.
 """
 
 from __future__ import annotations
@@ -18,14 +18,16 @@ from speclane.drafters.base import Drafter
 from speclane.drafters.mtp import default_head_path, load_mtp_drafter
 from speclane.drafters.ngram import NgramDrafter
 from speclane.drafters.suffix import DEFAULT_CACHE_TOKENS, SuffixDrafter
+from speclane.drafters.suffix_index import SuffixParams
 
 
 def _ngram(**options: object) -> Drafter:
     return NgramDrafter()
 
 
-def _suffix(suffix_cache_tokens: int = DEFAULT_CACHE_TOKENS, **options: object) -> Drafter:
-    return SuffixDrafter(cache_tokens=suffix_cache_tokens)
+def _suffix(suffix_cache_tokens: int = DEFAULT_CACHE_TOKENS, suffix_tree_branches: int = 1,
+            **options: object) -> SuffixDrafter:
+    return SuffixDrafter(SuffixParams(max_branches=suffix_tree_branches), cache_tokens=suffix_cache_tokens)
 
 
 def _mtp(model, model_config, mtp_head: str = "", lookup: bool = False, min_draft_prob: float = 0.0,
@@ -39,11 +41,11 @@ def has_mtp_head(model_name: str, mtp_head: str = "") -> bool:
 
 
 def _auto(model, model_config, mtp_head: str = "", min_draft_prob: float = 0.0,
-          suffix_cache_tokens: int = DEFAULT_CACHE_TOKENS, **options: object) -> Drafter:
+          suffix_cache_tokens: int = DEFAULT_CACHE_TOKENS, suffix_tree_branches: int = 1, **options: object) -> Drafter:
     head = None
     if has_mtp_head(model_config.model, mtp_head):
         head = load_mtp_drafter(model, model_config, mtp_head, lookup=False, min_draft_prob=min_draft_prob)
-    return AutoDrafter(SuffixDrafter(cache_tokens=suffix_cache_tokens), NgramDrafter(), head)
+    return AutoDrafter(_suffix(suffix_cache_tokens, suffix_tree_branches), NgramDrafter(), head)
 
 
 # ``none`` builds no drafter (None); the others take the engine's options by keyword.

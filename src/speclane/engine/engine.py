@@ -136,7 +136,8 @@ class LLMEngine:
         if drafter is None and config.lane.speculation_enabled:
             drafter = create_drafter(config.lane.drafter, model=self.model, model_config=config.model,
                                      mtp_head=config.lane.mtp_head, min_draft_prob=config.lane.mtp_min_draft_prob,
-                                     lookup=config.lane.mtp_lookup, suffix_cache_tokens=config.lane.suffix_cache_tokens)
+                                     lookup=config.lane.mtp_lookup, suffix_cache_tokens=config.lane.suffix_cache_tokens,
+                                     suffix_tree_branches=config.lane.suffix_tree_branches)
         self.drafter = drafter if config.lane.speculation_enabled else None
         lane = config.lane if self.drafter is not None else dataclasses.replace(config.lane, spec_mode="off")
         step_cost = None
