@@ -19,7 +19,8 @@ SCENARIOS: dict[str, str] = {
     "priority": "ticks from an urgent arrival to holding the lane",
     "overhead": "cost of a lane decision by number of waiters; the lane's share of tick time",
     "mtp": "held-out chat: MTP drafter vs n-gram vs off, acceptance per draft position",
-    "drafters": "held-out drafts set, 7 categories: ngram, suffix, mtp and auto speed-up over off, acceptance",
+    "drafters": "held-out drafts set, 7 categories: ngram, suffix, mtp and auto speed-up over off, acceptance; "
+                "8 streams per category, lane on vs off; auto vs llama.cpp's server n-gram speculation",
     "structured": "JSON-schema decoding vs unconstrained (1 and 8 streams); forced-token drafting, lane on vs off",
     "toolcall": "one agent turn (tool call, tool result, answer) over HTTP: speclane vs llama.cpp's llama-server",
     "prefix": "10-turn chat with a ~1,000-token system prompt: TTFT per turn, prefix cache on vs off vs llama.cpp",

@@ -26,6 +26,19 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def median_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> float:
+    """Median of the paired ratios ``numerators[i] / denominators[i]`` (two arms measured
+    side by side: the same prompt, or the same pass); pairs where either side did not
+    measure (not above 0, or NaN) are left out; NaN where none is left."""
+    pairs = zip(numerators, denominators, strict=True)
+    return median([a / b for a, b in pairs if a > 0 and b > 0])
+
+
+def times(ratio: float) -> str:
+    """A ratio as "1.23x", or "-" where it is NaN (nothing was measured)."""
+    return f"{ratio:.2f}x" if ratio == ratio else "-"
+
+
 def stream_gaps(token_times: Sequence[float]) -> list[float]:
     """Gaps between a stream's consecutive token arrivals (tokens of one tick share a time)."""
     return [b - a for a, b in zip(token_times, token_times[1:], strict=False) if b > a]

@@ -13,7 +13,10 @@ spikes on a shared machine) is a tenant of its own.
 Reports per category the median over prompts of each arm's decode rate (tokens after the
 first, over their time) divided by speculation off's on the same prompt; the drafted and
 accepted tokens; whether each arm's text equals speculation off; and which drafter
-``auto``'s rounds took.
+``auto``'s rounds took. Then two more tables on the same held-out half: each category's
+prompts as ``drafters_load.STREAMS`` concurrent streams, the lane against speculation off
+(``bench/drafters_load.py``), and a subset of each category's prompts against llama.cpp's
+server n-gram speculation on the same GGUF file (``bench/drafters_vs_llama.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import time
 
 from speclane.bench import drafts_set
 from speclane.bench.common import Table, median
+from speclane.bench.drafters_load import STREAMS, streams_table
+from speclane.bench.drafters_vs_llama import vs_llama_table
 from speclane.bench.driver import Job, Timeline, drive, progress
 from speclane.bench.factory import EngineFactory
 from speclane.drafters.registry import has_mtp_head
@@ -48,10 +53,11 @@ def drafters(factory: EngineFactory, quick: bool = False, new_tokens: int = 64, 
     arms.append("auto")
     engines = {"off": factory.engine(spec_mode="off")}
     engines.update({name: factory.engine(spec_mode="slice", drafter=name) for name in arms})
-    groups = {c: ps[:per_category] for c, ps in drafts_set.by_category(drafts_set.load("heldout")).items()}
+    heldout = drafts_set.by_category(drafts_set.load("heldout"))
+    groups = {c: ps[:per_category] for c, ps in heldout.items()}
     tok = factory.tokenizer
     encoded = {p.id: (tok.encode(tok.apply_chat_template(list(p.messages))), tok.encode(p.prediction) if p.prediction else [])
-               for ps in groups.values() for p in ps}
+               for ps in heldout.values() for p in ps}
     warm = next(iter(encoded.values()))
     for engine in engines.values():  # warm-up (a tenant of its own)
         _answer(engine, warm[0], [], "warm-up", 8)
@@ -101,7 +107,11 @@ def drafters(factory: EngineFactory, quick: bool = False, new_tokens: int = 64, 
                        "ratio is per prompt (decode rate after the first token, the best pass of each arm), so prefill and "
                        "machine load hit the arms alike. Parameters were tuned on the "
                        "other half of the set (benchmarks/tune_drafters.py).")
-    return [speed, accept]
+    load = streams_table(factory, {c: [encoded[p.id] for p in ps[:STREAMS]] for c, ps in heldout.items()}, new_tokens,
+                         repeats=1 if quick else 3)
+    llama = vs_llama_table(factory.base, {c: ps[:2 if quick else 4] for c, ps in heldout.items()}, new_tokens,
+                           passes=repeats)
+    return [speed, accept, load, llama]
 
 
 def _rate_of(run: Timeline) -> float:

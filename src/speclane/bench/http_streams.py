@@ -4,7 +4,7 @@ aggregate rate they reach: the load a server sees from several users at once."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +16,7 @@ class StreamResult:
     finished: float  # ... when its last chunk arrived
     completion_tokens: int  # the server's usage count
     first_token: float | None = None  # ... when the first content chunk arrived (None: none did)
+    drafts: tuple[int, int] = (0, 0)  # speculation's drafted and accepted tokens, where the server says
 
 
 def aggregate_rate(results: Sequence[StreamResult]) -> float:
@@ -27,26 +28,51 @@ def aggregate_rate(results: Sequence[StreamResult]) -> float:
     return sum(r.completion_tokens for r in results) / wall
 
 
-def stream_chat(url: str, model: str, prompt: str, max_tokens: int, extra: dict[str, Any] | None = None
-                ) -> StreamResult:
-    """One greedy streamed chat completion of ``prompt``, read to its end; its token count is
-    the usage the server sends in its last chunk (``stream_options.include_usage``)."""
+def decode_rate(result: StreamResult) -> float:
+    """Tokens per second after the first content chunk: the decode phase alone, without the
+    prompt's prefill; NaN where fewer than two tokens came or nothing came after the first."""
+    if result.first_token is None or result.completion_tokens < 2 or result.finished <= result.first_token:
+        return float("nan")
+    return (result.completion_tokens - 1) / (result.finished - result.first_token)
+
+
+def stream_chat(url: str, model: str, prompt: str | Sequence[Mapping[str, str]], max_tokens: int,
+                extra: dict[str, Any] | None = None) -> StreamResult:
+    """One greedy streamed chat completion of ``prompt`` (one user message, or the messages
+    of a conversation), read to its end; its token count is the usage the server sends in
+    its last chunk (``stream_options.include_usage``)."""
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{url}/v1", api_key="none", timeout=600)
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
     started = time.perf_counter()
     stream = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": prompt}], temperature=0, seed=0, max_tokens=max_tokens,
+        model=model, messages=messages, temperature=0, seed=0, max_tokens=max_tokens,
         stream=True, stream_options={"include_usage": True}, extra_body=extra)
     tokens = first = None
+    drafts = (0, 0)
     for chunk in stream:
         if first is None and chunk.choices and chunk.choices[0].delta.content:
             first = time.perf_counter()
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
+            drafts = speculation_counts(chunk.model_extra or {}, chunk.usage.model_extra or {}) or drafts
     if tokens is None:
         raise RuntimeError(f"{url} sent no usage at the end of a stream (stream_options.include_usage)")
-    return StreamResult(started, time.perf_counter(), tokens, first)
+    return StreamResult(started, time.perf_counter(), tokens, first, drafts)
+
+
+def speculation_counts(chunk_extra: Mapping[str, Any], usage_extra: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(drafted, accepted) tokens from a stream's last chunk: speclane's ``usage.speculative``
+    (``draft_tokens``, ``accepted_tokens``) or llama-server's ``timings`` (``draft_n``,
+    ``draft_n_accepted``, absent where it drafted nothing); None where neither is there."""
+    speculative = usage_extra.get("speculative")
+    if isinstance(speculative, Mapping):
+        return int(speculative.get("draft_tokens", 0)), int(speculative.get("accepted_tokens", 0))
+    timings = chunk_extra.get("timings")
+    if isinstance(timings, Mapping):
+        return int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))
+    return None
 
 
 def concurrent_streams(url: str, model: str, prompts: Sequence[str], max_tokens: int,
