@@ -81,7 +81,7 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class LaneConfig:
-    drafter: str = field(default="ngram", metadata={
+    drafter: str = field(default="auto", metadata={
         "help": "none; ngram (prompt lookup); suffix (the request's text and its tenant's recent outputs); mtp (the MTP head); "
                 "auto (per round, the proposal with the most expected accepted tokens of suffix, prompt lookup and the MTP head "
                 "where the model has one)"})

@@ -51,12 +51,12 @@ def schema_requests(engine, cases, sampling: SamplingParams, speculative: bool) 
                             grammar=engine.compile_grammar(GrammarSpec.json_schema(case.schema))) for case in cases}
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "mtp"])
+@pytest.mark.parametrize("drafter", ["auto", "mtp"])
 @pytest.mark.parametrize("sampling", [SamplingParams(max_tokens=160),
                                       SamplingParams(max_tokens=160, temperature=0.8, seed=11)],
                          ids=["greedy", "seeded"])
 def test_json_schema_outputs_validate_and_speculation_changes_nothing(llm_default, mtp_engine, sampling, drafter):
-    engine = llm_default.engine if drafter == "ngram" else mtp_engine
+    engine = llm_default.engine if drafter == "auto" else mtp_engine
     assert engine.drafter.name == drafter
     on = run(engine, schema_requests(engine, CASES, sampling, speculative=True))
     off = run(engine, schema_requests(engine, CASES, sampling, speculative=False))

@@ -106,3 +106,23 @@ def test_a_tree_keeps_its_shape_when_the_head_sits_the_round_out():
     head = Fixed([40, 41, 42])
     draft = AutoDrafter(tree, Fixed([]), head).propose(_request(), 3)  # 2.6 expected: the head is not asked
     assert head.calls == 0 and draft.parents == (-1, 0, -1) and draft.catch_up_ms is None
+
+
+def test_auto_drafts_without_the_shipped_head_where_it_does_not_fit_the_model(caplog):
+    """A toy model under the default model's name: the shipped head does not fit it, so the
+    default drafter runs without a head (and says so); a head named by the user must fit."""
+    import pytest
+
+    from speclane.config import ModelConfig
+    from speclane.drafters.mtp import default_head_path
+    from speclane.drafters.registry import create_drafter
+    from speclane.models.mtp_store import MTPHeadError
+    from speclane.models.toy import toy_model
+
+    config = ModelConfig()
+    assert default_head_path(config.model).exists()
+    auto = create_drafter("auto", model=toy_model(), model_config=config)
+    assert isinstance(auto, AutoDrafter) and auto.head is None
+    assert "without an MTP head" in caplog.text
+    with pytest.raises(MTPHeadError):
+        create_drafter("auto", model=toy_model(), model_config=config, mtp_head=str(default_head_path(config.model)))

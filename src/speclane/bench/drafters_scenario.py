@@ -30,7 +30,12 @@ from speclane.bench.drafters_vs_llama import vs_llama_table
 from speclane.bench.driver import Job, Timeline, drive, progress
 from speclane.bench.factory import EngineFactory
 from speclane.drafters.registry import has_mtp_head
+from speclane.drafters.suffix_index import SuffixParams
 from speclane.request import SamplingParams
+
+# The suffix drafter with draft trees (``--suffix-tree-branches``), beside its default (chains).
+TREE_BRANCHES = 3
+TREE_ARM = f"suffix, trees of {TREE_BRANCHES}"
 
 
 def _answer(engine, ids: list[int], prediction: list[int], tenant: str, new_tokens: int) -> Timeline:
@@ -46,13 +51,14 @@ def drafters(factory: EngineFactory, quick: bool = False, new_tokens: int = 64, 
     per_category = 2 if quick else per_category
     new_tokens = 48 if quick else new_tokens
     repeats = 1 if quick else repeats
-    arms = ["ngram", "suffix"]
+    arms = ["ngram", "suffix", TREE_ARM]
     lane = factory.base.lane
     if has_mtp_head(factory.base.model.model, lane.mtp_head):
         arms.append("mtp")
     arms.append("auto")
     engines = {"off": factory.engine(spec_mode="off")}
-    engines.update({name: factory.engine(spec_mode="slice", drafter=name) for name in arms})
+    engines.update({name: factory.engine(spec_mode="slice", drafter=name) for name in arms if name != TREE_ARM})
+    engines[TREE_ARM] = factory.engine(spec_mode="slice", drafter="suffix", suffix_tree_branches=TREE_BRANCHES)
     heldout = drafts_set.by_category(drafts_set.load("heldout"))
     groups = {c: ps[:per_category] for c, ps in heldout.items()}
     tok = factory.tokenizer
@@ -103,6 +109,12 @@ def drafters(factory: EngineFactory, quick: bool = False, new_tokens: int = 64, 
         rounds = sum(chosen.values()) or 1
         speed.notes.append("auto's drafted rounds by drafter: " + ", ".join(f"{s} {n / rounds:.0%}" for s, n in chosen.items())
                            + f"; auto's per-prompt speed-up below 1.0x on {sum(r < 1 for r in every)} of {len(every)} prompts.")
+    trees = engines[TREE_ARM].runner
+    speed.notes.append(f"'{TREE_ARM}': {trees.tree_rounds} rounds drafted a tree, {trees.branch_rounds} of them accepted a "
+                       "branch other than the first; its branches need an estimated probability of at least "
+                       f"{SuffixParams().branch_min_prob}. The default is chains (--suffix-tree-branches 1): on the tuning "
+                       "half, trees estimated 0.98-1.00x of chains with the same min_prob at every setting tried "
+                       "(benchmarks/tune_drafters.py --trees).")
     speed.notes.append(f"Each prompt is answered by every arm in turn, {repeats} pass(es), each pass its own tenant; the "
                        "ratio is per prompt (decode rate after the first token, the best pass of each arm), so prefill and "
                        "machine load hit the arms alike. Parameters were tuned on the "

@@ -65,7 +65,7 @@ def fairness(factory: EngineFactory, quick: bool = False) -> tuple[list[Table], 
         raw[policy] = {"timelines": timelines, "events": events, "window": window, "samples": samples, "clock0": _clock0(timelines)}
     table.notes.append("Lane share: each tenant's fraction of lane rounds while at least two tenants had unfinished requests. "
                        "First grant: from a request's arrival to its first lane grant (requests that never got the lane count their whole life). "
-                       f"One slot, K={factory.base.lane.num_draft_tokens}, n-gram drafter, grant budget 8 rounds.")
+                       f"One slot, K={factory.base.lane.num_draft_tokens}, {factory.base.lane.drafter} drafter, grant budget 8 rounds.")
     return [table], raw
 
 

@@ -107,7 +107,7 @@ def forced_drafting(factory: EngineFactory, quick: bool = False) -> Table:
                   "yes" if texts[True] == texts[False] else "NO")
     n = len(FIXED_KEY_CASES)
     table.add("all (harmonic mean)", "", n / on_total, n / off_total, f"{off_total / on_total:.2f}x", "", "")
-    table.notes.append("Greedy, the default lane (n-gram drafter, adaptive K). Under a grammar a round's draft is the "
+    table.notes.append(f"Greedy, the default lane ({factory.base.lane.drafter} drafter, adaptive K). Under a grammar a round's draft is the "
                        "drafter's proposal cut to what the grammar allows, then the tokens the grammar forces "
                        "(fixed keys, quotes, colons), verified in the same forward as a normal round.")
     return table

@@ -8,9 +8,10 @@ the default GGUF file, the same threads and the same client.
 - **Streams.** 8 and 16 concurrent streamed chat completions: aggregate tok/s and mean
   time to first token, ``speclane serve`` (speculation off per request, and the lane)
   against ``llama-server -np 16``.
-- **Speculation under load.** 8 and 16 streams with speculation off, the n-gram drafter
-  (the default server, ``speculative`` per request) and the MTP drafter (a server with
-  ``--drafter mtp``): each drafter's aggregate over off, median and range of the runs.
+- **Speculation under load.** 8 and 16 streams with speculation off, the default drafter
+  (``auto``; the default server, ``speculative`` per request), the n-gram drafter and the
+  MTP drafter (servers with ``--drafter ngram`` / ``--drafter mtp``): each drafter's
+  aggregate over off, median and range of the runs.
 - **A noisy neighbour.** Single-stream decode with one busy process beside it (a Python
   loop, one core's worth), as a fraction of the quiet rate measured just before, for
   speclane's engine and for ``llama-bench``.
@@ -118,6 +119,7 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
     with contextlib.ExitStack() as stack:
         ours = stack.enter_context(speclane_server(config)).url
         mtp = stack.enter_context(speclane_server(config, ["--drafter", "mtp"])).url
+        ngram = stack.enter_context(speclane_server(config, ["--drafter", "ngram"])).url
         theirs = None
         if tools["llama-server"] is not None:
             slots = max(STREAM_LEVELS)
@@ -129,7 +131,8 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
         model = config.model.model
         for url, _ in servers.values():
             concurrent_streams(url, model, prompts(1), 8)  # warm-up
-        concurrent_streams(mtp, model, prompts(1), 8)
+        for url in (mtp, ngram):
+            concurrent_streams(url, model, prompts(1), 8)
         progress("vs-llama-cpp: one stream over HTTP")
         single = alternate({name: StreamArm(url, model, 1, tokens, extra) for name, (url, extra) in servers.items()},
                            repeats, warmup=False)
@@ -140,8 +143,9 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
             loads[n] = {name: StreamArm(url, model, n, tokens, extra) for name, (url, extra) in servers.items()}
             rates[n] = alternate(loads[n], repeats, warmup=False)  # type: ignore[arg-type]
         progress("vs-llama-cpp: speculation under load")
-        spec = {n: alternate({"off": StreamArm(ours, model, n, tokens, OFF), "ngram": StreamArm(ours, model, n, tokens),
-                              "mtp": StreamArm(mtp, model, n, tokens)}, spec_runs, warmup=False)
+        spec = {n: alternate({"off": StreamArm(ours, model, n, tokens, OFF), "auto": StreamArm(ours, model, n, tokens),
+                              "ngram": StreamArm(ngram, model, n, tokens), "mtp": StreamArm(mtp, model, n, tokens)},
+                             spec_runs, warmup=False)
                 for n in STREAM_LEVELS}
     load = load_note(load_before, os.getloadavg()[0], len(os.sched_getaffinity(0)), threads)
     tables = [_single_table(engine, single, tokens, threads, repeats), _streams_table(loads, rates, tokens, repeats),
@@ -207,10 +211,11 @@ def _streams_table(arms: dict[int, dict[str, StreamArm]], rates: dict[int, dict[
 
 def _spec_table(spec: dict[int, dict[str, list[float]]], tokens: int, runs: int) -> Table:
     table = Table("Speculation under load: aggregate tok/s with each drafter over speculation off",
-                  ["streams", "off tok/s", "ngram / off (median, range)", "mtp / off (median, range)"])
+                  ["streams", "off tok/s", "auto (default) / off (median, range)", "ngram / off (median, range)",
+                   "mtp / off (median, range)"])
     for n, arms in spec.items():
         row: list[Any] = [n, median(arms["off"])]
-        for drafter in ("ngram", "mtp"):
+        for drafter in ("auto", "ngram", "mtp"):
             ratios = [a / b for a, b in zip(arms[drafter], arms["off"], strict=True)]
             row.append(f"{median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
         table.add(*row)

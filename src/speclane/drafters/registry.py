@@ -10,6 +10,7 @@ by keyword (``model``, ``model_config``, ``mtp_head``, ``min_draft_prob``, ``loo
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from speclane.config import DRAFTERS
@@ -19,6 +20,9 @@ from speclane.drafters.mtp import default_head_path, load_mtp_drafter
 from speclane.drafters.ngram import NgramDrafter
 from speclane.drafters.suffix import DEFAULT_CACHE_TOKENS, SuffixDrafter
 from speclane.drafters.suffix_index import SuffixParams
+from speclane.models.mtp_store import MTPHeadError
+
+log = logging.getLogger(__name__)
 
 
 def _ngram(**options: object) -> Drafter:
@@ -44,7 +48,14 @@ def _auto(model, model_config, mtp_head: str = "", min_draft_prob: float = 0.0,
           suffix_cache_tokens: int = DEFAULT_CACHE_TOKENS, suffix_tree_branches: int = 1, **options: object) -> Drafter:
     head = None
     if has_mtp_head(model_config.model, mtp_head):
-        head = load_mtp_drafter(model, model_config, mtp_head, lookup=False, min_draft_prob=min_draft_prob)
+        try:
+            head = load_mtp_drafter(model, model_config, mtp_head, lookup=False, min_draft_prob=min_draft_prob)
+        except MTPHeadError as exc:
+            if mtp_head:  # a head the user named must load
+                raise
+            # The head shipped under the model's name does not fit these weights (another
+            # model saved under that name): auto drafts without a head, and says so.
+            log.warning("--drafter auto without an MTP head: %s", exc)
     return AutoDrafter(_suffix(suffix_cache_tokens, suffix_tree_branches), NgramDrafter(), head)
 
 
