@@ -50,7 +50,7 @@ def fairness(factory: EngineFactory, quick: bool = False) -> tuple[list[Table], 
         samples: list[tuple[float, Counter]] = []
 
         def on_tick(now: float, engine=engine, samples=samples) -> None:
-            samples.append((now, Counter(engine.counters.spec_rounds_by_tenant)))
+            samples.append((now, Counter(engine.scheduler.lane.held_rounds_by_tenant)))
 
         timelines, wall = drive(engine, fairness_workload(factory, quick), on_tick=on_tick)
         events = engine.scheduler.lane.events
@@ -63,7 +63,8 @@ def fairness(factory: EngineFactory, quick: bool = False) -> tuple[list[Table], 
                   percentile(list(first_grant.values()), 50), max(first_grant.values(), default=float("nan")),
                   " / ".join(f"{rates[t]:.1f}" for t in "ABC"), engine.counters.lane_grants, engine.counters.lane_yields)
         raw[policy] = {"timelines": timelines, "events": events, "window": window, "samples": samples, "clock0": _clock0(timelines)}
-    table.notes.append("Lane share: each tenant's fraction of lane rounds while at least two tenants had unfinished requests. "
+    table.notes.append("Lane share: each tenant's fraction of the lane's held rounds (a holder's tick, drafting or kept at "
+                       "K = 0 by adaptive K: what the lane charges) while at least two tenants had unfinished requests. "
                        "First grant: from a request's arrival to its first lane grant (requests that never got the lane count their whole life). "
                        f"One slot, K={factory.base.lane.num_draft_tokens}, {factory.base.lane.drafter} drafter, grant budget 8 rounds.")
     return [table], raw
