@@ -93,8 +93,7 @@ def replay(refs: dict[str, dict], params: SuffixParams, k: int, step_ms: list[fl
             draft = drafter.propose(request, min(k, len(answer) - done - 1))
             cost += (time.perf_counter() - started) * 1000
             tokens = draft.token_ids
-            parents = draft.parents if draft.parents is not None else tuple(range(-1, len(tokens) - 1))
-            path, _ = draft_tree.accept(tokens, parents, lambda row, depth, at=done, text=answer: text[at + depth])
+            path, _ = draft_tree.accept(tokens, draft.parents, lambda row, depth, at=done, text=answer: text[at + depth])
             accepted = len(path)
             cost += step_ms[len(tokens)]  # the verify of 1 + len(tokens) rows
             request.output_token_ids.extend(answer[done : done + accepted + 1])

@@ -59,8 +59,10 @@ def first_chain(parents: Sequence[int]) -> list[int]:
     return path
 
 
-def accept(tokens: Sequence[int], parents: Sequence[int], target: Callable[[int, int], int]) -> tuple[list[int], list[int]]:
-    """Walk the tree from the root with the target's choices.
+def accept(tokens: Sequence[int], parents: Sequence[int] | None,
+           target: Callable[[int, int], int]) -> tuple[list[int], list[int]]:
+    """Walk the tree (``parents`` None: the chain of ``tokens``) from the root with the
+    target's choices.
 
     ``target(row, depth)``: the target's token after row ``row`` (0: the root, j + 1: node
     j) at ``depth`` (0 at the root). Returns the accepted nodes (a root-to-node path)
@@ -68,6 +70,8 @@ def accept(tokens: Sequence[int], parents: Sequence[int], target: Callable[[int,
     last of them. ``target`` is called once per row on the path, in order, so a sampler
     keyed by position draws exactly what classic decoding would.
     """
+    if parents is None:
+        parents = range(-1, len(tokens) - 1)
     children: dict[int, list[int]] = {}
     for j, parent in enumerate(parents):
         children.setdefault(parent, []).append(j)

@@ -129,8 +129,7 @@ class AutoDrafter:
             return
         state.last = None
         followed = request.tokens_between(last.start, min(request.num_tokens, last.start + len(last.tokens)))
-        parents = last.parents if last.parents is not None else tuple(range(-1, len(last.tokens) - 1))
-        path, _ = draft_tree.accept(last.tokens, parents, lambda row, depth: followed[depth] if depth < len(followed) else -1)
+        path, _ = draft_tree.accept(last.tokens, last.parents, lambda row, depth: followed[depth] if depth < len(followed) else -1)
         accepted = len(path)
         if last.source == "suffix":
             hits, tries = accepted, last.predicted  # the suffix drafter's calibration

@@ -111,12 +111,8 @@ def choose_tokens(
     def target(row: int, depth: int) -> int:
         return targets[row] if greedy else sample_at(probs[row], seed, first_position + depth)
 
-    path, tokens = draft_tree.accept(draft, parents if parents is not None else _chain(len(draft)), target)
+    path, tokens = draft_tree.accept(draft, parents, target)
     return Verdict(tokens, len(path), path)
-
-
-def _chain(n: int) -> tuple[int, ...]:
-    return tuple(range(-1, n - 1))
 
 
 def _rejection_rule(probs: torch.Tensor, draft: list[int], draft_probs: torch.Tensor, seed: int, first_position: int) -> Verdict:
