@@ -95,7 +95,9 @@ INLINE vec v_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256(
 #define MR 5
 #define NT 1
 #define PREFETCH_AHEAD 0
-#define TILES_PER_CALL 1  // a tile is two vectors here: two chains already
+// 1-2 rows: two tiles a call, four chains (on Zen 3, the default model's 120 one-row layer
+// matmuls took 0.79x the time of one tile a call; four tiles no faster).
+#define TILES_PER_CALL 2
 INLINE vec v_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 #endif
 #define NV (LANES / VW)  // vectors per tile
@@ -171,6 +173,7 @@ INLINE void store_row(const vec *acc, uint16_t *y) {  // one row's 16 columns ->
 }
 
 // Few rows: unpack into registers and use each pair at once, TT 16-column tiles at a time.
+// (The AVX2 build runs up to INT_MAX_ROWS rows in integers instead: see direct_int.)
 // One row has a single chain of dependent steps per column: interleaving the independent
 // chains of TT tiles hides their latency without changing any column's operations.
 INLINE void direct(const int R, const int TT, const q4_weight *w, const q4_input *in, int tile0, uint16_t *y) {
@@ -203,6 +206,135 @@ INLINE void direct(const int R, const int TT, const q4_weight *w, const q4_input
     }
     UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) store_row(acc[t][r], y + (size_t)r * N + (tile0 + t) * LANES);
 }
+
+#ifndef __AVX512F__
+// The AVX2 build's few-row path in integers. On the grid (round_group) an input is an
+// integer multiple of its group's step 2^(E - 14) below 2^15 steps (E: the exponent of the
+// group's largest; a bfloat16 at exponent E has 8 significant bits, so none rounds up to
+// 2^(E + 1)): it fits an int16. vpmaddwd multiplies two int16 inputs by two int16 weights
+// and adds the products into an int32 lane, which is the pair step; a group's 16 pair
+// steps sum under 2^24, so the int32 total converted to float32 and scaled by the step
+// (a power of two) is exactly the d of the float path: the same bits, from about 2/3 of
+// the float path's instructions (no int -> float conversion of the weights, half the
+// multiply-add instructions). The 16 columns of a tile come out of the unpacking as
+// columns 0-3 and 8-11 in one vector and 4-7 and 12-15 in the other (unpack works within
+// 128-bit halves); two lane permutes a group put them back in order.
+// Rows the integer path runs over a tile's weights at a time (the weights are unpacked again
+// for each block of rows, from L1; on Zen 3 the default model's 120 layer matmuls took at 5
+// and 16 rows 0.89x and 0.93x the time of 4-row blocks, 8-row blocks no faster), and the
+// most rows a call takes that path with (beyond, the buffered float path).
+#define INT_ROWS 6
+#define INT_MAX_ROWS 48  // at 24-32 rows 0.94-0.95x the float path's time; at 64, 1.01x
+_Static_assert(INT_ROWS == 6, "matmul_rows_int's cases cover 1 .. INT_ROWS - 1 rows");
+typedef struct {
+    const int16_t *x;    // [M][K] the rounded inputs in steps
+    const float *step;   // [M][K/32] each group's step
+    const float *sums;   // [M][K/32]
+    int ld, groups;
+} q4_int_input;
+
+INLINE void unpack_pair_int(const uint8_t *bytes, __m256i *a, __m256i *b) {
+    const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)bytes));
+    const __m256i lo = _mm256_and_si256(v, _mm256_set1_epi16(15)), hi = _mm256_srli_epi16(v, 4);
+    *a = _mm256_unpacklo_epi16(lo, hi);  // int32 lanes (q[2p], q[2p+1]): columns 0-3 | 8-11
+    *b = _mm256_unpackhi_epi16(lo, hi);  // columns 4-7 | 12-15
+}
+
+INLINE void direct_int(const int R, const int TT, const q4_weight *w, const q4_int_input *in, int tile0, uint16_t *y) {
+    const int K = w->k, N = w->n;
+    vec acc[TILES_PER_CALL][INT_ROWS][NV];
+    UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) acc[t][r][v] = v_zero();
+    for (int g = 0; g < K / GROUP; g++) {
+        __m256i d[TILES_PER_CALL][INT_ROWS][2];
+        UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) d[t][r][0] = d[t][r][1] = _mm256_setzero_si256();
+        for (int p = g * PAIRS; p < (g + 1) * PAIRS; p++) {
+            UNROLL for (int t = 0; t < TT; t++) {
+                __m256i a, b;
+                unpack_pair_int(w->packed + ((size_t)(tile0 + t) * (K / 2) + p) * LANES, &a, &b);
+                UNROLL for (int r = 0; r < R; r++) {
+                    int32_t pair;  // x[2p] (low half) and x[2p+1], as in a lane of a and b
+                    memcpy(&pair, in->x + (size_t)r * in->ld + 2 * p, sizeof pair);
+                    const __m256i xp = _mm256_set1_epi32(pair);
+                    d[t][r][0] = _mm256_add_epi32(d[t][r][0], _mm256_madd_epi16(a, xp));
+                    d[t][r][1] = _mm256_add_epi32(d[t][r][1], _mm256_madd_epi16(b, xp));
+                }
+            }
+        }
+        UNROLL for (int t = 0; t < TT; t++) {
+            vec s[NV], m[NV];
+            group_scales(w, (size_t)tile0 + t, g, s, m);
+            UNROLL for (int r = 0; r < R; r++) {
+                const vec step = v_bcast(in->step + (size_t)r * in->groups + g), sum = v_bcast(in->sums + (size_t)r * in->groups + g);
+                const vec a = _mm256_mul_ps(_mm256_cvtepi32_ps(d[t][r][0]), step), b = _mm256_mul_ps(_mm256_cvtepi32_ps(d[t][r][1]), step);
+                const vec ordered[NV] = {_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31)};
+                UNROLL for (int v = 0; v < NV; v++) acc[t][r][v] = v_fma(m[v], sum, v_fma(s[v], ordered[v], acc[t][r][v]));
+            }
+        }
+    }
+    UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) store_row(acc[t][r], y + (size_t)r * N + (tile0 + t) * LANES);
+}
+
+// The rounded inputs in steps and each group's step; 0 where a group is outside the grid's
+// range (round_group passes it as it is: 2^119 and above, Inf, NaN), and the call then
+// takes the float path.
+static int inputs_in_steps(const uint16_t *rounded, int16_t *x, float *step, int M, int K) {
+    const int groups = K / GROUP;
+    for (int r = 0; r < M; r++)
+        for (int g = 0; g < groups; g++) {
+            const size_t at = (size_t)r * K + (size_t)g * GROUP;
+            const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
+            __m256 v[4];
+            __m256i mx = _mm256_setzero_si256();
+            for (int i = 0; i < 4; i++) {
+                v[i] = load_bf16(rounded + at + 8 * i);
+                mx = _mm256_max_epu32(mx, _mm256_and_si256(_mm256_castps_si256(v[i]), magnitude));
+            }
+            mx = _mm256_max_epu32(mx, _mm256_permute2x128_si256(mx, mx, 1));
+            mx = _mm256_max_epu32(mx, _mm256_shuffle_epi32(mx, 0x4E));
+            mx = _mm256_max_epu32(mx, _mm256_shuffle_epi32(mx, 0xB1));
+            const int exponent = (int)((uint32_t)_mm256_cvtsi256_si32(mx) >> 23);  // biased
+            if (exponent > 127 + 118) return 0;
+            // A zeroed group (below 2^-112) is all zeros: any step will do.
+            const int e = exponent < 127 - 112 ? 127 : exponent;
+            const uint32_t step_bits = (uint32_t)(e - 14) << 23, inverse_bits = (uint32_t)(254 - e + 14) << 23;
+            memcpy(step + (size_t)r * groups + g, &step_bits, sizeof step_bits);
+            float inverse;
+            memcpy(&inverse, &inverse_bits, sizeof inverse);
+            const __m256 scale = _mm256_set1_ps(inverse);
+            for (int i = 0; i < 4; i += 2) {  // exact: integers below 2^15
+                const __m256i lo = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], scale)), hi = _mm256_cvtps_epi32(_mm256_mul_ps(v[i + 1], scale));
+                const __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8);
+                _mm256_storeu_si256((__m256i *)(x + at + 8 * i), packed);
+            }
+        }
+    return 1;
+}
+
+static void matmul_rows_int(const q4_int_input *in, const q4_weight *w, uint16_t *y, int M) {
+    const int tiles = w->n / LANES;
+    const int step = M <= 2 ? TILES_PER_CALL : 1;
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (int t = 0; t < tiles; t += step) {
+        if (step > 1 && t + step <= tiles) {
+            if (M == 1) direct_int(1, TILES_PER_CALL, w, in, t, y);
+            else direct_int(2, TILES_PER_CALL, w, in, t, y);
+            continue;
+        }
+        for (int u = t; u < t + step && u < tiles; u++)
+            for (int r0 = 0; r0 < M; r0 += INT_ROWS) {  // a tile's weights stay in L1 for the next block of rows
+                const q4_int_input rows = {in->x + (size_t)r0 * in->ld, in->step + (size_t)r0 * in->groups,
+                                           in->sums + (size_t)r0 * in->groups, in->ld, in->groups};
+                uint16_t *out = y + (size_t)r0 * w->n;
+                switch (M - r0 < INT_ROWS ? M - r0 : INT_ROWS) {
+#define CASE(r) case r: direct_int(r, 1, w, &rows, u, out); break;
+                CASE(1) CASE(2) CASE(3) CASE(4) CASE(5)
+#undef CASE
+                default: direct_int(INT_ROWS, 1, w, &rows, u, out); break;
+                }
+            }
+    }
+}
+#endif
 
 // A block of the buffered path: KB input columns of NT tiles, unpacked, with the scales
 // and minimums of its groups as float32 (zeros for tiles past the weight's last).
@@ -338,7 +470,7 @@ void int4_matmul(const uint16_t *x, const uint8_t *packed, const uint16_t *scale
 #ifdef __AVX512BF16__
     float *scratch = input_buffer_for(rounded_floats + sum_floats);
 #else
-    float *scratch = input_buffer_for(rounded_floats + sum_floats + n);
+    float *scratch = input_buffer_for(rounded_floats + 2 * sum_floats + n + 16);  // x32, or the integer path's inputs and steps
 #endif
     uint16_t *rounded = (uint16_t *)scratch;
     float *sums = scratch + rounded_floats;
@@ -347,6 +479,16 @@ void int4_matmul(const uint16_t *x, const uint8_t *packed, const uint16_t *scale
     const xin *inputs = rounded;
 #else
     float *x32 = sums + sum_floats;
+    if (M <= INT_MAX_ROWS) {  // the integer path; x32's room holds its inputs and steps
+        int16_t *steps_x = (int16_t *)x32;
+        float *steps = x32 + (n / 2 + 15) / 16 * 16;
+        if (inputs_in_steps(rounded, steps_x, steps, M, K)) {
+            const q4_int_input in = {steps_x, steps, sums, K, groups};
+            const q4_weight w = {packed, scale, minimum, N, K};
+            matmul_rows_int(&in, &w, y, M);
+            return;
+        }
+    }
     for (size_t i = 0; i < n; i += 8) _mm256_storeu_ps(x32 + i, load_bf16(rounded + i));
     const xin *inputs = x32;
 #endif

@@ -36,10 +36,12 @@
 
 #ifdef __AVX512F__
 #define ROW_BLOCK 8  // rows sharing a tile's widened weights: 8 partial + 8 running sums
+#define TILES_ONE_ROW 4  // a one-row call's tiles per rows_tile: 4 chains of one vector each
 INLINE vec v_int8(const int8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
 INLINE vec v_half(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 #else
 #define ROW_BLOCK 3  // a tile is two vectors: 6 partial + 6 running sums + 2 weights + a broadcast
+#define TILES_ONE_ROW 4  // a one-row call's tiles per rows_tile: 8 chains (the running sums spill, once a group)
 INLINE vec v_int8(const int8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
 INLINE vec v_half(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 #endif
@@ -57,58 +59,71 @@ typedef struct {
 
 // R rows (R <= ROW_BLOCK) of one 16-column tile; R and HALF (float16 scales and minimums)
 // are compile-time constants once inlined.
-INLINE void rows_tile(const int R, const int HALF, const q8_weight *w, const float *x, const float *sums, int tile,
-                      uint16_t *y) {
+// R rows (R <= ROW_BLOCK) of TT adjacent 16-column tiles; R, TT and HALF (float16 scales
+// and minimums) are compile-time constants once inlined. One row has one dependent chain of
+// multiply-adds per vector of columns: TT tiles side by side give the core TT times as many
+// independent chains to overlap (the lm head's one-row step, a 49152 x 576 int8 weight, is
+// otherwise bound by the multiply-add's latency), and no column's operations change.
+INLINE void rows_tile(const int R, const int TT, const int HALF, const q8_weight *w, const float *x, const float *sums,
+                      int tile0, uint16_t *y) {
     const int K = w->k, N = w->n, G = w->group, groups = K / G;
-    vec acc[ROW_BLOCK][NV];
-    UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) acc[r][v] = v_zero();
-    const int8_t *q = w->q + (size_t)tile * K * LANES;
+    vec acc[TILES_ONE_ROW][ROW_BLOCK][NV];
+    UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) acc[t][r][v] = v_zero();
     for (int g = 0; g < groups; g++) {
-        vec d[ROW_BLOCK][NV];
-        UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) d[r][v] = v_zero();
+        vec d[TILES_ONE_ROW][ROW_BLOCK][NV];
+        UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) d[t][r][v] = v_zero();
         for (int k = g * G; k < (g + 1) * G; k++) {
-            vec wq[NV];
-            UNROLL for (int v = 0; v < NV; v++) wq[v] = v_int8(q + (size_t)k * LANES + VW * v);
-            UNROLL for (int r = 0; r < R; r++) {
-                const vec xv = v_bcast(x + (size_t)r * K + k);
-                UNROLL for (int v = 0; v < NV; v++) d[r][v] = v_fma(xv, wq[v], d[r][v]);
+            UNROLL for (int t = 0; t < TT; t++) {
+                const int8_t *q = w->q + (size_t)(tile0 + t) * K * LANES;
+                vec wq[NV];
+                UNROLL for (int v = 0; v < NV; v++) wq[v] = v_int8(q + (size_t)k * LANES + VW * v);
+                UNROLL for (int r = 0; r < R; r++) {
+                    const vec xv = v_bcast(x + (size_t)r * K + k);
+                    UNROLL for (int v = 0; v < NV; v++) d[t][r][v] = v_fma(xv, wq[v], d[t][r][v]);
+                }
             }
         }
-        const size_t at = ((size_t)tile * groups + g) * LANES;
-        UNROLL for (int v = 0; v < NV; v++) {
-            const vec s = v_param(w->scale, at + VW * v, HALF);
-            UNROLL for (int r = 0; r < R; r++) acc[r][v] = v_fma(s, d[r][v], acc[r][v]);
-        }
-        if (w->minimum) {
+        UNROLL for (int t = 0; t < TT; t++) {
+            const size_t at = ((size_t)(tile0 + t) * groups + g) * LANES;
             UNROLL for (int v = 0; v < NV; v++) {
-                const vec m = v_param(w->minimum, at + VW * v, HALF);
-                UNROLL for (int r = 0; r < R; r++) acc[r][v] = v_fma(m, v_bcast(sums + (size_t)r * groups + g), acc[r][v]);
+                const vec s = v_param(w->scale, at + VW * v, HALF);
+                UNROLL for (int r = 0; r < R; r++) acc[t][r][v] = v_fma(s, d[t][r][v], acc[t][r][v]);
+            }
+            if (w->minimum) {
+                UNROLL for (int v = 0; v < NV; v++) {
+                    const vec m = v_param(w->minimum, at + VW * v, HALF);
+                    UNROLL for (int r = 0; r < R; r++) acc[t][r][v] = v_fma(m, v_bcast(sums + (size_t)r * groups + g), acc[t][r][v]);
+                }
             }
         }
     }
-    UNROLL for (int r = 0; r < R; r++) {
+    UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) {
         float out[LANES];
-        UNROLL for (int v = 0; v < NV; v++) v_store(out + VW * v, acc[r][v]);
-        UNROLL for (int j = 0; j < LANES; j += 8) store_bf16(y + (size_t)r * N + (size_t)tile * LANES + j, _mm256_loadu_ps(out + j));
+        UNROLL for (int v = 0; v < NV; v++) v_store(out + VW * v, acc[t][r][v]);
+        UNROLL for (int j = 0; j < LANES; j += 8)
+            store_bf16(y + (size_t)r * N + (size_t)(tile0 + t) * LANES + j, _mm256_loadu_ps(out + j));
     }
 }
 
 #define ANY_ROWS_TILE(name, HALF)                                                                               \
     static void name(int R, const q8_weight *w, const float *x, const float *sums, int tile, uint16_t *y) {       \
         switch (R) { /* a compile-time R per case: the sums stay in registers */                                 \
-        case 1: rows_tile(1, HALF, w, x, sums, tile, y); break;                                                  \
-        case 2: rows_tile(2, HALF, w, x, sums, tile, y); break;                                                  \
+        case 1: rows_tile(1, 1, HALF, w, x, sums, tile, y); break;                                               \
+        case 2: rows_tile(2, 1, HALF, w, x, sums, tile, y); break;                                               \
         MORE_CASES(HALF)                                                                                         \
-        default: rows_tile(ROW_BLOCK, HALF, w, x, sums, tile, y); break;                                         \
+        default: rows_tile(ROW_BLOCK, 1, HALF, w, x, sums, tile, y); break;                                      \
         }                                                                                                        \
+    }                                                                                                            \
+    static void name##_one_row(const q8_weight *w, const float *x, const float *sums, int tile, uint16_t *y) {    \
+        rows_tile(1, TILES_ONE_ROW, HALF, w, x, sums, tile, y);                                                  \
     }
 #if ROW_BLOCK > 3
 #define MORE_CASES(HALF)                                                                                         \
-    case 3: rows_tile(3, HALF, w, x, sums, tile, y); break;                                                      \
-    case 4: rows_tile(4, HALF, w, x, sums, tile, y); break;                                                      \
-    case 5: rows_tile(5, HALF, w, x, sums, tile, y); break;                                                      \
-    case 6: rows_tile(6, HALF, w, x, sums, tile, y); break;                                                      \
-    case 7: rows_tile(7, HALF, w, x, sums, tile, y); break;
+    case 3: rows_tile(3, 1, HALF, w, x, sums, tile, y); break;                                                   \
+    case 4: rows_tile(4, 1, HALF, w, x, sums, tile, y); break;                                                   \
+    case 5: rows_tile(5, 1, HALF, w, x, sums, tile, y); break;                                                   \
+    case 6: rows_tile(6, 1, HALF, w, x, sums, tile, y); break;                                                   \
+    case 7: rows_tile(7, 1, HALF, w, x, sums, tile, y); break;
 #else
 #define MORE_CASES(HALF)
 #endif
@@ -116,8 +131,9 @@ ANY_ROWS_TILE(rows_tile_f32, 0)
 ANY_ROWS_TILE(rows_tile_f16, 1)
 
 typedef void (*tile_fn)(int, const q8_weight *, const float *, const float *, int, uint16_t *);
+typedef void (*one_row_fn)(const q8_weight *, const float *, const float *, int, uint16_t *);
 
-static void matmul(tile_fn any_rows_tile, const uint16_t *x, const int8_t *q, const void *scale, const void *minimum,
+static void matmul(tile_fn any_rows_tile, one_row_fn one_row, const uint16_t *x, const int8_t *q, const void *scale, const void *minimum,
                    uint16_t *y, int M, int N, int K, int G) {
     const int groups = K / G;
     const size_t n = (size_t)M * K;
@@ -135,6 +151,14 @@ static void matmul(tile_fn any_rows_tile, const uint16_t *x, const int8_t *q, co
             }
     const q8_weight w = {q, scale, minimum, N, K, G};
     const int tiles = N / LANES;
+    if (M == 1) {  // TILES_ONE_ROW tiles a call (see rows_tile), the last few one at a time
+        #pragma omp parallel for schedule(dynamic, 1)
+        for (int t = 0; t < tiles; t += TILES_ONE_ROW) {
+            if (t + TILES_ONE_ROW <= tiles) one_row(&w, x32, sums, t, y);
+            else for (int u = t; u < tiles; u++) any_rows_tile(1, &w, x32, sums, u, y);
+        }
+        return;
+    }
     // schedule(dynamic): a thread slowed by another process on its core takes fewer tiles instead of
     // holding the others at the barrier; a tile's outputs are one thread's, so the split never changes a bit.
     #pragma omp parallel for schedule(dynamic, 1)
@@ -148,11 +172,11 @@ static void matmul(tile_fn any_rows_tile, const uint16_t *x, const int8_t *q, co
 // caller checks and passes contiguous tensors). minimum: NULL where the weight has none.
 void int8_matmul(const uint16_t *x, const int8_t *q, const float *scale, const float *minimum, uint16_t *y,
                  int M, int N, int K, int G) {
-    matmul(rows_tile_f32, x, q, scale, minimum, y, M, N, K, G);
+    matmul(rows_tile_f32, rows_tile_f32_one_row, x, q, scale, minimum, y, M, N, K, G);
 }
 
 // int8_matmul with float16 scales and minimums (the same bits for the same values).
 void int8_matmul_h(const uint16_t *x, const int8_t *q, const uint16_t *scale, const uint16_t *minimum, uint16_t *y,
                    int M, int N, int K, int G) {
-    matmul(rows_tile_f16, x, q, scale, minimum, y, M, N, K, G);
+    matmul(rows_tile_f16, rows_tile_f16_one_row, x, q, scale, minimum, y, M, N, K, G);
 }
