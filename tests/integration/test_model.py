@@ -267,3 +267,39 @@ def test_quantized_head_picks_the_float32_argmax(llm_default):
     assert len(tokens) > 60
     assert torch.equal(refined.argmax(-1), exact.argmax(-1))
     torch.testing.assert_close(refined.max(-1).values, exact.max(-1).values, atol=1e-4, rtol=1e-5)
+
+
+def test_forward_plan_gives_the_python_loops_bits(our_kernels, llm_default):
+    """The default model runs forwards of up to forward_plan.MAX_ROWS rows as one C call
+    (forward_plan.py): a decode row, a 5-row verify, a ragged tick of two sequences and a
+    draft tree give the same hidden states, bit for bit, as the Python layer loop."""
+    model = llm_default.engine.model
+    assert model.plan_blocker is None and model.plans is not None
+    tokens = prompt_ids(llm_default, TEXT)[:40]
+    c = model.config
+    cache = KVCache(c.num_layers, 16, 16, c.num_kv_heads, c.head_dim, model.dtype)
+    model(RaggedBatch(torch.tensor(tokens[:30]), torch.arange(30), [[0, 1, 2]], [0], [30]), cache)
+    model(RaggedBatch(torch.tensor(tokens[:20]), torch.arange(20), [[5, 6]], [0], [20]), cache)
+    batches = {
+        "decode": RaggedBatch(torch.tensor(tokens[30:31]), torch.tensor([30]), [[0, 1, 2]], [30], [1]),
+        "verify": RaggedBatch(torch.tensor(tokens[30:35]), torch.arange(30, 35), [[0, 1, 2]], [30], [5]),
+        "ragged": RaggedBatch(torch.tensor(tokens[30:33] + tokens[20:21]), torch.tensor([30, 31, 32, 20]),
+                              [[0, 1, 2], [5, 6]], [30, 20], [3, 1]),
+        # fed token at 30, then a tree: two children of it, a grandchild under the first
+        "tree": RaggedBatch(torch.tensor(tokens[30:34]), torch.tensor([30, 31, 31, 32]), [[0, 1, 2]], [30], [4],
+                            trees=[(-1, -1, 0)]),
+    }
+    plans = model.plans
+    try:
+        for name, batch in batches.items():
+            model.plans = None
+            loop = model(batch, cache)
+            model.plans = plans
+            runs = plans.get(len(batch.input_ids)).runs
+            planned = model(batch, cache)
+            assert plans.get(len(batch.input_ids)).runs == runs + 1, name
+            assert torch.equal(planned, loop), name
+    finally:
+        model.plans = plans
+    with pytest.raises(ValueError, match="a plan of 4 rows given 1"):
+        plans.get(4).run(torch.zeros(1, c.hidden_size), None, cache, model.rope)

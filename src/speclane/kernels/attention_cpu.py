@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import torch
 
-from speclane.kernels import build
+from speclane.kernels import build, plan_cpu
 
 SOURCE = Path(__file__).with_name("attention_x86.c")
 ISAS = ("avx512", "avx2")  # the builds of SOURCE, widest first
@@ -158,6 +158,23 @@ def paged_attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_
                         row_seq.data_ptr(), row_len.data_ptr(), *_tree_pointers(tree, rows), out.data_ptr(), rows, heads,
                         kv_heads, head_dim, block_size, scale, window, softcap)
     return out
+
+
+# A paged_rope_write_attention step's columns in a forward plan's table (column 0 is the
+# function): the arguments a plan fills in before each run, the rest fixed when it is built.
+ROPE_ATTENTION_COLUMNS = {"cos": 2, "signed_sin": 3, "k_cache": 4, "v_cache": 5, "tables": 6, "table_width": 7,
+                          "row_seq": 8, "row_len": 9, "row_pos": 10, "extra_start": 11, "extra": 12, "block_size": 19}
+
+
+def paged_rope_write_attention_row(lib: ctypes.CDLL, qkv: int, q_scratch: int, out: int, rows: int, num_heads: int,
+                                   num_kv_heads: int, head_dim: int, scale: float, window: int, softcap: float
+                                   ) -> list[int]:
+    """``paged_rope_write_attention`` as a forward plan's step (``plan_cpu``), with zeros in the
+    ``ROPE_ATTENTION_COLUMNS`` a plan fills in per forward."""
+    row = [plan_cpu.address(lib, "paged_rope_write_attention_op"), qkv, *[0] * 11, q_scratch, out, rows, num_heads,
+           num_kv_heads, head_dim, 0, plan_cpu.float_bits(scale), window, plan_cpu.float_bits(softcap)]
+    assert len(row) == 23
+    return row
 
 
 def paged_rope_write_attention(lib: ctypes.CDLL, qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,

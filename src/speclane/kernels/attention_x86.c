@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "op.h"
 
 #define MAX_HEAD_DIM 256
 
@@ -339,4 +340,14 @@ void rope_write_attention(const uint16_t *qkv, const uint16_t *cos, const uint16
                           float softcap) {
     paged_rope_write_attention(qkv, cos, signed_sin, k_cache, v_cache, row_slot, 1, NULL, row_len, NULL, NULL, NULL, q_out,
                                out, T, H, KVH, D, max_len, scale, window, softcap);
+}
+
+// paged_rope_write_attention with op.h's arguments, in its order: qkv, cos, signed_sin,
+// k_cache, v_cache, tables, table_width, row_seq, row_len, row_pos, extra_start, extra, q_out,
+// out, T, H, KVH, D, block_size, scale, window, softcap.
+void paged_rope_write_attention_op(const int64_t *a) {
+    paged_rope_write_attention(OP_PTR(a[0]), OP_PTR(a[1]), OP_PTR(a[2]), OP_PTR(a[3]), OP_PTR(a[4]), OP_PTR(a[5]), (int)a[6],
+                               OP_PTR(a[7]), OP_PTR(a[8]), OP_PTR(a[9]), OP_PTR(a[10]), OP_PTR(a[11]), OP_PTR(a[12]),
+                               OP_PTR(a[13]), (int)a[14], (int)a[15], (int)a[16], (int)a[17], (int)a[18], op_float(a[19]),
+                               (int)a[20], op_float(a[21]));
 }

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from speclane.kernels import build
+from speclane.kernels import build, plan_cpu
 
 __all__ = ["ELEMENT_TYPES", "bind", "load", "pack", "source_digest"]
 
@@ -70,5 +70,12 @@ def bind(packed: torch.Tensor, lib: ctypes.CDLL) -> Callable[[torch.Tensor], tor
             entry(x.data_ptr(), weight, y.data_ptr(), rows, n, k, element)
         return y
 
+    op = plan_cpu.address(lib, "float_matmul_op")
+
+    def op_row(x: int, y: int, rows: int) -> list[int]:
+        """A forward plan's step (``plan_cpu``): this call on ``rows`` rows at addresses x and y."""
+        return [op, x, weight, y, rows, n, k, element]
+
     call.keep_alive = packed  # the pointer above stays valid while the call lives
+    call.op_row = op_row
     return call

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "op.h"
 #include "vec.h"  // vec, VW, v_zero / v_bcast / v_fma / v_load / v_store
 #include "q4.h"  // input_buffer_for: the calling thread's scratch
 
@@ -133,4 +134,9 @@ void float_matmul(const uint16_t *x, const void *w, uint16_t *y, int M, int N, i
                 for (int t = t0; t < t0 + tn; t++) any_block(type, R, 1, w, xr, K, N, t, yr);
         }
     }
+}
+
+// float_matmul with op.h's arguments: x, w, y, M, N, K, type.
+void float_matmul_op(const int64_t *a) {
+    float_matmul(OP_PTR(a[0]), OP_PTR(a[1]), OP_PTR(a[2]), (int)a[3], (int)a[4], (int)a[5], (int)a[6]);
 }

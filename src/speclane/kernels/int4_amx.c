@@ -24,6 +24,7 @@
 
 #include "bf16.h"
 #include "q4.h"
+#include "op.h"
 
 #define LANES 16  // output columns per packed tile (a tile's 16 float32 columns)
 #define GROUP Q4_GROUP  // input columns per (scale, minimum) pair: one TDPBF16PS's depth
@@ -150,4 +151,9 @@ void int4_matmul_amx(const uint16_t *x, const uint8_t *packed, const uint16_t *s
         free(b);
         _tile_release();
     }
+}
+
+// int4_matmul_amx with op.h's arguments: x, packed, scale, minimum, y, M, N, K.
+void int4_matmul_amx_op(const int64_t *a) {
+    int4_matmul_amx(OP_PTR(a[0]), OP_PTR(a[1]), OP_PTR(a[2]), OP_PTR(a[3]), OP_PTR(a[4]), (int)a[5], (int)a[6], (int)a[7]);
 }

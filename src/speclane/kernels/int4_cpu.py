@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from speclane.kernels import build
+from speclane.kernels import build, plan_cpu
 from speclane.kernels.build import KernelUnavailable
 
 __all__ = ["KernelUnavailable", "bind", "dequantize_rows", "load", "load_tiles", "matmul", "pack", "source_digest", "tile_source_digest"]
@@ -208,7 +208,17 @@ def bind(packed: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, lib: 
             (many_rows if rows >= min_rows else entry)(x.data_ptr(), *weight, y.data_ptr(), rows, n, k)
         return y
 
+    ops: list[int] = []  # the entry points' ``_op`` twins, looked up when a plan first asks
+
+    def op_row(x: int, y: int, rows: int) -> list[int]:
+        """A forward plan's step (``plan_cpu``): this call on ``rows`` rows at addresses x and y."""
+        if not ops:
+            ops.append(plan_cpu.address(lib, function + "_op"))
+            ops.append(plan_cpu.address(tiles, "int4_matmul_amx_op") if tiles is not None else 0)
+        return [ops[1] if rows >= min_rows else ops[0], x, *weight, y, rows, n, k]
+
     call.keep_alive = keep_alive  # the pointers above stay valid while the call lives
+    call.op_row = op_row
     return call
 
 

@@ -49,6 +49,7 @@
 #include "bf16.h"
 #include "vec.h"  // vec, VW, v_zero / v_bcast / v_fma / v_load / v_store
 #include "q4.h"
+#include "op.h"
 
 #define LANES 16   // output columns per packed tile
 #define GROUP Q4_GROUP  // input columns per (scale, minimum) pair
@@ -495,4 +496,9 @@ void int4_matmul(const uint16_t *x, const uint8_t *packed, const uint16_t *scale
     const q4_input in = {inputs, sums, K, groups};
     const q4_weight w = {packed, scale, minimum, N, K};
     matmul_rows(&in, &w, y, M);
+}
+
+// int4_matmul with op.h's arguments: x, packed, scale, minimum, y, M, N, K.
+void int4_matmul_op(const int64_t *a) {
+    int4_matmul(OP_PTR(a[0]), OP_PTR(a[1]), OP_PTR(a[2]), OP_PTR(a[3]), OP_PTR(a[4]), (int)a[5], (int)a[6], (int)a[7]);
 }

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from speclane.kernels import build
+from speclane.kernels import build, plan_cpu
 
 __all__ = ["bind", "dequantize_rows", "load", "pack", "source_digest"]
 
@@ -95,5 +95,12 @@ def bind(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None, lib
             entry(x.data_ptr(), *weight, y.data_ptr(), rows, n, k, group)
         return y
 
+    op = plan_cpu.address(lib, ("int8_matmul_h" if scale.dtype == torch.float16 else "int8_matmul") + "_op")
+
+    def op_row(x: int, y: int, rows: int) -> list[int]:
+        """A forward plan's step (``plan_cpu``): this call on ``rows`` rows at addresses x and y."""
+        return [op, x, *(p or 0 for p in weight), y, rows, n, k, group]
+
     call.keep_alive = keep_alive  # the pointers above stay valid while the call lives
+    call.op_row = op_row
     return call

@@ -30,6 +30,7 @@
 #include "bf16.h"
 #include "vec.h"  // vec, VW, v_zero / v_bcast / v_fma / v_load / v_store
 #include "q4.h"  // input_buffer_for: the calling thread's scratch
+#include "op.h"
 
 #define LANES 16  // output columns per packed tile
 #define UNROLL _Pragma("GCC unroll 16")
@@ -179,4 +180,12 @@ void int8_matmul(const uint16_t *x, const int8_t *q, const float *scale, const f
 void int8_matmul_h(const uint16_t *x, const int8_t *q, const uint16_t *scale, const uint16_t *minimum, uint16_t *y,
                    int M, int N, int K, int G) {
     matmul(rows_tile_f16, rows_tile_f16_one_row, x, q, scale, minimum, y, M, N, K, G);
+}
+
+// int8_matmul and int8_matmul_h with op.h's arguments: x, q, scale, minimum, y, M, N, K, G.
+void int8_matmul_op(const int64_t *a) {
+    int8_matmul(OP_PTR(a[0]), OP_PTR(a[1]), OP_PTR(a[2]), OP_PTR(a[3]), OP_PTR(a[4]), (int)a[5], (int)a[6], (int)a[7], (int)a[8]);
+}
+void int8_matmul_h_op(const int64_t *a) {
+    int8_matmul_h(OP_PTR(a[0]), OP_PTR(a[1]), OP_PTR(a[2]), OP_PTR(a[3]), OP_PTR(a[4]), (int)a[5], (int)a[6], (int)a[7], (int)a[8]);
 }

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from speclane.kernels import build
+from speclane.kernels import build, plan_cpu
 
 SOURCE = Path(__file__).with_name("norm_x86.c")
 ISAS = ("avx512", "avx2")  # the builds of SOURCE, widest first
@@ -25,6 +25,17 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.add_rms_norm.restype = None
     lib.silu_mul.argtypes = [pointer] * 2 + [integer] * 2
     lib.silu_mul.restype = None
+
+
+def add_rms_norm_row(lib: ctypes.CDLL, x: int, delta: int, weight: int, out: int, rows: int, hidden: int,
+                     eps: float) -> list[int]:
+    """``add_rms_norm`` as a forward plan's step (``plan_cpu``; addresses as ints, delta 0: none)."""
+    return [plan_cpu.address(lib, "add_rms_norm_op"), x, delta, weight, out, rows, hidden, plan_cpu.float_bits(eps)]
+
+
+def silu_mul_row(lib: ctypes.CDLL, gate_up: int, out: int, rows: int, intermediate: int) -> list[int]:
+    """``silu_mul`` as a forward plan's step (``plan_cpu``)."""
+    return [plan_cpu.address(lib, "silu_mul_op"), gate_up, out, rows, intermediate]
 
 
 def load(isa: str | None = None) -> build.Kernel:

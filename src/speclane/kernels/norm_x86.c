@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "bf16.h"
+#include "op.h"
 
 #define PARTIALS 16
 #define PARALLEL_ROWS 8  // fewer rows run on the calling thread (a fork costs more than the work)
@@ -200,3 +201,10 @@ void silu_mul(const uint16_t *gate_up, uint16_t *out, int rows, int inter) {
         for (; i < inter; i++) y[i] = silu_times(from_bf16(gate[i]), from_bf16(up[i]));
     }
 }
+
+// add_rms_norm (x, delta, weight, out, rows, hidden, eps) and silu_mul (gate_up, out, rows,
+// inter) with op.h's arguments.
+void add_rms_norm_op(const int64_t *a) {
+    add_rms_norm(OP_PTR(a[0]), OP_PTR(a[1]), OP_PTR(a[2]), OP_PTR(a[3]), (int)a[4], (int)a[5], op_float(a[6]));
+}
+void silu_mul_op(const int64_t *a) { silu_mul(OP_PTR(a[0]), OP_PTR(a[1]), (int)a[2], (int)a[3]); }

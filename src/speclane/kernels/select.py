@@ -29,6 +29,7 @@ from speclane.kernels import (
     int8_cpu,
     mtp_step_cpu,
     norm_cpu,
+    plan_cpu,
 )
 from speclane.kernels.build import Kernel, KernelUnavailable
 
@@ -64,6 +65,7 @@ class Kernels:
     mtp_step: Kernel | None = None
     int8: Kernel | None = None
     float_matmul: Kernel | None = None
+    plan: Kernel | None = None  # the forward plan's runner (plan.c): a forward's kernels in one call
 
     @classmethod
     def load(cls, choice: str = "auto", *, isa: str | None = None, tiles: bool | None = None,
@@ -106,6 +108,7 @@ class Kernels:
             mtp_step=attempt(mtp_step_cpu.SOURCE.name, lambda: mtp_step_cpu.load(isa)) if mtp_step else None,
             int8=attempt(int8_cpu.SOURCE.name, lambda: int8_cpu.load(isa)),
             float_matmul=attempt(float_cpu.SOURCE.name, lambda: float_cpu.load(isa)),
+            plan=attempt(plan_cpu.SOURCE.name, lambda: plan_cpu.load(isa)),
         )
         if unavailable:
             log.warning("kernels: ours unavailable here, torch's ops (for the tile kernel, the int4 matmul) stand in: %s",
@@ -136,6 +139,10 @@ class Kernels:
     @property
     def mtp_step_library(self) -> ctypes.CDLL | None:
         return _library(self.mtp_step)
+
+    @property
+    def plan_library(self) -> ctypes.CDLL | None:
+        return _library(self.plan)
 
     # -- names, for logs, benchmarks and the calibration's key ---------------------------
     @property
@@ -168,10 +175,15 @@ class Kernels:
     def float_matmul_name(self) -> str:
         return _name(self.float_matmul)
 
+    @property
+    def plan_name(self) -> str:
+        """'on' where a forward's layers may run as one C call (models/forward_plan.py), else 'off'."""
+        return "on" if self.plan is not None else "off"
+
     def describe(self) -> str:
         return (f"int4={self.int4_name} tiles={self.tile_name} attention={self.attention_name} "
                 f"norm={self.norm_name} mtp_step={self.mtp_step_name} int8={self.int8_name} "
-                f"float={self.float_matmul_name}")
+                f"float={self.float_matmul_name} plan={self.plan_name}")
 
     def fingerprint(self, bfloat16: bool) -> list[str]:
         """Which kernels a forward of a model runs here (``bfloat16``: its dtype), and their
@@ -180,4 +192,5 @@ class Kernels:
                 f"tiles={self.tile_name}:{int4_cpu.tile_source_digest()}",
                 f"attention={self.attention_name if bfloat16 else 'sdpa'}:{attention_cpu.source_digest()}",
                 f"norm={self.norm_name if bfloat16 else 'torch'}:{norm_cpu.source_digest()}",
-                f"float={self.float_matmul_name if bfloat16 else 'torch'}:{float_cpu.source_digest()}"]
+                f"float={self.float_matmul_name if bfloat16 else 'torch'}:{float_cpu.source_digest()}",
+                f"plan={self.plan_name if bfloat16 else 'off'}:{plan_cpu.source_digest()}"]

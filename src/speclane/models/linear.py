@@ -65,6 +65,7 @@ class Int4Weight:
             self.tensors: tuple[torch.Tensor, ...] = int4_cpu.pack(q, scale, minimum)
             # Calls of many rows go to the AMX tile kernel where it runs (the same bits: int4_cpu).
             self.bound = int4_cpu.bind(*self.tensors, lib=self.library, tiles=kernels.tile_library)
+            self.op_row = self.bound.op_row  # a forward plan's step (Linear.op_row)
             self._values: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         else:
             self.kernel = "torch"
@@ -123,6 +124,7 @@ class GroupInt8Weight:
         self.packed = int8_cpu.pack(q, scale, minimum)
         self.tensors: tuple[torch.Tensor, ...] = tuple(t for t in self.packed if t is not None)
         self.matmul = int8_cpu.bind(*self.packed, kernels.int8.library)
+        self.op_row = self.matmul.op_row  # a forward plan's step (Linear.op_row)
 
     def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """float32 [len(rows), in]: the rows' values, the file's exactly."""
@@ -151,6 +153,7 @@ class FloatWeight:
         self.kernel = kernels.float_matmul.isa
         self.packed = float_cpu.pack(weight)  # a ValueError unless 16 divides out_features
         self.matmul = float_cpu.bind(self.packed, kernels.float_matmul.library)
+        self.op_row = self.matmul.op_row  # a forward plan's step (Linear.op_row)
         self.nbytes = self.packed.numel() * self.packed.element_size()
 
     def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
@@ -242,6 +245,15 @@ class Linear:
         if rows is None:
             raise TypeError(f"{type(self.quantized).__name__} keeps no rows to read back")
         return rows(ids)
+
+    def op_row(self, x: int, y: int, rows: int) -> list[int] | None:
+        """This layer as a forward plan's step (``models/forward_plan.py``) on ``rows`` rows
+        at addresses x (bfloat16 [rows, in]) and y ([rows, out]), or None where it has no
+        kernel of ours to call so (torch's kernels, a bias, a layer split between kinds)."""
+        op_row = getattr(self.quantized, "op_row", None)
+        if op_row is None or self.bias is not None:
+            return None
+        return op_row(x, y, rows)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [M, in] in ``input_dtype`` (the model keeps its activations there) -> [M, out]."""

@@ -40,6 +40,7 @@ from torch import nn
 from speclane import draft_tree
 from speclane.kernels import attention_cpu, norm_cpu
 from speclane.kernels.select import Kernels
+from speclane.models import forward_plan
 from speclane.models.kv_cache import KVCache, gather
 from speclane.models.linear import Linear
 
@@ -283,7 +284,24 @@ class LlamaModel(nn.Module):
         # soft-capped scores included (a windowed or capped layer on torch's path would round
         # a verify round's rows differently from a decode step's).
         self.kernel_layers = [self.attention_library is not None for _ in layers]
+        # A forward of up to forward_plan.MAX_ROWS rows runs its layers as one C call where
+        # every layer is our kernels' (forward_plan.py); plan_blocker says why not otherwise.
+        self.plan_blocker = self._plan_blocker(kernels)
+        self.plans = None if self.plan_blocker else forward_plan.ForwardPlans(
+            layers, config, self.scale, kernels.plan_library, kernels.norm_library, self.attention_library)
         self._make_rope(min(rope_positions or config.max_position_embeddings, config.max_position_embeddings))
+
+    def _plan_blocker(self, kernels: Kernels) -> str | None:
+        """Why this model's layers cannot run as a forward plan, or None where they can."""
+        traits = self.config.traits
+        if kernels.plan_library is None or self.ops.lib is None or self.attention_library is None:
+            return "the plan runner, our norms or our attention kernel is not loaded (or a float32 forward)"
+        if traits.activation != "silu" or traits.qk_norm or traits.sandwich_norms:
+            return f"the family's layers ({traits.activation}, q/k norms or sandwich norms) have torch steps"
+        for layer in self.layers:
+            if any(linear.op_row(0, 0, 1) is None for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)):
+                return "a layer's linear runs torch's kernel, has a bias or is split between weight kinds"
+        return None
 
     def _make_rope(self, positions: int) -> None:
         """The rope tables for positions [0, ``positions``): a model of 32k positions served
@@ -347,6 +365,14 @@ class LlamaModel(nn.Module):
         x = self.embed.rows(batch.input_ids)  # [T, hidden] float32
         if traits.embed_scale != 1.0:
             x = x * traits.embed_scale
+        if self.plans is not None and attn.ours and self.plans.lock.acquire(blocking=False):
+            try:
+                plan = self.plans.get(len(batch.input_ids))
+                if plan is not None:
+                    x, branch = plan.run(x, attn, cache, self.rope)
+                    return F.rms_norm(x + branch, (cfg.hidden_size,), self.final_norm, cfg.rms_norm_eps)  # float32
+            finally:
+                self.plans.lock.release()
         ops = self.ops
         branch = None  # the last MLP's output, added to x by the next norm
         for i, layer in enumerate(self.layers):
