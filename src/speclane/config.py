@@ -83,8 +83,8 @@ class SchedulerConfig:
 class LaneConfig:
     drafter: str = field(default="auto", metadata={
         "help": "none; ngram (prompt lookup); suffix (the request's text and its tenant's recent outputs); mtp (the MTP head); "
-                "auto (per round, the proposal with the most expected accepted tokens of suffix, prompt lookup and the MTP head "
-                "where the model has one)"})
+                "auto (per round, the suffix drafter's proposal or the MTP head's where the model has one, whichever is "
+                "expected to give the most tokens per millisecond)"})
     num_draft_tokens: int = field(default=4, metadata={"help": "K, draft tokens per round"})
     spec_mode: str = field(default="slice", metadata={"help": "slice: one round per tick beside everyone's decode; burst: the holder runs alone until it finishes (a baseline); off"})
     spec_adaptive_k: bool = field(default=True, metadata={"help": "draft fewer than K (even 0) when the tick's expected goodput says so"})

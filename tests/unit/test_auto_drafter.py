@@ -126,3 +126,39 @@ def test_auto_drafts_without_the_shipped_head_where_it_does_not_fit_the_model(ca
     assert "without an MTP head" in caplog.text
     with pytest.raises(MTPHeadError):
         create_drafter("auto", model=toy_model(), model_config=config, mtp_head=str(default_head_path(config.model)))
+
+
+def test_with_the_step_cost_a_longer_head_draft_loses_to_a_cheaper_one():
+    """0.94 expected tokens from the head's 4 drafts beat the suffix drafter's 0.9 from one,
+    counted in tokens; per millisecond, where each verified row costs 5 ms more, they do not."""
+    head = Fixed([40, 41, 42, 43])
+    auto = AutoDrafter(Fixed([7], [0.9]), Fixed([]), head)
+    assert auto.propose(_request("a"), 4).token_ids == [40, 41, 42, 43]
+    auto = AutoDrafter(Fixed([7], [0.9]), Fixed([]), head)
+    auto.use_step_cost(lambda rows: 10.0 + 5.0 * (rows - 1))  # 1.9 / 15 ms vs 1.94 / 30 ms
+    assert auto.propose(_request("b"), 4).token_ids == [7]
+
+
+def test_the_heads_own_time_counts_against_it_once_measured():
+    now = [0.0]
+    head = Fixed([40, 41, 42, 43])
+    original = head.propose
+
+    def slow_propose(request, k):
+        now[0] += 0.020  # the head's passes take 20 ms
+        return original(request, k)
+
+    head.propose = slow_propose
+    auto = AutoDrafter(Fixed([7], [0.9]), Fixed([]), head, clock=lambda: now[0])
+    auto.use_step_cost(lambda rows: 10.0)  # rows cost nothing extra: only the head's time differs
+    assert auto.propose(_request("a"), 4).token_ids == [40, 41, 42, 43]  # its time unknown yet
+    assert auto.head_ms == 20.0
+    assert auto.propose(_request("b"), 4).token_ids == [7] and head.calls == 1  # 1.94 / 30 ms < 1.9 / 10 ms
+
+
+def test_a_proposal_that_drafts_wins_over_an_empty_one_whatever_the_step_cost():
+    """Per millisecond, no draft (1 token for a 1-row step) can out-score a doubtful one;
+    whether to draft at all is adaptive K's choice, so auto still returns the draft."""
+    auto = AutoDrafter(Fixed([7, 8], [0.1, 0.05]), Fixed([]), None)
+    auto.use_step_cost(lambda rows: 10.0 * rows)  # 1.15 / 30 ms vs 1 / 10 ms
+    assert auto.propose(_request(), 4).token_ids == [7, 8]

@@ -1,9 +1,14 @@
-"""``--drafter auto``: per round, the proposal with the most expected accepted tokens.
+"""``--drafter auto``: per round, the proposal worth the most: expected accepted tokens per
+millisecond of the round where the engine has measured its step cost, else expected tokens.
 
-Three drafters compete each round: the suffix drafter (``suffix.py``: the request's own
-text, its prediction and its tenant's recent outputs), prompt lookup (``ngram.py``, which
-also searches the prediction), and the MTP head where the model has one (``mtp.py``, run
-without its own lookup). Each proposal gets an expected number of accepted tokens:
+Up to three drafters compete each round: the suffix drafter (``suffix.py``: the request's
+own text, its prediction and its tenant's recent outputs), prompt lookup (``ngram.py``,
+which also searches the prediction) where one is given, and the MTP head where the model
+has one (``mtp.py``, run without its own lookup). ``--drafter auto`` (the registry) gives
+no prompt lookup: the suffix drafter searches the same text, and on the drafts set's
+tuning half (``benchmarks/compare_auto.py``) auto with lookup took it in most rounds and
+was slower than without on 5 of 7 categories. Each proposal gets an expected number of
+accepted tokens:
 
 - suffix: the sum of its per-token probabilities (``Draft.confidence``), times how its
   estimates have held up (accepted over predicted, so far);
@@ -13,6 +18,14 @@ without its own lookup). Each proposal gets an expected number of accepted token
 - the MTP head: the same with the head's rate and ``n = k``, known before it runs, so the
   head (the only drafter whose call costs a model pass) runs only when it is expected
   to beat the best cheap proposal.
+
+Where the engine has measured its step cost (``use_step_cost``: adaptive K's calibration),
+"beat" is counted in tokens per millisecond rather than in tokens: a proposal of n tokens
+expected to keep E is worth ``(1 + E) / (step(n + 1) + cost)``, where ``step(r)`` is a
+forward of r rows and ``cost`` the head's own measured time a round (its passes and
+catch-up; the cheap drafters' proposals are made every round anyway). A head draft that
+keeps a token more than suffix's but verifies twice the rows and pays its passes is not
+worth it on a CPU, where every verified row costs its multiply-adds.
 
 The rates are decayed counts (recent rounds weigh more), per request with the engine-wide
 rate as a prior worth ``PRIOR_WEIGHT`` tried positions, so a request's own record takes
@@ -29,6 +42,8 @@ unchanged whichever drafter a round takes.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -81,10 +96,14 @@ def geometric(rate: float, n: int) -> float:
 class AutoDrafter:
     name = "auto"
 
-    def __init__(self, suffix: SuffixDrafter, lookup: NgramDrafter, head: MTPDrafter | None = None):
+    def __init__(self, suffix: SuffixDrafter, lookup: NgramDrafter | None = None, head: MTPDrafter | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
         self.suffix = suffix
         self.lookup = lookup
         self.head = head
+        self.clock = clock
+        self.step_ms: Callable[[int], float] | None = None  # ms of a forward of n rows (use_step_cost)
+        self.head_ms: float | None = None  # decayed mean wall ms of a head proposal (None: none yet)
         self.needs_hidden_states = head is not None
         self.rates = {s: _Rate(INITIAL[s] * PRIOR_WEIGHT, PRIOR_WEIGHT) for s in SOURCES}
         self.states: dict[str, _RequestState] = {}
@@ -93,6 +112,16 @@ class AutoDrafter:
     def observe(self, request: Request, start: int, hidden: torch.Tensor) -> None:
         if self.head is not None:
             self.head.observe(request, start, hidden)
+
+    def use_step_cost(self, step_ms: Callable[[int], float]) -> None:
+        """Score proposals per millisecond: ``step_ms(rows)`` is a forward of that many rows."""
+        self.step_ms = step_ms
+
+    def _worth(self, expected: float, rows: int, extra_ms: float = 0.0) -> float:
+        """A proposal's worth: expected tokens, or per millisecond where the step cost is known."""
+        if self.step_ms is None:
+            return expected
+        return (1.0 + expected) / (self.step_ms(rows + 1) + extra_ms)
 
     def rate(self, state: _RequestState, source: str) -> float:
         own, engine = state.rates[source], self.rates[source]
@@ -104,14 +133,17 @@ class AutoDrafter:
         if k <= 0:
             return Draft([])
         suffix = self.suffix.propose(request, k)
-        found = self.lookup.propose(request, k)
+        found = self.lookup.propose(request, k) if self.lookup is not None else Draft([])
         options = [
-            (self.rate(state, "suffix") * sum(suffix.confidence), "suffix", suffix),
-            (geometric(self.rate(state, "lookup"), len(found.token_ids)), "lookup", found),
+            (self._worth(self.rate(state, "suffix") * sum(suffix.confidence), len(suffix.token_ids)), "suffix", suffix),
+            (self._worth(geometric(self.rate(state, "lookup"), len(found.token_ids)), len(found.token_ids)), "lookup", found),
         ]
-        expected, source, draft = max(options, key=lambda option: option[0])
+        # An empty proposal never wins over one that drafts: whether a round drafts at all
+        # is adaptive K's to decide (k), not this comparison's.
+        worth, source, draft = max(options, key=lambda option: (bool(option[2].token_ids), option[0]))
         if self.head is not None:
-            head = self.head.propose(request, k) if geometric(self.rate(state, "mtp"), k) > expected else Draft([])
+            head_worth = self._worth(geometric(self.rate(state, "mtp"), k), k, self.head_ms or 0.0)
+            head = self._run_head(request, k) if head_worth > worth else Draft([])
             if head.token_ids:
                 source, draft = "mtp", head
             else:  # adaptive K times head rounds only
@@ -121,6 +153,13 @@ class AutoDrafter:
             predicted = sum(suffix.confidence) if source == "suffix" else 0.0
             state.last = _Round(source, request.num_tokens, list(draft.token_ids), predicted, draft.parents)
         return draft
+
+    def _run_head(self, request: Request, k: int) -> Draft:
+        start = self.clock()
+        head = self.head.propose(request, k)
+        ms = (self.clock() - start) * 1000.0
+        self.head_ms = ms if self.head_ms is None else DECAY * self.head_ms + (1 - DECAY) * ms
+        return head
 
     def _score_last(self, request: Request, state: _RequestState) -> None:
         """Count how the request's previous round went, once tokens follow its start."""

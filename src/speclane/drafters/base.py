@@ -9,8 +9,9 @@ produced (see ``engine/sampling.py``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -82,6 +83,15 @@ class Drafter(Protocol):
     def finish(self, request: Request) -> None: ...
 
     def release(self, request_id: str) -> None: ...
+
+
+@runtime_checkable
+class CostAware(Protocol):
+    """A drafter that weighs its proposals by what verifying them costs: the engine calls
+    ``use_step_cost(step_ms)`` once it has measured ``step_ms(rows)``, the milliseconds of
+    a forward of that many rows (adaptive K's calibration)."""
+
+    def use_step_cost(self, step_ms: Callable[[int], float]) -> None: ...
 
 
 class HiddenObserver(Protocol):

@@ -56,7 +56,7 @@ def _auto(model, model_config, mtp_head: str = "", min_draft_prob: float = 0.0,
             # The head shipped under the model's name does not fit these weights (another
             # model saved under that name): auto drafts without a head, and says so.
             log.warning("--drafter auto without an MTP head: %s", exc)
-    return AutoDrafter(_suffix(suffix_cache_tokens, suffix_tree_branches), NgramDrafter(), head)
+    return AutoDrafter(_suffix(suffix_cache_tokens, suffix_tree_branches), None, head)  # no lookup: auto.py says why
 
 
 # ``none`` builds no drafter (None); the others take the engine's options by keyword.

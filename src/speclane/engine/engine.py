@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from speclane.config import EngineConfig, SchedulerConfig
-from speclane.drafters.base import Drafter
+from speclane.drafters.base import CostAware, Drafter
 from speclane.drafters.registry import create_drafter
 from speclane.engine import calibration
 from speclane.engine.detokenizer import IncrementalDetokenizer
@@ -145,6 +145,8 @@ class LLMEngine:
             # Widest tick: every slot decoding plus every lane slot verifying K drafts.
             max_rows = config.scheduler.max_num_seqs + lane.spec_slots * lane.num_draft_tokens
             step_cost = calibration.step_cost(self.model, self.cache, max_rows)
+            if isinstance(self.drafter, CostAware):  # auto scores its proposals per millisecond
+                self.drafter.use_step_cost(step_cost.ms)
         self.scheduler = Scheduler(config.scheduler, lane, self.max_model_len, num_kv_blocks=blocks, step_cost=step_cost)
         self.runner = ModelRunner(self.model, self.cache, self.drafter)
         self.counters = EngineCounters()
