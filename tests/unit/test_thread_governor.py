@@ -58,6 +58,20 @@ def test_the_governor_drops_to_the_free_cores_and_comes_back():
     assert governor.update() == 2
 
 
+def test_a_window_over_an_idle_stretch_starts_a_fresh_one():
+    """The engine idles 10 s while another process works, then decodes on a quiet machine:
+    the stale window does not cost it a thread; a neighbour that stays is seen a window later."""
+    machine = _Machine()
+    governor = ThreadGovernor(2, cores=2, read=machine.read, clock=lambda: machine.now)
+    machine.others_rate, machine.ours_rate = 2.0, 0.0  # llama-bench runs, speclane idles
+    machine.advance(10.0)
+    machine.others_rate, machine.ours_rate = 0.0, 2.0
+    assert governor.update() is None and governor.threads == 2
+    machine.others_rate, machine.ours_rate = 1.0, 1.0  # now a neighbour stays
+    machine.advance(1.1)
+    assert governor.update() == 1
+
+
 def test_the_governor_asks_nothing_without_counters():
     governor = ThreadGovernor(2, cores=2, read=lambda: None, clock=iter(range(0, 100, 2)).__next__)
     assert all(governor.update() is None for _ in range(5))

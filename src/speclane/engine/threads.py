@@ -12,7 +12,8 @@ run on spent busy (``/proc/stat``, those cores' lines) and how much of it was th
 process's own (``/proc/self/stat``); the rest is other processes'. It gives up a thread
 for each core another process keeps at least three quarters busy (a client on the same
 machine parsing a few streams does not count), keeping at least 1 and at most the
-configured number; the engine applies the change between ticks. Where
+configured number; the engine applies the change between ticks. A window that spans
+an idle stretch of the engine (``STALE_AFTER_S``) only starts a fresh one. Where
 ``/proc`` cannot be read it never asks for a change.
 """
 
@@ -26,6 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 INTERVAL_S = 1.0  # how often the CPU counters are read
+# A window longer than this is stale: the engine sat idle (no ticks, no readings) and what
+# other processes did meanwhile says nothing about now. A benchmark that runs llama-bench
+# and then speclane saw the whole llama-bench run in the first window and started on one
+# thread; a stale window only starts a fresh one.
+STALE_AFTER_S = 3.0
 BUSY_FROM = 0.75  # of a core, what other processes must use for it to count as taken
 
 
@@ -87,7 +93,7 @@ class ThreadGovernor:
         sample = self._read()
         last, last_at = self._last, self._last_at
         self._last, self._last_at = sample, now
-        if sample is None or last is None:
+        if sample is None or last is None or now - last_at > STALE_AFTER_S:
             return None
         want = free_threads(sample.busy_s - last.busy_s, sample.ours_s - last.ours_s, now - last_at, self.cores,
                             self.max_threads)
