@@ -245,6 +245,33 @@ def test_bfloat16_with_our_kernels_stays_near_float32(family, ours):
     assert worst < 0.4 and agree >= 0.9, f"{name}: max abs difference {worst:.3g}, argmax agreement {agree:.2f}"
 
 
+def test_bfloat16_forward_plans_give_the_loops_bits(family):
+    """Every family's bfloat16 model on our kernels runs forwards of up to
+    forward_plan.MAX_ROWS rows as one C call (Qwen3's and Gemma's q/k norms, Gemma's norms
+    of the attention and MLP outputs and its GELU included): a ragged prefill and a decode
+    tick give the Python loop's hidden states, bit for bit."""
+    name, _, path = family
+    model = build_model(read_weights(str(path)), ModelConfig(dtype="bfloat16", quantization="none"))
+    if model.kernels.plan_library is None or model.kernels.float_matmul is None:
+        pytest.skip("no plan runner or float kernel here")
+    assert model.plan_blocker is None and model.plans is not None, model.plan_blocker
+    prompts = _prompts()[:2]  # 7 + 23 rows
+    pool = SlotPool(model.config, 2, 64, torch.bfloat16)
+    ticks = [[(i, 0, p) for i, p in enumerate(prompts)], [(0, 7, [5]), (1, 23, [9])]]
+    plans = model.plans
+    try:
+        for rows in ticks:
+            model.plans = None
+            loop = model(pool.batch(rows), pool)
+            model.plans = plans
+            runs = plans.get(len(loop)).runs
+            planned = model(pool.batch(rows), pool)
+            assert plans.get(len(loop)).runs == runs + 1
+            assert torch.equal(planned, loop), name
+    finally:
+        model.plans = plans
+
+
 def test_a_family_config_survives_the_weight_caches_json(family, ours):
     """The weight cache keeps a config as JSON (``dataclasses.asdict``); traits included."""
     import dataclasses

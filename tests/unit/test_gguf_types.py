@@ -28,6 +28,7 @@ from gguf_files import (
     HEADS,
     HIDDEN,
     KV_HEADS,
+    TOKENS,
     VOCAB,
     assert_near_the_float32_model,
     forward,
@@ -134,7 +135,10 @@ def test_int8_scales_kept_in_float16_only_where_exact_and_with_the_same_bits(typ
     library = int8_cpu.load().library
     assert torch.equal(int8_cpu.bind(q, scale, minimum, library)(x), int8_cpu.bind(*wide, library)(x))
     rows = torch.tensor([0, 31, 7, 16])
-    assert torch.equal(int8_cpu.dequantize_rows(q, scale, minimum, rows), weight.dequantize()[rows])
+    for packed in ((q, scale, minimum), wide):
+        assert torch.equal(int8_cpu.dequantize_rows(*packed, rows, library), weight.dequantize()[rows])
+    with pytest.raises(IndexError, match="outside"):
+        int8_cpu.dequantize_rows(q, scale, minimum, torch.tensor([0, 32]), library)
 
 
 @needs_kernels
@@ -246,3 +250,22 @@ def test_the_embedding_and_the_tied_head_run_from_the_files_blocks(crafted):
     # The model holds about the file's bytes: the int8 values and float16 scales of the
     # Q8_0 embedding (no float32 or bfloat16 table beside them).
     assert ours.embed.nbytes == VOCAB * HIDDEN + VOCAB * HIDDEN // 32 * 2
+
+
+@needs_kernels
+def test_a_layer_split_between_kernel_kinds_runs_in_a_forward_plan_with_the_loops_bits(crafted):
+    """Q4_K_M files' q/k/v (Q4_K q and k, Q6_K v) is a SplitWeight: a forward plan runs each
+    part into its own buffer and copies it into its columns, the bits of the loop's torch.cat."""
+    weights = read_gguf(crafted, None)
+    ours = build_model(weights, ModelConfig(dtype="bfloat16", quantization="auto"), KERNELS)
+    assert isinstance(ours.layers[0].qkv.quantized, SplitWeight)
+    assert ours.plan_blocker is None and ours.plans is not None
+    plans = ours.plans
+    for tokens in (TOKENS, TOKENS[:1]):
+        ours.plans = None
+        loop = forward(ours, tokens)
+        ours.plans = plans
+        runs = plans.get(len(tokens)).runs
+        planned = forward(ours, tokens)
+        assert plans.get(len(tokens)).runs == runs + 1
+        assert torch.equal(planned[0], loop[0]) and torch.equal(planned[1], loop[1])

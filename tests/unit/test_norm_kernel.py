@@ -55,12 +55,56 @@ def test_silu_mul_rounds_as_torchs_bfloat16_ops(inter):
     gate_up[0, :4] = torch.tensor([0.0, -100.0, 100.0, float("nan")])  # exp's clamps; NaN stays NaN
     gate, up = gate_up.split(inter, dim=-1)
     expected = F.silu(gate) * up
-    got = _ops().silu_mul(gate_up, inter)
+    got = _ops().gated_activation(gate_up, inter, "silu")
     assert got.shape == (4, inter) and got.dtype == torch.bfloat16
     assert got[0, 3].isnan() and expected[0, 3].isnan()
     got[0, 3] = expected[0, 3] = 0
     assert _ulps(got, expected).max() <= 1
     assert (got == expected).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("inter", [INTER, 13])
+def test_gelu_tanh_mul_rounds_as_torchs_bfloat16_ops(inter):
+    g = torch.Generator().manual_seed(2)
+    gate_up = (torch.randn(4, 2 * inter, generator=g) * 4).bfloat16()
+    gate_up[0, :3] = torch.tensor([0.0, -100.0, 100.0])  # tanh's ends: gelu 0, -0 and g itself
+    gate, up = gate_up.split(inter, dim=-1)
+    # The roundings of torch's bfloat16 ops on the function in float64, as g / (1 + e^-2u):
+    # torch's GELU (float32 and float64) loses the digits of very negative gates, where
+    # 1 + tanh(u) cancels; ours computes that form too.
+    g64 = gate.double()
+    exact = ((g64 / (1 + torch.exp(-2 * 0.7978845608028654 * (g64 + 0.044715 * g64**3)))).bfloat16() * up).bfloat16()
+    got = _ops().gated_activation(gate_up, inter, "gelu_tanh")
+    assert got.shape == (4, inter) and got.dtype == torch.bfloat16
+
+    def flushed(t: torch.Tensor) -> torch.Tensor:  # below 1e-30 (ours: 0 once e^-2u passes float32's range)
+        return torch.where(t.abs() < 1e-30, torch.zeros_like(t), t)
+
+    assert _ulps(flushed(got), flushed(exact)).max() <= 1
+    assert (got == exact).float().mean() > 0.99
+    torchs = F.gelu(gate, approximate="tanh") * up
+    assert torch.equal(got[gate > -3], torchs[gate > -3]) or _ulps(got[gate > -3], torchs[gate > -3]).max() <= 1
+    rows = torch.cat([_ops().gated_activation(gate_up[r : r + 1], inter, "gelu_tanh") for r in range(4)])
+    assert torch.equal(rows, got)  # a row alone has the bits it has among others
+
+
+@pytest.mark.parametrize("rows", [3, 9])  # 9: past the kernel's PARALLEL_ROWS, split across threads
+def test_rms_norm_groups_normalizes_heads_in_place_as_torchs_rms_norm(rows):
+    g = torch.Generator().manual_seed(3)
+    heads, kv_heads, d = 4, 2, 64
+    qkv = (torch.randn(rows, (heads + 2 * kv_heads) * d, generator=g) * 3).bfloat16()
+    q_norm, k_norm = torch.rand(d, generator=g) + 0.5, torch.rand(d, generator=g) + 0.5
+    before = qkv.clone()
+    q, k, v = before.float().split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    expected_q = F.rms_norm(q.view(rows, heads, d), (d,), q_norm, EPS).bfloat16().view(rows, -1)
+    expected_k = F.rms_norm(k.view(rows, kv_heads, d), (d,), k_norm, EPS).bfloat16().view(rows, -1)
+    got = _ops().rms_norm_groups(qkv, [(0, heads, d, q_norm), (heads * d, kv_heads, d, k_norm)], EPS)
+    assert got is qkv  # in place
+    assert _ulps(got[:, : heads * d], expected_q).max() <= 1
+    assert _ulps(got[:, heads * d : (heads + kv_heads) * d], expected_k).max() <= 1
+    assert torch.equal(got[:, (heads + kv_heads) * d :], before[:, (heads + kv_heads) * d :])  # v untouched
+    with pytest.raises(ValueError, match="groups"):
+        _ops().rms_norm_groups(qkv, [(0, heads + 5, d, q_norm)], EPS)
 
 
 @pytest.mark.parametrize("rows", [2, 9, 40])  # 9 and 40: past the kernel's PARALLEL_ROWS, split across threads
@@ -70,12 +114,12 @@ def test_a_row_gives_the_same_bits_alone_or_among_others(rows):
     together_x = x.clone()
     together = ops.add_rms_norm(together_x, delta, weight, EPS)
     gate_up = torch.cat([together, together.flip(-1)], dim=-1)  # any bfloat16 [rows, 2 * HIDDEN]
-    mlp_together = ops.silu_mul(gate_up, HIDDEN)
+    mlp_together = ops.gated_activation(gate_up, HIDDEN, "silu")
     for r in range(rows):
         alone_x = x[r : r + 1].clone()
         assert torch.equal(ops.add_rms_norm(alone_x, delta[r : r + 1], weight, EPS), together[r : r + 1])
         assert torch.equal(alone_x, together_x[r : r + 1])
-        assert torch.equal(ops.silu_mul(gate_up[r : r + 1], HIDDEN), mlp_together[r : r + 1])
+        assert torch.equal(ops.gated_activation(gate_up[r : r + 1], HIDDEN, "silu"), mlp_together[r : r + 1])
 
 
 @pytest.mark.skipif(build.missing_cpu_flags("avx512") != set(), reason="no AVX-512 CPU here")
@@ -88,7 +132,7 @@ def test_the_avx512_and_avx2_builds_give_the_same_bits(hidden, inter):
         kernels = Kernels.load("native", isa=isa)
         assert kernels.norm_name == isa
         ops = norm_cpu.LayerOps.for_dtype(kernels.norm_library, torch.bfloat16)
-        out[isa] = (ops.add_rms_norm(x.clone(), delta, weight, EPS), ops.silu_mul(gate_up, inter))
+        out[isa] = (ops.add_rms_norm(x.clone(), delta, weight, EPS), ops.gated_activation(gate_up, inter, "silu"))
     assert torch.equal(out["avx2"][0], out["avx512"][0]) and torch.equal(out["avx2"][1], out["avx512"][1])
 
 
@@ -109,3 +153,22 @@ def test_a_residual_stream_the_kernel_cannot_read_is_refused_not_misread():
         _ops().add_rms_norm(x.bfloat16(), delta, weight, EPS)
     with pytest.raises(ValueError, match="float32"):
         _ops().add_rms_norm(x.t().contiguous().t(), delta, weight, EPS)  # not contiguous
+
+
+@pytest.mark.parametrize("vocab", [49152, 1003])  # 1003: a tail past the last block of 8
+def test_top_logits_widens_exactly_and_picks_torchs_top_candidates_in_order(vocab):
+    g = torch.Generator().manual_seed(4)
+    coarse = (torch.randn(3, vocab, generator=g) * 4).bfloat16()  # bfloat16 values repeat: ties on purpose
+    coarse[1, 500] = float("nan")  # never a candidate
+    coarse[2] = 1.0  # all equal: the first 32 indices
+    logits, top = _ops().top_logits(coarse, 32)
+    assert logits.dtype == torch.float32
+    assert torch.equal(torch.nan_to_num(logits), torch.nan_to_num(coarse.float()))
+    for r in range(3):
+        values = torch.nan_to_num(coarse[r].float(), nan=float("-inf"))
+        # torch's stable sort: largest first, equal values in index order.
+        expected = torch.sort(values, descending=True, stable=True).indices[:32]
+        assert top[r].tolist() == expected.tolist()
+    assert top[2].tolist() == list(range(32))
+    with pytest.raises(ValueError, match="candidates"):
+        _ops().top_logits(coarse, vocab + 1)

@@ -37,6 +37,17 @@ def transformers_generate(model, prompt_ids: list[int], new_tokens: int, **kwarg
     return time.perf_counter() - start, out[0, len(prompt_ids):].tolist()
 
 
+def engine_decode_rate(llm: LLM, prompt_ids: list[int], new_tokens: int) -> float:
+    """speclane's engine (``llm``) decoding ``new_tokens`` tokens after the first one, in tok/s:
+    what ``llama-bench``'s tg test measures (generation steps alone, no prompt processing),
+    so the prompt's prefill and the first token are left out. Greedy, ``ignore_eos``."""
+    from speclane.bench.driver import Job, drive
+
+    job = Job("decode", list(prompt_ids), SamplingParams(max_tokens=new_tokens + 1, ignore_eos=True))
+    timelines, _ = drive(llm.engine, [job])
+    return timelines["decode"].decode_rate
+
+
 def ours_generate(llm: LLM, prompt_ids: list[int], new_tokens: int, **options: Any) -> tuple[float, list[int]]:
     sp = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     start = time.perf_counter()

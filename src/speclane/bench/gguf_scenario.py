@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speclane.bench.common import Table, alternate, median
-from speclane.bench.decode import PROMPT, ours_generate
+from speclane.bench.decode import PROMPT, engine_decode_rate
 from speclane.bench.driver import progress
 from speclane.bench.http_streams import aggregate_rate, concurrent_streams
 from speclane.bench.llama_cpp import decode_rate, find_llama_cpp_tool, llama_server, requantize
@@ -138,8 +138,9 @@ def gguf(config: EngineConfig, quick: bool = False) -> list[Table]:
         decode.add(file.label, layer_types(file.path), file.path.stat().st_size / 2**20, ours, theirs or "not run",
                    ratio(ours, theirs))
         streams.add(file.label, *_streams(config_file, tools["llama-server"], tokens, rounds, lane=not quick))
-    decode.notes.append(f"speclane: speclane.LLM with speculation off, greedy, ignore_eos, after a chat prompt of "
-                        f"{len(PROMPT)} characters; llama-bench: -p 0 -n {tokens} -t {threads} -r 1 (its tg test, "
+    decode.notes.append(f"speclane: speclane.LLM with speculation off, greedy, ignore_eos, {tokens} tokens after the first "
+                        f"one of a chat prompt of {len(PROMPT)} characters (the prompt's prefill and first token left out, "
+                        "as llama-bench's tg test has no prompt); llama-bench: -p 0 -n {tokens} -t {threads} -r 1 (its tg test, "
                         "after its own warm-up). The arms alternate, "
                         f"{2 if quick else 3} runs each after a warm-up of speclane; medians.")
     streams.notes.append(f"Each round starts speclane serve (--num-threads {threads}), sends one warm-up request, "
@@ -171,7 +172,7 @@ def _decode(config: EngineConfig, bench: Path | None, tokens: int, repeats: int)
     threads = config.model.num_threads or 2
     llm = LLM(config=config.replace(spec_mode="off"))
     prompt_ids = llm.encode_prompt(PROMPT, chat=True)
-    arms: dict[str, Callable[[], float]] = {"speclane": lambda: tokens / ours_generate(llm, prompt_ids, tokens)[0]}
+    arms: dict[str, Callable[[], float]] = {"speclane": lambda: engine_decode_rate(llm, prompt_ids, tokens)}
     if bench is not None:
         arms["llama.cpp"] = lambda: decode_rate(bench, Path(config.model.model), threads, tokens, repeats=1)
     progress(f"gguf decode: {Path(config.model.model).name}")

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from speclane.kernels import build, plan_cpu
 
 SOURCE = Path(__file__).with_name("norm_x86.c")
+ACTIVATIONS = {"silu": "silu_mul", "gelu_tanh": "gelu_tanh_mul"}  # a gated MLP's activation -> the C function
 ISAS = ("avx512", "avx2")  # the builds of SOURCE, widest first
 
 
@@ -25,6 +26,12 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.add_rms_norm.restype = None
     lib.silu_mul.argtypes = [pointer] * 2 + [integer] * 2
     lib.silu_mul.restype = None
+    lib.rms_norm_groups.argtypes = [pointer] + [integer] * 4 + [pointer, ctypes.c_float]
+    lib.rms_norm_groups.restype = None
+    lib.gelu_tanh_mul.argtypes = [pointer] * 2 + [integer] * 2
+    lib.gelu_tanh_mul.restype = None
+    lib.top_logits.argtypes = [pointer] * 3 + [integer] * 3
+    lib.top_logits.restype = None
 
 
 def add_rms_norm_row(lib: ctypes.CDLL, x: int, delta: int, weight: int, out: int, rows: int, hidden: int,
@@ -33,9 +40,24 @@ def add_rms_norm_row(lib: ctypes.CDLL, x: int, delta: int, weight: int, out: int
     return [plan_cpu.address(lib, "add_rms_norm_op"), x, delta, weight, out, rows, hidden, plan_cpu.float_bits(eps)]
 
 
-def silu_mul_row(lib: ctypes.CDLL, gate_up: int, out: int, rows: int, intermediate: int) -> list[int]:
-    """``silu_mul`` as a forward plan's step (``plan_cpu``)."""
-    return [plan_cpu.address(lib, "silu_mul_op"), gate_up, out, rows, intermediate]
+def copy_columns_row(lib: ctypes.CDLL, src: int, dst: int, rows: int, width: int, ld: int, offset: int) -> list[int]:
+    """``copy_columns`` as a forward plan's step: src [rows, width] bfloat16 into columns
+    [offset, offset + width) of dst's rows of ``ld`` columns."""
+    return [plan_cpu.address(lib, "copy_columns_op"), src, dst, rows, width, ld, offset]
+
+
+def gated_activation_row(lib: ctypes.CDLL, activation: str, gate_up: int, out: int, rows: int, intermediate: int
+                         ) -> list[int]:
+    """``silu_mul`` or ``gelu_tanh_mul`` (``activation``: "silu" or "gelu_tanh") as a forward
+    plan's step (``plan_cpu``)."""
+    return [plan_cpu.address(lib, ACTIVATIONS[activation] + "_op"), gate_up, out, rows, intermediate]
+
+
+def rms_norm_groups_row(lib: ctypes.CDLL, x: int, rows: int, stride: int, groups: int, width: int, weight: int,
+                        eps: float) -> list[int]:
+    """``rms_norm_groups`` as a forward plan's step: in place over ``groups`` groups of
+    ``width`` columns at address x of rows of ``stride`` columns (bfloat16)."""
+    return [plan_cpu.address(lib, "rms_norm_groups_op"), x, rows, stride, groups, width, weight, plan_cpu.float_bits(eps)]
 
 
 def load(isa: str | None = None) -> build.Kernel:
@@ -78,12 +100,51 @@ class LayerOps:
                                out.data_ptr(), rows, hidden, eps)
         return out
 
-    def silu_mul(self, gate_up: torch.Tensor, intermediate: int) -> torch.Tensor:
-        """gate_up [T, 2 * I] (gate, then up) -> SiLU(gate) * up [T, I]."""
+    def gated_activation(self, gate_up: torch.Tensor, intermediate: int, activation: str) -> torch.Tensor:
+        """gate_up [T, 2 * I] (gate, then up) -> act(gate) * up [T, I], ``activation`` "silu"
+        or "gelu_tanh" (GELU's tanh approximation, Gemma's)."""
         if self.lib is None:
             gate, up = gate_up.split(intermediate, dim=-1)
-            return F.silu(gate) * up
+            return (F.silu(gate) if activation == "silu" else F.gelu(gate, approximate="tanh")) * up
         gate_up = gate_up.to(torch.bfloat16).contiguous()  # no-ops for the int4 kernel's output
         out = torch.empty(gate_up.shape[0], intermediate, dtype=torch.bfloat16)
-        self.lib.silu_mul(gate_up.data_ptr(), out.data_ptr(), gate_up.shape[0], intermediate)
+        getattr(self.lib, ACTIVATIONS[activation])(gate_up.data_ptr(), out.data_ptr(), gate_up.shape[0], intermediate)
         return out
+
+    def rms_norm_groups(self, x: torch.Tensor, groups: list[tuple[int, int, int, torch.Tensor]], eps: float
+                        ) -> torch.Tensor:
+        """RMSNorm of column groups of x [T, C]: each (start, count, width, weight) normalizes
+        ``count`` groups of ``width`` columns from column ``start`` with ``weight`` [width].
+        Ours: in place on x (bfloat16) and returns it; torch's: a float32 copy of x with the
+        groups normalized (the columns outside the groups as they were)."""
+        if self.lib is None:
+            out = x.float()
+            for start, count, width, weight in groups:
+                part = out[:, start : start + count * width].view(-1, count, width)
+                out[:, start : start + count * width] = F.rms_norm(part, (width,), weight, eps).view(-1, count * width)
+            return out
+        if x.dtype != torch.bfloat16 or not x.is_contiguous():
+            raise ValueError("rms_norm_groups: a contiguous bfloat16 tensor only")
+        rows, columns = x.shape
+        for start, count, width, weight in groups:
+            if weight.dtype != torch.float32 or weight.numel() != width or start + count * width > columns:
+                raise ValueError(f"rms_norm_groups: {count} groups of {width} from column {start} of {columns} "
+                                 f"with a {weight.dtype} weight of {weight.numel()}")
+            self.lib.rms_norm_groups(x.data_ptr() + 2 * start, rows, columns, count, width, weight.data_ptr(), eps)
+        return x
+
+    def top_logits(self, coarse: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A quantized head's coarse logits [N, vocab] -> (them in float32, each row's
+        ``count`` largest indices [N, count] int64, largest first, equal values in index
+        order). Ours where the output is bfloat16 (``top_logits`` in the C file), else torch's."""
+        if self.lib is None or coarse.dtype != torch.bfloat16:
+            logits = coarse.float()
+            return logits, logits.topk(count, dim=-1).indices
+        coarse = coarse.contiguous()
+        rows, vocab = coarse.shape
+        if not 1 <= count <= vocab:
+            raise ValueError(f"top_logits: {count} candidates of {vocab}")
+        logits = torch.empty(rows, vocab, dtype=torch.float32)
+        top = torch.empty(rows, count, dtype=torch.int32)
+        self.lib.top_logits(coarse.data_ptr(), logits.data_ptr(), top.data_ptr(), rows, vocab, count)
+        return logits, top.long().clamp_(min=0)  # a NaN row's missing candidates (-1): refine token 0 instead

@@ -208,3 +208,113 @@ void add_rms_norm_op(const int64_t *a) {
     add_rms_norm(OP_PTR(a[0]), OP_PTR(a[1]), OP_PTR(a[2]), OP_PTR(a[3]), (int)a[4], (int)a[5], op_float(a[6]));
 }
 void silu_mul_op(const int64_t *a) { silu_mul(OP_PTR(a[0]), OP_PTR(a[1]), (int)a[2], (int)a[3]); }
+
+// The output head's coarse logits widened, and each row's candidates for the exact refine
+// (LlamaModel.logits): out [rows][vocab] float32 = coarse [rows][vocab] bfloat16 (exact),
+// top [rows][count] the indices of the row's count largest values, largest first, equal
+// values in index order; a NaN is never a candidate, and a row with fewer than count
+// non-NaN values fills the rest with -1. Why here: torch's .float(), topk and argmax over
+// a 49,152-token vocabulary are ~0.15 ms of a ~7 ms one-token step on a 2-core CPU, one pass
+// here ~0.02 ms. The caller checks 1 <= count <= vocab.
+static void insert_candidate(float *value, int32_t *index, int *filled, int count, float v, int32_t i) {
+    int at = *filled < count ? *filled : count - 1;  // the slot it takes before moving up
+    if (*filled < count) (*filled)++;
+    while (at > 0 && value[at - 1] < v) {  // strictly: an equal earlier value stays ahead
+        value[at] = value[at - 1];
+        index[at] = index[at - 1];
+        at--;
+    }
+    value[at] = v;
+    index[at] = i;
+}
+
+void top_logits(const uint16_t *coarse, float *out, int32_t *top, int rows, int vocab, int count) {
+    for (int r = 0; r < rows; r++) {
+        const uint16_t *c = coarse + (size_t)r * vocab;
+        float *y = out + (size_t)r * vocab, value[count];
+        int32_t *index = top + (size_t)r * count;
+        int filled = 0, i = 0;
+        for (; i + VW <= vocab; i += VW) v_store(y + i, v_load_bf16(c + i));
+        for (; i < vocab; i++) y[i] = from_bf16(c[i]);
+        i = 0;
+        for (; i < vocab && filled < count; i++)
+            if (y[i] == y[i]) insert_candidate(value, index, &filled, count, y[i], i);
+        for (; i + 8 <= vocab; i += 8) {  // a block with no value above the smallest kept one is skipped
+            const __m256 above = _mm256_cmp_ps(_mm256_loadu_ps(y + i), _mm256_set1_ps(value[count - 1]), _CMP_GT_OQ);
+            if (!_mm256_movemask_ps(above)) continue;
+            for (int j = i; j < i + 8; j++)
+                if (y[j] > value[count - 1]) insert_candidate(value, index, &filled, count, y[j], j);
+        }
+        for (; i < vocab; i++)
+            if (y[i] > value[count - 1]) insert_candidate(value, index, &filled, count, y[i], i);
+        for (int j = filled; j < count; j++) index[j] = -1;
+    }
+}
+
+// src [rows][width] bfloat16 into columns [offset, offset + width) of dst's rows (row
+// stride ld): a forward plan's step that puts one part of a weight split between kernel
+// kinds (models/linear.py, SplitWeight) beside the others, as torch.cat does in the loop.
+void copy_columns(const uint16_t *src, uint16_t *dst, int rows, int width, int ld, int offset) {
+    for (int r = 0; r < rows; r++)
+        memcpy(dst + (size_t)r * ld + offset, src + (size_t)r * width, (size_t)width * sizeof(uint16_t));
+}
+
+void copy_columns_op(const int64_t *a) {
+    copy_columns(OP_PTR(a[0]), OP_PTR(a[1]), (int)a[2], (int)a[3], (int)a[4], (int)a[5]);
+}
+
+// RMSNorm in place over groups of a bfloat16 row: x [rows][stride], the groups at columns
+// [g * width, (g + 1) * width) for g < groups, each x = bf16(x * (1 / sqrt(mean(x^2) + eps))
+// * weight) with weight [width] float32: add_rms_norm's arithmetic on a float32 copy of
+// the group (exact). What it serves: Qwen3's and Gemma 3's per-head q and k norms (groups
+// = heads, width = head_dim, the q heads then the k heads of the fused projection), and
+// Gemma's norms of a layer's attention and MLP outputs (one group of the hidden size).
+void rms_norm_groups(uint16_t *x, int rows, int stride, int groups, int width, const float *weight, float eps) {
+    #pragma omp parallel for schedule(static) if (rows >= PARALLEL_ROWS)
+    for (int r = 0; r < rows; r++) {
+        float row[width];
+        for (int g = 0; g < groups; g++) {
+            uint16_t *group = x + (size_t)r * stride + (size_t)g * width;
+            for (int i = 0; i < width; i++) row[i] = from_bf16(group[i]);
+            add_rms_norm_row(row, 0, weight, group, width, eps);
+        }
+    }
+}
+
+void rms_norm_groups_op(const int64_t *a) {
+    rms_norm_groups(OP_PTR(a[0]), (int)a[1], (int)a[2], (int)a[3], (int)a[4], OP_PTR(a[5]), op_float(a[6]));
+}
+
+#define GELU_C 0.7978845608028654f  // sqrt(2 / pi)
+#define GELU_K 0.044715f
+
+// out = bf16(bf16(gelu_tanh(gate)) * up), the roundings of torch's F.gelu(gate,
+// approximate="tanh") * up on bfloat16 tensors (Gemma's MLP). gelu_tanh(g) = 0.5 g (1 +
+// tanh(u)), u = sqrt(2/pi) (g + 0.044715 g^3), computed as g / (1 + e^(-2u)) (the same
+// function: 1 + tanh(u) = 2 / (1 + e^(-2u))) with exp_poly: where g is very negative,
+// 1 + tanh(u) cancels and loses the tiny result's digits, and this form does not. Each
+// element is one sequence of float32 operations, one float or VW at a time.
+static inline uint16_t gelu_times(float g, float u) {
+    const float inner = GELU_C * (g + GELU_K * (g * g * g));
+    const float gelu = from_bf16(to_bf16(g / (1.0f + exp_poly(-2.0f * inner))));
+    return to_bf16(gelu * u);
+}
+
+INLINE vec gelu_v(vec g) {
+    const vec inner = v_mul(v_set1(GELU_C), v_add(g, v_mul(v_set1(GELU_K), v_mul(v_mul(g, g), g))));
+    return v_round_bf16(v_div(g, v_add(v_set1(1.0f), exp_poly_v(v_mul(v_set1(-2.0f), inner)))));
+}
+
+// gate_up: [rows][2 * inter] bfloat16 (gate, then up); out: [rows][inter] bfloat16.
+void gelu_tanh_mul(const uint16_t *gate_up, uint16_t *out, int rows, int inter) {
+    #pragma omp parallel for schedule(static) if (rows >= PARALLEL_ROWS)
+    for (int r = 0; r < rows; r++) {
+        const uint16_t *gate = gate_up + (size_t)r * 2 * inter, *up = gate + inter;
+        uint16_t *y = out + (size_t)r * inter;
+        int i = 0;
+        for (; i + VW <= inter; i += VW) v_store_bf16(y + i, v_mul(gelu_v(v_load_bf16(gate + i)), v_load_bf16(up + i)));
+        for (; i < inter; i++) y[i] = gelu_times(from_bf16(gate[i]), from_bf16(up[i]));
+    }
+}
+
+void gelu_tanh_mul_op(const int64_t *a) { gelu_tanh_mul(OP_PTR(a[0]), OP_PTR(a[1]), (int)a[2], (int)a[3]); }

@@ -107,7 +107,7 @@ def build_model(weights: WeightSet, config: ModelConfig, kernels: Kernels | None
             else:
                 runs.append((kind, [part]))
         fused = [_native_weight(kind, parts, kernels) for kind, parts in runs]
-        return fused[0] if len(fused) == 1 else SplitWeight(fused)
+        return fused[0] if len(fused) == 1 else SplitWeight(fused, kernels.norm_library)
 
     def linear(names: list[str], bias_names: list[str] | None = None) -> Linear:
         bias = torch.cat([take(n) for n in bias_names]).to(dtype) if bias_names else None

@@ -8,15 +8,16 @@ loop uses, so a row's bits are the loop's (a test compares them).
 
 A plan holds a table of steps ([steps, STRIDE] int64, ``kernels/op.h``'s convention) over
 activation buffers of its own sized for its row count: per layer, add + RMSNorm, the q/k/v
-projection, RoPE + cache write + attention, the output projection, add + RMSNorm,
-gate/up, SiLU * up, down. What changes between forwards (the cache's blocks, the block
+projection (with Qwen3's and Gemma 3's q and k head norms), RoPE + cache write +
+attention, the output projection (with Gemma's norm of it), add + RMSNorm, gate/up, SiLU
+or GELU * up, down (with Gemma's norm of it). What changes between forwards (the cache's blocks, the block
 tables, each row's sequence and length, the rope tables, draft-tree rows) is written into
 the attention steps' columns before each run. The residual stream and the last layer's MLP
 output come back in the plan's buffers; the caller adds them into a fresh tensor.
 
 A model (``LlamaModel``) runs plans where every layer is our kernels' (``LlamaModel.plan_blocker`` says
-why not otherwise: torch's kernels, a bias, q/k norms, Gemma's norms and GELU, a weight
-split between kinds): the Python loop stays the reference and the fallback.
+why not otherwise: torch's kernels, a bias): the Python loop stays the reference and the
+fallback, and it calls the same C functions (``norm_cpu.LayerOps``), so the bits agree.
 """
 
 from __future__ import annotations
@@ -61,24 +62,42 @@ class ForwardPlan:
         self.act = torch.empty(rows, cfg.intermediate_size, dtype=bf16)
         self.branch = torch.empty(rows, hidden, dtype=bf16)  # a layer's MLP output
         ptr = {name: getattr(self, name).data_ptr() for name in ("x", "h", "qkv", "q", "attention", "a", "gate_up", "act", "branch")}
-        steps: list[list[int] | None] = []
+        steps: list[list[int]] = []
         attention_steps = []
+
+        def linear_steps(linear, x: int, y: int) -> None:
+            added = linear.op_steps(x, y, rows)
+            if added is None:
+                raise ValueError("a forward plan needs every layer's linears on our kernels")
+            steps.extend(added)
+
         for i, layer in enumerate(layers):
             steps.append(norm_cpu.add_rms_norm_row(norm_library, ptr["x"], ptr["branch"] if i else 0,
                                                    layer.attn_norm.data_ptr(), ptr["h"], rows, hidden, layer.eps))
-            steps.append(layer.qkv.op_row(ptr["h"], ptr["qkv"], rows))
+            linear_steps(layer.qkv, ptr["h"], ptr["qkv"])
+            if layer.q_norm is not None:  # each q head, then each k head, normalized in place
+                stride = (heads + 2 * kv_heads) * d
+                steps.append(norm_cpu.rms_norm_groups_row(norm_library, ptr["qkv"], rows, stride, heads, d,
+                                                          layer.q_norm.data_ptr(), layer.eps))
+                steps.append(norm_cpu.rms_norm_groups_row(norm_library, ptr["qkv"] + 2 * heads * d, rows, stride, kv_heads,
+                                                          d, layer.k_norm.data_ptr(), layer.eps))
             attention_steps.append(len(steps))
             steps.append(attention_cpu.paged_rope_write_attention_row(
                 attention_library, ptr["qkv"], ptr["q"], ptr["attention"], rows, heads, kv_heads, d, scale,
                 layer.window, cfg.traits.attn_softcap))
-            steps.append(layer.o.op_row(ptr["attention"], ptr["a"], rows))
+            linear_steps(layer.o, ptr["attention"], ptr["a"])
+            if layer.attn_out_norm is not None:
+                steps.append(norm_cpu.rms_norm_groups_row(norm_library, ptr["a"], rows, hidden, 1, hidden,
+                                                          layer.attn_out_norm.data_ptr(), layer.eps))
             steps.append(norm_cpu.add_rms_norm_row(norm_library, ptr["x"], ptr["a"], layer.mlp_norm.data_ptr(), ptr["h"],
                                                    rows, hidden, layer.eps))
-            steps.append(layer.gate_up.op_row(ptr["h"], ptr["gate_up"], rows))
-            steps.append(norm_cpu.silu_mul_row(norm_library, ptr["gate_up"], ptr["act"], rows, cfg.intermediate_size))
-            steps.append(layer.down.op_row(ptr["act"], ptr["branch"], rows))
-        if any(step is None for step in steps):
-            raise ValueError("a forward plan needs every layer's linears on our kernels")
+            linear_steps(layer.gate_up, ptr["h"], ptr["gate_up"])
+            steps.append(norm_cpu.gated_activation_row(norm_library, cfg.traits.activation, ptr["gate_up"], ptr["act"], rows,
+                                                        cfg.intermediate_size))
+            linear_steps(layer.down, ptr["act"], ptr["branch"])
+            if layer.mlp_out_norm is not None:
+                steps.append(norm_cpu.rms_norm_groups_row(norm_library, ptr["branch"], rows, hidden, 1, hidden,
+                                                          layer.mlp_out_norm.data_ptr(), layer.eps))
         self.table = torch.zeros(len(steps), STRIDE, dtype=torch.int64)
         for i, step in enumerate(steps):
             self.table[i, : len(step)] = torch.tensor(step, dtype=torch.int64)

@@ -12,9 +12,11 @@ width measured (1-96 rows); on its AVX-512 machine a 96-row float32 GEMM is ~1.2
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
-from speclane.kernels import float_cpu, int4_cpu, int8_cpu
+from speclane.kernels import float_cpu, int4_cpu, int8_cpu, norm_cpu
 from speclane.kernels.select import Kernels
 
 INT4_GROUP = 32
@@ -65,7 +67,7 @@ class Int4Weight:
             self.tensors: tuple[torch.Tensor, ...] = int4_cpu.pack(q, scale, minimum)
             # Calls of many rows go to the AMX tile kernel where it runs (the same bits: int4_cpu).
             self.bound = int4_cpu.bind(*self.tensors, lib=self.library, tiles=kernels.tile_library)
-            self.op_row = self.bound.op_row  # a forward plan's step (Linear.op_row)
+            self.op_row = self.bound.op_row  # a forward plan's step (Linear.op_steps)
             self._values: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         else:
             self.kernel = "torch"
@@ -122,13 +124,14 @@ class GroupInt8Weight:
         self.out_features = q.shape[0]
         self.kernel = kernels.int8.isa
         self.packed = int8_cpu.pack(q, scale, minimum)
+        self._library = kernels.int8.library
         self.tensors: tuple[torch.Tensor, ...] = tuple(t for t in self.packed if t is not None)
         self.matmul = int8_cpu.bind(*self.packed, kernels.int8.library)
-        self.op_row = self.matmul.op_row  # a forward plan's step (Linear.op_row)
+        self.op_row = self.matmul.op_row  # a forward plan's step (Linear.op_steps)
 
     def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """float32 [len(rows), in]: the rows' values, the file's exactly."""
-        return int8_cpu.dequantize_rows(*self.packed, rows)
+        return int8_cpu.dequantize_rows(*self.packed, rows, self._library)
 
     @staticmethod
     def supports(out_features: int, kernels: Kernels) -> bool:
@@ -153,7 +156,7 @@ class FloatWeight:
         self.kernel = kernels.float_matmul.isa
         self.packed = float_cpu.pack(weight)  # a ValueError unless 16 divides out_features
         self.matmul = float_cpu.bind(self.packed, kernels.float_matmul.library)
-        self.op_row = self.matmul.op_row  # a forward plan's step (Linear.op_row)
+        self.op_row = self.matmul.op_row  # a forward plan's step (Linear.op_steps)
         self.nbytes = self.packed.numel() * self.packed.element_size()
 
     def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
@@ -169,10 +172,13 @@ class SplitWeight:
     """Weights of different kinds side by side in one layer (a fused q/k/v whose v is
     Q6_K and q, k Q4_K, as llama.cpp's Q4_K_M files have): each part's kernel on the whole
     input, the outputs side by side. Each output column is its part's, so the parts' batch
-    invariance is the whole's."""
+    invariance is the whole's. ``copy_library``: our norm kernels' build, whose
+    ``copy_columns`` puts the parts side by side in a forward plan (None: no plan steps)."""
 
-    def __init__(self, parts: list[Int4Weight | GroupInt8Weight | FloatWeight]):
+    def __init__(self, parts: list[Int4Weight | GroupInt8Weight | FloatWeight], copy_library: ctypes.CDLL | None = None):
         self.parts = parts
+        self.copy_library = copy_library
+        self._scratch: dict[int, list[torch.Tensor]] = {}  # by row count: each part's output in a plan
 
     @property
     def nbytes(self) -> int:
@@ -181,7 +187,20 @@ class SplitWeight:
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([p.matmul(x) for p in self.parts], dim=1)
 
-
+    def op_steps(self, x: int, y: int, rows: int) -> list[list[int]] | None:
+        """A forward plan's steps (``Linear.op_steps``): each part into a buffer of its own
+        (kept per row count, at most ``forward_plan.MAX_ROWS`` of them), then copied into its
+        columns of y, the bits of ``matmul``'s torch.cat; None where a part has no step."""
+        if self.copy_library is None or any(getattr(p, "op_row", None) is None for p in self.parts):
+            return None
+        widths = [p.out_features for p in self.parts]
+        scratch = self._scratch.setdefault(rows, [torch.empty(rows, w, dtype=torch.bfloat16) for w in widths])
+        steps, offset = [], 0
+        for part, out, width in zip(self.parts, scratch, widths, strict=True):
+            steps.append(part.op_row(x, out.data_ptr(), rows))
+            steps.append(norm_cpu.copy_columns_row(self.copy_library, out.data_ptr(), y, rows, width, sum(widths), offset))
+            offset += width
+        return steps
 class Int8Weight:
     """Per-output-channel symmetric int8 for ``torch._weight_int8pack_mm``."""
 
@@ -246,14 +265,17 @@ class Linear:
             raise TypeError(f"{type(self.quantized).__name__} keeps no rows to read back")
         return rows(ids)
 
-    def op_row(self, x: int, y: int, rows: int) -> list[int] | None:
-        """This layer as a forward plan's step (``models/forward_plan.py``) on ``rows`` rows
+    def op_steps(self, x: int, y: int, rows: int) -> list[list[int]] | None:
+        """This layer as a forward plan's steps (``models/forward_plan.py``) on ``rows`` rows
         at addresses x (bfloat16 [rows, in]) and y ([rows, out]), or None where it has no
-        kernel of ours to call so (torch's kernels, a bias, a layer split between kinds)."""
-        op_row = getattr(self.quantized, "op_row", None)
-        if op_row is None or self.bias is not None:
+        kernel of ours to call so (torch's kernels, a bias)."""
+        if self.bias is not None:
             return None
-        return op_row(x, y, rows)
+        op_steps = getattr(self.quantized, "op_steps", None)
+        if op_steps is not None:  # a weight split between kinds
+            return op_steps(x, y, rows)
+        op_row = getattr(self.quantized, "op_row", None)
+        return None if op_row is None else [op_row(x, y, rows)]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [M, in] in ``input_dtype`` (the model keeps its activations there) -> [M, out]."""

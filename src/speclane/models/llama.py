@@ -29,6 +29,7 @@ what a query sees, not the cache's memory.
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -293,14 +294,11 @@ class LlamaModel(nn.Module):
 
     def _plan_blocker(self, kernels: Kernels) -> str | None:
         """Why this model's layers cannot run as a forward plan, or None where they can."""
-        traits = self.config.traits
         if kernels.plan_library is None or self.ops.lib is None or self.attention_library is None:
             return "the plan runner, our norms or our attention kernel is not loaded (or a float32 forward)"
-        if traits.activation != "silu" or traits.qk_norm or traits.sandwich_norms:
-            return f"the family's layers ({traits.activation}, q/k norms or sandwich norms) have torch steps"
         for layer in self.layers:
-            if any(linear.op_row(0, 0, 1) is None for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)):
-                return "a layer's linear runs torch's kernel, has a bias or is split between weight kinds"
+            if any(linear.op_steps(0, 0, 1) is None for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)):
+                return "a layer's linear runs torch's kernel or has a bias"
         return None
 
     def _make_rope(self, positions: int) -> None:
@@ -365,7 +363,7 @@ class LlamaModel(nn.Module):
         x = self.embed.rows(batch.input_ids)  # [T, hidden] float32
         if traits.embed_scale != 1.0:
             x = x * traits.embed_scale
-        if self.plans is not None and attn.ours and self.plans.lock.acquire(blocking=False):
+        if self.plans is not None and all(self.kernel_layers) and self.plans.lock.acquire(blocking=False):
             try:
                 plan = self.plans.get(len(batch.input_ids))
                 if plan is not None:
@@ -378,8 +376,10 @@ class LlamaModel(nn.Module):
         for i, layer in enumerate(self.layers):
             h = ops.add_rms_norm(x, branch, layer.attn_norm, layer.eps)
             qkv = layer.qkv(h)  # [T, q + 2 kv]
-            if layer.q_norm is not None:
-                qkv = _norm_heads(qkv, layer)
+            if layer.q_norm is not None:  # each q head, then each k head
+                qkv = ops.rms_norm_groups(qkv, [(0, layer.num_heads, layer.head_dim, layer.q_norm),
+                                                (layer.q_size, layer.num_kv_heads, layer.head_dim, layer.k_norm)],
+                                          layer.eps).to(qkv.dtype)
             if self.kernel_layers[i]:
                 cos, sin = self.rope[layer.rope]
                 out = attn.rope_attend(qkv, cos, sin, cache.keys[i], cache.values[i], self.scale,
@@ -394,17 +394,12 @@ class LlamaModel(nn.Module):
                                   window=layer.window, softcap=traits.attn_softcap)  # [T, q_size]
             a = layer.o(out)
             if layer.attn_out_norm is not None:
-                a = F.rms_norm(a.float(), (cfg.hidden_size,), layer.attn_out_norm, layer.eps)
+                a = ops.rms_norm_groups(a, [(0, 1, cfg.hidden_size, layer.attn_out_norm)], layer.eps)
             h = ops.add_rms_norm(x, a, layer.mlp_norm, layer.eps)
-            gate_up = layer.gate_up(h)
-            if traits.activation == "gelu_tanh":
-                gate, up = gate_up.split(layer.intermediate, dim=-1)
-                act = F.gelu(gate, approximate="tanh") * up
-            else:
-                act = ops.silu_mul(gate_up, layer.intermediate)
+            act = ops.gated_activation(layer.gate_up(h), layer.intermediate, traits.activation)
             branch = layer.down(act)
             if layer.mlp_out_norm is not None:
-                branch = F.rms_norm(branch.float(), (cfg.hidden_size,), layer.mlp_out_norm, layer.eps)
+                branch = ops.rms_norm_groups(branch, [(0, 1, cfg.hidden_size, layer.mlp_out_norm)], layer.eps)
         x = x + branch
         return F.rms_norm(x, (cfg.hidden_size,), self.final_norm, cfg.rms_norm_eps)  # float32
 
@@ -425,23 +420,14 @@ class LlamaModel(nn.Module):
         if head.quantized is None and head.dense.dtype == torch.float32:
             logits = F.linear(hidden.float(), head.dense)
         else:
-            coarse = head(hidden).float()  # [N, vocab]: its kernel, or its dense weight, in bfloat16
-            top = coarse.topk(REFINE_TOP, dim=-1).indices  # [N, R]
+            # [N, vocab]: its kernel, or its dense weight, in bfloat16; widened, with each row's candidates
+            coarse, top = self.ops.top_logits(head(hidden), REFINE_TOP)  # [N, vocab] float32, [N, R]
             rows = head.rows(top.flatten()).view(*top.shape, -1)  # [N, R, hidden]
             exact = torch.einsum("nh,nrh->nr", hidden.float(), rows)  # [N, R]
             logits = coarse.scatter_(-1, top, exact)
         if cap:  # monotonic: the refined candidates stay the top ones
             logits = torch.tanh(logits / cap) * cap
         return logits
-
-
-def _norm_heads(qkv: torch.Tensor, layer: Layer) -> torch.Tensor:
-    """The fused projection with each query and key head RMS-normalized (Qwen3, Gemma 3)."""
-    t, d = qkv.shape[0], layer.head_dim
-    q, k, v = qkv.split([layer.q_size, layer.kv_size, layer.kv_size], dim=-1)
-    q = F.rms_norm(q.float().view(t, layer.num_heads, d), (d,), layer.q_norm, layer.eps)
-    k = F.rms_norm(k.float().view(t, layer.num_kv_heads, d), (d,), layer.k_norm, layer.eps)
-    return torch.cat([q.view(t, -1).to(qkv.dtype), k.view(t, -1).to(qkv.dtype), v], dim=-1).contiguous()
 
 
 def _softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
@@ -494,14 +480,13 @@ class _AttentionPlan:
         width = -(-self.kv_len // block_size)
         rows = [list(t[: -(-(s + n) // block_size)]) for t, s, n in zip(batch.block_tables, batch.starts, batch.num_new, strict=True)]
         self.tables = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32)  # [B, width]
-        seq_of_token = torch.repeat_interleave(torch.arange(self.num_seqs), torch.tensor(batch.num_new))
+        self.single = self.num_seqs == 1
+        seq_of_token = (torch.zeros(total, dtype=torch.long) if self.single
+                        else torch.repeat_interleave(torch.arange(self.num_seqs), torch.tensor(batch.num_new)))
+        self._seq_of_token = seq_of_token
+        self._block_size = block_size
         self.positions = batch.positions
         self.layout = TreeLayout.of(batch)
-        # Where each new token's key and value go: its position, or a tree node's slot.
-        slots = self.layout.slots.long() if self.layout is not None else batch.positions
-        self.write_blocks = self.tables[seq_of_token, slots // block_size].long()  # [T]
-        self.write_offsets = slots % block_size  # [T]
-        self.single = self.num_seqs == 1
         self._masks: dict[int, torch.Tensor | None] = {}  # by window (0: none)
         # bfloat16: our row-by-row kernel (kernels/attention_x86.c), so that a position's
         # attention does not depend on the rows beside it; it needs no mask or padding.
@@ -524,8 +509,24 @@ class _AttentionPlan:
             return
         # Row of each token in the padded [B * max_new] query layout.
         offsets = torch.tensor([0] + list(batch.num_new[:-1])).cumsum(0)
-        within = torch.arange(total) - offsets[seq_of_token]
-        self.pad_index = seq_of_token * self.max_new + within  # [T]
+        within = torch.arange(total) - offsets[self._seq_of_token]
+        self.pad_index = self._seq_of_token * self.max_new + within  # [T]
+
+    @functools.cached_property
+    def _write_slots(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where each new token's key and value go (its position, or a tree node's slot), as
+        (block, offset) [T] each: for the paths that write from Python (a forward plan's
+        kernel computes them itself, so a plan's forward never makes these)."""
+        slots = self.layout.slots.long() if self.layout is not None else self.positions
+        return self.tables[self._seq_of_token, slots // self._block_size].long(), slots % self._block_size
+
+    @property
+    def write_blocks(self) -> torch.Tensor:
+        return self._write_slots[0]
+
+    @property
+    def write_offsets(self) -> torch.Tensor:
+        return self._write_slots[1]
 
     def mask(self, window: int) -> torch.Tensor | None:
         """The mask of the folded query rows (True: seen), made once per window per forward:

@@ -199,7 +199,7 @@ class KernelHead:
             cache.row_slot[rows], cache.row_len[rows], cfg.num_heads, cfg.head_dim**-0.5, cache.q_scratch[:n])
         cache.length += n
         h = ops.add_rms_norm(x, linears["o"](attn), norms["mlp_norm"], eps)  # x += o, in place
-        return x + linears["down"](ops.silu_mul(linears["gate_up"](h), cfg.intermediate_size)).float()
+        return x + linears["down"](ops.gated_activation(linears["gate_up"](h), cfg.intermediate_size, "silu")).float()
 
     @torch.inference_mode()
     def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
