@@ -158,11 +158,6 @@ static inline float exp_poly(float x) {
     return p * scale;
 }
 
-static inline uint16_t silu_times(float g, float u) {  // bf16(bf16(silu(g)) * u), as torch rounds
-    const float silu = from_bf16(to_bf16(g / (1.0f + exp_poly(-g))));
-    return to_bf16(silu * u);
-}
-
 INLINE vec exp_poly_v(vec x) {  // exp_poly, VW lanes
     const vec clamped = v_min(v_max(x, v_set1(EXP_LO)), v_set1(EXP_HI));
     const vec n = v_floor(v_add(v_mul(clamped, v_set1(LOG2E)), v_set1(0.5f)));
@@ -173,41 +168,57 @@ INLINE vec exp_poly_v(vec x) {  // exp_poly, VW lanes
     return v_inf_where_above(v_mul(p, v_pow2(n)), x, EXP_HI);
 }
 
+// The gated MLP's activations, both g / (1 + e^z): SiLU's z = -g, and GELU's tanh
+// approximation (Gemma's) 0.5 g (1 + tanh(u)), u = sqrt(2/pi) (g + 0.044715 g^3), as
+// z = -2u (the same function: 1 + tanh(u) = 2 / (1 + e^(-2u))), which keeps the digits of
+// a very negative g's tiny result where 1 + tanh(u) would cancel them. out = bf16(bf16(
+// act(gate)) * up), the roundings of torch's F.silu(gate) * up and F.gelu(gate,
+// approximate="tanh") * up on bfloat16 tensors. Each element is one sequence of float32
+// operations, one float or VW at a time.
+#define GELU_C 0.7978845608028654f  // sqrt(2 / pi)
+#define GELU_K 0.044715f
+
+static inline uint16_t act_times(float g, float u, const int GELU) {
+    const float z = GELU ? -2.0f * (GELU_C * (g + GELU_K * (g * g * g))) : -g;
+    return to_bf16(from_bf16(to_bf16(g / (1.0f + exp_poly(z)))) * u);
+}
+
+INLINE vec act_v(vec g, const int GELU) {
+    const vec z = GELU ? v_mul(v_set1(-2.0f), v_mul(v_set1(GELU_C), v_add(g, v_mul(v_set1(GELU_K), v_mul(v_mul(g, g), g)))))
+                       : v_sub(v_set1(0.0f), g);
+    return v_round_bf16(v_div(g, v_add(v_set1(1.0f), exp_poly_v(z))));
+}
+
 // gate_up: [rows][2 * inter] bfloat16 (gate, then up); out: [rows][inter] bfloat16.
-void silu_mul(const uint16_t *gate_up, uint16_t *out, int rows, int inter) {
+INLINE void gated_mul(const uint16_t *gate_up, uint16_t *out, int rows, int inter, const int GELU) {
     #pragma omp parallel for schedule(static) if (rows >= PARALLEL_ROWS)
     for (int r = 0; r < rows; r++) {
         const uint16_t *gate = gate_up + (size_t)r * 2 * inter, *up = gate + inter;
         uint16_t *y = out + (size_t)r * inter;
         int i = 0;
         // Four vectors per iteration: exp's polynomial is a chain of dependent operations,
-        // and independent chains side by side keep the vector units busy (1 vector per
-        // iteration: 3.5 ns per element here, 4: 2.0).
+        // and independent chains side by side keep the vector units busy (SiLU, 1 vector
+        // per iteration: 3.5 ns per element here, 4: 2.0).
         for (; i + 4 * VW <= inter; i += 4 * VW) {
-            vec g[4], e[4];
-            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) g[j] = v_load_bf16(gate + i + VW * j);
-            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) e[j] = exp_poly_v(v_sub(v_set1(0.0f), g[j]));
-            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
-                const vec silu = v_round_bf16(v_div(g[j], v_add(v_set1(1.0f), e[j])));
-                v_store_bf16(y + i + VW * j, v_mul(silu, v_load_bf16(up + i + VW * j)));
-            }
+            vec a[4];
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) a[j] = act_v(v_load_bf16(gate + i + VW * j), GELU);
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) v_store_bf16(y + i + VW * j, v_mul(a[j], v_load_bf16(up + i + VW * j)));
         }
-        for (; i + VW <= inter; i += VW) {
-            const vec g = v_load_bf16(gate + i);
-            const vec e = exp_poly_v(v_sub(v_set1(0.0f), g));
-            const vec silu = v_round_bf16(v_div(g, v_add(v_set1(1.0f), e)));
-            v_store_bf16(y + i, v_mul(silu, v_load_bf16(up + i)));
-        }
-        for (; i < inter; i++) y[i] = silu_times(from_bf16(gate[i]), from_bf16(up[i]));
+        for (; i + VW <= inter; i += VW) v_store_bf16(y + i, v_mul(act_v(v_load_bf16(gate + i), GELU), v_load_bf16(up + i)));
+        for (; i < inter; i++) y[i] = act_times(from_bf16(gate[i]), from_bf16(up[i]), GELU);
     }
 }
 
-// add_rms_norm (x, delta, weight, out, rows, hidden, eps) and silu_mul (gate_up, out, rows,
-// inter) with op.h's arguments.
+void silu_mul(const uint16_t *gate_up, uint16_t *out, int rows, int inter) { gated_mul(gate_up, out, rows, inter, 0); }
+void gelu_tanh_mul(const uint16_t *gate_up, uint16_t *out, int rows, int inter) { gated_mul(gate_up, out, rows, inter, 1); }
+
+// add_rms_norm (x, delta, weight, out, rows, hidden, eps), silu_mul and gelu_tanh_mul
+// (gate_up, out, rows, inter) with op.h's arguments.
 void add_rms_norm_op(const int64_t *a) {
     add_rms_norm(OP_PTR(a[0]), OP_PTR(a[1]), OP_PTR(a[2]), OP_PTR(a[3]), (int)a[4], (int)a[5], op_float(a[6]));
 }
 void silu_mul_op(const int64_t *a) { silu_mul(OP_PTR(a[0]), OP_PTR(a[1]), (int)a[2], (int)a[3]); }
+void gelu_tanh_mul_op(const int64_t *a) { gelu_tanh_mul(OP_PTR(a[0]), OP_PTR(a[1]), (int)a[2], (int)a[3]); }
 
 // The output head's coarse logits widened, and each row's candidates for the exact refine
 // (LlamaModel.logits): out [rows][vocab] float32 = coarse [rows][vocab] bfloat16 (exact),
@@ -285,36 +296,3 @@ void rms_norm_groups_op(const int64_t *a) {
     rms_norm_groups(OP_PTR(a[0]), (int)a[1], (int)a[2], (int)a[3], (int)a[4], OP_PTR(a[5]), op_float(a[6]));
 }
 
-#define GELU_C 0.7978845608028654f  // sqrt(2 / pi)
-#define GELU_K 0.044715f
-
-// out = bf16(bf16(gelu_tanh(gate)) * up), the roundings of torch's F.gelu(gate,
-// approximate="tanh") * up on bfloat16 tensors (Gemma's MLP). gelu_tanh(g) = 0.5 g (1 +
-// tanh(u)), u = sqrt(2/pi) (g + 0.044715 g^3), computed as g / (1 + e^(-2u)) (the same
-// function: 1 + tanh(u) = 2 / (1 + e^(-2u))) with exp_poly: where g is very negative,
-// 1 + tanh(u) cancels and loses the tiny result's digits, and this form does not. Each
-// element is one sequence of float32 operations, one float or VW at a time.
-static inline uint16_t gelu_times(float g, float u) {
-    const float inner = GELU_C * (g + GELU_K * (g * g * g));
-    const float gelu = from_bf16(to_bf16(g / (1.0f + exp_poly(-2.0f * inner))));
-    return to_bf16(gelu * u);
-}
-
-INLINE vec gelu_v(vec g) {
-    const vec inner = v_mul(v_set1(GELU_C), v_add(g, v_mul(v_set1(GELU_K), v_mul(v_mul(g, g), g))));
-    return v_round_bf16(v_div(g, v_add(v_set1(1.0f), exp_poly_v(v_mul(v_set1(-2.0f), inner)))));
-}
-
-// gate_up: [rows][2 * inter] bfloat16 (gate, then up); out: [rows][inter] bfloat16.
-void gelu_tanh_mul(const uint16_t *gate_up, uint16_t *out, int rows, int inter) {
-    #pragma omp parallel for schedule(static) if (rows >= PARALLEL_ROWS)
-    for (int r = 0; r < rows; r++) {
-        const uint16_t *gate = gate_up + (size_t)r * 2 * inter, *up = gate + inter;
-        uint16_t *y = out + (size_t)r * inter;
-        int i = 0;
-        for (; i + VW <= inter; i += VW) v_store_bf16(y + i, v_mul(gelu_v(v_load_bf16(gate + i)), v_load_bf16(up + i)));
-        for (; i < inter; i++) y[i] = gelu_times(from_bf16(gate[i]), from_bf16(up[i]));
-    }
-}
-
-void gelu_tanh_mul_op(const int64_t *a) { gelu_tanh_mul(OP_PTR(a[0]), OP_PTR(a[1]), (int)a[2], (int)a[3]); }
