@@ -140,7 +140,7 @@ def gguf(config: EngineConfig, quick: bool = False) -> list[Table]:
         streams.add(file.label, *_streams(config_file, tools["llama-server"], tokens, rounds, lane=not quick))
     decode.notes.append(f"speclane: speclane.LLM with speculation off, greedy, ignore_eos, {tokens} tokens after the first "
                         f"one of a chat prompt of {len(PROMPT)} characters (the prompt's prefill and first token left out, "
-                        "as llama-bench's tg test has no prompt); llama-bench: -p 0 -n {tokens} -t {threads} -r 1 (its tg test, "
+                        f"as llama-bench's tg test has no prompt); llama-bench: -p 0 -n {tokens} -t {threads} -r 1 (its tg test, "
                         "after its own warm-up). The arms alternate, "
                         f"{2 if quick else 3} runs each after a warm-up of speclane; medians.")
     streams.notes.append(f"Each round starts speclane serve (--num-threads {threads}), sends one warm-up request, "

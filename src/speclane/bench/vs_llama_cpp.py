@@ -24,6 +24,7 @@ CPU). Without llama.cpp's programs (``bench/llama_cpp.py``) speclane's arms stil
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import subprocess
 import sys
@@ -83,7 +84,8 @@ class StreamArm:
     def __call__(self) -> float:
         results = concurrent_streams(self.url, self.model, prompts(self.streams), self.tokens, self.extra)
         self.ttfts.append(mean_ttft(results))
-        self.decode_rates.append(sum(map(stream_decode_rate, results)) / len(results))
+        rates = [r for r in map(stream_decode_rate, results) if math.isfinite(r)]  # NaN: fewer than 2 tokens
+        self.decode_rates.append(sum(rates) / len(rates) if rates else float("nan"))
         return aggregate_rate(results)
 
 

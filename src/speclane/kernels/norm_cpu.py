@@ -1,5 +1,7 @@
-"""The residual add + RMSNorm and SiLU(gate) * up of a bfloat16 forward, fused in C
-(``norm_x86.c``, AVX-512 or AVX2 build), built by ``build.py``.
+"""The small operations between a bfloat16 forward's matmuls, fused in C (``norm_x86.c``,
+AVX-512 or AVX2 build), built by ``build.py``: the residual add + RMSNorm, RMSNorm of
+column groups (q/k heads, Gemma's output norms), SiLU or GELU-tanh (gate) * up, and the
+head's widening with its top candidates; and their forward-plan steps.
 
 ``select.Kernels`` loads it (``load``) or leaves these to torch's ops. Ours replaces ~150 small torch ops of a one-token step, each mostly dispatch time.
 Used for bfloat16 models only (a float32 model keeps torch's ops, as for attention).
@@ -71,8 +73,9 @@ def source_digest() -> str:
 
 
 class LayerOps:
-    """A forward's add + RMSNorm and SiLU * up, by our kernel (``lib``, a loaded build) or by
-    torch's ops (``lib`` None): chosen once (``for_dtype``), so the layer loop has no branches."""
+    """A forward's small operations (add + RMSNorm, group norms, the gated activation, the
+    head's candidates) by our kernel (``lib``, a loaded build) or by torch's ops (``lib``
+    None): chosen once (``for_dtype``), so the layer loop has no branches."""
 
     def __init__(self, lib: ctypes.CDLL | None, dtype: torch.dtype):
         self.lib = lib
@@ -138,8 +141,8 @@ class LayerOps:
         ``count`` largest indices [N, count] int64, largest first, equal values in index
         order). Ours where the output is bfloat16 (``top_logits`` in the C file), else torch's."""
         if self.lib is None or coarse.dtype != torch.bfloat16:
-            logits = coarse.float()
-            return logits, logits.topk(count, dim=-1).indices
+            logits = coarse.float()  # a NaN is never a candidate here either
+            return logits, logits.nan_to_num(nan=float("-inf")).topk(count, dim=-1).indices
         coarse = coarse.contiguous()
         rows, vocab = coarse.shape
         if not 1 <= count <= vocab:

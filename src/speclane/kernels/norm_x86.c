@@ -1,5 +1,7 @@
-// The small per-layer operations between the matmuls of a bfloat16 forward, fused: the
-// residual add with RMSNorm, and SiLU(gate) * up. Built by build.py for AVX-512 and AVX2
+// The small operations between the matmuls of a bfloat16 forward, fused: the residual add
+// with RMSNorm, RMSNorm of column groups in place (q/k heads, Gemma's output norms), the
+// gated MLP's SiLU or GELU-tanh times up, a copy into a column slice (a split layer's
+// parts), and the head's widening with its top candidates. Built by build.py for AVX-512 and AVX2
 // (both written once over a vector of VW floats: 16 in the AVX-512 build, 8 in the AVX2
 // one, each lane doing the same operations, so the builds give the same bits) and loaded
 // by norm_cpu.py.
@@ -13,8 +15,8 @@
 //   out = bf16(x * (1 / sqrt(mean(x^2) + eps)) * weight). The sum of squares keeps 16
 //   partial sums (element i into partial i % 16) added in a fixed order at the end, so
 //   each row's result is the same in both builds and whatever the number of rows.
-// - silu_mul: out = bf16(bf16(silu(gate)) * up), the roundings of F.silu(gate) * up on
-//   bfloat16 tensors.
+// - silu_mul / gelu_tanh_mul: out = bf16(bf16(act(gate)) * up), the roundings of
+//   F.silu(gate) * up (F.gelu(gate, approximate="tanh") * up) on bfloat16 tensors.
 #include <math.h>
 #include <stdint.h>
 
@@ -130,7 +132,7 @@ void add_rms_norm(float *x, const uint16_t *delta, const float *weight, uint16_t
     }
 }
 
-// e^x in float32 for the SiLU: the Cephes expf polynomial after the usual reduction
+// e^x in float32 for the gated activations: the Cephes expf polynomial after the usual reduction
 // x = n ln2 + r (ln2 split in two so n ln2 is exact), |r| <= ln2 / 2; within 2 float32
 // ulps, which the rounding to bfloat16 below nearly always absorbs. Written twice, for
 // one float and for a vector (exp_poly_v), with the same operations in the same order and no FMA contraction (-ffp-contract=off): every element

@@ -64,9 +64,10 @@ class ForwardPlan:
         ptr = {name: getattr(self, name).data_ptr() for name in ("x", "h", "qkv", "q", "attention", "a", "gate_up", "act", "branch")}
         steps: list[list[int]] = []
         attention_steps = []
+        self._scratch: list[torch.Tensor] = []  # what the linears' steps write besides the buffers above
 
         def linear_steps(linear, x: int, y: int) -> None:
-            added = linear.op_steps(x, y, rows)
+            added = linear.op_steps(x, y, rows, self._scratch)
             if added is None:
                 raise ValueError("a forward plan needs every layer's linears on our kernels")
             steps.extend(added)

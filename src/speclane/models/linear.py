@@ -178,7 +178,6 @@ class SplitWeight:
     def __init__(self, parts: list[Int4Weight | GroupInt8Weight | FloatWeight], copy_library: ctypes.CDLL | None = None):
         self.parts = parts
         self.copy_library = copy_library
-        self._scratch: dict[int, list[torch.Tensor]] = {}  # by row count: each part's output in a plan
 
     @property
     def nbytes(self) -> int:
@@ -187,14 +186,15 @@ class SplitWeight:
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([p.matmul(x) for p in self.parts], dim=1)
 
-    def op_steps(self, x: int, y: int, rows: int) -> list[list[int]] | None:
+    def op_steps(self, x: int, y: int, rows: int, buffers: list[torch.Tensor]) -> list[list[int]] | None:
         """A forward plan's steps (``Linear.op_steps``): each part into a buffer of its own
-        (kept per row count, at most ``forward_plan.MAX_ROWS`` of them), then copied into its
+        (appended to ``buffers``, which the plan keeps while it lives), then copied into its
         columns of y, the bits of ``matmul``'s torch.cat; None where a part has no step."""
         if self.copy_library is None or any(getattr(p, "op_row", None) is None for p in self.parts):
             return None
         widths = [p.out_features for p in self.parts]
-        scratch = self._scratch.setdefault(rows, [torch.empty(rows, w, dtype=torch.bfloat16) for w in widths])
+        scratch = [torch.empty(rows, w, dtype=torch.bfloat16) for w in widths]
+        buffers.extend(scratch)
         steps, offset = [], 0
         for part, out, width in zip(self.parts, scratch, widths, strict=True):
             steps.append(part.op_row(x, out.data_ptr(), rows))
@@ -265,15 +265,16 @@ class Linear:
             raise TypeError(f"{type(self.quantized).__name__} keeps no rows to read back")
         return rows(ids)
 
-    def op_steps(self, x: int, y: int, rows: int) -> list[list[int]] | None:
+    def op_steps(self, x: int, y: int, rows: int, buffers: list[torch.Tensor]) -> list[list[int]] | None:
         """This layer as a forward plan's steps (``models/forward_plan.py``) on ``rows`` rows
         at addresses x (bfloat16 [rows, in]) and y ([rows, out]), or None where it has no
-        kernel of ours to call so (torch's kernels, a bias)."""
+        kernel of ours to call so (torch's kernels, a bias). Scratch the steps write goes
+        into ``buffers``, for the plan to keep."""
         if self.bias is not None:
             return None
         op_steps = getattr(self.quantized, "op_steps", None)
         if op_steps is not None:  # a weight split between kinds
-            return op_steps(x, y, rows)
+            return op_steps(x, y, rows, buffers)
         op_row = getattr(self.quantized, "op_row", None)
         return None if op_row is None else [op_row(x, y, rows)]
 

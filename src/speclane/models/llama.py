@@ -297,7 +297,7 @@ class LlamaModel(nn.Module):
         if kernels.plan_library is None or self.ops.lib is None or self.attention_library is None:
             return "the plan runner, our norms or our attention kernel is not loaded (or a float32 forward)"
         for layer in self.layers:
-            if any(linear.op_steps(0, 0, 1) is None for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)):
+            if any(linear.op_steps(0, 0, 1, []) is None for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)):
                 return "a layer's linear runs torch's kernel or has a bias"
         return None
 
@@ -423,10 +423,7 @@ class LlamaModel(nn.Module):
             # [N, vocab]: its kernel, or its dense weight, in bfloat16; widened, with each row's candidates
             coarse, top = self.ops.top_logits(head(hidden), REFINE_TOP)  # [N, vocab] float32, [N, R]
             rows = head.rows(top.flatten()).view(*top.shape, -1)  # [N, R, hidden]
-            # [N, R]; a multiply and a sum, not einsum: einsum's batched matmul forks torch's
-            # threads, and in a server (an event loop beside the engine on 2 cores) that fork
-            # cost ~0.4 ms a token; these stay on the calling thread at this size.
-            exact = (rows * hidden.float()[:, None, :]).sum(-1)
+            exact = torch.einsum("nh,nrh->nr", hidden.float(), rows)  # [N, R]
             logits = coarse.scatter_(-1, top, exact)
         if cap:  # monotonic: the refined candidates stay the top ones
             logits = torch.tanh(logits / cap) * cap
