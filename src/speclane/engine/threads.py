@@ -13,7 +13,7 @@ process's own (``/proc/self/stat``); the rest is other processes'. It gives up a
 for each core another process keeps at least three quarters busy (a client on the same
 machine parsing a few streams does not count), keeping at least 1 and at most the
 configured number; the engine applies the change between ticks. A window that spans
-an idle stretch of the engine (``STALE_AFTER_S``) only starts a fresh one. Where
+an idle stretch of the engine (no tick for ``IDLE_GAP_S``) only starts a fresh one. Where
 ``/proc`` cannot be read it never asks for a change.
 """
 
@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 INTERVAL_S = 1.0  # how often the CPU counters are read
-# A window longer than this is stale: the engine sat idle (no ticks, no readings) and what
-# other processes did meanwhile says nothing about now. A benchmark that runs llama-bench
-# and then speclane saw the whole llama-bench run in the first window and started on one
-# thread; a stale window only starts a fresh one.
-STALE_AFTER_S = 3.0
+# No tick for this long: the engine sat idle, and what other processes did meanwhile says
+# nothing about now, so the window starts afresh. A benchmark that alternates llama-bench
+# (~2 s) and speclane saw llama-bench's run in its first window and decoded most of its 128
+# tokens on one thread (a limit of 3 s on the window's length missed runs that short).
+IDLE_GAP_S = 1.0
 BUSY_FROM = 0.75  # of a core, what other processes must use for it to count as taken
 
 
@@ -83,17 +83,23 @@ class ThreadGovernor:
         self.threads = max_threads
         self._read, self._clock, self._interval = read, clock, interval_s
         self._last = read()
-        self._last_at = clock()
+        self._last_at = self._last_tick = clock()
 
     def update(self) -> int | None:
-        """The thread count to switch to, when the free cores changed it; else None."""
+        """The thread count to switch to, when the free cores changed it; else None. Called
+        every tick."""
         now = self._clock()
+        idle = now - self._last_tick > IDLE_GAP_S
+        self._last_tick = now
+        if idle:  # a fresh window from here
+            self._last, self._last_at = self._read(), now
+            return None
         if now - self._last_at < self._interval:
             return None
         sample = self._read()
         last, last_at = self._last, self._last_at
         self._last, self._last_at = sample, now
-        if sample is None or last is None or now - last_at > STALE_AFTER_S:
+        if sample is None or last is None:
             return None
         want = free_threads(sample.busy_s - last.busy_s, sample.ours_s - last.ours_s, now - last_at, self.cores,
                             self.max_threads)
