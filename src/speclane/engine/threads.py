@@ -32,6 +32,10 @@ INTERVAL_S = 1.0  # how often the CPU counters are read
 # (~2 s) and speclane saw llama-bench's run in its first window and decoded most of its 128
 # tokens on one thread (a limit of 3 s on the window's length missed runs that short).
 IDLE_GAP_S = 1.0
+# The first window after such a gap is this short: a busy neighbour that is there when the
+# engine starts decoding costs a quarter second of a slow start, not a whole interval (a
+# 128-token run beside a busy loop kept 0.58 of its quiet speed with a full interval first).
+FIRST_WINDOW_S = 0.25
 BUSY_FROM = 0.75  # of a core, what other processes must use for it to count as taken
 
 
@@ -84,6 +88,7 @@ class ThreadGovernor:
         self._read, self._clock, self._interval = read, clock, interval_s
         self._last = read()
         self._last_at = self._last_tick = clock()
+        self._window = min(FIRST_WINDOW_S, interval_s)  # until the next decision
 
     def update(self) -> int | None:
         """The thread count to switch to, when the free cores changed it; else None. Called
@@ -91,11 +96,12 @@ class ThreadGovernor:
         now = self._clock()
         idle = now - self._last_tick > IDLE_GAP_S
         self._last_tick = now
-        if idle:  # a fresh window from here
-            self._last, self._last_at = self._read(), now
+        if idle:  # a fresh window from here, a short one
+            self._last, self._last_at, self._window = self._read(), now, min(FIRST_WINDOW_S, self._interval)
             return None
-        if now - self._last_at < self._interval:
+        if now - self._last_at < self._window:
             return None
+        self._window = self._interval
         sample = self._read()
         last, last_at = self._last, self._last_at
         self._last, self._last_at = sample, now
