@@ -86,9 +86,12 @@ class ThreadGovernor:
         self.cores = len(os.sched_getaffinity(0)) if cores is None else cores
         self.threads = max_threads
         self._read, self._clock, self._interval = read, clock, interval_s
-        self._last = read()
-        self._last_at = self._last_tick = clock()
-        self._window = min(FIRST_WINDOW_S, interval_s)  # until the next decision
+        self._last_tick = clock()
+        self._start_window(self._last_tick)
+
+    def _start_window(self, now: float) -> None:
+        """A fresh window from ``now``, a short first one (``FIRST_WINDOW_S``)."""
+        self._last, self._last_at, self._window = self._read(), now, min(FIRST_WINDOW_S, self._interval)
 
     def update(self) -> int | None:
         """The thread count to switch to, when the free cores changed it; else None. Called
@@ -96,8 +99,8 @@ class ThreadGovernor:
         now = self._clock()
         idle = now - self._last_tick > IDLE_GAP_S
         self._last_tick = now
-        if idle:  # a fresh window from here, a short one
-            self._last, self._last_at, self._window = self._read(), now, min(FIRST_WINDOW_S, self._interval)
+        if idle:
+            self._start_window(now)
             return None
         if now - self._last_at < self._window:
             return None

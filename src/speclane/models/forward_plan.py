@@ -76,12 +76,9 @@ class ForwardPlan:
             steps.append(norm_cpu.add_rms_norm_row(norm_library, ptr["x"], ptr["branch"] if i else 0,
                                                    layer.attn_norm.data_ptr(), ptr["h"], rows, hidden, layer.eps))
             linear_steps(layer.qkv, ptr["h"], ptr["qkv"])
-            if layer.q_norm is not None:  # each q head, then each k head, normalized in place
-                stride = (heads + 2 * kv_heads) * d
-                steps.append(norm_cpu.rms_norm_groups_row(norm_library, ptr["qkv"], rows, stride, heads, d,
-                                                          layer.q_norm.data_ptr(), layer.eps))
-                steps.append(norm_cpu.rms_norm_groups_row(norm_library, ptr["qkv"] + 2 * heads * d, rows, stride, kv_heads,
-                                                          d, layer.k_norm.data_ptr(), layer.eps))
+            for start, count, width, weight in layer.qk_norm_groups:  # in place, as the loop's
+                steps.append(norm_cpu.rms_norm_groups_row(norm_library, ptr["qkv"] + 2 * start, rows, self.qkv.shape[1],
+                                                          count, width, weight.data_ptr(), layer.eps))
             attention_steps.append(len(steps))
             steps.append(attention_cpu.paged_rope_write_attention_row(
                 attention_library, ptr["qkv"], ptr["q"], ptr["attention"], rows, heads, kv_heads, d, scale,

@@ -201,6 +201,8 @@ class SplitWeight:
             steps.append(norm_cpu.copy_columns_row(self.copy_library, out.data_ptr(), y, rows, width, sum(widths), offset))
             offset += width
         return steps
+
+
 class Int8Weight:
     """Per-output-channel symmetric int8 for ``torch._weight_int8pack_mm``."""
 

@@ -255,6 +255,10 @@ class Layer(nn.Module):
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
         self.intermediate = config.intermediate_size
+        # The q/k head norms as column groups of the fused projection (``LayerOps.rms_norm_groups``
+        # and a forward plan's steps): each q head, then each k head; none without them.
+        self.qk_norm_groups: list[tuple[int, int, int, torch.Tensor]] = [] if q_norm is None else [
+            (0, self.num_heads, self.head_dim, q_norm), (self.q_size, self.num_kv_heads, self.head_dim, k_norm)]
 
 
 class LlamaModel(nn.Module):
@@ -376,10 +380,8 @@ class LlamaModel(nn.Module):
         for i, layer in enumerate(self.layers):
             h = ops.add_rms_norm(x, branch, layer.attn_norm, layer.eps)
             qkv = layer.qkv(h)  # [T, q + 2 kv]
-            if layer.q_norm is not None:  # each q head, then each k head
-                qkv = ops.rms_norm_groups(qkv, [(0, layer.num_heads, layer.head_dim, layer.q_norm),
-                                                (layer.q_size, layer.num_kv_heads, layer.head_dim, layer.k_norm)],
-                                          layer.eps).to(qkv.dtype)
+            if layer.qk_norm_groups:
+                qkv = ops.rms_norm_groups(qkv, layer.qk_norm_groups, layer.eps).to(qkv.dtype)
             if self.kernel_layers[i]:
                 cos, sin = self.rope[layer.rope]
                 out = attn.rope_attend(qkv, cos, sin, cache.keys[i], cache.values[i], self.scale,
