@@ -194,9 +194,9 @@ class Row:
 
 @dataclass(frozen=True)
 class Settings:
-    """What ``measure`` runs: the bfloat16 arms as (--quantization, --kernels) pairs."""
+    """What ``measure`` runs: the bfloat16 arms as (--quantization, --kernels, --matmul-inputs)."""
 
-    arms: tuple[tuple[str, str], ...] = (("auto", "auto"),)
+    arms: tuple[tuple[str, str, str], ...] = (("auto", "auto", "bfloat16"),)
     transformers: bool = True
     max_prompt_tokens: int = 128
     batch_tokens: int = 1024  # tokens per forward, fewer for a large vocabulary (BATCH_LOGITS)
@@ -253,18 +253,19 @@ def _arms(weights: WeightSet, path: Path, settings: Settings, max_prompts: int
           ) -> tuple[dict[str, Logits], list[Comparison]]:
     """The arms by name (speclane's float32 reference ``speclane-f32``, its bfloat16 arms,
     transformers' two) and the comparisons of the table."""
-    def speclane(dtype: str, quantization: str, kernels: str = "auto") -> tuple[LlamaModel, Logits]:
-        model = build_model(weights, ModelConfig(dtype=dtype, quantization=quantization, kernels=kernels))
+    def speclane(dtype: str, quantization: str, kernels: str = "auto", inputs: str = "bfloat16") -> tuple[LlamaModel, Logits]:
+        model = build_model(weights, ModelConfig(dtype=dtype, quantization=quantization, kernels=kernels, matmul_inputs=inputs))
         return model, speclane_logits(model, max_prompts, settings.max_prompt_tokens)
 
     arms: dict[str, Logits] = {"speclane-f32": speclane("float32", "none")[1]}
     comparisons = []
-    runs: dict[tuple[str, str], str] = {}  # (effective quantization, kernels) -> its arm
-    for quantization, kernels in settings.arms:
-        model, logits = speclane("bfloat16", quantization, kernels)
-        name = runs.setdefault((model.quantization, kernels), f"speclane-{quantization}-{kernels}")
+    runs: dict[tuple[str, str, str], str] = {}  # (effective quantization, kernels, inputs) -> its arm
+    for quantization, kernels, inputs in settings.arms:
+        model, logits = speclane("bfloat16", quantization, kernels, inputs)
+        name = runs.setdefault((model.quantization, kernels, inputs), f"speclane-{quantization}-{kernels}-{inputs}")
         arms.setdefault(name, logits)  # --quantization none where auto runs dense: the same model, run once
-        label = f"speclane bfloat16 {quantization}" + ("" if kernels == "auto" else f", kernels {kernels}")
+        label = (f"speclane bfloat16 {quantization}" + ("" if kernels == "auto" else f", kernels {kernels}")
+                 + ("" if inputs == "bfloat16" else f", {inputs} matmul inputs"))
         comparisons.append(Comparison(label, model.quantization, name, "speclane-f32"))
     if settings.transformers:
         arms["transformers-f32"] = transformers_logits(path, torch.float32)
@@ -312,6 +313,16 @@ def make_files(directory: Path, source: Path, binary: Path | None) -> list[Path]
                        for suffix, kind, pure in MAKE_TYPES]
 
 
+def arm_of(spec: str) -> tuple[str, str, str]:
+    """``QUANTIZATION[:KERNELS[:INPUTS]]`` -> (quantization, kernels, matmul inputs)."""
+    parts = spec.split(":")
+    if len(parts) > 3:
+        raise SystemExit(f"--arms: {spec!r} is not QUANTIZATION[:KERNELS[:INPUTS]]")
+    defaults = ("auto", "auto", "bfloat16")
+    quantization, kernels, inputs = (value or default for value, default in zip([*parts, *defaults[len(parts):]], defaults, strict=True))
+    return quantization, kernels, inputs
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="*", help="GGUF files or model names (default: the default model)")
@@ -322,8 +333,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, default=0, help="the first N prompts only (0: all)")
     parser.add_argument("--max-prompt-tokens", type=int, default=128)
     parser.add_argument("--batch-tokens", type=int, default=1024, help="tokens per forward (fewer for a large vocabulary)")
-    parser.add_argument("--arms", default="auto", help="the bfloat16 arms, comma-separated: QUANTIZATION[:KERNELS] "
-                        "(speclane's --quantization and --kernels; kernels auto where not given)")
+    parser.add_argument("--arms", default="auto", help="the bfloat16 arms, comma-separated: QUANTIZATION[:KERNELS[:INPUTS]] "
+                        "(speclane's --quantization, --kernels and --matmul-inputs; auto and bfloat16 where not given)")
     parser.add_argument("--no-transformers", dest="transformers", action="store_false",
                         help="skip transformers' arms (and the check of the two references)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -333,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.table:
         print(markdown([Row(**row) for row in json.loads(args.table.read_text())]))
         return
-    settings = Settings(arms=tuple((*arm.split(":"), "auto")[:2] for arm in args.arms.split(",") if arm),
+    settings = Settings(arms=tuple(arm_of(spec) for spec in args.arms.split(",") if spec),
                         transformers=args.transformers, max_prompt_tokens=args.max_prompt_tokens,
                         batch_tokens=args.batch_tokens)
     if args.threads:

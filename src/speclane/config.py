@@ -22,6 +22,7 @@ from typing import Any, get_type_hints
 DTYPES = ("bfloat16", "float32")
 QUANTIZATIONS = ("auto", "int8", "int4", "none")
 KERNELS = ("auto", "native", "torch")  # kernels/select.py
+MATMUL_INPUTS = ("bfloat16", "int8")  # kernels/int4_cpu.py
 SPEC_MODES = ("slice", "burst", "off")
 FAIRNESS_MODES = ("tenant", "request")
 # ``--drafter`` names; ``drafters/registry.py`` builds each (and asserts it covers these).
@@ -50,9 +51,14 @@ class ModelConfig:
                 "neighbour otherwise stalls every thread at each barrier)"})
     kernels: str = field(default="auto", metadata={
         "help": "auto: our C kernels where they build here, else torch's ops; native: ours or a start-up error; torch: torch's ops"})
+    matmul_inputs: str = field(default="bfloat16", metadata={
+        "help": "what our int4 matmul multiplies the 4-bit weights with: bfloat16 (exact products on each group's grid) "
+                "or int8 (each group of 32 inputs rounded to 8 bits, as llama.cpp does: ~1.5x faster per row; "
+                "docs/design.md has its accuracy)"})
 
     def __post_init__(self) -> None:
         _choice("dtype", self.dtype, DTYPES)
+        _choice("matmul_inputs", self.matmul_inputs, MATMUL_INPUTS)
         _choice("quantization", self.quantization, QUANTIZATIONS)
         _choice("kernels", self.kernels, KERNELS)
         _at_least("max_model_len", self.max_model_len, 16)

@@ -213,3 +213,35 @@ def test_default_config_greedy_identical_to_speculation_off(default_results, mod
         assert counters.burst_rounds > 0 and counters.slice_rounds == 0
     else:
         assert counters.slice_rounds > 0 and counters.burst_rounds == 0
+
+
+# -- int8 matmul inputs (--matmul-inputs int8): another arithmetic, as batch-invariant ------------
+INT8_MODES = ("off", "mtp-everyone")
+
+
+@pytest.fixture(scope="module")
+def int8_results(our_kernels):
+    base = EngineConfig().replace(max_model_len=512, max_num_seqs=len(CASES), max_num_batched_tokens=512,
+                                  matmul_inputs="int8")
+    weights = read_weights(base.model.model)
+    from speclane.engine.engine import load_tokenizer
+
+    model, tokenizer = build_model(weights, base.model), load_tokenizer(weights.tokenizer_source)
+    assert model.kernels.matmul_inputs == "int8" and model.layers[0].qkv.quantized.library is model.kernels.int4_library
+    out = {}
+    for mode in INT8_MODES:
+        engine = LLMEngine.from_parts(base.replace(**MODES[mode]), model, tokenizer)
+        out[mode] = (run_cases(engine), engine.counters)
+    return out
+
+
+def test_int8_matmul_inputs_greedy_identical_to_speculation_off(int8_results, default_results):
+    """Every row is computed alone on int8 inputs too (the MTP head's fused step included), so
+    verify rounds keep decode's bits; the outputs are int8 inputs', not bfloat16's."""
+    off, _ = int8_results["off"]
+    on, counters = int8_results["mtp-everyone"]
+    for name, *_ in CASES:
+        assert on[name][0] == off[name][0], f"{name}: token ids differ"
+    assert counters.accepted_tokens > 0 and counters.slice_rounds > 0
+    bfloat16_off, _ = default_results["off"]
+    assert any(off[name][0] != bfloat16_off[name][0] for name, *_ in CASES)  # the other arithmetic really ran

@@ -55,11 +55,14 @@ def test_ratio_needs_both_arms():
 def test_stream_rounds_run_one_server_at_a_time_and_alternate_which_goes_first(monkeypatch):
     events: list[str] = []
     live: list[str] = []
-    rates = {"speclane": iter([100.0, 300.0, 200.0, 400.0]), "llama.cpp": iter([50.0, 150.0])}
+    rates = {"speclane": iter([100.0, 300.0, 200.0, 400.0]), "speclane-int8": iter([120.0, 220.0]),
+             "llama.cpp": iter([50.0, 150.0])}
 
-    def fake_server(name: str):
+    def fake_server(base: str):
         @contextlib.contextmanager
         def start(*args, **kwargs):
+            int8 = base == "speclane" and len(args) > 1 and list(args[1]) == ["--matmul-inputs", "int8"]
+            name = base + "-int8" * int8
             assert not live, f"{name} started while {live} runs"
             live.append(name)
             events.append(name)
@@ -82,10 +85,10 @@ def test_stream_rounds_run_one_server_at_a_time_and_alternate_which_goes_first(m
 
     cells = gguf_scenario._streams(config, Path("llama-server"), tokens=32, rounds=2, lane=True)
 
-    assert events == ["speclane", "llama.cpp", "llama.cpp", "speclane"]
-    off, on, ref, ratio, per_stream, resident = cells
-    assert (off, on, ref) == (150.0, 350.0, 100.0)  # medians: off 100 and 200, lane 300 and 400, llama.cpp 50 and 150
-    assert ratio == "1.50x" and resident == "512, 256"
+    assert events == ["speclane", "speclane-int8", "llama.cpp", "llama.cpp", "speclane-int8", "speclane"]
+    off, on, ref, ratio, int8, int8_ratio, per_stream, resident = cells
+    assert (off, on, ref, int8) == (150.0, 350.0, 100.0, 170.0)  # medians: off 100 and 200, lane 300 and 400, ...
+    assert ratio == "1.50x" and int8_ratio == "1.70x" and resident == "512, 256"
 
 
 def test_stream_rounds_without_llama_server_run_speclane_alone(monkeypatch):
@@ -97,7 +100,7 @@ def test_stream_rounds_without_llama_server_run_speclane_alone(monkeypatch):
     monkeypatch.setattr(gguf_scenario, "concurrent_streams",
                         lambda url, model, prompts, max_tokens, extra=None: [StreamResult(0.0, 2.0, 10)] * len(prompts))
     monkeypatch.setattr(ServerProcess, "resident_mib", lambda self: None)
-    off, on, ref, ratio, _, resident = gguf_scenario._streams(EngineConfig(), None, tokens=32, rounds=1, lane=False)
+    off, on, ref, ratio, _, _, _, resident = gguf_scenario._streams(EngineConfig(), None, tokens=32, rounds=1, lane=False)
     assert off == pytest.approx(10 * len(gguf_scenario.STREAM_PROMPTS) / 2.0)
     assert (on, ref, ratio, resident) == ("-", "not run", "-", "-, -")
 

@@ -6,12 +6,14 @@ Q4_K_M and as Q8_0 (made from it by ``llama-quantize --allow-requantize`` into
 ``~/.cache/speclane/bench-gguf``, once, and reused), and Gemma 3 270M Q4_K_M. For each:
 
 - single-stream greedy decode, ``NEW_TOKENS`` tokens after a short chat prompt: speclane's
-  engine alone (``speclane.LLM``, speculation off) against ``llama-bench``'s ``tg`` test of
+  engine alone (``speclane.LLM``, speculation off; matmul inputs bfloat16, the default, and
+  int8, llama.cpp's arithmetic) against ``llama-bench``'s ``tg`` test of
   the same file (``-p 0 -n NEW_TOKENS``), alternating, medians;
 - ``len(STREAM_PROMPTS)`` concurrent streamed chat completions over HTTP (greedy,
   ``max_tokens`` ``NEW_TOKENS``, prompts that ask for long answers, tokens counted from the
   servers' usage): ``speclane serve`` (speculation off per request, and the default lane
-  on) against ``llama-server -np 8 -c 8192``, each with its resident memory once loaded.
+  on; and a second server with ``--matmul-inputs int8``) against ``llama-server -np 8 -c 8192``,
+  each with its resident memory once loaded.
   The servers run one at a time, each round starting the other first; medians of rounds.
 
 Both engines get the same threads. Without llama.cpp's programs (``bench/llama_cpp.py``)
@@ -122,27 +124,30 @@ def gguf(config: EngineConfig, quick: bool = False) -> list[Table]:
     cores = len(os.sched_getaffinity(0))
     decode = Table(f"Single-stream greedy decode, {tokens} new tokens, {threads} thread{'s' * (threads > 1)}: "
                    "speclane's engine vs llama.cpp's llama-bench on the same file",
-                   ["file", "layer matmul types", "MiB", "speclane tok/s", "llama.cpp tok/s", "speclane / llama.cpp"])
+                   ["file", "layer matmul types", "MiB", "speclane tok/s", "llama.cpp tok/s", "speclane / llama.cpp",
+                    "speclane, int8 matmul inputs, tok/s", "int8 inputs / llama.cpp"])
     streams = Table(f"{len(STREAM_PROMPTS)} concurrent streamed chat completions over HTTP, {tokens} max tokens each: "
                     "speclane serve vs llama-server",
                     ["file", "speclane tok/s (speculation off)", "speclane tok/s (lane on)", "llama.cpp tok/s",
-                     "speclane off / llama.cpp", "tokens / stream (speclane, llama.cpp)",
-                     "resident MiB (speclane, llama.cpp)"])
+                     "speclane off / llama.cpp", "speclane, int8 matmul inputs, off, tok/s", "int8 inputs / llama.cpp",
+                     "tokens / stream (speclane, llama.cpp)", "resident MiB (speclane, llama.cpp)"])
     for file in gguf_files(tools["llama-quantize"], quick):
         if file.path is None:
             decode.notes.append(f"{file.label}: not run ({file.missing}).")
             continue
         config_file = config.replace(model=str(file.path), num_threads=threads)
-        ours, theirs = _decode(config_file, tools["llama-bench"], tokens, repeats=2 if quick else 3)
+        ours, int8, theirs = _decode(config_file, tools["llama-bench"], tokens, repeats=2 if quick else 3)
         gc.collect()  # the engine's model goes before the servers start
         decode.add(file.label, layer_types(file.path), file.path.stat().st_size / 2**20, ours, theirs or "not run",
-                   ratio(ours, theirs))
+                   ratio(ours, theirs), int8, ratio(int8, theirs))
         streams.add(file.label, *_streams(config_file, tools["llama-server"], tokens, rounds, lane=not quick))
     decode.notes.append(f"speclane: speclane.LLM with speculation off, greedy, ignore_eos, {tokens} tokens after the first "
                         f"one of a chat prompt of {len(PROMPT)} characters (the prompt's prefill and first token left out, "
                         f"as llama-bench's tg test has no prompt); llama-bench: -p 0 -n {tokens} -t {threads} -r 1 (its tg test, "
                         "after its own warm-up). The arms alternate, "
-                        f"{2 if quick else 3} runs each after a warm-up of speclane; medians.")
+                        f"{2 if quick else 3} runs each after a warm-up of speclane; medians. 'int8 matmul inputs': the "
+                        "same engine with --matmul-inputs int8 (each group of 32 inputs rounded to 8 bits before the "
+                        "quantized matmuls, as llama.cpp computes; the default multiplies bfloat16 inputs exactly).")
     streams.notes.append(f"Each round starts speclane serve (--num-threads {threads}), sends one warm-up request, "
                          "reads its resident memory, runs the arms, stops it, then does the same with llama-server "
                          f"(-np {len(STREAM_PROMPTS)} -c {len(STREAM_PROMPTS) * CONTEXT_PER_STREAM} -t {threads} "
@@ -167,18 +172,22 @@ def gguf(config: EngineConfig, quick: bool = False) -> list[Table]:
     return [decode, streams, types]
 
 
-def _decode(config: EngineConfig, bench: Path | None, tokens: int, repeats: int) -> tuple[float, float | None]:
-    """Median tok/s of speclane's engine and of llama-bench (None without it), alternating."""
+def _decode(config: EngineConfig, bench: Path | None, tokens: int, repeats: int) -> tuple[float, float, float | None]:
+    """Median tok/s of speclane's engine (matmul inputs bfloat16, then int8) and of
+    llama-bench (None without it), alternating."""
     threads = config.model.num_threads or 2
-    llm = LLM(config=config.replace(spec_mode="off"))
-    prompt_ids = llm.encode_prompt(PROMPT, chat=True)
-    arms: dict[str, Callable[[], float]] = {"speclane": lambda: engine_decode_rate(llm, prompt_ids, tokens)}
+    engines = {name: LLM(config=config.replace(spec_mode="off", matmul_inputs=inputs))
+               for name, inputs in (("speclane", "bfloat16"), ("speclane int8", "int8"))}
+    prompt_ids = engines["speclane"].encode_prompt(PROMPT, chat=True)
+    arms: dict[str, Callable[[], float]] = {name: (lambda llm=llm: engine_decode_rate(llm, prompt_ids, tokens))
+                                            for name, llm in engines.items()}
     if bench is not None:
         arms["llama.cpp"] = lambda: decode_rate(bench, Path(config.model.model), threads, tokens, repeats=1)
     progress(f"gguf decode: {Path(config.model.model).name}")
-    llm.generate([prompt_ids], SamplingParams(max_tokens=8))  # warm-up; llama-bench warms itself up
+    for llm in engines.values():
+        llm.generate([prompt_ids], SamplingParams(max_tokens=8))  # warm-up; llama-bench warms itself up
     runs = alternate(arms, repeats, warmup=False)
-    return median(runs["speclane"]), median(runs["llama.cpp"]) if "llama.cpp" in runs else None
+    return median(runs["speclane"]), median(runs["speclane int8"]), median(runs["llama.cpp"]) if "llama.cpp" in runs else None
 
 
 def _streams(config: EngineConfig, server: Path | None, tokens: int, rounds: int, lane: bool) -> list:
@@ -200,6 +209,10 @@ def _streams(config: EngineConfig, server: Path | None, tokens: int, rounds: int
             if lane:
                 measure("lane", s.url)
 
+    def ours_int8() -> None:
+        with _started("speclane int8", speclane_server(config, ["--matmul-inputs", "int8"]), model, memory) as s:
+            measure("int8", s.url, {"speculative": False})
+
     def theirs() -> None:
         assert server is not None
         slots = len(STREAM_PROMPTS)
@@ -207,16 +220,16 @@ def _streams(config: EngineConfig, server: Path | None, tokens: int, rounds: int
                                                 context=slots * CONTEXT_PER_STREAM), model, memory) as s:
             measure("llama.cpp", s.url)
 
-    arms = [ours] + ([theirs] if server is not None else [])
+    arms = [ours, ours_int8] + ([theirs] if server is not None else [])
     for i in range(rounds):
         for arm in arms if i % 2 == 0 else arms[::-1]:
             progress(f"gguf streams: {Path(model).name} round {i + 1}/{rounds} {arm.__name__}")
             arm()
-    off, on, ref = (median(rates[k]) if k in rates else None for k in ("off", "lane", "llama.cpp"))
+    off, on, int8, ref = (median(rates[k]) if k in rates else None for k in ("off", "lane", "int8", "llama.cpp"))
     per_stream = ", ".join(f"{median(counts[k]):.0f}" if k in counts else "-" for k in ("off", "llama.cpp"))
     resident = ", ".join(f"{memory[k]:.0f}" if memory.get(k) else "-" for k in ("speclane", "llama.cpp"))
-    return [off, on if on is not None else "-", ref if ref is not None else "not run", ratio(off, ref), per_stream,
-            resident]
+    return [off, on if on is not None else "-", ref if ref is not None else "not run", ratio(off, ref), int8,
+            ratio(int8, ref), per_stream, resident]
 
 
 @contextlib.contextmanager

@@ -4,10 +4,12 @@ the default GGUF file, the same threads and the same client.
 - **One stream.** The engine alone (``speclane.LLM``, speculation off, the tokens after
   the first one) against ``llama-bench``'s ``tg`` test (no prompt); one streamed chat
   completion over HTTP (speculation off per request, and the default lane) against
-  ``llama-server``; speclane's HTTP decode rate as a fraction of its engine's.
+  ``llama-server``; speclane's HTTP decode rate as a fraction of its engine's. The engine
+  also with ``--matmul-inputs int8`` (the inputs of the quantized matmuls rounded to 8 bits,
+  llama.cpp's arithmetic), here and in the noisy-neighbour runs.
 - **Streams.** 8 and 16 concurrent streamed chat completions: aggregate tok/s and mean
-  time to first token, ``speclane serve`` (speculation off per request, and the lane)
-  against ``llama-server -np 16``.
+  time to first token, ``speclane serve`` (speculation off per request, and the lane; and a
+  server with ``--matmul-inputs int8``, speculation off) against ``llama-server -np 16``.
 - **Speculation under load.** 8 and 16 streams with speculation off, the default drafter
   (``auto``; the default server, ``speculative`` per request), the n-gram drafter and the
   MTP drafter (servers with ``--drafter ngram`` / ``--drafter mtp``): each drafter's
@@ -93,6 +95,10 @@ def prompts(n: int) -> list[str]:
     return [STREAM_PROMPTS[i % len(STREAM_PROMPTS)] for i in range(n)]
 
 
+INT8_ENGINE = "speclane, int8 matmul inputs"  # the engine-alone and noisy-neighbour arm
+INT8_SERVER = "speclane, int8 matmul inputs, speculation off"  # the concurrent streams' arm
+
+
 def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
     threads = config.model.num_threads or 2
     gguf = resolve_model(config.model.model)
@@ -102,18 +108,19 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
     spec_runs = 2 if quick else 5
     load_before = os.getloadavg()[0]
 
-    llm = LLM(config=config.replace(spec_mode="off"))
-    prompt_ids = llm.encode_prompt(PROMPT, chat=True)
-    llm.generate([prompt_ids], SamplingParams(max_tokens=8))  # warm-up
-
-    def engine_rate() -> float:
-        return engine_decode_rate(llm, prompt_ids, tokens)
+    # The default engine, and the same with --matmul-inputs int8 (llama.cpp's arithmetic).
+    engines = {name: LLM(config=config.replace(spec_mode="off", matmul_inputs=inputs))
+               for name, inputs in (("speclane", "bfloat16"), (INT8_ENGINE, "int8"))}
+    prompt_ids = engines["speclane"].encode_prompt(PROMPT, chat=True)
+    for llm in engines.values():
+        llm.generate([prompt_ids], SamplingParams(max_tokens=8))  # warm-up
 
     def bench_rate() -> float:
         assert tools["llama-bench"] is not None
         return decode_rate(tools["llama-bench"], gguf, threads, tokens, repeats=1)
 
-    engine_arms: dict[str, Callable[[], float]] = {"speclane": engine_rate}
+    engine_arms: dict[str, Callable[[], float]] = {name: (lambda llm=llm: engine_decode_rate(llm, prompt_ids, tokens))
+                                                   for name, llm in engines.items()}
     if tools["llama-bench"] is not None:
         engine_arms["llama.cpp"] = bench_rate
     progress("vs-llama-cpp: engine alone")
@@ -123,6 +130,7 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
 
     with contextlib.ExitStack() as stack:
         ours = stack.enter_context(speclane_server(config)).url
+        ours_int8 = stack.enter_context(speclane_server(config, ["--matmul-inputs", "int8"])).url
         mtp = stack.enter_context(speclane_server(config, ["--drafter", "mtp"])).url
         ngram = stack.enter_context(speclane_server(config, ["--drafter", "ngram"])).url
         theirs = None
@@ -133,8 +141,9 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
         servers = {"speclane, speculation off": (ours, OFF), "speclane, lane on": (ours, None)}
         if theirs is not None:
             servers["llama.cpp llama-server"] = (theirs, None)
+        many = {**servers, INT8_SERVER: (ours_int8, OFF)}  # the concurrent streams' arms
         model = config.model.model
-        for url, _ in servers.values():
+        for url, _ in many.values():
             concurrent_streams(url, model, prompts(1), 8)  # warm-up
         for url in (mtp, ngram):
             concurrent_streams(url, model, prompts(1), 8)
@@ -145,7 +154,7 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
         loads: dict[int, dict[str, StreamArm]] = {}
         rates: dict[int, dict[str, list[float]]] = {}
         for n in STREAM_LEVELS:
-            loads[n] = {name: StreamArm(url, model, n, tokens, extra) for name, (url, extra) in servers.items()}
+            loads[n] = {name: StreamArm(url, model, n, tokens, extra) for name, (url, extra) in many.items()}
             rates[n] = alternate(loads[n], repeats, warmup=False)  # type: ignore[arg-type]
         progress("vs-llama-cpp: speculation under load")
         spec = {n: alternate({"off": StreamArm(ours, model, n, tokens, OFF), "auto": StreamArm(ours, model, n, tokens),
@@ -182,6 +191,9 @@ def _single_table(engine: dict[str, list[float]], single: dict[str, list[float]]
     theirs_engine = median(engine["llama.cpp"]) if "llama.cpp" in engine else None
     table.add("engine alone, decode (speclane.LLM vs llama-bench tg)", ours_engine, theirs_engine or "not run",
               ratio(ours_engine, theirs_engine))
+    if INT8_ENGINE in engine:
+        int8 = median(engine[INT8_ENGINE])
+        table.add("engine alone, decode, --matmul-inputs int8", int8, theirs_engine or "not run", ratio(int8, theirs_engine))
     theirs_http = median(single["llama.cpp llama-server"]) if "llama.cpp llama-server" in single else None
     for name in ("speclane, speculation off", "speclane, lane on"):
         ours = median(single[name])
@@ -194,7 +206,9 @@ def _single_table(engine: dict[str, list[float]], single: dict[str, list[float]]
                        "(prefill included), openai client, the same chat prompt for both servers.")
     table.notes.append(f"Engine alone: {tokens} tokens after the first one (the prompt's prefill and first token left out, "
                        f"as llama-bench's tg test has no prompt). Arms alternate, {repeats} runs each; medians. "
-                       f"llama-bench: -p 0 -n {tokens} -t {threads}.")
+                       f"llama-bench: -p 0 -n {tokens} -t {threads}. --matmul-inputs int8: each group of 32 inputs "
+                       "rounded to 8 bits before the quantized matmuls, as llama.cpp computes (the default multiplies "
+                       "bfloat16 inputs exactly; docs/design.md has both arms' accuracy).")
     return table
 
 

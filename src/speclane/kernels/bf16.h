@@ -44,6 +44,22 @@ INLINE __m128i pack_bf16_8(__m256 f) {  // 8 float32 -> 8 bfloat16 (to_bf16's bi
 
 INLINE void store_bf16(uint16_t *p, __m256 f) { _mm_storeu_si128((__m128i *)p, pack_bf16_8(f)); }
 
+// 32 bfloat16 inputs into v[0..3] as float32, and the bits of their largest magnitude:
+// for floats without their sign, integer order is magnitude order, and infinities and NaNs
+// sort above every finite value (a group's scan in q4.h, int4_x86.c and q8_inputs.h).
+INLINE uint32_t load_group_max_bits(const uint16_t *x, __m256 v[4]) {
+    const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
+    __m256i m = _mm256_setzero_si256();
+    for (int i = 0; i < 4; i++) {
+        v[i] = load_bf16(x + 8 * i);
+        m = _mm256_max_epu32(m, _mm256_and_si256(_mm256_castps_si256(v[i]), magnitude));
+    }
+    m = _mm256_max_epu32(m, _mm256_permute2x128_si256(m, m, 1));
+    m = _mm256_max_epu32(m, _mm256_shuffle_epi32(m, 0x4E));
+    m = _mm256_max_epu32(m, _mm256_shuffle_epi32(m, 0xB1));
+    return (uint32_t)_mm256_cvtsi256_si32(m);
+}
+
 INLINE __m256 round_bf16_8(__m256 f) {  // float32 -> nearest bfloat16 -> float32
     return _mm256_castsi256_ps(_mm256_slli_epi32(to_bf16_8(f), 16));
 }

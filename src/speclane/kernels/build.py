@@ -91,7 +91,9 @@ def missing_cpu_flags(isa: str) -> set[str]:
     return ISA_CPU_FLAGS[isa] - flags
 
 
-def _compile(source: Path, isa: str, out: Path) -> None:
+def compile_build(source: Path, isa: str, out: Path) -> None:
+    """Compile the ``isa`` build of ``source`` into ``out`` (the CPU need not run it);
+    KernelUnavailable with the compiler's message where it fails."""
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise KernelUnavailable("no C compiler (cc or gcc) on PATH")
@@ -140,7 +142,7 @@ def load_build(source: Path, isa: str, declare: Callable[[ctypes.CDLL], None]) -
     path = CACHE_DIR / f"{source.stem}-{isa}-{digest(source)}.so"
     try:
         if not path.exists():
-            _compile(source, isa, path)
+            compile_build(source, isa, path)
         lib = ctypes.CDLL(str(path))
     except OSError as err:
         raise KernelUnavailable(str(err)) from err

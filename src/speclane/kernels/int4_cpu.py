@@ -19,6 +19,10 @@ a group's products in an order of its own, and that does not change the bits: th
 arithmetic rounds each input to a grid of its group (``q4.h``, ``round_group``) on which
 every sum of a group's products is exact in float32, whatever the order. So a row's result
 does not depend on the kernel its call took, and the choice is by rows alone.
+
+``--matmul-inputs int8`` swaps all of these for ``int4_q8_x86.c`` (``load_int8_inputs``): the
+inputs rounded to int8 per group of 32, another arithmetic (as llama.cpp's), on the same
+values and scales packed in quads (``pack(..., quads=True)``).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import torch
 from speclane.kernels import build, plan_cpu
 from speclane.kernels.build import KernelUnavailable
 
-__all__ = ["KernelUnavailable", "bind", "dequantize_rows", "load", "load_tiles", "matmul", "pack", "source_digest", "tile_source_digest"]
+__all__ = ["KernelUnavailable", "bind", "dequantize_rows", "load", "load_int8_inputs", "load_tiles", "matmul", "pack", "source_digest", "tile_source_digest"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,9 @@ ISAS = ("avx512bf16", "avx512", "avx2")  # the builds of SOURCE, widest first
 LANES = 16  # output columns per packed tile (the C file's LANES)
 GROUP = 32  # input columns per (scale, minimum) pair
 TILE_SOURCE = Path(__file__).with_name("int4_amx.c")
+# The int4 matmul on int8 inputs (``--matmul-inputs int8``): the same packed weights and
+# entry points, one AVX2 build for every x86-64 CPU (its bits are the same on all of them).
+INT8_INPUTS_SOURCE = Path(__file__).with_name("int4_q8_x86.c")
 # Calls of this many rows or more run on the tile kernel. The 120 layer matmuls of the
 # default model, tile kernel / plain AVX-512 build (Intel Xeon with AMX, two runs in one
 # process each, benchmarks/kernels.py and a /tmp script): 3 rows 0.91x / 1.01x, 4 rows
@@ -77,6 +84,16 @@ def load(isa: str | None = None) -> build.Kernel:
     if isa is None and kernel.isa == "avx512bf16":
         kernel = faster_build(kernel)
     return kernel
+
+
+def load_int8_inputs() -> build.Kernel:
+    """The int4 matmul on int8 inputs (``int4_q8_x86.c``); KernelUnavailable where it cannot
+    be built or run here."""
+    return build.load(INT8_INPUTS_SOURCE, declare, ("avx2",))
+
+
+def int8_inputs_source_digest() -> str:
+    return build.digest(INT8_INPUTS_SOURCE)
 
 
 def load_tiles() -> build.Kernel:
@@ -151,18 +168,27 @@ def tile_source_digest() -> str:
     return build.digest(TILE_SOURCE)
 
 
-def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, quads: bool = False
+         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q [N, K] in 0..15, scale, minimum [N, K/32]) -> the C kernel's layout.
 
     packed [N/16, K/2, 16] uint8 (byte j of pair p holds column n0+j's values at input
     columns 2p and 2p+1, low nibble first); scale and minimum [N/16, K/32, 16] float16
     (GGUF's Q4_1 stores them so), and the kernel computes with w = q * scale + minimum (see int4_x86.c).
+    ``quads`` (the kernel on int8 inputs, ``int4_q8_x86.c``): packed [N/16, K/4, 32] instead,
+    byte 4c+i of quad k holding column n0+c's value at input column 4k+i in its low nibble
+    and column n0+c+8's in its high one (a mask and a shift make two vectors of 8 columns).
     """
     n, k = q.shape
     if n % LANES or k % GROUP:
         raise ValueError(f"our int4 kernel needs N % {LANES} == 0 and K % {GROUP} == 0; got [{n}, {k}]")
-    pairs = q.to(torch.uint8).reshape(n // LANES, LANES, k // 2, 2)
-    packed = (pairs[..., 0] | (pairs[..., 1] << 4)).permute(0, 2, 1).contiguous()
+    tiles = q.to(torch.uint8).reshape(n // LANES, LANES, k)
+    if quads:  # [tile, quad, column c of 8, input i of 4]
+        halves = tiles.reshape(n // LANES, 2, 8, k // 4, 4).permute(0, 1, 3, 2, 4)
+        packed = (halves[:, 0] | (halves[:, 1] << 4)).reshape(n // LANES, k // 4, 32).contiguous()
+    else:
+        pairs = tiles.reshape(n // LANES, LANES, k // 2, 2)
+        packed = (pairs[..., 0] | (pairs[..., 1] << 4)).permute(0, 2, 1).contiguous()
 
     def per_tile(t: torch.Tensor) -> torch.Tensor:
         return t.to(torch.float16).reshape(n // LANES, LANES, k // GROUP).permute(0, 2, 1).contiguous()
@@ -171,12 +197,16 @@ def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> tuple[t
 
 
 def dequantize_rows(packed: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """float32 [len(rows), K]: the weight rows ``rows`` of a packed weight (``pack``),
-    q * scale + minimum per group of 32 (an embedding's lookup, the output head's exact
-    refinement), read from the packed layout itself."""
+    """float32 [len(rows), K]: the weight rows ``rows`` of a packed weight (``pack``, either
+    layout: a quad layout's last dimension is 32), q * scale + minimum per group of 32 (an
+    embedding's lookup, the output head's exact refinement), read from the packed layout itself."""
     tile, lane = rows // LANES, rows % LANES
-    pairs = packed[tile, :, lane]  # [R, K/2]: two input columns a byte, low nibble first
-    q = torch.stack([pairs & 0x0F, pairs >> 4], dim=-1).flatten(1).float()  # [R, K]
+    if packed.shape[-1] == 32:  # quads: lane c < 8 in the low nibbles of bytes 4c..4c+3, c + 8 in the high ones
+        nibbles = packed.unflatten(-1, (8, 4))[tile, :, lane % 8]  # [R, K/4, 4]
+        q = torch.where((lane >= 8)[:, None, None], nibbles >> 4, nibbles & 0x0F).flatten(1).float()  # [R, K]
+    else:
+        pairs = packed[tile, :, lane]  # [R, K/2]: two input columns a byte, low nibble first
+        q = torch.stack([pairs & 0x0F, pairs >> 4], dim=-1).flatten(1).float()  # [R, K]
     w = q.unflatten(1, (-1, GROUP)) * scale[tile, :, lane].float()[..., None] + minimum[tile, :, lane].float()[..., None]
     return w.flatten(1)
 
@@ -192,7 +222,7 @@ def bind(packed: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, lib: 
     entry = getattr(lib, function)
     many_rows = tiles.int4_matmul_amx if tiles is not None else entry
     min_rows = TILE_MIN_ROWS if tiles is not None else 1 << 30
-    n, k = packed.shape[0] * LANES, packed.shape[1] * 2
+    n, k = packed.shape[0] * LANES, packed.shape[1] * packed.shape[2] // (LANES // 2)  # either layout (pack)
     weight = (packed.data_ptr(), scale.data_ptr(), minimum.data_ptr())
     keep_alive = (packed, scale, minimum)
     bf16, empty = torch.bfloat16, torch.empty

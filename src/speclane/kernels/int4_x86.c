@@ -283,17 +283,8 @@ static int inputs_in_steps(const uint16_t *rounded, int16_t *x, float *step, int
     for (int r = 0; r < M; r++)
         for (int g = 0; g < groups; g++) {
             const size_t at = (size_t)r * K + (size_t)g * GROUP;
-            const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
             __m256 v[4];
-            __m256i mx = _mm256_setzero_si256();
-            for (int i = 0; i < 4; i++) {
-                v[i] = load_bf16(rounded + at + 8 * i);
-                mx = _mm256_max_epu32(mx, _mm256_and_si256(_mm256_castps_si256(v[i]), magnitude));
-            }
-            mx = _mm256_max_epu32(mx, _mm256_permute2x128_si256(mx, mx, 1));
-            mx = _mm256_max_epu32(mx, _mm256_shuffle_epi32(mx, 0x4E));
-            mx = _mm256_max_epu32(mx, _mm256_shuffle_epi32(mx, 0xB1));
-            const int exponent = (int)((uint32_t)_mm256_cvtsi256_si32(mx) >> 23);  // biased
+            const int exponent = (int)(load_group_max_bits(rounded + at, v) >> 23);  // biased
             if (exponent > 127 + 118) return 0;
             // A zeroed group (below 2^-112) is all zeros: any step will do.
             const int e = exponent < 127 - 112 ? 127 : exponent;
@@ -480,7 +471,8 @@ void int4_matmul(const uint16_t *x, const uint8_t *packed, const uint16_t *scale
     const xin *inputs = rounded;
 #else
     float *x32 = sums + sum_floats;
-    if (M <= INT_MAX_ROWS) {  // the integer path; x32's room holds its inputs and steps
+#ifndef __AVX512F__
+    if (M <= INT_MAX_ROWS) {  // the AVX2 build's integer path; x32's room holds its inputs and steps
         int16_t *steps_x = (int16_t *)x32;
         float *steps = x32 + (n / 2 + 15) / 16 * 16;
         if (inputs_in_steps(rounded, steps_x, steps, M, K)) {
@@ -490,6 +482,7 @@ void int4_matmul(const uint16_t *x, const uint8_t *packed, const uint16_t *scale
             return;
         }
     }
+#endif
     for (size_t i = 0; i < n; i += 8) _mm256_storeu_ps(x32 + i, load_bf16(rounded + i));
     const xin *inputs = x32;
 #endif

@@ -17,9 +17,12 @@ import torch
 
 from speclane.kernels import build, plan_cpu
 
-__all__ = ["bind", "dequantize_rows", "load", "pack", "source_digest"]
+__all__ = ["bind", "dequantize_rows", "load", "load_int8_inputs", "pack", "source_digest"]
 
 SOURCE = Path(__file__).with_name("int8_x86.c")
+# The kernel on int8 inputs (``--matmul-inputs int8``): its weights packed in quads (``pack``),
+# the same entry points, one AVX2 build for every x86-64 CPU.
+INT8_INPUTS_SOURCE = Path(__file__).with_name("int8_q8_x86.c")
 ISAS = ("avx512", "avx2")  # the builds of SOURCE, widest first
 LANES = 16  # output columns per packed tile (the C file's LANES)
 GROUPS = (16, 32)  # the group widths the loader gives it (Q6_K: 16; the others: 32)
@@ -43,14 +46,26 @@ def load(isa: str | None = None) -> build.Kernel:
     return build.load(SOURCE, declare, ISAS, isa)
 
 
-def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None
+def load_int8_inputs() -> build.Kernel:
+    """The kernel on int8 inputs (``int8_q8_x86.c``); KernelUnavailable where it cannot be
+    built or run here."""
+    return build.load(INT8_INPUTS_SOURCE, declare, ("avx2",))
+
+
+def int8_inputs_source_digest() -> str:
+    return build.digest(INT8_INPUTS_SOURCE)
+
+
+def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None, quads: bool = False
          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(q [N, K] int8, scale and minimum [N, K/G]) -> the C kernel's layout: q [N/16, K, 16]
     int8, scale and minimum [N/16, K/G, 16] (minimum None: the weight has none), float16
-    where every one of them is a float16 value (widening back is exact), else float32."""
+    where every one of them is a float16 value (widening back is exact), else float32.
+    ``quads`` (the kernel on int8 inputs, ``int8_q8_x86.c``; K a multiple of 32): q [N/16, K/4, 64],
+    byte 4c+i of quad k holding column n0+c's value at input column 4k+i."""
     n, k = q.shape
     groups = scale.shape[1]
-    if n % LANES or k % groups or (k // groups) not in GROUPS:
+    if n % LANES or k % groups or (k // groups) not in GROUPS or (quads and k % 32):
         raise ValueError(f"our int8 kernel needs N % {LANES} == 0 and groups of {GROUPS}; got [{n}, {k}], {groups} groups")
 
     def per_tile(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -59,7 +74,9 @@ def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None
     params = [t.float() for t in (scale, minimum) if t is not None]
     exact_in_half = all(torch.equal(t.half().float(), t) for t in params)
     dtype = torch.float16 if exact_in_half else torch.float32
-    return per_tile(q, torch.int8), per_tile(scale, dtype), None if minimum is None else per_tile(minimum, dtype)
+    packed = q.to(torch.int8).reshape(n // LANES, LANES, k // 4, 4).permute(0, 2, 1, 3).reshape(n // LANES, k // 4, 4 * LANES)
+    return (packed.contiguous() if quads else per_tile(q, torch.int8), per_tile(scale, dtype),
+            None if minimum is None else per_tile(minimum, dtype))
 
 
 def dequantize_rows(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None, rows: torch.Tensor,
@@ -69,7 +86,7 @@ def dequantize_rows(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor 
     lookup, the output head's exact refinement), read from the packed layout itself by
     ``lib``'s ``int8_rows`` (a one-token step reads two such sets: torch's strided gathers
     cost ~0.1 ms each, the loop ~10 us)."""
-    n, k = q.shape[0] * LANES, q.shape[1]
+    n, k = q.shape[0] * LANES, q.shape[1] * q.shape[2] // LANES  # either layout (pack)
     ids = rows.to(torch.int64).contiguous()
     out = torch.empty(ids.numel(), k, dtype=torch.float32)
     if lib.int8_rows(q.data_ptr(), scale.data_ptr(), minimum.data_ptr() if minimum is not None else None,
@@ -83,7 +100,7 @@ def bind(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None, lib
     """``x [M, K] bfloat16 -> x @ W^T [M, N] bfloat16`` for one packed weight (``pack``), by
     ``lib`` (a build of the kernel); the weight's pointers are taken once here."""
     entry = lib.int8_matmul_h if scale.dtype == torch.float16 else lib.int8_matmul
-    n, k = q.shape[0] * LANES, q.shape[1]
+    n, k = q.shape[0] * LANES, q.shape[1] * q.shape[2] // LANES  # either layout (pack)
     group = k // scale.shape[1]
     weight = (q.data_ptr(), scale.data_ptr(), minimum.data_ptr() if minimum is not None else None)
     keep_alive = (q, scale, minimum)

@@ -30,6 +30,7 @@
 #include "bf16.h"
 #include "vec.h"  // vec, VW, v_zero / v_bcast / v_fma / v_load / v_store
 #include "q4.h"  // input_buffer_for: the calling thread's scratch
+#include "int8_entry.h"  // int8_rows_of, INT8_ENTRY_POINTS
 #include "op.h"
 
 #define LANES 16  // output columns per packed tile
@@ -51,7 +52,6 @@ INLINE vec v_param(const void *base, size_t at, const int half) {
     return half ? v_half((const uint16_t *)base + at) : v_load((const float *)base + at);
 }
 #define NV (LANES / VW)
-INLINE float from_half(uint16_t h) { return _cvtsh_ss(h); }  // exact
 
 typedef struct {
     const int8_t *q;
@@ -170,50 +170,4 @@ static void matmul(tile_fn any_rows_tile, one_row_fn one_row, const uint16_t *x,
                           y + (size_t)r0 * N);
 }
 
-// y = x @ W^T. x: [M][K] bfloat16, y: [M][N] bfloat16; G divides K, 16 divides N (the
-// caller checks and passes contiguous tensors). minimum: NULL where the weight has none.
-void int8_matmul(const uint16_t *x, const int8_t *q, const float *scale, const float *minimum, uint16_t *y,
-                 int M, int N, int K, int G) {
-    matmul(rows_tile_f32, rows_tile_f32_one_row, x, q, scale, minimum, y, M, N, K, G);
-}
-
-// int8_matmul with float16 scales and minimums (the same bits for the same values).
-void int8_matmul_h(const uint16_t *x, const int8_t *q, const uint16_t *scale, const uint16_t *minimum, uint16_t *y,
-                   int M, int N, int K, int G) {
-    matmul(rows_tile_f16, rows_tile_f16_one_row, x, q, scale, minimum, y, M, N, K, G);
-}
-
-// int8_matmul and int8_matmul_h with op.h's arguments: x, q, scale, minimum, y, M, N, K, G.
-void int8_matmul_op(const int64_t *a) {
-    int8_matmul(OP_PTR(a[0]), OP_PTR(a[1]), OP_PTR(a[2]), OP_PTR(a[3]), OP_PTR(a[4]), (int)a[5], (int)a[6], (int)a[7], (int)a[8]);
-}
-void int8_matmul_h_op(const int64_t *a) {
-    int8_matmul_h(OP_PTR(a[0]), OP_PTR(a[1]), OP_PTR(a[2]), OP_PTR(a[3]), OP_PTR(a[4]), (int)a[5], (int)a[6], (int)a[7], (int)a[8]);
-}
-
-// out [count][K] float32: the weight rows ids[0..count) as the kernel multiplies by them,
-// q * scale + minimum per group (two roundings, as torch's q.float() * scale + minimum):
-// an embedding's lookup and the output head's exact refinement, read from the packed
-// layout. half: float16 scales and minimums (int8_matmul_h's weights). Returns -1 (and
-// writes nothing) where an id is outside [0, N), else 0.
-int int8_rows(const int8_t *q, const void *scale, const void *minimum, int half, const int64_t *ids, int count,
-              int N, int K, int G, float *out) {
-    const int groups = K / G;
-    for (int i = 0; i < count; i++)
-        if (ids[i] < 0 || ids[i] >= N) return -1;
-    for (int i = 0; i < count; i++) {
-        const size_t tile = (size_t)(ids[i] / LANES), lane = (size_t)(ids[i] % LANES);
-        const int8_t *row = q + tile * K * LANES + lane;
-        float *y = out + (size_t)i * K;
-        for (int g = 0; g < groups; g++) {
-            const size_t at = (tile * groups + g) * LANES + lane;
-            const float s = half ? from_half(((const uint16_t *)scale)[at]) : ((const float *)scale)[at];
-            const float m = !minimum ? 0.0f : half ? from_half(((const uint16_t *)minimum)[at]) : ((const float *)minimum)[at];
-            for (int k = g * G; k < (g + 1) * G; k++) {
-                const float w = (float)row[(size_t)k * LANES] * s;
-                y[k] = minimum ? w + m : w;
-            }
-        }
-    }
-    return 0;
-}
+INT8_ENTRY_POINTS(0)

@@ -31,19 +31,8 @@
 #define GRID_BITS 14
 
 INLINE void round_group(const uint16_t *x, uint16_t *out) {
-    // The largest magnitude's bits: for floats without their sign, integer order is
-    // magnitude order, and infinities and NaNs sort above every finite value.
-    const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
     __m256 v[4];
-    __m256i m = _mm256_setzero_si256();
-    for (int i = 0; i < 4; i++) {
-        v[i] = load_bf16(x + 8 * i);
-        m = _mm256_max_epu32(m, _mm256_and_si256(_mm256_castps_si256(v[i]), magnitude));
-    }
-    m = _mm256_max_epu32(m, _mm256_permute2x128_si256(m, m, 1));
-    m = _mm256_max_epu32(m, _mm256_shuffle_epi32(m, 0x4E));
-    m = _mm256_max_epu32(m, _mm256_shuffle_epi32(m, 0xB1));
-    const int exponent = (int)((uint32_t)_mm256_cvtsi256_si32(m) >> 23);  // biased
+    const int exponent = (int)(load_group_max_bits(x, v) >> 23);  // biased
     if (exponent < 127 - 112) {  // below 2^-112, zero and subnormals included
         memset(out, 0, Q4_GROUP * sizeof(uint16_t));
         return;
@@ -83,21 +72,25 @@ static void prepare_inputs(const uint16_t *x, uint16_t *rounded, float *sums, in
 }
 
 // A call's scratch (the inputs' group sums, and what else a kernel keeps per row) lives in
-// a buffer of the calling thread's that grows to the largest call and is kept: a prefill's calls would otherwise each map and fault in a fresh ~0.5 MB, and
-// a one-row call would pay an allocation that is a good part of its own cost. A thread's
-// buffer is freed when the thread exits (a thread-specific key's destructor).
+// a buffer of the calling thread's that grows to the largest call and is kept: a prefill's
+// calls would otherwise each map and fault in a fresh ~0.5 MB, and a one-row call would pay
+// an allocation that is a good part of its own cost. A thread has SCRATCH_SLOTS such
+// buffers (slot 0: a call's inputs; slot 1: what a worker thread keeps while it runs its
+// share, so the calling thread's own share never reallocates its inputs), freed when the
+// thread exits (a thread-specific key's destructor).
+#define SCRATCH_SLOTS 2
 typedef struct {
-    float *data;
-    size_t floats;
-} input_buffer;
+    float *data[SCRATCH_SLOTS];
+    size_t floats[SCRATCH_SLOTS];
+} thread_scratch;
 
 static pthread_key_t buffer_key;
 static pthread_once_t buffer_key_once = PTHREAD_ONCE_INIT;
 
 static void free_buffer(void *p) {
-    input_buffer *buffer = p;
-    free(buffer->data);
-    free(buffer);
+    thread_scratch *scratch = p;
+    for (int slot = 0; slot < SCRATCH_SLOTS; slot++) free(scratch->data[slot]);
+    free(scratch);
 }
 
 static void create_buffer_key(void) {
@@ -106,19 +99,21 @@ static void create_buffer_key(void) {
 
 // Out of memory for a few MB aborts: the process could not go on anyway, and this call
 // has no way to report it.
-static float *input_buffer_for(size_t floats) {
+static float *scratch_for(int slot, size_t floats) {
     pthread_once(&buffer_key_once, create_buffer_key);
-    input_buffer *buffer = pthread_getspecific(buffer_key);
-    if (!buffer) {
-        if (!(buffer = calloc(1, sizeof *buffer)) || pthread_setspecific(buffer_key, buffer)) abort();
+    thread_scratch *scratch = pthread_getspecific(buffer_key);
+    if (!scratch) {
+        if (!(scratch = calloc(1, sizeof *scratch)) || pthread_setspecific(buffer_key, scratch)) abort();
     }
-    if (floats > buffer->floats) {
-        free(buffer->data);
-        buffer->floats = (floats + 15) / 16 * 16;
-        if (!(buffer->data = aligned_alloc(64, buffer->floats * sizeof(float)))) abort();
+    if (floats > scratch->floats[slot]) {
+        free(scratch->data[slot]);
+        scratch->floats[slot] = (floats + 15) / 16 * 16;
+        if (!(scratch->data[slot] = aligned_alloc(64, scratch->floats[slot] * sizeof(float)))) abort();
     }
-    return buffer->data;
+    return scratch->data[slot];
 }
+
+static float *input_buffer_for(size_t floats) { return scratch_for(0, floats); }
 
 #ifdef __AVX512BF16__
 // 0..15 as bfloat16 (exact), twice: vpermw reads an index's low 5 bits (see unpack_pair).

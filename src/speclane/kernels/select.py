@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from speclane.config import KERNELS as CHOICES
+from speclane.config import MATMUL_INPUTS
 from speclane.kernels import (
     attention_cpu,
     build,
@@ -56,6 +57,8 @@ class Kernels:
     None: those layers run dense); ``float_matmul``: the float-weight matmul of the matmul
     weights kept in their source's float type (``FloatWeight``: a GGUF's F32, F16 and BF16, a
     Hugging Face folder's safetensors; None: those layers run dense, torch's ``F.linear``).
+    ``matmul_inputs``: what ``int4`` and ``int8`` multiply their weights by (``--matmul-inputs``):
+    bfloat16, or int8 (their ``int4_q8_x86.c`` and ``int8_q8_x86.c``, whose weights are packed in quads).
     """
 
     int4: Kernel | None = None
@@ -66,20 +69,29 @@ class Kernels:
     int8: Kernel | None = None
     float_matmul: Kernel | None = None
     plan: Kernel | None = None  # the forward plan's runner (plan.c): a forward's kernels in one call
+    matmul_inputs: str = "bfloat16"  # what ``int4`` and ``int8`` multiply the weights by (config.MATMUL_INPUTS)
 
     @classmethod
     def load(cls, choice: str = "auto", *, isa: str | None = None, tiles: bool | None = None,
-             mtp_step: bool = True) -> Kernels:
+             mtp_step: bool = True, matmul_inputs: str = "bfloat16") -> Kernels:
         """The kernels of ``choice`` (module docstring).
 
         ``isa`` pins every kernel's build to that instruction set (``build.VECTOR_ISAS``;
         a kernel without that build takes its widest below it), with no timing of the int4
         builds. ``tiles``: None, the tile kernel where the CPU has AMX; True, required (an
         error where it cannot run); False, never. ``mtp_step`` False: the MTP head calls its
-        kernels one by one (the same bits as one call)."""
+        kernels one by one (the same bits as one call). ``matmul_inputs`` int8: the int4 and
+        int8-group matmuls on int8 inputs (``int4_q8_x86.c``, ``int8_q8_x86.c``: one AVX2 build
+        each, ``isa`` aside; no tile kernel: it reads bfloat16 inputs); under ``torch``, an
+        error (torch's ops have no such inputs)."""
         if choice not in CHOICES:
             raise KernelUnavailable(f"kernels must be one of {', '.join(CHOICES)}; got {choice!r}")
+        if matmul_inputs not in MATMUL_INPUTS:
+            raise KernelUnavailable(f"matmul inputs must be one of {', '.join(MATMUL_INPUTS)}; got {matmul_inputs!r}")
+        int8_inputs = matmul_inputs == "int8"
         if choice == "torch":
+            if int8_inputs:
+                raise KernelUnavailable("--matmul-inputs int8 runs on our int4 kernel; --kernels torch has none")
             log.info("kernels: torch's ops throughout (--kernels torch)")
             return cls()
         unavailable: list[str] = []
@@ -93,12 +105,16 @@ class Kernels:
                 unavailable.append(f"{source} ({err})")
                 return None
 
-        int4 = attempt(int4_cpu.SOURCE.name, lambda: int4_cpu.load(isa))
+        if int8_inputs:
+            int4 = attempt(int4_cpu.INT8_INPUTS_SOURCE.name, int4_cpu.load_int8_inputs, required=True)
+        else:
+            int4 = attempt(int4_cpu.SOURCE.name, lambda: int4_cpu.load(isa))
         tile = None
-        if tiles is True and int4 is None:
-            raise KernelUnavailable(f"tiles: {int4_cpu.TILE_SOURCE.name} reads our int4 layout, and the int4 matmul is torch's")
+        if tiles is True and (int4 is None or int8_inputs):
+            raise KernelUnavailable(f"tiles: {int4_cpu.TILE_SOURCE.name} reads our int4 layout on bfloat16 inputs, "
+                                    "and the int4 matmul is torch's or on int8 inputs")
         # The tile kernel reads our int4 layout: only beside our matmul, and only where the CPU has AMX.
-        if int4 is not None and (tiles is True or (tiles is None and not build.missing_cpu_flags("amx"))):
+        if int4 is not None and not int8_inputs and (tiles is True or (tiles is None and not build.missing_cpu_flags("amx"))):
             tile = attempt(int4_cpu.TILE_SOURCE.name, int4_cpu.load_tiles, required=choice == "native" or tiles is True)
         kernels = cls(
             int4=int4,
@@ -106,9 +122,11 @@ class Kernels:
             attention=attempt(attention_cpu.SOURCE.name, lambda: attention_cpu.load(isa)),
             norm=attempt(norm_cpu.SOURCE.name, lambda: norm_cpu.load(isa)),
             mtp_step=attempt(mtp_step_cpu.SOURCE.name, lambda: mtp_step_cpu.load(isa)) if mtp_step else None,
-            int8=attempt(int8_cpu.SOURCE.name, lambda: int8_cpu.load(isa)),
+            int8=(attempt(int8_cpu.INT8_INPUTS_SOURCE.name, int8_cpu.load_int8_inputs, required=True) if int8_inputs
+                  else attempt(int8_cpu.SOURCE.name, lambda: int8_cpu.load(isa))),
             float_matmul=attempt(float_cpu.SOURCE.name, lambda: float_cpu.load(isa)),
             plan=attempt(plan_cpu.SOURCE.name, lambda: plan_cpu.load(isa)),
+            matmul_inputs=matmul_inputs,
         )
         if unavailable:
             log.warning("kernels: ours unavailable here, torch's ops (for the tile kernel, the int4 matmul) stand in: %s",
@@ -181,14 +199,18 @@ class Kernels:
         return "on" if self.plan is not None else "off"
 
     def describe(self) -> str:
-        return (f"int4={self.int4_name} tiles={self.tile_name} attention={self.attention_name} "
+        return (f"int4={self.int4_name} matmul_inputs={self.matmul_inputs} tiles={self.tile_name} attention={self.attention_name} "
                 f"norm={self.norm_name} mtp_step={self.mtp_step_name} int8={self.int8_name} "
                 f"float={self.float_matmul_name} plan={self.plan_name}")
 
     def fingerprint(self, bfloat16: bool) -> list[str]:
         """Which kernels a forward of a model runs here (``bfloat16``: its dtype), and their
         sources' versions: what a measurement of its speed depends on."""
-        return [f"int4={self.int4_name}:{int4_cpu.source_digest()}",
+        int8_inputs = self.matmul_inputs == "int8"
+        int4_digest = int4_cpu.int8_inputs_source_digest() if int8_inputs else int4_cpu.source_digest()
+        int8_digest = int8_cpu.int8_inputs_source_digest() if int8_inputs else int8_cpu.source_digest()
+        return [f"int4={self.int4_name}/{self.matmul_inputs}:{int4_digest}",
+                f"int8={self.int8_name}/{self.matmul_inputs}:{int8_digest}",
                 f"tiles={self.tile_name}:{int4_cpu.tile_source_digest()}",
                 f"attention={self.attention_name if bfloat16 else 'sdpa'}:{attention_cpu.source_digest()}",
                 f"norm={self.norm_name if bfloat16 else 'torch'}:{norm_cpu.source_digest()}",

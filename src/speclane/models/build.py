@@ -71,7 +71,8 @@ def build_model(weights: WeightSet, config: ModelConfig, kernels: Kernels | None
         # Picked once, here: a kernel that cannot run under --kernels native is a start-up
         # error, not a failure at the first forward in the engine thread. A float32 model
         # without quantization runs none of ours (they are bfloat16 kernels).
-        kernels = Kernels.load(config.kernels) if mode != "none" or dtype == torch.bfloat16 else Kernels()
+        kernels = (Kernels.load(config.kernels, matmul_inputs=config.matmul_inputs) if mode != "none" or dtype == torch.bfloat16
+                   else Kernels())
 
     def take(name: str) -> torch.Tensor:
         try:
@@ -216,7 +217,7 @@ def _block_kernel(part: QuantizedTensor, kernels: Kernels) -> str | None:
         fits = bool(torch.isfinite(part.scale.half()).all()) and bool(torch.isfinite(part.minimum.half()).all())
         if fits:
             return "int4"
-    if GroupInt8Weight.supports(part.shape[0], kernels):
+    if GroupInt8Weight.supports(part.shape[0], kernels, part.shape[1]):
         return f"int8/{part.group}/{part.minimum is not None}"
     return None
 

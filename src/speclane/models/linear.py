@@ -62,9 +62,10 @@ class Int4Weight:
         self.group = group
         self.out_features = out_features
         if group == int4_cpu.GROUP and out_features % int4_cpu.LANES == 0 and kernels.int4 is not None:
-            self.kernel = kernels.int4.isa  # "avx512bf16", "avx512" or "avx2": the same bits
+            self.kernel = kernels.int4.isa  # "avx512bf16", "avx512" or "avx2": the same bits (on bfloat16 inputs)
             self.library = kernels.int4.library
-            self.tensors: tuple[torch.Tensor, ...] = int4_cpu.pack(q, scale, minimum)
+            # The kernel on int8 inputs reads its weights' q in quads (int4_cpu.pack).
+            self.tensors: tuple[torch.Tensor, ...] = int4_cpu.pack(q, scale, minimum, quads=kernels.matmul_inputs == "int8")
             # Calls of many rows go to the AMX tile kernel where it runs (the same bits: int4_cpu).
             self.bound = int4_cpu.bind(*self.tensors, lib=self.library, tiles=kernels.tile_library)
             self.op_row = self.bound.op_row  # a forward plan's step (Linear.op_steps)
@@ -118,12 +119,12 @@ class GroupInt8Weight:
     kernel and ``out_features`` be a multiple of 16 (``supports``)."""
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None, kernels: Kernels):
-        if not self.supports(q.shape[0], kernels):
+        if not self.supports(q.shape[0], kernels, q.shape[1]):
             raise ValueError(f"our int8 kernel needs out_features % {int8_cpu.LANES} == 0 and kernels.int8; "
                              f"got {q.shape[0]}, {kernels.int8}")
         self.out_features = q.shape[0]
         self.kernel = kernels.int8.isa
-        self.packed = int8_cpu.pack(q, scale, minimum)
+        self.packed = int8_cpu.pack(q, scale, minimum, quads=kernels.matmul_inputs == "int8")  # int8_q8_x86.c reads quads
         self._library = kernels.int8.library
         self.tensors: tuple[torch.Tensor, ...] = tuple(t for t in self.packed if t is not None)
         self.matmul = int8_cpu.bind(*self.packed, kernels.int8.library)
@@ -134,8 +135,10 @@ class GroupInt8Weight:
         return int8_cpu.dequantize_rows(*self.packed, rows, self._library)
 
     @staticmethod
-    def supports(out_features: int, kernels: Kernels) -> bool:
-        return kernels.int8 is not None and out_features % int8_cpu.LANES == 0
+    def supports(out_features: int, kernels: Kernels, in_features: int) -> bool:
+        """On int8 inputs the kernel reads whole groups of 32 inputs."""
+        whole_groups = kernels.matmul_inputs != "int8" or in_features % 32 == 0
+        return kernels.int8 is not None and out_features % int8_cpu.LANES == 0 and whole_groups
 
     @property
     def nbytes(self) -> int:

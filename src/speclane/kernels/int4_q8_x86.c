@@ -1,0 +1,185 @@
+// The int4 matmul on int8 inputs (``--matmul-inputs int8``): each row's inputs quantized to
+// int8 per group of 32 (llama.cpp's Q8_1: step d = max|x| / 127, q = round(x / d)), then
+// integer dot products with the weights' 4-bit q by vpmaddubsw, 32 multiply-adds an
+// instruction against vpmaddwd's 16 on the exact int16 path of int4_x86.c. That is how
+// llama.cpp computes its Q4 types on x86; the cost is the inputs' rounding to 8 bits, whose
+// effect on the model's predictions benchmarks/accuracy.py measures (docs/accuracy.md).
+//
+// The weights: int4_x86.c's values and scales (q4.h), their 4-bit q in a layout of their own
+// (unpack_quad); a weight is w = q * scale + minimum per group of 32 input columns, so a
+// group's share of an output is
+//     scale * d * sum(qx[k] q[k]) + minimum * d * sum(qx[k])
+// with qx the int8 inputs. sum(qx q) is an exact integer (|.| <= 32 * 127 * 15), as is
+// sum(qx). Each output element is computed by one sequence of float operations whatever
+// the number of rows and whichever path the call takes:
+//     per group:  acc = fma(scale, float(sum(qx q)) * d, acc);  acc = fma(minimum, d * float(sum(qx)), acc)
+// so a row's result does not depend on its neighbours (batch invariance) and the kernel
+// has one build: AVX2 instructions, run as they are on AVX-512 CPUs too (the same bits on
+// every x86-64 CPU).
+//
+// A group's products, in registers: a quad of input columns (4k .. 4k+3) of 8 output
+// columns is one vector of 32 weight bytes, one 32-bit lane a column; vpmaddubsw with the
+// quad's 4 int8 inputs broadcast gives two int16 sums a lane (each at most 2 * 15 * 127),
+// and a group's 8 quads add up in int16 without overflow (8 * 3810 < 2^15); one vpmaddwd by
+// ones then makes each column's int32 sum.
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16.h"
+#include "q4.h"  // scratch_for, input_buffer_for
+#include "q8_inputs.h"
+#include "op.h"
+
+#define LANES 16          // output columns per packed tile
+#define GROUP Q4_GROUP    // input columns per (scale, minimum) pair
+#define QUADS (GROUP / 4) // quads of input columns per group
+#define ROWS 6            // rows a tile's weights run over in registers at a time
+#define TILES 2           // tiles a one-row call interleaves (independent chains hide latency)
+#define UNROLL _Pragma("GCC unroll 16")
+
+typedef struct {
+    const uint8_t *packed;
+    const uint16_t *scale, *minimum;
+    int n, k;
+} q4_weight;
+
+// A quad's weights of one 16-column tile (int4_cpu.pack(..., quads=True): 32 bytes, byte
+// 4c + i holding q[c][4k + i] in its low nibble and q[c + 8][4k + i] in its high one) as
+// two vectors of 8 columns x 4 bytes, columns 0-7 and 8-15: a mask and a shift.
+INLINE void unpack_quad(const uint8_t *quad, __m256i *a, __m256i *b) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)quad), nibble = _mm256_set1_epi8(15);
+    *a = _mm256_and_si256(v, nibble);
+    *b = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+}
+
+INLINE void group_scales(const q4_weight *w, size_t tile, int g, __m256 *s, __m256 *m) {
+    const size_t at = (tile * (w->k / GROUP) + g) * LANES;
+    UNROLL for (int v = 0; v < 2; v++) {
+        s[v] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w->scale + at + 8 * v)));
+        m[v] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w->minimum + at + 8 * v)));
+    }
+}
+
+INLINE void store_row(const __m256 *acc, uint16_t *y) {
+    store_bf16(y, acc[0]);
+    store_bf16(y + 8, acc[1]);
+}
+
+// R rows over TT tiles (TT > 1 only for R == 1). ``unpacked``: where the tile's quads are
+// already unpacked (a call of many rows unpacks each tile once: unpack_tile), else NULL and
+// they are unpacked from the packed weights here.
+INLINE void rows_over_tiles(const int R, const int TT, const q4_weight *w, const q8_input *in, int tile0,
+                            const __m256i *unpacked, uint16_t *y) {
+    const int K = w->k, N = w->n;
+    __m256 acc[TILES][ROWS][2];
+    UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) acc[t][r][0] = acc[t][r][1] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int g = 0; g < K / GROUP; g++) {
+        __m256i d[TILES][ROWS][2];
+        UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) d[t][r][0] = d[t][r][1] = _mm256_setzero_si256();
+        for (int k = g * QUADS; k < (g + 1) * QUADS; k++) {
+            UNROLL for (int t = 0; t < TT; t++) {
+                __m256i a, b;
+                if (unpacked) {
+                    a = _mm256_load_si256(unpacked + 2 * k);
+                    b = _mm256_load_si256(unpacked + 2 * k + 1);
+                } else {
+                    unpack_quad(w->packed + ((size_t)(tile0 + t) * (K / 4) + k) * 32, &a, &b);
+                }
+                UNROLL for (int r = 0; r < R; r++) {
+                    int32_t quad;
+                    memcpy(&quad, in->q + (size_t)r * in->ld + 4 * k, sizeof quad);
+                    const __m256i x = _mm256_set1_epi32(quad);
+                    d[t][r][0] = _mm256_add_epi16(d[t][r][0], _mm256_maddubs_epi16(a, x));
+                    d[t][r][1] = _mm256_add_epi16(d[t][r][1], _mm256_maddubs_epi16(b, x));
+                }
+            }
+        }
+        UNROLL for (int t = 0; t < TT; t++) {
+            __m256 s[2], m[2];
+            group_scales(w, (size_t)tile0 + t, g, s, m);
+            UNROLL for (int r = 0; r < R; r++) {
+                const __m256 step = _mm256_broadcast_ss(in->step + (size_t)r * in->steps + g);
+                const __m256 sum = _mm256_broadcast_ss(in->step_sum + (size_t)r * in->sums + g);
+                UNROLL for (int v = 0; v < 2; v++) {
+                    const __m256 dot = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(d[t][r][v], ones)), step);
+                    acc[t][r][v] = _mm256_fmadd_ps(m[v], sum, _mm256_fmadd_ps(s[v], dot, acc[t][r][v]));
+                }
+            }
+        }
+    }
+    UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) store_row(acc[t][r], y + (size_t)r * N + (tile0 + t) * LANES);
+}
+
+static void unpack_tile(const q4_weight *w, int tile, __m256i *out) {
+    for (int k = 0; k < w->k / 4; k++) unpack_quad(w->packed + ((size_t)tile * (w->k / 4) + k) * 32, out + 2 * k, out + 2 * k + 1);
+}
+
+// One tile's outputs for every row, ROWS at a time.
+static void tile_rows(const q4_weight *w, const q8_input *in, int M, int tile, const __m256i *unpacked, uint16_t *y) {
+    for (int r0 = 0; r0 < M; r0 += ROWS) {
+        const q8_input rows = q8_rows_from(in, r0);
+        uint16_t *out = y + (size_t)r0 * w->n;
+        switch (M - r0 < ROWS ? M - r0 : ROWS) {
+#define CASE(r) case r: rows_over_tiles(r, 1, w, &rows, tile, unpacked, out); break;
+        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5)
+#undef CASE
+        default: rows_over_tiles(ROWS, 1, w, &rows, tile, unpacked, out); break;
+        }
+    }
+}
+_Static_assert(ROWS == 6, "tile_rows' cases cover 1 .. ROWS - 1 rows");
+
+static void matmul_rows(const q8_input *in, const q4_weight *w, uint16_t *y, int M) {
+    const int tiles = w->n / LANES;
+    if (M == 1) {
+        // schedule(dynamic): a thread slowed by another process takes fewer tiles; a tile's
+        // outputs are one thread's, so the split never changes a bit.
+        #pragma omp parallel for schedule(dynamic, 1)
+        for (int t = 0; t < tiles; t += TILES) {
+            if (t + TILES <= tiles) rows_over_tiles(1, TILES, w, in, t, NULL, y);
+            else rows_over_tiles(1, 1, w, in, t, NULL, y);
+        }
+        return;
+    }
+    if (M <= ROWS) {
+        #pragma omp parallel for schedule(dynamic, 1)
+        for (int t = 0; t < tiles; t++) tile_rows(w, in, M, t, NULL, y);
+        return;
+    }
+    // More rows than a register block: each tile's quads unpacked once into a buffer of the
+    // thread's (K / 4 quads x 64 bytes: 24 KB at K = 1536, in L1 or L2), read by every block.
+    #pragma omp parallel
+    {
+        __m256i *unpacked = (__m256i *)scratch_for(1, (size_t)w->k * 4);  // K/4 quads x 2 vectors x 8 floats
+        #pragma omp for schedule(dynamic, 1)
+        for (int t = 0; t < tiles; t++) {
+            unpack_tile(w, t, unpacked);
+            tile_rows(w, in, M, t, unpacked, y);
+        }
+    }
+}
+
+// y = x @ W^T. x: [M][K] bfloat16, y: [M][N] bfloat16; the weight packed by int4_cpu.pack(..., quads=True).
+// The caller checks N % 16 == 0 and K % 32 == 0 and passes contiguous tensors.
+void int4_matmul(const uint16_t *x, const uint8_t *packed, const uint16_t *scale, const uint16_t *minimum,
+                 uint16_t *y, int M, int N, int K) {
+    const int groups = K / GROUP;
+    const size_t step_floats = ((size_t)M * groups + 15) / 16 * 16;
+    // The calling thread's scratch: the int8 inputs, then the steps and step sums.
+    float *scratch = input_buffer_for(((size_t)M * K / 4 + 15) / 16 * 16 + 2 * step_floats);
+    int8_t *q = (int8_t *)scratch;
+    float *step = scratch + ((size_t)M * K / 4 + 15) / 16 * 16, *step_sum = step + step_floats;
+    quantize_inputs(x, q, step, step_sum, M, K, GROUP);
+    const q8_input in = {q, step, step_sum, K, groups, groups};
+    const q4_weight w = {packed, scale, minimum, N, K};
+    matmul_rows(&in, &w, y, M);
+}
+
+// int4_matmul with op.h's arguments: x, packed, scale, minimum, y, M, N, K.
+void int4_matmul_op(const int64_t *a) {
+    int4_matmul(OP_PTR(a[0]), OP_PTR(a[1]), OP_PTR(a[2]), OP_PTR(a[3]), OP_PTR(a[4]), (int)a[5], (int)a[6], (int)a[7]);
+}

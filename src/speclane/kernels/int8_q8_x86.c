@@ -1,0 +1,138 @@
+// The int8-group matmul on int8 inputs (``--matmul-inputs int8``): int8_x86.c's weights
+// (w = q * scale + minimum per group of G = 16 or 32 input columns, q an int8) times the
+// inputs quantized to int8 per group of 32 (q8_inputs.h), in integer dot products, as
+// llama.cpp computes its Q8_0 and Q6_K types on x86. One AVX2 build for every x86-64 CPU.
+//
+// A group's share of an output is scale * d * sum(qx q) + minimum * d * sum(qx): sum(qx q)
+// is an exact integer (|.| <= 32 * 128 * 127 < 2^24, so its float32 is exact too), and each
+// output element is one sequence of float operations whatever the number of rows:
+//     per group:  acc = fma(scale, float(sum(qx q)) * d, acc);  [acc = fma(minimum, d * float(sum(qx)), acc)]
+// (d: the step of the 32 inputs the group lies in) so a row's result does not depend on its
+// neighbours. The products: vpmaddubsw multiplies unsigned by signed bytes, so each weight
+// byte enters as |q| and the input takes q's sign (vpsignb); a pair's sum (at most
+// 2 * 128 * 127) fits int16, and vpmaddwd by ones widens it into a column's int32 lane.
+//
+// Layout (int8_cpu.pack(..., quads=True)): q [N/16][K/4][64] int8, byte 4c + i of quad k
+// holding column n0+c's value at input column 4k + i (columns 0-7: the first 32 bytes, a
+// vector; 8-15: the next); scale and minimum [N/16][K/G][16] as int8_x86.c's.
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16.h"
+#include "q4.h"  // scratch_for, input_buffer_for
+#include "q8_inputs.h"
+#include "int8_entry.h"  // int8_rows_of, INT8_ENTRY_POINTS
+#include "op.h"
+
+#define LANES 16  // output columns per packed tile
+#define ROWS 4    // rows a tile's weights run over in registers at a time
+#define TILES 2   // tiles a one-row call interleaves (independent chains hide latency)
+#define UNROLL _Pragma("GCC unroll 16")
+
+typedef struct {
+    const int8_t *q;
+    const void *scale, *minimum;  // float32, or float16 where the call is int8_matmul_h's
+    int n, k, group;
+} q8_weight;
+
+INLINE __m256 param(const void *base, size_t at, const int half) {  // 8 scales or minimums as float32
+    return half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + at)))
+                : _mm256_loadu_ps((const float *)base + at);
+}
+
+// R rows over TT tiles (TT > 1 only for R == 1); HALF: float16 scales and minimums.
+INLINE void rows_over_tiles(const int R, const int TT, const int HALF, const q8_weight *w, const q8_input *in, int tile0,
+                            uint16_t *y) {
+    const int K = w->k, N = w->n, G = w->group, groups = K / G;
+    __m256 acc[TILES][ROWS][2];
+    UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) acc[t][r][0] = acc[t][r][1] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int g = 0; g < groups; g++) {
+        __m256i d[TILES][ROWS][2];
+        UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) d[t][r][0] = d[t][r][1] = _mm256_setzero_si256();
+        for (int k = g * G / 4; k < (g + 1) * G / 4; k++) {
+            UNROLL for (int t = 0; t < TT; t++) {
+                const int8_t *quad = w->q + ((size_t)(tile0 + t) * (K / 4) + k) * 64;
+                const __m256i wa = _mm256_loadu_si256((const __m256i *)quad), wb = _mm256_loadu_si256((const __m256i *)(quad + 32));
+                const __m256i ua = _mm256_abs_epi8(wa), ub = _mm256_abs_epi8(wb);
+                UNROLL for (int r = 0; r < R; r++) {
+                    int32_t four;
+                    memcpy(&four, in->q + (size_t)r * in->ld + 4 * k, sizeof four);
+                    const __m256i x = _mm256_set1_epi32(four);
+                    d[t][r][0] = _mm256_add_epi32(d[t][r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(ua, _mm256_sign_epi8(x, wa)), ones));
+                    d[t][r][1] = _mm256_add_epi32(d[t][r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(ub, _mm256_sign_epi8(x, wb)), ones));
+                }
+            }
+        }
+        UNROLL for (int t = 0; t < TT; t++) {
+            const size_t at = ((size_t)(tile0 + t) * groups + g) * LANES;
+            UNROLL for (int v = 0; v < 2; v++) {
+                const __m256 s = param(w->scale, at + 8 * v, HALF);
+                const __m256 m = w->minimum ? param(w->minimum, at + 8 * v, HALF) : _mm256_setzero_ps();
+                UNROLL for (int r = 0; r < R; r++) {
+                    const __m256 step = _mm256_broadcast_ss(in->step + (size_t)r * in->steps + g * G / Q8_GROUP);
+                    const __m256 dot = _mm256_mul_ps(_mm256_cvtepi32_ps(d[t][r][v]), step);
+                    acc[t][r][v] = _mm256_fmadd_ps(s, dot, acc[t][r][v]);
+                    if (w->minimum) acc[t][r][v] = _mm256_fmadd_ps(m, _mm256_broadcast_ss(in->step_sum + (size_t)r * in->sums + g), acc[t][r][v]);
+                }
+            }
+        }
+    }
+    UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) {
+        uint16_t *out = y + (size_t)r * N + (size_t)(tile0 + t) * LANES;
+        store_bf16(out, acc[t][r][0]);
+        store_bf16(out + 8, acc[t][r][1]);
+    }
+}
+
+_Static_assert(ROWS == 4, "tile_rows' cases cover 1 .. ROWS - 1 rows");
+#define TILE_ROWS(name, HALF)                                                                          \
+    static void name(const q8_weight *w, const q8_input *in, int M, int tile, uint16_t *y) {            \
+        for (int r0 = 0; r0 < M; r0 += ROWS) {                                                          \
+            const q8_input rows = q8_rows_from(in, r0);                                                 \
+            uint16_t *out = y + (size_t)r0 * w->n;                                                      \
+            switch (M - r0 < ROWS ? M - r0 : ROWS) { /* a compile-time R per case */                    \
+            case 1: rows_over_tiles(1, 1, HALF, w, &rows, tile, out); break;                            \
+            case 2: rows_over_tiles(2, 1, HALF, w, &rows, tile, out); break;                            \
+            case 3: rows_over_tiles(3, 1, HALF, w, &rows, tile, out); break;                            \
+            default: rows_over_tiles(ROWS, 1, HALF, w, &rows, tile, out); break;                        \
+            }                                                                                           \
+        }                                                                                               \
+    }                                                                                                   \
+    static void name##_one_row(const q8_weight *w, const q8_input *in, int tile, uint16_t *y) {         \
+        rows_over_tiles(1, TILES, HALF, w, in, tile, y);                                                \
+    }
+TILE_ROWS(rows_tile_f32, 0)
+TILE_ROWS(rows_tile_f16, 1)
+
+typedef void (*tile_fn)(const q8_weight *, const q8_input *, int, int, uint16_t *);
+typedef void (*one_row_fn)(const q8_weight *, const q8_input *, int, uint16_t *);
+
+static void matmul(tile_fn tile_rows, one_row_fn one_row, const uint16_t *x, const int8_t *q, const void *scale,
+                   const void *minimum, uint16_t *y, int M, int N, int K, int G) {
+    // The calling thread's scratch: the int8 inputs, then the steps and the groups' step sums.
+    const size_t q_floats = ((size_t)M * K / 4 + 15) / 16 * 16, step_floats = ((size_t)M * (K / Q8_GROUP) + 15) / 16 * 16;
+    float *scratch = input_buffer_for(q_floats + step_floats + (size_t)M * (K / G));
+    int8_t *qx = (int8_t *)scratch;
+    float *step = scratch + q_floats, *step_sum = step + step_floats;
+    quantize_inputs(x, qx, step, step_sum, M, K, G);
+    const q8_input in = {qx, step, step_sum, K, K / Q8_GROUP, K / G};
+    const q8_weight w = {q, scale, minimum, N, K, G};
+    const int tiles = N / LANES;
+    // schedule(dynamic): a thread slowed by another process takes fewer tiles; a tile's
+    // outputs are one thread's, so the split never changes a bit.
+    if (M == 1) {
+        #pragma omp parallel for schedule(dynamic, 1)
+        for (int t = 0; t < tiles; t += TILES) {
+            if (t + TILES <= tiles) one_row(&w, &in, t, y);
+            else tile_rows(&w, &in, 1, t, y);
+        }
+        return;
+    }
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (int t = 0; t < tiles; t++) tile_rows(&w, &in, M, t, y);
+}
+
+INT8_ENTRY_POINTS(1)

@@ -1,0 +1,31 @@
+"""Every build of every kernel source compiles, whatever this CPU runs: a machine loads
+only its widest build, so a build no test machine runs would otherwise break unseen."""
+
+import shutil
+
+import pytest
+
+from speclane.kernels import (
+    attention_cpu,
+    build,
+    float_cpu,
+    int4_cpu,
+    int8_cpu,
+    mtp_step_cpu,
+    norm_cpu,
+    plan_cpu,
+)
+
+BUILDS = sorted({(source.name, isa) for source, isas in [
+    (int4_cpu.SOURCE, int4_cpu.ISAS), (int4_cpu.TILE_SOURCE, ("amx",)), (int4_cpu.INT8_INPUTS_SOURCE, ("avx2",)),
+    (int8_cpu.SOURCE, int8_cpu.ISAS), (int8_cpu.INT8_INPUTS_SOURCE, ("avx2",)), (attention_cpu.SOURCE, attention_cpu.ISAS),
+    (norm_cpu.SOURCE, norm_cpu.ISAS), (float_cpu.SOURCE, float_cpu.ISAS), (mtp_step_cpu.SOURCE, mtp_step_cpu.ISAS),
+    (plan_cpu.SOURCE, plan_cpu.ISAS)] for isa in isas})
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler here")
+@pytest.mark.parametrize(("source", "isa"), BUILDS)
+def test_every_build_compiles(tmp_path, source, isa):
+    out = tmp_path / f"{source}-{isa}.so"
+    build.compile_build(int4_cpu.SOURCE.with_name(source), isa, out)
+    assert out.stat().st_size > 0
