@@ -58,6 +58,12 @@ def cached(response: httpx.Response) -> int:
     return response.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
 
 
+def reads_none_of_this_prompt(response: httpx.Response) -> bool:
+    """At most the chat template's opening tokens (before the system prompt's unique id) came
+    from the cache: any earlier request of the same scope shares them, as part of a block."""
+    return cached(response) < 16
+
+
 def text(response: httpx.Response) -> str:
     return response.json()["choices"][0]["message"]["content"]
 
@@ -65,22 +71,22 @@ def text(response: httpx.Response) -> str:
 def test_global_scope_is_shared_between_keys_allowed_it(keyed: LiveServer) -> None:
     system = system_prompt()
     first = chat(keyed, system, key="sk-shop-a", cache_scope="global")
-    assert cached(first) == 0
+    assert reads_none_of_this_prompt(first)
     shared = chat(keyed, system, key="sk-shop-b", cache_scope="global")
     assert cached(shared) >= 64, "another tenant's global-scope request reads the shared blocks"
     assert text(shared) == text(first)
     own = chat(keyed, system, key="sk-shop-b")
-    assert cached(own) == 0, "the tenant scope does not read the global scope's blocks"
+    assert reads_none_of_this_prompt(own), "the tenant scope does not read the global scope's blocks"
     assert text(own) == text(first)
     assert cached(chat(keyed, system, key="sk-shop-b")) == cached(shared), "now shop-b's own scope has them"
 
 
 def test_tenant_scope_is_not_read_by_another_tenant(keyed: LiveServer) -> None:
     system = system_prompt()
-    assert cached(chat(keyed, system, key="sk-shop-a")) == 0
+    assert reads_none_of_this_prompt(chat(keyed, system, key="sk-shop-a"))
     assert cached(chat(keyed, system, key="sk-shop-a")) >= 64
-    assert cached(chat(keyed, system, key="sk-shop-b")) == 0, "tenant B with tenant A's exact prefix hits nothing"
-    assert cached(chat(keyed, system, key="sk-shop-b", cache_scope="global")) == 0, (
+    assert reads_none_of_this_prompt(chat(keyed, system, key="sk-shop-b")), "tenant B with tenant A's exact prefix hits nothing"
+    assert reads_none_of_this_prompt(chat(keyed, system, key="sk-shop-b", cache_scope="global")), (
         "a tenant's own blocks are not in the global scope")
 
 
@@ -106,7 +112,7 @@ def test_unknown_scope_is_400(live: LiveServer) -> None:
 def test_without_keys_any_user_may_share(live: LiveServer) -> None:
     system = system_prompt()
     first = chat(live, system, user="desk-1", cache_scope="global")
-    assert cached(first) == 0
+    assert reads_none_of_this_prompt(first)
     second = chat(live, system, user="desk-2", cache_scope="global")
     assert cached(second) >= 64 and text(second) == text(first)
-    assert cached(chat(live, system, user="desk-2")) == 0
+    assert reads_none_of_this_prompt(chat(live, system, user="desk-2"))

@@ -83,15 +83,16 @@ def test_a_tenant_named_global_has_a_scope_of_its_own():
     assert run_prompt(kv, req("g", PROMPT), "global") == 0
 
 
-def test_prefixes_diverging_mid_block_share_only_the_full_blocks_before():
+def test_prefixes_diverging_mid_block_share_the_full_blocks_and_copy_the_common_part_of_the_next():
     kv = KVManager(16, B)
     first = req("x", list(range(16)))
     run_prompt(kv, first, "A", keep=True)
     second = req("y", list(range(10)) + [99] * 6)  # diverges at position 10, inside block 2
     admission = kv.admit("y", second, tenant="A")
-    assert admission is not None and admission.num_cached_tokens == 8
+    assert admission is not None and admission.num_cached_tokens == 10
     assert admission.block_table[:2] == kv.block_table("x")[:2]
-    assert set(admission.block_table[2:]).isdisjoint(kv.block_table("x"))
+    assert set(admission.block_table[2:]).isdisjoint(kv.block_table("x"))  # block 2's first two positions: a copy
+    assert admission.copy == (kv.block_table("x")[2], admission.block_table[2], 2)
     kv.check()
 
 
@@ -104,7 +105,7 @@ def test_a_block_matches_only_with_its_whole_prefix():
 def test_the_block_holding_the_last_prompt_token_is_computed_not_read():
     kv = KVManager(16, B)
     run_prompt(kv, req("x", list(range(12))), "A")  # exactly 3 full blocks, all cached
-    assert run_prompt(kv, req("y", list(range(12))), "A") == 8
+    assert run_prompt(kv, req("y", list(range(12))), "A") == 11  # block 2's first 3 positions copied, the 4th computed
     assert run_prompt(kv, req("z", list(range(13))), "A") == 12
 
 
@@ -247,4 +248,37 @@ def test_a_cached_block_a_request_holds_is_not_evicted():
     assert kv.clear_cache() == 0
     kv.free("a2")
     assert kv.clear_cache() == 3 and kv.pool.num_free == 8
+    kv.check()
+
+
+def test_an_identical_prompt_reads_all_but_its_last_token_from_the_block_its_answer_filled():
+    """The earlier request's prompt ended mid-block; its answer filled that block, which was
+    cached: the same prompt again copies the prompt's positions of it (never the last)."""
+    kv = KVManager(16, B)
+    x = req("x", [1, 2, 3, 4, 5, 6])  # block 1 holds 5, 6 and then the answer
+    run_prompt(kv, x, "A", keep=True)
+    x.output_token_ids.append(7)
+    decode(kv, x, drafts=[], accepted=0, bonus=8)  # position 6 computed
+    decode(kv, x, drafts=[], accepted=0, bonus=9)  # position 7: block 1 full and cached
+    source = kv.block_table("x")[1]
+    kv.free("x")
+    assert kv.cache.key_of(source) is not None and kv.pool.ref_count(source) == 0
+    admission = kv.admit("y", req("y", [1, 2, 3, 4, 5, 6]), tenant="A")
+    assert admission.num_cached_tokens == 5 and admission.copy == (source, admission.block_table[1], 1)
+    assert kv.pool.ref_count(source) == 1  # held until the copy has run: not evictable meanwhile
+    kv.check()
+    assert kv.clear_cache() == 0 and kv.cache.key_of(source) is not None  # block 0 is y's, the source held
+    kv.commit("y", 6, req("y", [1, 2, 3, 4, 5, 6]))  # the first forward ran (the copy before it)
+    assert kv.pool.ref_count(source) == 0
+    kv.check()
+    assert probe(kv, [1, 2, 3, 4, 5, 6], "B") == 0  # another tenant never reads part of A's block
+
+
+def test_a_request_freed_before_its_first_forward_lets_the_copy_source_go():
+    kv = KVManager(16, B)
+    run_prompt(kv, req("x", list(range(8))), "A")
+    admission = kv.admit("y", req("y", list(range(7))), tenant="A")
+    assert admission.copy is not None and admission.num_cached_tokens == 6
+    kv.free("y")
+    assert kv.pool.ref_count(admission.copy[0]) == 0
     kv.check()

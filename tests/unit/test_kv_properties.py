@@ -14,7 +14,8 @@ step:
   unreferenced, and the blocks charged to tenants plus the free ones are the pool;
 - every position a request reads from the cache holds the K/V of its own token prefix,
   written under its own scope (so a hit is exact, and no tenant reads another's blocks
-  unless both are global-scope requests);
+  unless both are global-scope requests), positions copied from part of a cached block
+  (``Admission.copy``, which the fake device carries out) included;
 - a step only writes into blocks no other table and no cache entry holds;
 - after ``commit`` a table holds exactly the blocks of its verified or admitted
   positions (rejected drafts keep none);
@@ -55,6 +56,7 @@ class Live:
     global_scope: bool
     num_admitted: int = 0
     computed: int = 0
+    copy_source: int | None = None  # the cached block its admission copies from, held until its first step
 
     @property
     def scope(self) -> tuple[str, ...]:
@@ -70,6 +72,7 @@ class KVMachine(RuleBasedStateMachine):
         self.history: list[Live] = []  # finished requests, for follow-up turns
         self.device: dict[tuple[int, int], tuple[tuple[str, ...], tuple[int, ...]]] = {}
         self.next_id = 0
+        self.copies = 0  # admissions that copied part of a cached block
 
     # -- requests in ----------------------------------------------------------------
     def _admit(self, item: Live) -> None:
@@ -81,6 +84,14 @@ class KVMachine(RuleBasedStateMachine):
             return
         tokens = r.token_ids()
         assert admission.num_cached_tokens < r.num_tokens
+        if admission.copy is not None:  # the runner copies part of a cached block before the first forward
+            source, target, j = admission.copy
+            assert target == admission.block_table[admission.num_cached_tokens // B]
+            assert self.kv.cache.key_of(source) is not None and self.kv.pool.ref_count(target) == 1
+            for k in range(j):
+                self.device[(target, k)] = self.device[(source, k)]
+            item.copy_source = source
+            self.copies += 1
         for p in range(admission.num_cached_tokens):
             held = self.device.get((admission.block_table[p // B], p % B))
             assert held == (item.scope, tokens[: p + 1]), f"position {p} of {r.request_id} reads {held}"
@@ -127,6 +138,7 @@ class KVMachine(RuleBasedStateMachine):
         assert {o: self.kv.block_table(o) for o in others if o not in reservation.preempted} == {
             o: t for o, t in others.items() if o not in reservation.preempted}
         for victim in reservation.preempted:
+            self.live[victim].copy_source = None  # freed: its reference went with it
             self.waiting.append(self.live.pop(victim))
         if not reservation.ok:
             assert reservation.preempted[-1] == rid
@@ -138,6 +150,7 @@ class KVMachine(RuleBasedStateMachine):
             prefix = tokens[: p + 1] if p < end else tokens[:end] + tuple(drafts[: p - end + 1])
             self.device[(block, p % B)] = (item.scope, prefix)
         item.computed = end
+        item.copy_source = None  # released by this commit
         if sample:
             accepted = min(accepted, len(drafts))
             r.output_token_ids.extend(drafts[:accepted] + [bonus])
@@ -152,6 +165,7 @@ class KVMachine(RuleBasedStateMachine):
     def finish(self, i: int) -> None:  # also an abort: the manager sees the same call
         rid = sorted(self.live)[i % len(self.live)]
         self.kv.free(rid)
+        self.live[rid].copy_source = None
         self.history.append(self.live.pop(rid))
 
     @rule(n=st.integers(1, 4))
@@ -171,6 +185,7 @@ class KVMachine(RuleBasedStateMachine):
         self.kv.check()
         pool = self.kv.pool
         uses = Counter(b for rid in self.live for b in self.kv.block_table(rid))
+        uses.update(x.copy_source for x in self.live.values() if x.copy_source is not None)
         assert all(pool.ref_count(b) == uses[b] for b in range(pool.num_blocks))
         assert all(pool.ref_count(b) == 0 for b in range(pool.num_blocks) if pool.owner(b) is None)
         assert sum(pool.held_by_tenant().values()) + pool.num_free == pool.num_blocks
@@ -189,7 +204,7 @@ TestKVMachine = KVMachine.TestCase
 
 
 def test_random_traffic_reaches_hits_refusals_evictions_and_preemptions():
-    """The machine's space covers the pressure paths: driven at random, they all occur."""
+    """The machine's space covers the pressure paths and partial-block copies: driven at random, they all occur."""
     rng = random.Random(7)
     machine = KVMachine()
     machine.setup(num_blocks=12, cache=True)
@@ -212,5 +227,5 @@ def test_random_traffic_reaches_hits_refusals_evictions_and_preemptions():
         machine.consistent()
     stats = machine.kv.stats
     assert stats.cached_tokens > 0 and stats.refused_admissions > 0
-    assert stats.evicted_blocks > 0 and stats.preemptions > 0
+    assert stats.evicted_blocks > 0 and stats.preemptions > 0 and machine.copies > 0
     machine.teardown()

@@ -255,7 +255,10 @@ def test_abort_mid_prefill_frees_the_slot_for_the_next_tick():
 
     plan, events = story.tick()
     assert plan.released_request_ids == ("victim",)  # the runner drops its drafter state
-    assert set(rows(plan)) == {"next"} and rows(plan)["next"].start == 0 and "next" in story.scheduler.kv
+    assert set(rows(plan)) == {"next"} and "next" in story.scheduler.kv
+    # "next" shares its first 4 prompt tokens with the victim's first block, which the
+    # aborted prefill had computed and cached: they are copied, the 5th is computed.
+    assert rows(plan)["next"].start == 4 and len(plan.kv_copies) == 1 and plan.kv_copies[0][2] == 4
     assert "victim" not in events and victim.num_output_tokens == 0
     assert nxt.num_output_tokens == 1
 

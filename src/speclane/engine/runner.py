@@ -67,6 +67,7 @@ class ModelRunner:
         started = time.perf_counter()
         self._draft_timings = []
         self.release(plan.preempted_request_ids, preempted=True)
+        self.cache.copy_blocks(plan.kv_copies)  # cached K/V that admitted prompts start from
         seqs = self._step(list(plan.seqs)) if plan.seqs else []
         return RunnerResult(seqs=tuple(seqs), elapsed_ms=(time.perf_counter() - started) * 1000,
                             draft_timings=tuple(self._draft_timings))

@@ -56,6 +56,14 @@ class KVCache:
             for source, target in moves:
                 cache[:, table[target // size], :, target % size] = cache[:, table[source // size], :, source % size]
 
+    def copy_blocks(self, copies: Sequence[tuple[int, int, int]]) -> None:
+        """For each (source, target, j): the keys and values of the first j positions of
+        block ``source`` into block ``target``, in every layer (a prompt's positions read
+        from part of a cached block; the source stays as it is)."""
+        for cache in (self.all_keys, self.all_values):
+            for source, target, j in copies:
+                cache[:, target, :, :j] = cache[:, source, :, :j]
+
     def blocks_needed(self, num_positions: int) -> int:
         return -(-num_positions // self.block_size)
 

@@ -8,7 +8,12 @@ A request's block table maps its positions to pool blocks: position p lives in
   prompt, or prompt + output when it resumes after preemption) in its scope, never the
   block holding the last known token (that position must be computed to give logits);
   take a reference to each hit and allocate private blocks for every other known
-  position, so a chunked prefill never waits for memory midway.
+  position, so a chunked prefill never waits for memory midway. Past the hits, a cached
+  block that continues the same prefix with the same first j tokens (an identical
+  prompt sent again: its block went on with the earlier answer; the next turn of a chat)
+  gives those j positions too (never the last known token): the admission asks for them
+  to be copied into the request's own block before its first forward (``Admission.copy``),
+  holding a reference to the cached block until then (its first ``commit``).
   No room even after evicting cached blocks: ``None``, and nothing changes.
 - ``reserve``: blocks for positions up to ``upto`` before a tick (a decode step's fed
   token and a holder's K draft positions).
@@ -83,6 +88,9 @@ class TokenSource(Protocol):
 class Admission:
     num_cached_tokens: int  # positions read from the cache: prefill starts here
     block_table: tuple[int, ...]
+    # (cached block, the request's block, j): copy the first j positions' K/V before the
+    # request's first forward (they are among num_cached_tokens); None: nothing to copy.
+    copy: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +119,7 @@ class _Seq:
     hashes: list[bytes]  # chain hashes of the full blocks known so far
     num_computed: int
     num_indexed: int  # blocks [0, num_indexed) were offered to the cache
+    copy_source: int | None = None  # a cached block held until the admission's copy has run
 
 
 class KVManager:
@@ -169,25 +178,33 @@ class KVManager:
         scope = GLOBAL_SCOPE if global_scope else tenant_scope(tenant)
         hashes: list[bytes] = []
         hits: list[int] = []
+        part: tuple[int, int] | None = None  # (cached block, j) continuing the hits
         if self.enable_prefix_cache:
             hashes = chain_hashes(tokens.tokens_between(0, n - n % size), size)
             hits = self.cache.lookup(scope, hashes[: (n - 1) // size])
+            start = len(hits) * size
+            if start < n - 1:  # positions [start, n - 1): the last known token is computed
+                part = self.cache.longest_child(scope, hashes[len(hits) - 1] if hits else ROOT_HASH,
+                                                tokens.tokens_between(start, min(start + size, n - 1)))
         need = self.pool.blocks_needed(n) - len(hits)
-        evictable_hits = sum(1 for b in hits if self.pool.ref_count(b) == 0)
-        if need > self.num_available_blocks - evictable_hits:
+        held = hits + ([part[0]] if part else [])
+        evictable_held = sum(1 for b in held if self.pool.ref_count(b) == 0)
+        if need > self.num_available_blocks - evictable_held:
             self.stats.refused_admissions += 1
             return None
         self._weight[tenant] = weight
         self._live[tenant] += 1
-        for block in hits:
+        for block in held:
             self.cache.acquire(block)
         blocks = hits + [self._allocate(tenant) for _ in range(need)]
-        num_cached = len(hits) * size
+        num_cached = len(hits) * size + (part[1] if part else 0)
+        copy = (part[0], blocks[len(hits)], part[1]) if part else None
         self._order += 1
-        self._seqs[request_id] = _Seq(tenant, scope, priority, self._order, n, blocks, hashes, num_cached, len(hits))
+        self._seqs[request_id] = _Seq(tenant, scope, priority, self._order, n, blocks, hashes, num_cached, len(hits),
+                                      part[0] if part else None)
         self.stats.queried_tokens += n
         self.stats.cached_tokens += num_cached
-        return Admission(num_cached, tuple(blocks))
+        return Admission(num_cached, tuple(blocks), copy)
 
     def reserve(self, request_id: str, upto: int) -> Reservation:
         """Blocks for positions ``[0, upto)``. When there is no room, a live request is
@@ -229,6 +246,7 @@ class KVManager:
             raise ValueError(f"request {request_id!r}: {num_computed} computed positions, after "
                              f"{seq.num_computed}, in {len(seq.blocks)} blocks of {size}")
         seq.num_computed = num_computed
+        self._release_copy_source(seq)  # the admission's copy ran before this tick's forward
         keep = self.pool.blocks_needed(max(num_computed, seq.num_admitted))
         for block in reversed(seq.blocks[keep:]):
             self.cache.release(block)  # private: never indexed, so freed
@@ -240,12 +258,14 @@ class KVManager:
             parent = seq.hashes[i - 1] if i else ROOT_HASH
             seq.hashes.append(block_hash(parent, tokens.tokens_between(i * size, (i + 1) * size)))
         for i in range(seq.num_indexed, full):
-            self.cache.insert(seq.scope, seq.hashes[i], seq.blocks[i])
+            self.cache.insert(seq.scope, seq.hashes[i], seq.blocks[i], seq.hashes[i - 1] if i else ROOT_HASH,
+                              tokens.tokens_between(i * size, (i + 1) * size))
         seq.num_indexed = max(seq.num_indexed, full)
 
     def free(self, request_id: str) -> None:
         """The request finished, was aborted or is preempted: release its blocks."""
         seq = self._seqs.pop(request_id)
+        self._release_copy_source(seq)
         for block in reversed(seq.blocks):
             self.cache.release(block)
         self._live[seq.tenant] -= 1
@@ -271,6 +291,11 @@ class KVManager:
         self.stats.evicted_blocks += 1
         self._forget_if_idle(tenant)
 
+    def _release_copy_source(self, seq: _Seq) -> None:
+        if seq.copy_source is not None:
+            self.cache.release(seq.copy_source)
+            seq.copy_source = None
+
     def _allocate(self, tenant: str) -> int:
         if not self.pool.num_free:
             self._evict_one()
@@ -292,10 +317,13 @@ class KVManager:
         self.pool.check()
         self.cache.check()
         uses = Counter(b for s in self._seqs.values() for b in s.blocks)
+        uses.update(s.copy_source for s in self._seqs.values() if s.copy_source is not None)
         for block in range(self.pool.num_blocks):
             assert self.pool.ref_count(block) == uses[block], (
                 f"block {block}: count {self.pool.ref_count(block)}, held by {uses[block]} tables")
             assert uses[block] <= 1 or self.cache.key_of(block) is not None, f"block {block} shared but not cached"
+        for rid, s in self._seqs.items():
+            assert s.copy_source is None or self.cache.key_of(s.copy_source) is not None, f"{rid} copies from an uncached block"
         size = self.block_size
         for rid, s in self._seqs.items():
             assert len(set(s.blocks)) == len(s.blocks), f"{rid} holds a block twice"

@@ -46,6 +46,10 @@ class SchedulerPlan:
     # Requests preempted since the last plan (recomputed later): the runner drops their
     # drafter state and keeps their sampling stream and grammar state.
     preempted_request_ids: tuple[str, ...] = ()
+    # (source block, target block, j): before the forward, copy the K/V of the first j
+    # positions of the source into the target (an admitted prompt's positions read from
+    # part of a cached block: kv_manager.Admission.copy).
+    kv_copies: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def num_tokens(self) -> int:

@@ -13,6 +13,11 @@
 - **Only full, computed blocks** are inserted (the caller, ``kv_manager.py``, inserts a
   block once every position in it holds a verified token's K/V). A key already present
   keeps its block; the second copy stays private to its request and is freed with it.
+- **Part of a block.** Each cached block is also filed under (scope, its parent's hash)
+  with its token ids, so a prompt that matches only the first j < B tokens of a block
+  after its matched prefix finds it (``longest_child``): those j positions' K/V are the
+  prompt's own (they depend only on the shared prefix and themselves), and the caller
+  copies them into a block of its own (the cached block stays as it is).
 - **Eviction.** A cached block with reference count 0 is *evictable*. Evictable blocks
   are kept per owning tenant in least-recently-released order; the caller picks the
   tenant (``kv_manager.py``'s fairness rule) and ``evict_from`` frees that tenant's
@@ -61,6 +66,9 @@ class PrefixCache:
         self.pool = pool
         self._index: dict[tuple[Scope, bytes], int] = {}
         self._key_of: dict[int, tuple[Scope, bytes]] = {}  # block -> its key, for cached blocks
+        # (scope, parent hash) -> {cached block: its token ids}; block -> its parent's key
+        self._children: dict[tuple[Scope, bytes], dict[int, tuple[int, ...]]] = {}
+        self._parent_of: dict[int, tuple[Scope, bytes]] = {}
         # owner -> evictable blocks, least recently released first (block -> release stamp)
         self._evictable: dict[str, OrderedDict[int, int]] = {}
         self._num_evictable = 0
@@ -96,6 +104,22 @@ class PrefixCache:
             found.append(block)
         return found
 
+    def longest_child(self, scope: Scope, parent: bytes, token_ids: Sequence[int]) -> tuple[int, int] | None:
+        """(block, j): the cached block after ``parent`` in ``scope`` whose first j token ids
+        are the first j of ``token_ids``, for the largest j >= 1 (the first such block on a
+        tie); None when no block after ``parent`` starts with ``token_ids[0]``."""
+        best: tuple[int, int] | None = None
+        wanted = tuple(token_ids)
+        for block, tokens in self._children.get((scope, parent), {}).items():
+            j = 0
+            for a, b in zip(tokens, wanted, strict=False):
+                if a != b:
+                    break
+                j += 1
+            if j and (best is None or j > best[1]):
+                best = (block, j)
+        return best
+
     # -- changes --------------------------------------------------------------------
     def acquire(self, block: int) -> None:
         """Take a reference to a cached block (it is no longer evictable)."""
@@ -108,14 +132,17 @@ class PrefixCache:
             self._num_evictable -= 1
         self.pool.incref(block)
 
-    def insert(self, scope: Scope, h: bytes, block: int) -> bool:
-        """Index a live, full, computed ``block`` under (scope, h); False (and nothing
+    def insert(self, scope: Scope, h: bytes, block: int, parent: bytes, token_ids: Sequence[int]) -> bool:
+        """Index a live, full, computed ``block`` holding ``token_ids`` after the block hashed
+        ``parent`` under (scope, h), h = block_hash(parent, token_ids); False (and nothing
         changes) when the key already has a block or the block is indexed already."""
         key = (scope, h)
         if key in self._index or block in self._key_of:
             return False
         self._index[key] = block
         self._key_of[block] = key
+        self._children.setdefault((scope, parent), {})[block] = tuple(token_ids)
+        self._parent_of[block] = (scope, parent)
         return True
 
     def release(self, block: int) -> None:
@@ -140,6 +167,10 @@ class PrefixCache:
             del self._evictable[tenant]
         self._num_evictable -= 1
         del self._index[self._key_of.pop(block)]
+        siblings = self._children[parent := self._parent_of.pop(block)]
+        del siblings[block]
+        if not siblings:
+            del self._children[parent]
         self.pool.free(block)
         return block
 
@@ -149,6 +180,12 @@ class PrefixCache:
         indexed block is owned, and the evictable blocks are exactly the indexed blocks
         with count 0, each filed under its owner."""
         assert len(self._index) == len(self._key_of), "the index and the key map differ in size"
+        assert set(self._parent_of) == set(self._key_of), "a cached block without its parent's entry, or the reverse"
+        for (scope, parent), children in self._children.items():
+            assert children, "an empty list of children is kept"
+            for block, tokens in children.items():
+                assert self._parent_of[block] == (scope, parent), f"block {block} filed under another parent"
+                assert self._key_of[block] == (scope, block_hash(parent, tokens)), f"block {block}'s tokens are not its key's"
         for block, key in self._key_of.items():
             assert self._index.get(key) == block, f"block {block}'s key points elsewhere"
             assert self.pool.owner(block) is not None, f"cached block {block} is free"

@@ -240,6 +240,7 @@ class Scheduler:
                 seq = self._prefill_seq(request, budget)
                 seqs.append(seq)
                 budget -= len(seq.token_ids)
+        copies: list[tuple[int, int, int]] = []
         while self.waiting and len(self.running) < self.config.max_num_seqs and (budget > 0 or not seqs):
             ready = [r for r in self.waiting.values() if self._may_admit(r)]
             if not ready:
@@ -251,6 +252,8 @@ class Scheduler:
                                       priority=request.priority, global_scope=request.global_cache_scope)
             if admission is None:
                 break  # the pool is full of live requests: wait until one leaves
+            if admission.copy is not None:
+                copies.append(admission.copy)
             del self.waiting[request.request_id]
             request.status = RequestStatus.RUNNING
             self.running[request.request_id] = request
@@ -260,7 +263,8 @@ class Scheduler:
             seq = self._prefill_seq(request, budget)
             seqs.append(seq)
             budget -= len(seq.token_ids)
-        return SchedulerPlan(seqs=tuple(seqs), released_request_ids=released, preempted_request_ids=self._take_preempted())
+        return SchedulerPlan(seqs=tuple(seqs), released_request_ids=released, preempted_request_ids=self._take_preempted(),
+                             kv_copies=tuple(copies))
 
     def _reserve(self, request: Request, upto: int, now: float) -> bool:
         """KV blocks for ``request``'s positions below ``upto``, preempting by the KV rules
