@@ -140,9 +140,9 @@ def test_n_sequences_share_one_prefill_and_equal_single_requests(llm_default):
     prefill_before = engine.scheduler.counts.prefill_tokens
     shared = run(engine, {f"n{i}": dict(prompt_token_ids=prompt, sampling=SamplingParams(
         max_tokens=16, temperature=1.0, seed=5 + i), prefill_source="n0" if i else None) for i in range(3)})
-    # The prompt's full blocks are read from the prefix cache (the singles computed them);
-    # each sequence computes only the positions past them.
-    cached = (len(prompt) - 1) // 16 * 16
+    # The prompt is read from the prefix cache (the singles computed it, and their answers
+    # filled the block it ends in): each sequence computes only its last position.
+    cached = len(prompt) - 1
     assert cached > 0 and engine.scheduler.counts.prefill_tokens - prefill_before == 3 * (len(prompt) - cached)
     for i in range(3):
         assert shared[f"n{i}"]["ids"] == singles[f"single{i}"]["ids"], i

@@ -94,7 +94,7 @@ def trained(tmp_path_factory) -> tuple[object, Path, dict]:
     """A tiny end-to-end train-mtp: the toy target writes text, a head learns it."""
     out = tmp_path_factory.mktemp("mtp")
     model = toy_model(toy_config(vocab_size=VOCAB), seed=5)
-    engine = toy_engine(model, spec_mode="off")
+    engine = toy_engine(model, spec_mode="off", prefix_cache=False)
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(1, VOCAB, (6,), generator=gen).tolist() for _ in range(24)]
     samples = generate_samples(engine, prompts, out / "data", max_new_tokens=40, concurrency=8, log=lambda line: None)
@@ -119,7 +119,7 @@ def test_tiny_training_run_decreases_the_loss_and_writes_a_loadable_head(trained
 def test_training_learns_in_either_precision_and_records_it(trained, tmp_path, precision):
     """bfloat16 autocast (what auto picks on a CPU with native bfloat16) learns like float32."""
     model, _, _ = trained
-    engine = toy_engine(model, spec_mode="off")
+    engine = toy_engine(model, spec_mode="off", prefix_cache=False)
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(1, VOCAB, (6,), generator=gen).tolist() for _ in range(12)]
     samples = generate_samples(engine, prompts, tmp_path / "data", max_new_tokens=30, concurrency=6, log=lambda line: None)
@@ -141,9 +141,9 @@ def test_auto_precision_is_bf16_only_with_native_bfloat16():
 def test_generate_samples_resumes_from_its_shards(tmp_path):
     model = toy_model(toy_config(vocab_size=VOCAB), seed=5)
     prompts = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
-    first = generate_samples(toy_engine(model, spec_mode="off"), prompts[:2], tmp_path, 5, 2, shard_size=1, log=lambda line: None)
+    first = generate_samples(toy_engine(model, spec_mode="off", prefix_cache=False), prompts[:2], tmp_path, 5, 2, shard_size=1, log=lambda line: None)
     assert len(list(tmp_path.glob("shard-*.pt"))) == 2
-    again = generate_samples(toy_engine(model, spec_mode="off"), prompts, tmp_path, 5, 2, shard_size=1, log=lambda line: None)
+    again = generate_samples(toy_engine(model, spec_mode="off", prefix_cache=False), prompts, tmp_path, 5, 2, shard_size=1, log=lambda line: None)
     assert len(first) == 2 and len(again) == 3  # only the third prompt was generated
     assert [s.token_ids[:3] for s in again] == prompts
 

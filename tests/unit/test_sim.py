@@ -77,10 +77,12 @@ def _prompt(story: Story) -> list[int]:
 
 def _engine_config(**lane: object) -> EngineConfig:
     # Fixed K: the simulator's scheduler has no measured step cost (its cost model is in
-    # ticks), so adaptive K would make the real engine draft differently from it.
+    # ticks), so adaptive K would make the real engine draft differently from it. No prefix
+    # cache: the simulator's jobs have token counts, not tokens, and the stories' prompts
+    # share their first tokens, which the real engine would read from the cache.
     return EngineConfig().replace(dtype="float32", quantization="none", max_model_len=MAX_MODEL_LEN, max_num_seqs=4,
                                   max_num_batched_tokens=8, num_draft_tokens=K, drafter="ngram",
-                                  spec_adaptive_k=False, **lane)
+                                  spec_adaptive_k=False, prefix_cache=False, **lane)
 
 
 class ScriptedDrafter:

@@ -76,7 +76,10 @@ def generate_samples(
     shard_size: int = 64,
     log=lambda line: print(line, file=sys.stderr, flush=True),
 ) -> list[Sample]:
-    """Answer every prompt not already in ``data_dir``; returns all samples (old and new)."""
+    """Answer every prompt not already in ``data_dir``; returns all samples (old and new).
+    ``engine`` runs without the prefix cache: a position read from it has no hidden state."""
+    if engine.scheduler.kv.enable_prefix_cache:
+        raise ValueError("generate_samples needs every position's hidden state: run the engine with prefix_cache off")
     data_dir.mkdir(parents=True, exist_ok=True)
     samples, done = load_samples(data_dir)
     todo = [i for i in range(len(prompts)) if i not in done]

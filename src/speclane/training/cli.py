@@ -60,7 +60,8 @@ def run_train_mtp(args: argparse.Namespace, config: EngineConfig) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    config = config.replace(spec_mode="off", max_num_seqs=max(args.concurrency, 1))
+    # Every position's hidden state is a training row: no prompt position may come from the prefix cache.
+    config = config.replace(spec_mode="off", max_num_seqs=max(args.concurrency, 1), prefix_cache=False)
     engine = LLMEngine(config)
     claim_out_folder(out, engine.model, config.model.model)
     tokenizer = engine.tokenizer
