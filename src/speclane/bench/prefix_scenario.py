@@ -9,7 +9,7 @@ The arms: ``speclane serve`` (cache on, the default), ``speclane serve
 --no-prefix-cache``, and llama.cpp's ``llama-server`` with ``--cache-reuse`` on the same
 GGUF when a build is found (one slot: it keeps the slot's KV and reuses the common
 prefix). Each run is a new conversation (its system prompt opens with the run's number,
-so no run reads another's blocks); the arms alternate, greedy, the same questions and
+so a run reads no other run's blocks beyond the chat template's first few tokens); the arms alternate, greedy, the same questions and
 ``max_tokens``; the table reports each turn's median time to first token.
 """
 
@@ -195,7 +195,8 @@ def _turn_table(measured: dict[str, list[list[dict[str, Any]]]], threads: int, r
                        f"{median(ratios):.2f} (target: at most {TURN_TARGET}). Answers with the cache on and off "
                        f"{'are identical' if same else 'DIFFER'} in every turn.")
     table.notes.append(f"Median of {repeats} conversations per arm after a warm-up conversation, arms alternating; each "
-                       f"conversation has its own system prompt (no run reads another's cache). Greedy, max_tokens "
+                       f"conversation has its own system prompt (a run reads no other run's cache beyond the chat template's "
+                       f"first few tokens). Greedy, max_tokens "
                        f"{MAX_TOKENS}, streamed with the openai client; TTFT is sending to the first content token. "
                        f"Both servers on {threads} threads.")
     if with_llama_cpp:

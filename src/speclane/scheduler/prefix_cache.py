@@ -13,8 +13,8 @@
 - **Only full, computed blocks** are inserted (the caller, ``kv_manager.py``, inserts a
   block once every position in it holds a verified token's K/V). A key already present
   keeps its block; the second copy stays private to its request and is freed with it.
-- **Part of a block.** Each cached block is also filed under (scope, its parent's hash)
-  with its token ids, so a prompt that matches only the first j < B tokens of a block
+- **Part of a block.** Each cached block is also filed under (scope, its parent's hash,
+  its first token id) with its token ids, so a prompt that matches only the first j < B tokens of a block
   after its matched prefix finds it (``longest_child``): those j positions' K/V are the
   prompt's own (they depend only on the shared prefix and themselves), and the caller
   copies them into a block of its own (the cached block stays as it is).
@@ -66,9 +66,10 @@ class PrefixCache:
         self.pool = pool
         self._index: dict[tuple[Scope, bytes], int] = {}
         self._key_of: dict[int, tuple[Scope, bytes]] = {}  # block -> its key, for cached blocks
-        # (scope, parent hash) -> {cached block: its token ids}; block -> its parent's key
-        self._children: dict[tuple[Scope, bytes], dict[int, tuple[int, ...]]] = {}
-        self._parent_of: dict[int, tuple[Scope, bytes]] = {}
+        # (scope, parent hash, first token id) -> {cached block: its token ids}, and block ->
+        # that key: a lookup compares only the blocks that start like the prompt's next token
+        self._children: dict[tuple[Scope, bytes, int], dict[int, tuple[int, ...]]] = {}
+        self._parent_of: dict[int, tuple[Scope, bytes, int]] = {}
         # owner -> evictable blocks, least recently released first (block -> release stamp)
         self._evictable: dict[str, OrderedDict[int, int]] = {}
         self._num_evictable = 0
@@ -110,7 +111,9 @@ class PrefixCache:
         tie); None when no block after ``parent`` starts with ``token_ids[0]``."""
         best: tuple[int, int] | None = None
         wanted = tuple(token_ids)
-        for block, tokens in self._children.get((scope, parent), {}).items():
+        if not wanted:
+            return None
+        for block, tokens in self._children.get((scope, parent, wanted[0]), {}).items():
             j = 0
             for a, b in zip(tokens, wanted, strict=False):
                 if a != b:
@@ -141,8 +144,8 @@ class PrefixCache:
             return False
         self._index[key] = block
         self._key_of[block] = key
-        self._children.setdefault((scope, parent), {})[block] = tuple(token_ids)
-        self._parent_of[block] = (scope, parent)
+        self._children.setdefault((scope, parent, token_ids[0]), {})[block] = tuple(token_ids)
+        self._parent_of[block] = (scope, parent, token_ids[0])
         return True
 
     def release(self, block: int) -> None:
@@ -167,10 +170,10 @@ class PrefixCache:
             del self._evictable[tenant]
         self._num_evictable -= 1
         del self._index[self._key_of.pop(block)]
-        siblings = self._children[parent := self._parent_of.pop(block)]
+        siblings = self._children[filed := self._parent_of.pop(block)]
         del siblings[block]
         if not siblings:
-            del self._children[parent]
+            del self._children[filed]
         self.pool.free(block)
         return block
 
@@ -181,10 +184,11 @@ class PrefixCache:
         with count 0, each filed under its owner."""
         assert len(self._index) == len(self._key_of), "the index and the key map differ in size"
         assert set(self._parent_of) == set(self._key_of), "a cached block without its parent's entry, or the reverse"
-        for (scope, parent), children in self._children.items():
+        for (scope, parent, first), children in self._children.items():
             assert children, "an empty list of children is kept"
             for block, tokens in children.items():
-                assert self._parent_of[block] == (scope, parent), f"block {block} filed under another parent"
+                assert self._parent_of[block] == (scope, parent, first) and tokens[0] == first, (
+                    f"block {block} filed under another parent or first token")
                 assert self._key_of[block] == (scope, block_hash(parent, tokens)), f"block {block}'s tokens are not its key's"
         for block, key in self._key_of.items():
             assert self._index.get(key) == block, f"block {block}'s key points elsewhere"
