@@ -22,7 +22,7 @@ from typing import Any, get_type_hints
 DTYPES = ("bfloat16", "float32")
 QUANTIZATIONS = ("auto", "int8", "int4", "none")
 KERNELS = ("auto", "native", "torch")  # kernels/select.py
-MATMUL_INPUTS = ("bfloat16", "int8")  # kernels/int4_cpu.py
+MATMUL_INPUTS = ("bfloat16", "int8")  # kernels/select.py
 SPEC_MODES = ("slice", "burst", "off")
 FAIRNESS_MODES = ("tenant", "request")
 # ``--drafter`` names; ``drafters/registry.py`` builds each (and asserts it covers these).
@@ -52,9 +52,9 @@ class ModelConfig:
     kernels: str = field(default="auto", metadata={
         "help": "auto: our C kernels where they build here, else torch's ops; native: ours or a start-up error; torch: torch's ops"})
     matmul_inputs: str = field(default="bfloat16", metadata={
-        "help": "what our int4 matmul multiplies the 4-bit weights with: bfloat16 (exact products on each group's grid) "
-                "or int8 (each group of 32 inputs rounded to 8 bits, as llama.cpp does: ~1.5x faster per row; "
-                "docs/design.md has its accuracy)"})
+        "help": "what our int4 and int8-group matmuls multiply the weights by: bfloat16 (exact products on each "
+                "group's grid) or int8 (each group of 32 inputs rounded to 8 bits, as llama.cpp does: faster at several "
+                "rows, further from float32; docs/design.md has both)"})
 
     def __post_init__(self) -> None:
         _choice("dtype", self.dtype, DTYPES)

@@ -4,6 +4,7 @@ decode step at batch 1/4/8/16, and the memory-bandwidth ceiling."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -46,6 +47,19 @@ def engine_decode_rate(llm: LLM, prompt_ids: list[int], new_tokens: int) -> floa
     job = Job("decode", list(prompt_ids), SamplingParams(max_tokens=new_tokens + 1, ignore_eos=True))
     timelines, _ = drive(llm.engine, [job])
     return timelines["decode"].decode_rate
+
+
+def engine_decode_arms(config: EngineConfig, inputs: dict[str, str], prompt: str, new_tokens: int
+                       ) -> dict[str, Callable[[], float]]:
+    """Per name, an engine of ``config`` (speculation off) with those ``--matmul-inputs``
+    (``inputs``: name -> bfloat16 or int8), warmed up, as an arm measuring
+    ``engine_decode_rate`` after ``prompt`` (a chat message): the engine-alone arms that
+    ``bench vs-llama-cpp`` and ``bench gguf`` alternate with llama-bench."""
+    engines = {name: LLM(config=config.replace(spec_mode="off", matmul_inputs=kind)) for name, kind in inputs.items()}
+    prompt_ids = next(iter(engines.values())).encode_prompt(prompt, chat=True)
+    for llm in engines.values():
+        llm.generate([prompt_ids], SamplingParams(max_tokens=8))  # warm-up
+    return {name: (lambda llm=llm: engine_decode_rate(llm, prompt_ids, new_tokens)) for name, llm in engines.items()}
 
 
 def ours_generate(llm: LLM, prompt_ids: list[int], new_tokens: int, **options: Any) -> tuple[float, list[int]]:

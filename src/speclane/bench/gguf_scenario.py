@@ -26,21 +26,19 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from speclane.bench.common import Table, alternate, median
-from speclane.bench.decode import PROMPT, engine_decode_rate
+from speclane.bench.decode import PROMPT, engine_decode_arms
 from speclane.bench.driver import progress
 from speclane.bench.http_streams import aggregate_rate, concurrent_streams
 from speclane.bench.llama_cpp import decode_rate, find_llama_cpp_tool, llama_server, requantize
 from speclane.bench.servers import ServerProcess, speclane_server
 from speclane.bench.weight_types import weight_types
 from speclane.config import EngineConfig
-from speclane.llm import LLM
 from speclane.models.loader import ModelLoadError, resolve_model
-from speclane.request import SamplingParams
 
 NEW_TOKENS = 128
 CACHE = Path.home() / ".cache" / "speclane" / "bench-gguf"
@@ -176,16 +174,10 @@ def _decode(config: EngineConfig, bench: Path | None, tokens: int, repeats: int)
     """Median tok/s of speclane's engine (matmul inputs bfloat16, then int8) and of
     llama-bench (None without it), alternating."""
     threads = config.model.num_threads or 2
-    engines = {name: LLM(config=config.replace(spec_mode="off", matmul_inputs=inputs))
-               for name, inputs in (("speclane", "bfloat16"), ("speclane int8", "int8"))}
-    prompt_ids = engines["speclane"].encode_prompt(PROMPT, chat=True)
-    arms: dict[str, Callable[[], float]] = {name: (lambda llm=llm: engine_decode_rate(llm, prompt_ids, tokens))
-                                            for name, llm in engines.items()}
+    arms = engine_decode_arms(config, {"speclane": "bfloat16", "speclane int8": "int8"}, PROMPT, tokens)
     if bench is not None:
         arms["llama.cpp"] = lambda: decode_rate(bench, Path(config.model.model), threads, tokens, repeats=1)
-    progress(f"gguf decode: {Path(config.model.model).name}")
-    for llm in engines.values():
-        llm.generate([prompt_ids], SamplingParams(max_tokens=8))  # warm-up; llama-bench warms itself up
+    progress(f"gguf decode: {Path(config.model.model).name}")  # llama-bench warms itself up
     runs = alternate(arms, repeats, warmup=False)
     return median(runs["speclane"]), median(runs["speclane int8"]), median(runs["llama.cpp"]) if "llama.cpp" in runs else None
 

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from speclane.bench.common import Table, alternate, median
-from speclane.bench.decode import PROMPT, engine_decode_rate
+from speclane.bench.decode import PROMPT, engine_decode_arms
 from speclane.bench.driver import progress
 from speclane.bench.gguf_scenario import STREAM_PROMPTS, load_note, ratio
 from speclane.bench.http_streams import StreamResult, aggregate_rate, concurrent_streams
@@ -43,9 +43,7 @@ from speclane.bench.http_streams import decode_rate as stream_decode_rate
 from speclane.bench.llama_cpp import decode_rate, find_llama_cpp_tool, llama_server
 from speclane.bench.servers import speclane_server
 from speclane.config import EngineConfig
-from speclane.llm import LLM
 from speclane.models.loader import resolve_model
-from speclane.request import SamplingParams
 
 NEW_TOKENS = 128
 STREAM_LEVELS = (8, 16)
@@ -109,18 +107,12 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
     load_before = os.getloadavg()[0]
 
     # The default engine, and the same with --matmul-inputs int8 (llama.cpp's arithmetic).
-    engines = {name: LLM(config=config.replace(spec_mode="off", matmul_inputs=inputs))
-               for name, inputs in (("speclane", "bfloat16"), (INT8_ENGINE, "int8"))}
-    prompt_ids = engines["speclane"].encode_prompt(PROMPT, chat=True)
-    for llm in engines.values():
-        llm.generate([prompt_ids], SamplingParams(max_tokens=8))  # warm-up
+    engine_arms = engine_decode_arms(config, {"speclane": "bfloat16", INT8_ENGINE: "int8"}, PROMPT, tokens)
 
     def bench_rate() -> float:
         assert tools["llama-bench"] is not None
         return decode_rate(tools["llama-bench"], gguf, threads, tokens, repeats=1)
 
-    engine_arms: dict[str, Callable[[], float]] = {name: (lambda llm=llm: engine_decode_rate(llm, prompt_ids, tokens))
-                                                   for name, llm in engines.items()}
     if tools["llama-bench"] is not None:
         engine_arms["llama.cpp"] = bench_rate
     progress("vs-llama-cpp: engine alone")

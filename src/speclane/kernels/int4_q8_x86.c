@@ -3,7 +3,7 @@
 // integer dot products with the weights' 4-bit q by vpmaddubsw, 32 multiply-adds an
 // instruction against vpmaddwd's 16 on the exact int16 path of int4_x86.c. That is how
 // llama.cpp computes its Q4 types on x86; the cost is the inputs' rounding to 8 bits, whose
-// effect on the model's predictions benchmarks/accuracy.py measures (docs/accuracy.md).
+// effect on the model's predictions benchmarks/accuracy.py measures (docs/design.md).
 //
 // The weights: int4_x86.c's values and scales (q4.h), their 4-bit q in a layout of their own
 // (unpack_quad); a weight is w = q * scale + minimum per group of 32 input columns, so a
@@ -23,14 +23,13 @@
 // and a group's 8 quads add up in int16 without overflow (8 * 3810 < 2^15); one vpmaddwd by
 // ones then makes each column's int32 sum.
 #include <immintrin.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bf16.h"
-#include "q4.h"  // scratch_for, input_buffer_for
-#include "q8_inputs.h"
+#include "q4.h"  // Q4_GROUP
+#include "q8_inputs.h"  // quantize_call
 #include "op.h"
 
 #define LANES 16          // output columns per packed tile
@@ -68,11 +67,10 @@ INLINE void store_row(const __m256 *acc, uint16_t *y) {
     store_bf16(y + 8, acc[1]);
 }
 
-// R rows over TT tiles (TT > 1 only for R == 1). ``unpacked``: where the tile's quads are
-// already unpacked (a call of many rows unpacks each tile once: unpack_tile), else NULL and
-// they are unpacked from the packed weights here.
-INLINE void rows_over_tiles(const int R, const int TT, const q4_weight *w, const q8_input *in, int tile0,
-                            const __m256i *unpacked, uint16_t *y) {
+// R rows over TT tiles (TT > 1 only for R == 1), each quad unpacked from the packed weights
+// as it is used (a mask and a shift; unpacking a tile once into a buffer for many rows made
+// 8 rows 1.4x slower and 16 to 96 rows no faster, measured on Zen 3).
+INLINE void rows_over_tiles(const int R, const int TT, const q4_weight *w, const q8_input *in, int tile0, uint16_t *y) {
     const int K = w->k, N = w->n;
     __m256 acc[TILES][ROWS][2];
     UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) acc[t][r][0] = acc[t][r][1] = _mm256_setzero_ps();
@@ -83,12 +81,7 @@ INLINE void rows_over_tiles(const int R, const int TT, const q4_weight *w, const
         for (int k = g * QUADS; k < (g + 1) * QUADS; k++) {
             UNROLL for (int t = 0; t < TT; t++) {
                 __m256i a, b;
-                if (unpacked) {
-                    a = _mm256_load_si256(unpacked + 2 * k);
-                    b = _mm256_load_si256(unpacked + 2 * k + 1);
-                } else {
-                    unpack_quad(w->packed + ((size_t)(tile0 + t) * (K / 4) + k) * 32, &a, &b);
-                }
+                unpack_quad(w->packed + ((size_t)(tile0 + t) * (K / 4) + k) * 32, &a, &b);
                 UNROLL for (int r = 0; r < R; r++) {
                     int32_t quad;
                     memcpy(&quad, in->q + (size_t)r * in->ld + 4 * k, sizeof quad);
@@ -114,20 +107,16 @@ INLINE void rows_over_tiles(const int R, const int TT, const q4_weight *w, const
     UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) store_row(acc[t][r], y + (size_t)r * N + (tile0 + t) * LANES);
 }
 
-static void unpack_tile(const q4_weight *w, int tile, __m256i *out) {
-    for (int k = 0; k < w->k / 4; k++) unpack_quad(w->packed + ((size_t)tile * (w->k / 4) + k) * 32, out + 2 * k, out + 2 * k + 1);
-}
-
 // One tile's outputs for every row, ROWS at a time.
-static void tile_rows(const q4_weight *w, const q8_input *in, int M, int tile, const __m256i *unpacked, uint16_t *y) {
+static void tile_rows(const q4_weight *w, const q8_input *in, int M, int tile, uint16_t *y) {
     for (int r0 = 0; r0 < M; r0 += ROWS) {
         const q8_input rows = q8_rows_from(in, r0);
         uint16_t *out = y + (size_t)r0 * w->n;
         switch (M - r0 < ROWS ? M - r0 : ROWS) {
-#define CASE(r) case r: rows_over_tiles(r, 1, w, &rows, tile, unpacked, out); break;
+#define CASE(r) case r: rows_over_tiles(r, 1, w, &rows, tile, out); break;
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5)
 #undef CASE
-        default: rows_over_tiles(ROWS, 1, w, &rows, tile, unpacked, out); break;
+        default: rows_over_tiles(ROWS, 1, w, &rows, tile, out); break;
         }
     }
 }
@@ -140,41 +129,20 @@ static void matmul_rows(const q8_input *in, const q4_weight *w, uint16_t *y, int
         // outputs are one thread's, so the split never changes a bit.
         #pragma omp parallel for schedule(dynamic, 1)
         for (int t = 0; t < tiles; t += TILES) {
-            if (t + TILES <= tiles) rows_over_tiles(1, TILES, w, in, t, NULL, y);
-            else rows_over_tiles(1, 1, w, in, t, NULL, y);
+            if (t + TILES <= tiles) rows_over_tiles(1, TILES, w, in, t, y);
+            else rows_over_tiles(1, 1, w, in, t, y);
         }
         return;
     }
-    if (M <= ROWS) {
-        #pragma omp parallel for schedule(dynamic, 1)
-        for (int t = 0; t < tiles; t++) tile_rows(w, in, M, t, NULL, y);
-        return;
-    }
-    // More rows than a register block: each tile's quads unpacked once into a buffer of the
-    // thread's (K / 4 quads x 64 bytes: 24 KB at K = 1536, in L1 or L2), read by every block.
-    #pragma omp parallel
-    {
-        __m256i *unpacked = (__m256i *)scratch_for(1, (size_t)w->k * 4);  // K/4 quads x 2 vectors x 8 floats
-        #pragma omp for schedule(dynamic, 1)
-        for (int t = 0; t < tiles; t++) {
-            unpack_tile(w, t, unpacked);
-            tile_rows(w, in, M, t, unpacked, y);
-        }
-    }
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (int t = 0; t < tiles; t++) tile_rows(w, in, M, t, y);
 }
 
 // y = x @ W^T. x: [M][K] bfloat16, y: [M][N] bfloat16; the weight packed by int4_cpu.pack(..., quads=True).
 // The caller checks N % 16 == 0 and K % 32 == 0 and passes contiguous tensors.
 void int4_matmul(const uint16_t *x, const uint8_t *packed, const uint16_t *scale, const uint16_t *minimum,
                  uint16_t *y, int M, int N, int K) {
-    const int groups = K / GROUP;
-    const size_t step_floats = ((size_t)M * groups + 15) / 16 * 16;
-    // The calling thread's scratch: the int8 inputs, then the steps and step sums.
-    float *scratch = input_buffer_for(((size_t)M * K / 4 + 15) / 16 * 16 + 2 * step_floats);
-    int8_t *q = (int8_t *)scratch;
-    float *step = scratch + ((size_t)M * K / 4 + 15) / 16 * 16, *step_sum = step + step_floats;
-    quantize_inputs(x, q, step, step_sum, M, K, GROUP);
-    const q8_input in = {q, step, step_sum, K, groups, groups};
+    const q8_input in = quantize_call(x, M, K, GROUP);
     const q4_weight w = {packed, scale, minimum, N, K};
     matmul_rows(&in, &w, y, M);
 }

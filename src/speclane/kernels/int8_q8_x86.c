@@ -21,8 +21,7 @@
 #include <string.h>
 
 #include "bf16.h"
-#include "q4.h"  // scratch_for, input_buffer_for
-#include "q8_inputs.h"
+#include "q8_inputs.h"  // quantize_call
 #include "int8_entry.h"  // int8_rows_of, INT8_ENTRY_POINTS
 #include "op.h"
 
@@ -112,13 +111,7 @@ typedef void (*one_row_fn)(const q8_weight *, const q8_input *, int, uint16_t *)
 
 static void matmul(tile_fn tile_rows, one_row_fn one_row, const uint16_t *x, const int8_t *q, const void *scale,
                    const void *minimum, uint16_t *y, int M, int N, int K, int G) {
-    // The calling thread's scratch: the int8 inputs, then the steps and the groups' step sums.
-    const size_t q_floats = ((size_t)M * K / 4 + 15) / 16 * 16, step_floats = ((size_t)M * (K / Q8_GROUP) + 15) / 16 * 16;
-    float *scratch = input_buffer_for(q_floats + step_floats + (size_t)M * (K / G));
-    int8_t *qx = (int8_t *)scratch;
-    float *step = scratch + q_floats, *step_sum = step + step_floats;
-    quantize_inputs(x, qx, step, step_sum, M, K, G);
-    const q8_input in = {qx, step, step_sum, K, K / Q8_GROUP, K / G};
+    const q8_input in = quantize_call(x, M, K, G);
     const q8_weight w = {q, scale, minimum, N, K, G};
     const int tiles = N / LANES;
     // schedule(dynamic): a thread slowed by another process takes fewer tiles; a tile's

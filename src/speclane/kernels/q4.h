@@ -74,23 +74,20 @@ static void prepare_inputs(const uint16_t *x, uint16_t *rounded, float *sums, in
 // A call's scratch (the inputs' group sums, and what else a kernel keeps per row) lives in
 // a buffer of the calling thread's that grows to the largest call and is kept: a prefill's
 // calls would otherwise each map and fault in a fresh ~0.5 MB, and a one-row call would pay
-// an allocation that is a good part of its own cost. A thread has SCRATCH_SLOTS such
-// buffers (slot 0: a call's inputs; slot 1: what a worker thread keeps while it runs its
-// share, so the calling thread's own share never reallocates its inputs), freed when the
+// an allocation that is a good part of its own cost. A thread's buffer is freed when the
 // thread exits (a thread-specific key's destructor).
-#define SCRATCH_SLOTS 2
 typedef struct {
-    float *data[SCRATCH_SLOTS];
-    size_t floats[SCRATCH_SLOTS];
-} thread_scratch;
+    float *data;
+    size_t floats;
+} input_buffer;
 
 static pthread_key_t buffer_key;
 static pthread_once_t buffer_key_once = PTHREAD_ONCE_INIT;
 
 static void free_buffer(void *p) {
-    thread_scratch *scratch = p;
-    for (int slot = 0; slot < SCRATCH_SLOTS; slot++) free(scratch->data[slot]);
-    free(scratch);
+    input_buffer *buffer = p;
+    free(buffer->data);
+    free(buffer);
 }
 
 static void create_buffer_key(void) {
@@ -99,21 +96,19 @@ static void create_buffer_key(void) {
 
 // Out of memory for a few MB aborts: the process could not go on anyway, and this call
 // has no way to report it.
-static float *scratch_for(int slot, size_t floats) {
+static float *input_buffer_for(size_t floats) {
     pthread_once(&buffer_key_once, create_buffer_key);
-    thread_scratch *scratch = pthread_getspecific(buffer_key);
-    if (!scratch) {
-        if (!(scratch = calloc(1, sizeof *scratch)) || pthread_setspecific(buffer_key, scratch)) abort();
+    input_buffer *buffer = pthread_getspecific(buffer_key);
+    if (!buffer) {
+        if (!(buffer = calloc(1, sizeof *buffer)) || pthread_setspecific(buffer_key, buffer)) abort();
     }
-    if (floats > scratch->floats[slot]) {
-        free(scratch->data[slot]);
-        scratch->floats[slot] = (floats + 15) / 16 * 16;
-        if (!(scratch->data[slot] = aligned_alloc(64, scratch->floats[slot] * sizeof(float)))) abort();
+    if (floats > buffer->floats) {
+        free(buffer->data);
+        buffer->floats = (floats + 15) / 16 * 16;
+        if (!(buffer->data = aligned_alloc(64, buffer->floats * sizeof(float)))) abort();
     }
-    return scratch->data[slot];
+    return buffer->data;
 }
-
-static float *input_buffer_for(size_t floats) { return scratch_for(0, floats); }
 
 #ifdef __AVX512BF16__
 // 0..15 as bfloat16 (exact), twice: vpermw reads an index's low 5 bits (see unpack_pair).

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "q4.h"  // input_buffer_for
 
 #define Q8_GROUP 32  // inputs per step
 
@@ -55,6 +56,18 @@ static void quantize_inputs(const uint16_t *x, int8_t *q, float *step, float *st
                 step_sum[(size_t)r * sums + (size_t)g * (Q8_GROUP / G) + s] = d * (float)total;
             }
         }
+}
+
+// A call's int8 inputs in the calling thread's scratch (input_buffer_for): x [M][K] quantized,
+// the steps, and the step sums over the weight's groups of G.
+static q8_input quantize_call(const uint16_t *x, int M, int K, int G) {
+    const size_t q_floats = ((size_t)M * K / 4 + 15) / 16 * 16, step_floats = ((size_t)M * (K / Q8_GROUP) + 15) / 16 * 16;
+    float *scratch = input_buffer_for(q_floats + step_floats + (size_t)M * (K / G));
+    int8_t *q = (int8_t *)scratch;
+    float *step = scratch + q_floats, *step_sum = step + step_floats;
+    quantize_inputs(x, q, step, step_sum, M, K, G);
+    const q8_input in = {q, step, step_sum, K, K / Q8_GROUP, K / G};
+    return in;
 }
 
 #endif
