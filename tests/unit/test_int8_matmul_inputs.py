@@ -112,7 +112,7 @@ def test_the_choice_is_the_models_and_rejects_what_cannot_run():
     assert INT8.int8 is not None and INT8.int8.library is not EXACT.int8.library
     assert Int4Weight(*random_int4_weight(32, 64)[:3], INT8).library is INT8.int4_library
     assert any(part.startswith("int4=avx2/int8:") for part in INT8.fingerprint(True))  # calibrations are not shared
-    with pytest.raises(int4_cpu.KernelUnavailable, match="--matmul-inputs int8 runs on our int4 kernel"):
+    with pytest.raises(int4_cpu.KernelUnavailable, match="--matmul-inputs int8 runs on our int4 and int8-group kernels"):
         Kernels.load("torch", matmul_inputs="int8")
     with pytest.raises(int4_cpu.KernelUnavailable, match="tiles: .* on int8 inputs"):
         Kernels.load("native", tiles=True, matmul_inputs="int8")

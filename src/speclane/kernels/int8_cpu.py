@@ -74,9 +74,11 @@ def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None, qua
     params = [t.float() for t in (scale, minimum) if t is not None]
     exact_in_half = all(torch.equal(t.half().float(), t) for t in params)
     dtype = torch.float16 if exact_in_half else torch.float32
-    packed = q.to(torch.int8).reshape(n // LANES, LANES, k // 4, 4).permute(0, 2, 1, 3).reshape(n // LANES, k // 4, 4 * LANES)
-    return (packed.contiguous() if quads else per_tile(q, torch.int8), per_tile(scale, dtype),
-            None if minimum is None else per_tile(minimum, dtype))
+    if quads:  # [tile, quad, column, input of 4]
+        packed = q.to(torch.int8).reshape(n // LANES, LANES, k // 4, 4).permute(0, 2, 1, 3).reshape(n // LANES, k // 4, 4 * LANES)
+    else:
+        packed = per_tile(q, torch.int8)
+    return packed.contiguous(), per_tile(scale, dtype), None if minimum is None else per_tile(minimum, dtype)
 
 
 def dequantize_rows(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None, rows: torch.Tensor,

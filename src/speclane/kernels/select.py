@@ -91,7 +91,7 @@ class Kernels:
         int8_inputs = matmul_inputs == "int8"
         if choice == "torch":
             if int8_inputs:
-                raise KernelUnavailable("--matmul-inputs int8 runs on our int4 kernel; --kernels torch has none")
+                raise KernelUnavailable("--matmul-inputs int8 runs on our int4 and int8-group kernels; --kernels torch has none")
             log.info("kernels: torch's ops throughout (--kernels torch)")
             return cls()
         unavailable: list[str] = []
