@@ -14,8 +14,8 @@ reference of the same file:
 speclane's arms run its model forward directly (``build_model`` + ``RaggedBatch``, the
 logits ``LlamaModel.logits`` serves): its reference is ``--dtype float32`` (quantization
 none: every weight dequantized to float32, the only float32 configuration speclane has),
-its other arms ``--dtype bfloat16`` with each ``--arms`` pair of ``--quantization`` and
-``--kernels``. transformers' column is its own bfloat16 on the same file (its GGUF reader
+its other arms ``--dtype bfloat16`` with each ``--arms`` choice of ``--quantization``,
+``--kernels``, ``--matmul-inputs`` and ``--head-inputs``. transformers' column is its own bfloat16 on the same file (its GGUF reader
 dequantizes every weight) against its float32 on that file; the column "float32:
 speclane vs transformers" checks that the two references agree. The last column: how
 many top-1 points the first speclane arm is from transformers' bfloat16 on the same file.
@@ -194,9 +194,10 @@ class Row:
 
 @dataclass(frozen=True)
 class Settings:
-    """What ``measure`` runs: the bfloat16 arms as (--quantization, --kernels, --matmul-inputs)."""
+    """What ``measure`` runs: the bfloat16 arms as (--quantization, --kernels, --matmul-inputs,
+    --head-inputs)."""
 
-    arms: tuple[tuple[str, str, str], ...] = (("auto", "auto", "bfloat16"),)
+    arms: tuple[tuple[str, str, str, str], ...] = (("auto", "auto", "bfloat16", "auto"),)
     transformers: bool = True
     max_prompt_tokens: int = 128
     batch_tokens: int = 1024  # tokens per forward, fewer for a large vocabulary (BATCH_LOGITS)
@@ -253,19 +254,24 @@ def _arms(weights: WeightSet, path: Path, settings: Settings, max_prompts: int
           ) -> tuple[dict[str, Logits], list[Comparison]]:
     """The arms by name (speclane's float32 reference ``speclane-f32``, its bfloat16 arms,
     transformers' two) and the comparisons of the table."""
-    def speclane(dtype: str, quantization: str, kernels: str = "auto", inputs: str = "bfloat16") -> tuple[LlamaModel, Logits]:
-        model = build_model(weights, ModelConfig(dtype=dtype, quantization=quantization, kernels=kernels, matmul_inputs=inputs))
+    def speclane(dtype: str, quantization: str, kernels: str = "auto", inputs: str = "bfloat16", head: str = "auto"
+                 ) -> tuple[LlamaModel, Logits]:
+        model = build_model(weights, ModelConfig(dtype=dtype, quantization=quantization, kernels=kernels,
+                                                 matmul_inputs=inputs, head_inputs=head))
         return model, speclane_logits(model, max_prompts, settings.max_prompt_tokens)
 
     arms: dict[str, Logits] = {"speclane-f32": speclane("float32", "none")[1]}
     comparisons = []
-    runs: dict[tuple[str, str, str], str] = {}  # (effective quantization, kernels, inputs) -> its arm
-    for quantization, kernels, inputs in settings.arms:
-        model, logits = speclane("bfloat16", quantization, kernels, inputs)
-        name = runs.setdefault((model.quantization, kernels, inputs), f"speclane-{quantization}-{kernels}-{inputs}")
+    # (effective quantization, kernels, inputs, the head's effective inputs) -> its arm
+    runs: dict[tuple[str, str, str, str], str] = {}
+    for quantization, kernels, inputs, head in settings.arms:
+        model, logits = speclane("bfloat16", quantization, kernels, inputs, head)
+        name = runs.setdefault((model.quantization, kernels, inputs, model.kernels.head_inputs),
+                               f"speclane-{quantization}-{kernels}-{inputs}-{head}")
         arms.setdefault(name, logits)  # --quantization none where auto runs dense: the same model, run once
         label = (f"speclane bfloat16 {quantization}" + ("" if kernels == "auto" else f", kernels {kernels}")
-                 + ("" if inputs == "bfloat16" else f", {inputs} matmul inputs"))
+                 + ("" if inputs == "bfloat16" else f", {inputs} matmul inputs")
+                 + ("" if head == "auto" else f", head inputs {head}"))
         comparisons.append(Comparison(label, model.quantization, name, "speclane-f32"))
     if settings.transformers:
         arms["transformers-f32"] = transformers_logits(path, torch.float32)
@@ -313,14 +319,15 @@ def make_files(directory: Path, source: Path, binary: Path | None) -> list[Path]
                        for suffix, kind, pure in MAKE_TYPES]
 
 
-def arm_of(spec: str) -> tuple[str, str, str]:
-    """``QUANTIZATION[:KERNELS[:INPUTS]]`` -> (quantization, kernels, matmul inputs)."""
+def arm_of(spec: str) -> tuple[str, str, str, str]:
+    """``QUANTIZATION[:KERNELS[:INPUTS[:HEAD]]]`` -> (quantization, kernels, matmul inputs, head inputs)."""
     parts = spec.split(":")
-    if len(parts) > 3:
-        raise SystemExit(f"--arms: {spec!r} is not QUANTIZATION[:KERNELS[:INPUTS]]")
-    defaults = ("auto", "auto", "bfloat16")
-    quantization, kernels, inputs = (value or default for value, default in zip([*parts, *defaults[len(parts):]], defaults, strict=True))
-    return quantization, kernels, inputs
+    if len(parts) > 4:
+        raise SystemExit(f"--arms: {spec!r} is not QUANTIZATION[:KERNELS[:INPUTS[:HEAD]]]")
+    defaults = ("auto", "auto", "bfloat16", "auto")
+    quantization, kernels, inputs, head = (value or default for value, default
+                                           in zip([*parts, *defaults[len(parts):]], defaults, strict=True))
+    return quantization, kernels, inputs, head
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -333,8 +340,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, default=0, help="the first N prompts only (0: all)")
     parser.add_argument("--max-prompt-tokens", type=int, default=128)
     parser.add_argument("--batch-tokens", type=int, default=1024, help="tokens per forward (fewer for a large vocabulary)")
-    parser.add_argument("--arms", default="auto", help="the bfloat16 arms, comma-separated: QUANTIZATION[:KERNELS[:INPUTS]] "
-                        "(speclane's --quantization, --kernels and --matmul-inputs; auto and bfloat16 where not given)")
+    parser.add_argument("--arms", default="auto", help="the bfloat16 arms, comma-separated: "
+                        "QUANTIZATION[:KERNELS[:INPUTS[:HEAD]]] (speclane's --quantization, --kernels, --matmul-inputs "
+                        "and --head-inputs; auto, auto, bfloat16 and auto where not given)")
     parser.add_argument("--no-transformers", dest="transformers", action="store_false",
                         help="skip transformers' arms (and the check of the two references)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")

@@ -23,6 +23,7 @@ DTYPES = ("bfloat16", "float32")
 QUANTIZATIONS = ("auto", "int8", "int4", "none")
 KERNELS = ("auto", "native", "torch")  # kernels/select.py
 MATMUL_INPUTS = ("bfloat16", "int8")  # kernels/select.py
+HEAD_INPUTS = ("auto", *MATMUL_INPUTS)  # kernels/select.py
 SPEC_MODES = ("slice", "burst", "off")
 FAIRNESS_MODES = ("tenant", "request")
 # ``--drafter`` names; ``drafters/registry.py`` builds each (and asserts it covers these).
@@ -55,10 +56,16 @@ class ModelConfig:
         "help": "what our int4 and int8-group matmuls multiply the weights by: bfloat16 (exact products on each "
                 "group's grid) or int8 (each group of 32 inputs rounded to 8 bits, as llama.cpp does: faster at several "
                 "rows, further from float32; docs/design.md has both)"})
+    head_inputs: str = field(default="auto", metadata={
+        "help": "what the output head's coarse pass on our int4 and int8-group kernels multiplies its weights by "
+                "(each row's top 32 logits are recomputed in float32 either way): int8 (faster at several rows), "
+                "bfloat16, or auto: int8 where the int8-input kernels run and the CPU has no AVX512_BF16 (always "
+                "int8 under --matmul-inputs int8)"})
 
     def __post_init__(self) -> None:
         _choice("dtype", self.dtype, DTYPES)
         _choice("matmul_inputs", self.matmul_inputs, MATMUL_INPUTS)
+        _choice("head_inputs", self.head_inputs, HEAD_INPUTS)
         _choice("quantization", self.quantization, QUANTIZATIONS)
         _choice("kernels", self.kernels, KERNELS)
         _at_least("max_model_len", self.max_model_len, 16)

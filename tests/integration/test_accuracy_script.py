@@ -33,7 +33,8 @@ def test_the_script_measures_each_arm_against_its_float32_reference(tmp_path, mo
     path = _write_gguf(tmp_path / "tiny.gguf", "llama", hf, {"rope.freq_base": 10000.0})
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (20, 33, 41, 25)]
-    settings = accuracy.Settings(arms=(("auto", "auto", "bfloat16"), ("auto", "torch", "bfloat16")), max_prompt_tokens=64, batch_tokens=64)
+    settings = accuracy.Settings(arms=(("auto", "auto", "bfloat16", "auto"), ("auto", "torch", "bfloat16", "auto")),
+                                 max_prompt_tokens=64, batch_tokens=64)
     rows = {r.arm: r for r in accuracy.measure(read_weights(str(path)), path, prompts, settings)}
     assert len(rows) == 4 and all(r.positions == 119 and r.weights == "F32 x14" for r in rows.values())
     same = rows["float32: speclane vs transformers"]

@@ -71,8 +71,8 @@ def build_model(weights: WeightSet, config: ModelConfig, kernels: Kernels | None
         # Picked once, here: a kernel that cannot run under --kernels native is a start-up
         # error, not a failure at the first forward in the engine thread. A float32 model
         # without quantization runs none of ours (they are bfloat16 kernels).
-        kernels = (Kernels.load(config.kernels, matmul_inputs=config.matmul_inputs) if mode != "none" or dtype == torch.bfloat16
-                   else Kernels())
+        kernels = (Kernels.load(config.kernels, matmul_inputs=config.matmul_inputs, head_inputs=config.head_inputs)
+                   if mode != "none" or dtype == torch.bfloat16 else Kernels())
 
     def take(name: str) -> torch.Tensor:
         try:
@@ -85,11 +85,11 @@ def build_model(weights: WeightSet, config: ModelConfig, kernels: Kernels | None
     # layer quantized.
     own_floats = dtype == torch.bfloat16 and config.quantization in ("auto", "none")
 
-    def own_values(names: list[str]) -> NativeWeight | None:
+    def own_values(names: list[str], kernels: Kernels = kernels) -> NativeWeight | None:
         """The layer on the source's own values: runs of consecutive parts of one kind fused
         into one weight (the default model's q/k/v: one int4 weight), or None where a part
         has no own values to run here (dense, or blocks outside int4 mode) or no kernel of
-        ours runs it."""
+        ours (of ``kernels``) runs it."""
         runs: list[tuple[str, list[QuantizedTensor | FloatTensor]]] = []
         for name in names:
             part: QuantizedTensor | FloatTensor
@@ -174,7 +174,7 @@ def build_model(weights: WeightSet, config: ModelConfig, kernels: Kernels | None
 
 
 def _embedding_and_head(weights: WeightSet, mode: str, dtype: torch.dtype, kernels: Kernels,
-                        own_values: Callable[[list[str]], NativeWeight | None],
+                        own_values: Callable[[list[str], Kernels], NativeWeight | None],
                         take: Callable[[str], torch.Tensor]) -> tuple[Linear, Linear]:
     """The token embedding and the output head, each a ``Linear`` whose rows the model
     reads (``Linear.rows``: embedding lookups, the head's exact refinement).
@@ -185,15 +185,18 @@ def _embedding_and_head(weights: WeightSet, mode: str, dtype: torch.dtype, kerne
     Otherwise dense: the embedding in ``dtype``; under ``--quantization int4`` / ``int8``
     the head quantized from its float32 weights (int4 groups, or int8 per channel),
     keeping that float32 copy for the refinement; else the head dense in ``dtype``.
+    A head on our int4 or int8-group kernel runs on ``kernels.for_head`` (``--head-inputs``),
+    and so does the embedding it is tied to (its lookups read either layout).
     """
     cfg = weights.config
     embed_name, head_name = "model.embed_tokens.weight", "lm_head.weight"
     tied = cfg.tie_word_embeddings or head_name not in weights
-    blocks = own_values([embed_name])
+    head_kernels = kernels.for_head
+    blocks = own_values([embed_name], head_kernels if tied else kernels)
     embed = Linear(None, blocks) if blocks is not None else Linear(take(embed_name).to(dtype).contiguous())
     if tied and blocks is not None:
         return embed, embed
-    head_blocks = None if tied else own_values([head_name])
+    head_blocks = None if tied else own_values([head_name], head_kernels)
     if head_blocks is not None:
         return embed, Linear(None, head_blocks)
     head = take(embed_name if tied else head_name)
@@ -204,7 +207,7 @@ def _embedding_and_head(weights: WeightSet, mode: str, dtype: torch.dtype, kerne
     # float32 and runs ~1.8x faster than int8 here at one row (the default model's head is
     # 28M of its 135M weights); the float32 refinement keeps greedy choices exact.
     log.info("output head: quantized to %s from its float weights (a float32 copy refines its top logits)", mode)
-    coarse = Int4Weight(*quantize_int4_groups(head), kernels) if mode == "int4" else Int8Weight(head)
+    coarse = Int4Weight(*quantize_int4_groups(head), head_kernels) if mode == "int4" else Int8Weight(head)
     return embed, Linear(head.float().contiguous(), coarse)
 
 
