@@ -233,8 +233,9 @@ class Kernels:
         int8_inputs = self.matmul_inputs == "int8"
         int4_digest = int4_cpu.int8_inputs_source_digest() if int8_inputs else int4_cpu.source_digest()
         int8_digest = int8_cpu.int8_inputs_source_digest() if int8_inputs else int8_cpu.source_digest()
-        head = [] if self.head is None else [f"head={self.head.int8_name}/int8:{int8_cpu.int8_inputs_source_digest()}/"
-                                              f"{int4_cpu.int8_inputs_source_digest()}"]
+        # the head's own matmul kernels, where they are not the layers'
+        head = [] if self.head is None else [f"head={part}" for part in self.head.fingerprint(bfloat16)
+                                              if part.startswith(("int4=", "int8="))]
         return [*head, f"int4={self.int4_name}/{self.matmul_inputs}:{int4_digest}",
                 f"int8={self.int8_name}/{self.matmul_inputs}:{int8_digest}",
                 f"tiles={self.tile_name}:{int4_cpu.tile_source_digest()}",
