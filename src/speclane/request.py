@@ -7,7 +7,6 @@ token counts (docs/design.md, "One tick").
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import math
 from collections.abc import Sequence
@@ -125,7 +124,9 @@ class SpecStats:
     wait_ms: float = 0.0
 
     def as_dict(self) -> dict[str, float | int]:
-        return {**dataclasses.asdict(self), "wait_ms": round(self.wait_ms, 3)}
+        # Every output of every tick carries this: a shallow copy of the flat fields, not
+        # dataclasses.asdict's recursive deep copy (~10x the time).
+        return {**vars(self), "wait_ms": round(self.wait_ms, 3)}
 
 
 @dataclass

@@ -36,8 +36,11 @@ def _is_busy_loop(pid: str) -> bool:
 def test_speculation_table_gives_median_and_range_of_paired_ratios():
     spec = {8: {"off": [100.0, 200.0, 100.0], "auto": [120.0, 200.0, 100.0], "ngram": [110.0, 180.0, 130.0],
                 "mtp": [100.0, 200.0, 100.0]}}
-    table = vs._spec_table(spec, tokens=64, runs=3)
-    assert table.rows == [[8, 100.0, "1.00x (1.00-1.20)", "1.10x (0.90-1.30)", "1.00x (1.00-1.00)"]]
+    alone = {16: {"off": [50.0, 60.0, 40.0], "auto": [50.0, 66.0, 36.0], "ngram": [55.0, 60.0, 40.0],
+                  "mtp": [45.0, 60.0, 44.0]}}
+    table = vs._spec_table(spec, alone, tokens=64, runs=3)
+    assert table.rows == [[8, "HTTP, openai client", 100.0, "1.00x (1.00-1.20)", "1.10x (0.90-1.30)", "1.00x (1.00-1.00)"],
+                          [16, "engines alone", 50.0, "1.00x (0.90-1.10)", "1.00x (1.00-1.10)", "1.00x (0.90-1.10)"]]
 
 
 def test_noisy_table_reports_the_kept_fraction():

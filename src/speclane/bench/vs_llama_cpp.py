@@ -13,7 +13,9 @@ the default GGUF file, the same threads and the same client.
 - **Speculation under load.** 8 and 16 streams with speculation off, the default drafter
   (``auto``; the default server, ``speculative`` per request), the n-gram drafter and the
   MTP drafter (servers with ``--drafter ngram`` / ``--drafter mtp``): each drafter's
-  aggregate over off, median and range of the runs.
+  aggregate over off, median and range of the runs; then the same streams through engines
+  in this process (``speclane.LLM``, no HTTP and no client on the cores): the lane's
+  decisions alone, without the clients' share of the noise.
 - **A noisy neighbour.** Single-stream decode with one busy process beside it (a Python
   loop, one core's worth), as a fraction of the quiet rate measured just before, for
   speclane's engine and for ``llama-bench``.
@@ -36,14 +38,16 @@ from typing import Any
 
 from speclane.bench.common import Table, alternate, median
 from speclane.bench.decode import PROMPT, engine_decode_arms
-from speclane.bench.driver import progress
+from speclane.bench.driver import Job, drive, progress
 from speclane.bench.gguf_scenario import STREAM_PROMPTS, load_note, ratio
 from speclane.bench.http_streams import StreamResult, aggregate_rate, concurrent_streams
 from speclane.bench.http_streams import decode_rate as stream_decode_rate
 from speclane.bench.llama_cpp import decode_rate, find_llama_cpp_tool, llama_server
 from speclane.bench.servers import speclane_server
 from speclane.config import EngineConfig
+from speclane.llm import LLM
 from speclane.models.loader import resolve_model
+from speclane.request import SamplingParams
 
 NEW_TOKENS = 128
 STREAM_LEVELS = (8, 16)
@@ -153,9 +157,13 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
                               "ngram": StreamArm(ngram, model, n, tokens), "mtp": StreamArm(mtp, model, n, tokens)},
                              spec_runs, warmup=False)
                 for n in STREAM_LEVELS}
+    progress("vs-llama-cpp: speculation under load, engines alone")
+    spec_engines = _engine_spec_arms(config, tokens)
+    spec_alone = {n: alternate({name: lambda arm=arm, n=n: arm(n) for name, arm in spec_engines.items()}, spec_runs)
+                  for n in STREAM_LEVELS}
     load = load_note(load_before, os.getloadavg()[0], len(os.sched_getaffinity(0)), threads)
     tables = [_single_table(engine, single, single_arms, tokens, threads, repeats), _streams_table(loads, rates, tokens, repeats),
-              _spec_table(spec, tokens, spec_runs), _noisy_table(noisy, tokens, repeats)]
+              _spec_table(spec, spec_alone, tokens, spec_runs), _noisy_table(noisy, tokens, repeats)]
     for table in tables:
         if tools["llama-server"] is None or tools["llama-bench"] is None:
             table.notes.append("llama.cpp's llama-bench or llama-server was not found (PATH or "
@@ -223,18 +231,43 @@ def _streams_table(arms: dict[int, dict[str, StreamArm]], rates: dict[int, dict[
     return table
 
 
-def _spec_table(spec: dict[int, dict[str, list[float]]], tokens: int, runs: int) -> Table:
+def _engine_spec_arms(config: EngineConfig, tokens: int) -> dict[str, Callable[[int], float]]:
+    """Per drafter (and off), an engine in this process, warmed up, as an arm: the aggregate
+    tok/s of n concurrent greedy requests of ``prompts(n)`` (chat, up to ``tokens`` each)."""
+    engines = {"off": LLM(config=config.replace(spec_mode="off")), "auto": LLM(config=config),
+               "ngram": LLM(config=config.replace(drafter="ngram")), "mtp": LLM(config=config.replace(drafter="mtp"))}
+    encoded = [next(iter(engines.values())).encode_prompt(p, chat=True) for p in prompts(max(STREAM_LEVELS))]
+    runs = [0]
+
+    def arm(llm: LLM) -> Callable[[int], float]:
+        def run(n: int) -> float:
+            runs[0] += 1
+            jobs = [Job(f"load-{runs[0]}-{i}", ids, SamplingParams(max_tokens=tokens)) for i, ids in enumerate(encoded[:n])]
+            timelines, wall = drive(llm.engine, jobs)
+            return sum(len(t.token_times) for t in timelines.values()) / wall
+        return run
+
+    return {name: arm(llm) for name, llm in engines.items()}
+
+
+def _spec_table(spec: dict[int, dict[str, list[float]]], alone: dict[int, dict[str, list[float]]], tokens: int,
+                runs: int) -> Table:
     table = Table("Speculation under load: aggregate tok/s with each drafter over speculation off",
-                  ["streams", "off tok/s", "auto (default) / off (median, range)", "ngram / off (median, range)",
+                  ["streams", "path", "off tok/s", "auto (default) / off (median, range)", "ngram / off (median, range)",
                    "mtp / off (median, range)"])
-    for n, arms in spec.items():
-        row: list[Any] = [n, median(arms["off"])]
-        for drafter in ("auto", "ngram", "mtp"):
-            ratios = [a / b for a, b in zip(arms[drafter], arms["off"], strict=True)]
-            row.append(f"{median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
-        table.add(*row)
+    for path, measured in (("HTTP, openai client", spec), ("engines alone", alone)):
+        for n, arms in measured.items():
+            row: list[Any] = [n, path, median(arms["off"])]
+            for drafter in ("auto", "ngram", "mtp"):
+                ratios = [a / b for a, b in zip(arms[drafter], arms["off"], strict=True)]
+                row.append(f"{median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
+            table.add(*row)
     table.notes.append(f"{runs} alternated runs per arm, each run's ratio against the off run beside it; {tokens} max "
                        "tokens per stream, greedy. Target: at least 1.0x for each drafter at 8 and 16 streams.")
+    table.notes.append("HTTP: speclane serve (the default server, a request's speculation off per request for the off arm; "
+                       "servers with --drafter ngram / mtp), the streams' clients on the same cores. Engines alone: the "
+                       "same prompts through one speclane.LLM per arm in the benchmark's process (a warm-up run each), "
+                       "so what moves the ratio is the lane's decisions and the machine, not the clients.")
     return table
 
 
