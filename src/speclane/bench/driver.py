@@ -7,6 +7,7 @@ scenarios turn into latency percentiles, throughput and lane shares.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -69,9 +70,22 @@ class Timeline:
         return (len(self.token_times) - 1) / (self.token_times[-1] - self.token_times[0])
 
 
+_runs = itertools.count()
+
+
+def run_tenant() -> str:
+    """A tenant no earlier run used. Scenarios send the same prompts run after run; under one
+    tenant the suffix drafter would draft each answer from the same answer of an earlier run
+    (a tenant's recent outputs are its drafts' source) and the prefix cache would hold every
+    prompt, so each run is a new application's traffic."""
+    return f"run-{next(_runs)}"
+
+
 def drive(engine: LLMEngine, jobs: list[Job], *, on_tick: Callable[[float], None] | None = None,
           stop_when: Callable[[dict[str, Timeline]], bool] | None = None) -> tuple[dict[str, Timeline], float]:
-    """Run ``jobs`` to completion; returns timelines and the run's wall time."""
+    """Run ``jobs`` to completion; returns timelines and the run's wall time. Jobs that name
+    no tenant are one tenant of this run's own (``run_tenant``)."""
+    tenant = run_tenant()
     pending = sorted(jobs, key=lambda j: j.arrival_s)
     timelines: dict[str, Timeline] = {}
     start = time.perf_counter()
@@ -79,7 +93,7 @@ def drive(engine: LLMEngine, jobs: list[Job], *, on_tick: Callable[[float], None
         now = time.perf_counter() - start
         while pending and pending[0].arrival_s <= now:
             job = pending.pop(0)
-            engine.add_request(job.request_id, job.prompt_token_ids, job.sampling, **job.options)
+            engine.add_request(job.request_id, job.prompt_token_ids, job.sampling, **{"tenant": tenant, **job.options})
             timelines[job.request_id] = Timeline(job, added_s=now, added_clock=engine.clock())
         if not engine.has_unfinished():
             time.sleep(max(0.0, min(0.01, pending[0].arrival_s - now)))
@@ -115,7 +129,7 @@ def drive_clients(engine: LLMEngine, prompts: list[list[int]], sampling: Samplin
         rid = f"c{client}-{sent[client]}-{start}"
         sent[client] += 1
         client_of[rid] = client
-        engine.add_request(rid, prompts[client], sampling)
+        engine.add_request(rid, prompts[client], sampling, tenant=rid)  # a client's answers never draft its next one
 
     for client in range(len(prompts)):
         send(client)

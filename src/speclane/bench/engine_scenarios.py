@@ -98,7 +98,8 @@ def speedup(factory: EngineFactory, new_tokens: int = 128, repeats: int = 3, qui
         pred = factory.tokenizer.encode(prediction) if prediction else []
         table.add(task, *_speedup_row(factory, (on, off, hf), ids, pred, new_tokens, 1 if quick else repeats))
     table.notes.append(f"speclane: default engine (bfloat16 activations, int4 GGUF weights, {factory.base.lane.drafter} drafter {'adaptive K up to ' if factory.base.lane.spec_adaptive_k else 'K='}{factory.base.lane.num_draft_tokens}, one round per tick). "
-                       "transformers: bfloat16, generate() with prompt_lookup_num_tokens=4, same prompts; arms alternate A B C D after a warm-up.")
+                       "transformers: bfloat16, generate() with prompt_lookup_num_tokens=4, same prompts; arms alternate A B C D after a warm-up. "
+                       "Each run is a tenant of its own: no run drafts from an earlier run's answer to the same prompt.")
     table.notes.append("tok/s columns are end to end (prefill included, as for transformers); the decode-phase column times "
                        "the tokens after the first (1 / time per output token), where speculation acts: prefill is the "
                        "same work in both arms.")

@@ -33,7 +33,7 @@ from pathlib import Path
 from speclane.bench.common import Table, alternate, median
 from speclane.bench.decode import PROMPT, engine_decode_arms
 from speclane.bench.driver import progress
-from speclane.bench.http_streams import aggregate_rate, concurrent_streams
+from speclane.bench.http_streams import aggregate_rate, concurrent_streams, new_tenant
 from speclane.bench.llama_cpp import decode_rate, find_llama_cpp_tool, llama_server, requantize
 from speclane.bench.servers import ServerProcess, speclane_server
 from speclane.bench.weight_types import weight_types
@@ -191,7 +191,8 @@ def _streams(config: EngineConfig, server: Path | None, tokens: int, rounds: int
     memory: dict[str, float | None] = {}
 
     def measure(name: str, url: str, extra: dict | None = None) -> None:
-        results = concurrent_streams(url, model, STREAM_PROMPTS, tokens, extra)
+        # speclane's arms each a tenant of their own: the lane arm follows the off arm's same prompts
+        results = concurrent_streams(url, model, STREAM_PROMPTS, tokens, extra if name == "llama.cpp" else new_tenant(extra))
         rates.setdefault(name, []).append(aggregate_rate(results))
         counts.setdefault(name, []).extend(r.completion_tokens for r in results)
 

@@ -4,6 +4,7 @@ aggregate rate they reach: the load a server sees from several users at once."""
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -73,6 +74,14 @@ def speculation_counts(chunk_extra: Mapping[str, Any], usage_extra: Mapping[str,
     if isinstance(timings, Mapping):
         return int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))
     return None
+
+
+def new_tenant(extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``extra`` with a tenant of its own (``user``) for speclane's server: a benchmark that
+    sends the same prompts again would otherwise have the suffix drafter draft each answer
+    from the same answer sent earlier (a tenant's recent outputs are its drafts' source),
+    and the prefix cache hold every prompt."""
+    return {**(extra or {}), "user": f"run-{uuid.uuid4().hex[:12]}"}
 
 
 def concurrent_streams(url: str, model: str, prompts: Sequence[str], max_tokens: int,

@@ -40,7 +40,7 @@ from speclane.bench.common import Table, alternate, median
 from speclane.bench.decode import PROMPT, engine_decode_arms
 from speclane.bench.driver import Job, drive, progress
 from speclane.bench.gguf_scenario import STREAM_PROMPTS, load_note, ratio
-from speclane.bench.http_streams import StreamResult, aggregate_rate, concurrent_streams
+from speclane.bench.http_streams import StreamResult, aggregate_rate, concurrent_streams, new_tenant
 from speclane.bench.http_streams import decode_rate as stream_decode_rate
 from speclane.bench.llama_cpp import decode_rate, find_llama_cpp_tool, llama_server
 from speclane.bench.servers import speclane_server
@@ -78,15 +78,27 @@ def mean_ttft(results: list[StreamResult]) -> float:
 
 class StreamArm:
     """One arm of a comparison: ``streams`` concurrent streams against a server; each call
-    returns their aggregate tok/s and records their mean time to first token."""
+    returns their aggregate tok/s and records their mean time to first token.
 
-    def __init__(self, url: str, model: str, streams: int, tokens: int, extra: dict[str, Any] | None = None) -> None:
+    ``fresh_tenant`` (speclane's servers): each call's streams are a tenant of their own
+    (``http_streams.new_tenant``), as a new application's traffic would be: the prompts
+    repeat from call to call."""
+
+    def __init__(self, url: str, model: str, streams: int, tokens: int, extra: dict[str, Any] | None = None,
+                 fresh_tenant: bool = True) -> None:
         self.url, self.model, self.streams, self.tokens, self.extra = url, model, streams, tokens, extra
+        self.fresh_tenant = fresh_tenant
         self.ttfts: list[float] = []
         self.decode_rates: list[float] = []  # per call, the streams' mean rate after their first token
 
+    def request_extra(self) -> dict[str, Any] | None:
+        """The body fields of this call's requests beyond the prompt (a new tenant per call)."""
+        if not self.fresh_tenant:
+            return self.extra
+        return new_tenant(self.extra)
+
     def __call__(self) -> float:
-        results = concurrent_streams(self.url, self.model, prompts(self.streams), self.tokens, self.extra)
+        results = concurrent_streams(self.url, self.model, prompts(self.streams), self.tokens, self.request_extra())
         self.ttfts.append(mean_ttft(results))
         rates = [r for r in map(stream_decode_rate, results) if math.isfinite(r)]  # NaN: fewer than 2 tokens
         self.decode_rates.append(sum(rates) / len(rates) if rates else float("nan"))
@@ -144,13 +156,15 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
         for url in (mtp, ngram):
             concurrent_streams(url, model, prompts(1), 8)
         progress("vs-llama-cpp: one stream over HTTP")
-        single_arms = {name: StreamArm(url, model, 1, tokens, extra) for name, (url, extra) in servers.items()}
+        single_arms = {name: StreamArm(url, model, 1, tokens, extra, fresh_tenant=url != theirs)
+                       for name, (url, extra) in servers.items()}
         single = alternate(single_arms, repeats, warmup=False)  # type: ignore[arg-type]
         progress("vs-llama-cpp: concurrent streams")
         loads: dict[int, dict[str, StreamArm]] = {}
         rates: dict[int, dict[str, list[float]]] = {}
         for n in STREAM_LEVELS:
-            loads[n] = {name: StreamArm(url, model, n, tokens, extra) for name, (url, extra) in many.items()}
+            loads[n] = {name: StreamArm(url, model, n, tokens, extra, fresh_tenant=url != theirs)
+                        for name, (url, extra) in many.items()}
             rates[n] = alternate(loads[n], repeats, warmup=False)  # type: ignore[arg-type]
         progress("vs-llama-cpp: speculation under load")
         spec = {n: alternate({"off": StreamArm(ours, model, n, tokens, OFF), "auto": StreamArm(ours, model, n, tokens),
