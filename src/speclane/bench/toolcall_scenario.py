@@ -20,6 +20,7 @@ from typing import Any
 
 from speclane.bench.common import Table, alternate, median
 from speclane.bench.driver import progress
+from speclane.bench.http_streams import new_tenant
 from speclane.bench.llama_cpp import find_llama_cpp_tool, llama_server
 from speclane.bench.servers import speclane_server
 from speclane.config import EngineConfig
@@ -88,7 +89,9 @@ def toolcall(config: EngineConfig, quick: bool = False) -> list[Table]:
 
     def arm(name: str, url: str, served: str, extra: dict[str, Any] | None = None, call_by_schema: bool = False):
         def run() -> float:
-            results = [agent_turn(url, served, q, extra, call_by_schema=call_by_schema) for q in QUESTIONS]
+            # speclane's turns each a tenant of their own: the questions repeat run after run
+            results = [agent_turn(url, served, q, extra if url != ours else new_tenant(extra), call_by_schema=call_by_schema)
+                       for q in QUESTIONS]
             turns.setdefault(name, []).append(results)
             return median([r["wall_s"] for r in results])
         return run
