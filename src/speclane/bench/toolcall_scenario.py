@@ -89,9 +89,11 @@ def toolcall(config: EngineConfig, quick: bool = False) -> list[Table]:
 
     def arm(name: str, url: str, served: str, extra: dict[str, Any] | None = None, call_by_schema: bool = False):
         def run() -> float:
-            # speclane's turns each a tenant of their own: the questions repeat run after run
-            results = [agent_turn(url, served, q, extra if url != ours else new_tenant(extra), call_by_schema=call_by_schema)
-                       for q in QUESTIONS]
+            # Each of speclane's runs a tenant of its own: the questions repeat run after run, and
+            # under one tenant the suffix drafter would draft each answer from the last run's. Within
+            # a run the turns share it, as one application's do (and its tools' prefix in the cache).
+            body = extra if url != ours else new_tenant(extra)
+            results = [agent_turn(url, served, q, body, call_by_schema=call_by_schema) for q in QUESTIONS]
             turns.setdefault(name, []).append(results)
             return median([r["wall_s"] for r in results])
         return run
