@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from speclane.bench.common import Table, alternate, median, median_ratio, times
-from speclane.bench.driver import Job, drive, progress
+from speclane.bench.driver import Job, batch_rate, drive, progress
 from speclane.bench.factory import EngineFactory
 from speclane.engine.engine import LLMEngine
 from speclane.request import SamplingParams
@@ -84,6 +84,6 @@ def _arm(engine: LLMEngine, category: str, prompts: list[Prompt], new_tokens: in
                 for i, (ids, prediction) in enumerate(prompts)]
         timelines, wall = drive(engine, jobs)
         texts.append([timelines[job.request_id].text for job in jobs])
-        return sum(len(t.token_times) for t in timelines.values()) / wall
+        return batch_rate(timelines, wall)
 
     return run

@@ -8,7 +8,7 @@ import torch
 
 from speclane.bench.common import Table, alternate, median, percentile
 from speclane.bench.decode import load_transformers
-from speclane.bench.driver import Job, drive, drive_clients, progress
+from speclane.bench.driver import Job, batch_rate, drive, drive_clients, progress
 from speclane.bench.factory import EngineFactory
 from speclane.bench.prompts import CHAT_PROMPTS, LONG_DOCUMENT, SPEEDUP_TASKS
 from speclane.request import SamplingParams
@@ -228,7 +228,7 @@ def throughput(factory: EngineFactory, quick: bool = False, repeats: int = 5) ->
             jobs = [Job(f"t{i}-{time.perf_counter()}", prompts[i], SamplingParams(max_tokens=n, ignore_eos=True)) for i in range(8)]
             timelines, wall = drive(engine, jobs)
             counters[name] = engine.counters.slice_rounds
-            return sum(len(t.token_times) for t in timelines.values()) / wall
+            return batch_rate(timelines, wall)
         return run
 
     runs = alternate({k: arm(k) for k in engines}, 1 if quick else repeats)

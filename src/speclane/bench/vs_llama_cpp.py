@@ -38,7 +38,7 @@ from typing import Any
 
 from speclane.bench.common import Table, alternate, median
 from speclane.bench.decode import PROMPT, engine_decode_arms
-from speclane.bench.driver import Job, drive, progress
+from speclane.bench.driver import Job, batch_rate, drive, progress
 from speclane.bench.gguf_scenario import STREAM_PROMPTS, load_note, ratio
 from speclane.bench.http_streams import StreamResult, aggregate_rate, concurrent_streams, new_tenant
 from speclane.bench.http_streams import decode_rate as stream_decode_rate
@@ -258,7 +258,7 @@ def _engine_spec_arms(config: EngineConfig, tokens: int) -> dict[str, Callable[[
             runs[0] += 1
             jobs = [Job(f"load-{runs[0]}-{i}", ids, SamplingParams(max_tokens=tokens)) for i, ids in enumerate(encoded[:n])]
             timelines, wall = drive(llm.engine, jobs)
-            return sum(len(t.token_times) for t in timelines.values()) / wall
+            return batch_rate(timelines, wall)
         return run
 
     return {name: arm(llm) for name, llm in engines.items()}
