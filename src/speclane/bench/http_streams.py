@@ -4,11 +4,12 @@ aggregate rate they reach: the load a server sees from several users at once."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+
+from speclane.bench.driver import run_tenant
 
 
 @dataclass(frozen=True)
@@ -77,11 +78,9 @@ def speculation_counts(chunk_extra: Mapping[str, Any], usage_extra: Mapping[str,
 
 
 def new_tenant(extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``extra`` with a tenant of its own (``user``) for speclane's server: a benchmark that
-    sends the same prompts again would otherwise have the suffix drafter draft each answer
-    from the same answer sent earlier (a tenant's recent outputs are its drafts' source),
-    and the prefix cache hold every prompt."""
-    return {**(extra or {}), "user": f"run-{uuid.uuid4().hex[:12]}"}
+    """``extra`` with a tenant of its own (``user``: ``driver.run_tenant``, whose docstring
+    says why) for speclane's server."""
+    return {**(extra or {}), "user": run_tenant()}
 
 
 def concurrent_streams(url: str, model: str, prompts: Sequence[str], max_tokens: int,
