@@ -53,7 +53,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from speclane.server.app import serve
 
     return serve(cfg.from_namespace(args), host=args.host, port=args.port, api_keys=args.api_keys,
-                 cluster=cfg.section_from_namespace(cfg.ClusterConfig, args))
+                 cluster=cfg.section_from_namespace(cfg.ClusterConfig, args), stream_interval_ms=args.stream_interval_ms)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-keys", default=None, help="JSON or TOML file of API keys (key, tenant, weight, max priority)")
+    p.add_argument("--stream-interval-ms", type=float, default=cfg.DEFAULT_STREAM_INTERVAL_MS,
+                   help="a stream sends at most one chunk per this many ms (tokens that come meanwhile share it); "
+                        "its first and last chunks are never held back; 0: a chunk per tick (default: %(default)s)")
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("generate", help="generate text for one prompt")

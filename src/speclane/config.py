@@ -28,6 +28,8 @@ SPEC_MODES = ("slice", "burst", "off")
 FAIRNESS_MODES = ("tenant", "request")
 # ``--drafter`` names; ``drafters/registry.py`` builds each (and asserts it covers these).
 DRAFTERS = ("none", "ngram", "suffix", "mtp", "auto")
+# `speclane serve --stream-interval-ms`: a stream's chunks at most this often (engine/async_engine.read_stream)
+DEFAULT_STREAM_INTERVAL_MS = 0.0
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -100,3 +100,27 @@ def test_error_before_streaming_is_plain_json(client: httpx.Client) -> None:
     assert response.status_code == 400
     assert response.headers["content-type"].startswith("application/json")
     assert response.json()["error"]["param"] == "max_tokens"
+
+
+def test_paced_stream_sends_the_same_answer_in_fewer_chunks(client: httpx.Client, idle_after: AsyncEngine) -> None:
+    """``--stream-interval-ms``: tokens that come within the interval share a chunk; the
+    answer, its usage and the stream's framing are those of an unpaced stream."""
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 24, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, "speculative": False}
+
+    def answer() -> tuple[str, int, int]:
+        _, events = read_events(client, "/v1/chat/completions", body)
+        chunks = [json.loads(e) for e in events[:-1]]
+        content = [c["choices"][0]["delta"].get("content") for c in chunks if c["choices"]]
+        texts = [text for text in content if text]
+        return "".join(texts), len(texts), chunks[-1]["usage"]["completion_tokens"]
+
+    text, chunks, tokens = answer()
+    assert chunks == tokens > 4, "unpaced: a content chunk per token"
+    idle_after.stream_interval_s = 10.0  # longer than the answer takes: the first chunk, then the rest at the end
+    try:
+        paced_text, paced_chunks, paced_tokens = answer()
+    finally:
+        idle_after.stream_interval_s = 0.0
+    assert (paced_text, paced_tokens) == (text, tokens)
+    assert paced_chunks == 2, "the first token at once, the rest with the final chunk (never held back)"

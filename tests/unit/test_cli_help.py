@@ -19,3 +19,11 @@ def test_help_of_every_command(command, capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("usage:") and command in out
+
+
+def test_serve_refuses_a_negative_stream_interval(capsys):
+    from speclane.cli import main
+
+    assert main(["serve", "--stream-interval-ms", "-5"]) == 2  # before any model loads
+    err = capsys.readouterr().err
+    assert err.strip() == "speclane serve: error: --stream-interval-ms must be >= 0; got -5.0"

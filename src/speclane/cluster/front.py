@@ -121,6 +121,7 @@ class ClusterEngine:
         self.clients = list(clients)
         self.cluster = cluster
         self.error: BaseException | None = None
+        self.stream_interval_s = 0.0  # read_stream's pacing (serve sets it)
         self.metrics: ClusterMetricsSink | None = None  # the app's histograms (create_app sets it)
         self._on_shutdown = on_shutdown
         self._ready_timeout_s = ready_timeout_s
@@ -163,7 +164,7 @@ class ClusterEngine:
             if not finished:  # the consumer left early: cancel the work
                 self.abort(live.request_id)
 
-        return read_stream(live.queue, closed)
+        return read_stream(live.queue, closed, self.stream_interval_s)
 
     def abort(self, request_id: str) -> None:
         with contextlib.suppress(RuntimeError):  # the front's loop is closed

@@ -21,8 +21,9 @@ from speclane.request import SamplingParams
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine: LLMEngine, stream_interval_s: float = 0.0):
         self.engine = engine
+        self.stream_interval_s = stream_interval_s  # read_stream's pacing
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
         self._streams_lock = threading.Lock()
         self._wake = threading.Event()
@@ -67,7 +68,7 @@ class AsyncEngine:
             if not finished:  # the consumer left early: cancel the work
                 self.abort(rid)
 
-        return read_stream(queue, closed)
+        return read_stream(queue, closed, self.stream_interval_s)
 
     def abort(self, request_id: str) -> None:
         self.engine.abort_request(request_id)
@@ -116,16 +117,32 @@ class AsyncEngine:
 
 
 async def read_stream(queue: asyncio.Queue[RequestOutput | BaseException],
-                      closed: Callable[[bool], None]) -> AsyncIterator[RequestOutput]:
+                      closed: Callable[[bool], None], interval_s: float = 0.0) -> AsyncIterator[RequestOutput]:
     """A request's outputs until its final one (an exception in the queue is raised);
-    ``closed(finished)`` runs when the reader stops, ``finished`` False if it left early."""
+    ``closed(finished)`` runs when the reader stops, ``finished`` False if it left early.
+
+    ``interval_s`` paces the stream: an output that comes sooner than that after the
+    previous one was taken waits, and the outputs that come meanwhile join it as one
+    (``RequestOutput.then``). The first output (time to first token) and the final one are
+    never held back. Each output a server streams costs it a chunk to frame and write and
+    its client one to parse, on the cores the engine's threads decode on."""
     finished = False
+    loop = asyncio.get_running_loop()
+    due = loop.time()
     try:
         while True:
             item = await queue.get()
+            while not isinstance(item, BaseException) and not item.finished and (wait := due - loop.time()) > 0:
+                try:
+                    async with asyncio.timeout(wait):
+                        later = await queue.get()
+                except TimeoutError:
+                    break
+                item = later if isinstance(later, BaseException) else item.then(later)
             if isinstance(item, BaseException):
                 raise item
             yield item
+            due = loop.time() + interval_s
             if item.finished:
                 finished = True
                 return

@@ -54,6 +54,13 @@ class RequestOutput:
     error: str | None = None
     logprobs: list[TokenLogprob] | None = None  # one per token_ids entry, when the request asked
 
+    def then(self, later: RequestOutput) -> RequestOutput:
+        """This output and the request's next one as one (a paced stream's chunk): the new
+        text, tokens and logprobs of both; the counts and the end of the later."""
+        logprobs = None if self.logprobs is None and later.logprobs is None else [*(self.logprobs or ()), *(later.logprobs or ())]
+        return dataclasses.replace(later, text=self.text + later.text, token_ids=[*self.token_ids, *later.token_ids],
+                                   logprobs=logprobs)
+
     @property
     def usage(self) -> dict[str, object]:
         return {

@@ -26,7 +26,13 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from speclane.cluster.front import ClusterEngine
-from speclane.config import ClusterConfig, EngineConfig, RuntimeEnv, runtime_env
+from speclane.config import (
+    DEFAULT_STREAM_INTERVAL_MS,
+    ClusterConfig,
+    EngineConfig,
+    RuntimeEnv,
+    runtime_env,
+)
 from speclane.engine.async_engine import AsyncEngine
 from speclane.engine.lane_recorder import LaneRecorder, LatencyWindow, merge_states
 from speclane.engine.stats import Observers
@@ -255,10 +261,13 @@ def create_app(
 
 def serve(engine_config: EngineConfig, *, host: str = "127.0.0.1", port: int = 8000,
           api_keys: str | Path | None = None, grace_s: float | None = None, log_level: str = "info",
-          env: RuntimeEnv | None = None, cluster: ClusterConfig | None = None) -> int:
+          env: RuntimeEnv | None = None, cluster: ClusterConfig | None = None,
+          stream_interval_ms: float = DEFAULT_STREAM_INTERVAL_MS) -> int:
     """Load the engine (or, with ``cluster.replicas`` > 1 or a Ray address, start the
     replicas), serve until SIGTERM/SIGINT, drain (``grace_s``, default
     ``env.shutdown_grace_s``: ``SPECLANE_SHUTDOWN_GRACE_S`` or 30 s), and return 0."""
+    if not stream_interval_ms >= 0:
+        raise ValueError(f"--stream-interval-ms must be >= 0; got {stream_interval_ms}")
     grace = grace_s if grace_s is not None else (env or runtime_env()).shutdown_grace_s(DEFAULT_GRACE_S)
     _configure_logging(log_level)
     keys = KeyTable.load(api_keys) if api_keys else None  # a bad key file fails before the model loads
@@ -271,6 +280,7 @@ def serve(engine_config: EngineConfig, *, host: str = "127.0.0.1", port: int = 8
         from speclane.engine.engine import LLMEngine
 
         async_engine = AsyncEngine(LLMEngine(engine_config))
+    async_engine.stream_interval_s = stream_interval_ms / 1000.0
     try:
         app = create_app(async_engine, api_keys=keys)
         config = uvicorn_config(app, host=host, port=port, grace_s=grace, log_level=log_level)
