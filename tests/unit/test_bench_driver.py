@@ -62,6 +62,7 @@ def test_a_closed_loop_client_never_shares_a_tenant_with_its_earlier_requests():
 def test_http_runs_of_speclane_carry_a_new_user_and_llama_cpps_none():
     first, second = new_tenant({"speculative": False}), new_tenant()
     assert first["speculative"] is False and first["user"] != second["user"]
+    assert first["cache_scope"] == second["cache_scope"] == "global", "prompts cached across runs, as llama-server's"
     ours = vs.StreamArm("http://x", "m", 8, 64, {"speculative": False})
     assert ours.request_extra()["user"] != ours.request_extra()["user"]
     theirs = vs.StreamArm("http://y", "m", 8, 64, fresh_tenant=False)

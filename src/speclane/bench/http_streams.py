@@ -79,8 +79,11 @@ def speculation_counts(chunk_extra: Mapping[str, Any], usage_extra: Mapping[str,
 
 def new_tenant(extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """``extra`` with a tenant of its own (``user``: ``driver.run_tenant``, whose docstring
-    says why) for speclane's server."""
-    return {**(extra or {}), "user": run_tenant()}
+    says why) for speclane's server, reading and writing the prefix cache every tenant may
+    share (``cache_scope: "global"``): a new tenant drafts nothing from an earlier run's
+    answers, but its prompts are still the cached ones, as the prompts llama-server's slots
+    keep (``cache_prompt``) are for its arm."""
+    return {**(extra or {}), "user": run_tenant(), "cache_scope": "global"}
 
 
 def concurrent_streams(url: str, model: str, prompts: Sequence[str], max_tokens: int,
