@@ -7,6 +7,7 @@ import os
 
 from speclane.bench import vs_llama_cpp as vs
 from speclane.bench.http_streams import StreamResult
+from speclane.engine.stats import EngineCounters
 
 
 def test_mean_ttft_counts_a_stream_without_content_whole():
@@ -41,6 +42,24 @@ def test_speculation_table_gives_median_and_range_of_paired_ratios():
     table = vs._spec_table(spec, alone, tokens=64, runs=3)
     assert table.rows == [[8, "HTTP, openai client", 100.0, "1.00x (1.00-1.20)", "1.10x (0.90-1.30)", "1.00x (1.00-1.00)"],
                           [16, "engines alone", 50.0, "1.00x (0.90-1.10)", "1.00x (1.00-1.10)", "1.00x (0.90-1.10)"]]
+
+
+def test_lane_work_counts_the_rows_drafts_add_from_the_engine_counters():
+    counters = EngineCounters()
+    work = vs.LaneWork()
+    for ticks, drafted, accepted, tokens in ((129, 13, 9, 2048), (129, 7, 1, 2048)):
+        before = (counters.ticks, counters.draft_tokens, counters.accepted_tokens)
+        counters.ticks += ticks
+        counters.draft_tokens += drafted
+        counters.accepted_tokens += accepted
+        work.add(counters, before, tokens)
+    assert (work.ticks, work.drafted, work.accepted, work.decode_rows) == (258, 20, 10, 4086)
+    off = vs.LaneWork(ticks=250, decode_rows=4096)
+    assert work.summary(off) == "+0.5% rows, 10/20 accepted, ticks 1.03x"
+    alone = {16: dict.fromkeys(("off", "auto", "ngram", "mtp"), [50.0])}
+    table = vs._spec_table({}, alone, tokens=64, runs=1, work={16: {"off": off, "auto": work, "ngram": off, "mtp": work}})
+    assert table.rows[-1] == [16, "engines alone: the work (all runs)", "-", "+0.5% rows, 10/20 accepted, ticks 1.03x",
+                              "+0.0% rows, 0/0 accepted, ticks 1.00x", "+0.5% rows, 10/20 accepted, ticks 1.03x"]
 
 
 def test_noisy_table_reports_the_kept_fraction():

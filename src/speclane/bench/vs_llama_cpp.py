@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from speclane.bench.common import Table, alternate, median
@@ -45,6 +46,7 @@ from speclane.bench.http_streams import decode_rate as stream_decode_rate
 from speclane.bench.llama_cpp import decode_rate, find_llama_cpp_tool, llama_server
 from speclane.bench.servers import speclane_server
 from speclane.config import EngineConfig
+from speclane.engine.stats import EngineCounters
 from speclane.llm import LLM
 from speclane.models.loader import resolve_model
 from speclane.request import SamplingParams
@@ -174,12 +176,12 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
                              spec_runs, warmup=False)
                 for n in STREAM_LEVELS}
     progress("vs-llama-cpp: speculation under load, engines alone")
-    spec_engines = _engine_spec_arms(config, tokens)
+    spec_engines, spec_work = _engine_spec_arms(config, tokens)
     spec_alone = {n: alternate({name: lambda arm=arm, n=n: arm(n) for name, arm in spec_engines.items()}, spec_runs)
                   for n in STREAM_LEVELS}
     load = load_note(load_before, os.getloadavg()[0], len(os.sched_getaffinity(0)), threads)
     tables = [_single_table(engine, single, single_arms, tokens, threads, repeats, spec_runs), _streams_table(loads, rates, tokens, repeats),
-              _spec_table(spec, spec_alone, tokens, spec_runs), _noisy_table(noisy, tokens, repeats)]
+              _spec_table(spec, spec_alone, tokens, spec_runs, spec_work), _noisy_table(noisy, tokens, repeats)]
     for table in tables:
         if tools["llama-server"] is None or tools["llama-bench"] is None:
             table.notes.append("llama.cpp's llama-bench or llama-server was not found (PATH or "
@@ -251,27 +253,58 @@ def _streams_table(arms: dict[int, dict[str, StreamArm]], rates: dict[int, dict[
     return table
 
 
-def _engine_spec_arms(config: EngineConfig, tokens: int) -> dict[str, Callable[[int], float]]:
+@dataclass
+class LaneWork:
+    """What an engine-alone arm's runs computed, from its counters: ticks, decode rows (one
+    per stream a tick) and the rows its drafts added. Unlike the arms' wall-clock rates,
+    these do not move with the machine's noise."""
+
+    ticks: int = 0
+    decode_rows: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    def add(self, counters: EngineCounters, before: tuple[int, int, int], tokens: int) -> None:
+        ticks, drafted, accepted = (counters.ticks - before[0], counters.draft_tokens - before[1],
+                                    counters.accepted_tokens - before[2])
+        self.ticks += ticks
+        self.drafted += drafted
+        self.accepted += accepted
+        self.decode_rows += tokens - accepted  # a decode row yields one token, plus its accepted drafts
+
+    def summary(self, off: LaneWork) -> str:
+        extra = self.drafted / max(1, self.decode_rows)
+        return f"+{extra:.1%} rows, {self.accepted}/{self.drafted} accepted, ticks {self.ticks / max(1, off.ticks):.2f}x"
+
+
+def _engine_spec_arms(config: EngineConfig, tokens: int) -> tuple[dict[str, Callable[[int], float]],
+                                                                   dict[int, dict[str, LaneWork]]]:
     """Per drafter (and off), an engine in this process, warmed up, as an arm: the aggregate
-    tok/s of n concurrent greedy requests of ``prompts(n)`` (chat, up to ``tokens`` each)."""
+    tok/s of n concurrent greedy requests of ``prompts(n)`` (chat, up to ``tokens`` each);
+    and, per n and arm, the ``LaneWork`` of its runs (the warm-up's included)."""
     engines = {"off": LLM(config=config.replace(spec_mode="off")), "auto": LLM(config=config),
                "ngram": LLM(config=config.replace(drafter="ngram")), "mtp": LLM(config=config.replace(drafter="mtp"))}
     encoded = [next(iter(engines.values())).encode_prompt(p, chat=True) for p in prompts(max(STREAM_LEVELS))]
     runs = [0]
+    work: dict[int, dict[str, LaneWork]] = {}
 
-    def arm(llm: LLM) -> Callable[[int], float]:
+    def arm(name: str, llm: LLM) -> Callable[[int], float]:
         def run(n: int) -> float:
             runs[0] += 1
             jobs = [Job(f"load-{runs[0]}-{i}", ids, SamplingParams(max_tokens=tokens)) for i, ids in enumerate(encoded[:n])]
+            counters = llm.engine.counters
+            before = (counters.ticks, counters.draft_tokens, counters.accepted_tokens)
             timelines, wall = drive(llm.engine, jobs)
+            generated = sum(len(timeline.token_times) for timeline in timelines.values())
+            work.setdefault(n, {}).setdefault(name, LaneWork()).add(counters, before, generated)
             return batch_rate(timelines, wall)
         return run
 
-    return {name: arm(llm) for name, llm in engines.items()}
+    return {name: arm(name, llm) for name, llm in engines.items()}, work
 
 
 def _spec_table(spec: dict[int, dict[str, list[float]]], alone: dict[int, dict[str, list[float]]], tokens: int,
-                runs: int) -> Table:
+                runs: int, work: dict[int, dict[str, LaneWork]] | None = None) -> Table:
     table = Table("Speculation under load: aggregate tok/s with each drafter over speculation off",
                   ["streams", "path", "off tok/s", "auto (default) / off (median, range)", "ngram / off (median, range)",
                    "mtp / off (median, range)"])
@@ -282,12 +315,17 @@ def _spec_table(spec: dict[int, dict[str, list[float]]], alone: dict[int, dict[s
                 ratios = [a / b for a, b in zip(arms[drafter], arms["off"], strict=True)]
                 row.append(f"{median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
             table.add(*row)
+    for n, arms_work in (work or {}).items():
+        table.add(n, "engines alone: the work (all runs)", "-",
+                  *(arms_work[drafter].summary(arms_work["off"]) for drafter in ("auto", "ngram", "mtp")))
     table.notes.append(f"{runs} alternated runs per arm, each run's ratio against the off run beside it; {tokens} max "
                        "tokens per stream, greedy. Target: at least 1.0x for each drafter at 8 and 16 streams.")
     table.notes.append("HTTP: speclane serve (the default server, a request's speculation off per request for the off arm; "
                        "servers with --drafter ngram / mtp), the streams' clients on the same cores. Engines alone: the "
                        "same prompts through one speclane.LLM per arm in the benchmark's process (a warm-up run each), "
-                       "so what moves the ratio is the lane's decisions and the machine, not the clients.")
+                       "so what moves the ratio is the lane's decisions and the machine, not the clients. Their work, "
+                       "from the engines' counters: the rows the drafts added to the decode rows, the drafts accepted, "
+                       "and the ticks over the off arm's (a closed batch ends with its longest stream).")
     return table
 
 
