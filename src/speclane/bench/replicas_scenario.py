@@ -30,7 +30,7 @@ import httpx
 
 from speclane.bench.common import Table, median
 from speclane.bench.driver import progress
-from speclane.bench.http_streams import aggregate_rate, concurrent_streams
+from speclane.bench.http_streams import aggregate_rate, concurrent_streams, new_tenant
 from speclane.bench.prompts import CHAT_PROMPTS
 from speclane.bench.servers import speclane_server
 from speclane.config import EngineConfig
@@ -84,7 +84,7 @@ def replicas(config: EngineConfig, quick: bool = False) -> list[Table]:
             rates = []
             for run in range(runs):
                 progress(f"{arm}: run {run + 1}/{runs}")
-                rates.append(aggregate_rate(concurrent_streams(server.url, model, prompts, max_tokens)))
+                rates.append(aggregate_rate(concurrent_streams(server.url, model, prompts, max_tokens, new_tenant())))
             throughput.add(arm, median(rates), runs)
             if extra:
                 before = _front_seconds(server.url)
@@ -103,7 +103,8 @@ def replicas(config: EngineConfig, quick: bool = False) -> list[Table]:
     latency.notes.append("end to end, the one-process server runs its HTTP handling and its engine thread in one "
                          "Python process (one GIL); a replica's engine has its process to itself")
     throughput.notes.append("the replicas' torch threads are fixed by --num-threads; Ray runs the "
-                            "replicas as actors of a local cluster started by speclane serve")
+                            "replicas as actors of a local cluster started by speclane serve; each run's streams are "
+                            "a tenant of their own (http_streams.new_tenant): no run drafts from an earlier run's answers")
     return [throughput, latency] + ([] if quick else simulated_cluster())
 
 
