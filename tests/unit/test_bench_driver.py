@@ -1,6 +1,7 @@
 """The benchmarks' runs are each a new tenant: the same prompts sent run after run must not
 draft from an earlier run's answers (the suffix drafter's source is its tenant's recent
-outputs) nor read an earlier run's prompts from the prefix cache."""
+outputs). In-process runs do not read an earlier run's prompts from the prefix cache either;
+speclane's HTTP runs share them (``cache_scope: "global"``), as llama-server's slots keep theirs."""
 
 from __future__ import annotations
 

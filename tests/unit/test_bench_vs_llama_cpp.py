@@ -48,7 +48,7 @@ def test_lane_work_counts_the_rows_drafts_add_from_the_engine_counters():
     counters = EngineCounters()
     work = vs.LaneWork()
     for ticks, drafted, accepted, tokens in ((129, 13, 9, 2048), (129, 7, 1, 2048)):
-        before = (counters.ticks, counters.draft_tokens, counters.accepted_tokens)
+        before = vs.LaneWork.reading(counters)
         counters.ticks += ticks
         counters.draft_tokens += drafted
         counters.accepted_tokens += accepted

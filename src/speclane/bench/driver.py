@@ -117,9 +117,14 @@ def drive(engine: LLMEngine, jobs: list[Job], *, on_tick: Callable[[float], None
     return timelines, time.perf_counter() - start
 
 
+def batch_tokens(timelines: dict[str, Timeline]) -> int:
+    """Every request's tokens in a run (``drive``'s timelines)."""
+    return sum(len(t.token_times) for t in timelines.values())
+
+
 def batch_rate(timelines: dict[str, Timeline], wall_s: float) -> float:
     """Every request's tokens over a run's wall time (``drive``'s two results): a batch's tok/s."""
-    return sum(len(t.token_times) for t in timelines.values()) / wall_s
+    return batch_tokens(timelines) / wall_s
 
 
 def drive_clients(engine: LLMEngine, prompts: list[list[int]], sampling: SamplingParams, seconds: float) -> tuple[int, float]:

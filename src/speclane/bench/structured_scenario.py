@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 
 from speclane.bench.common import Table, alternate, median
-from speclane.bench.driver import Job, drive, progress
+from speclane.bench.driver import Job, batch_tokens, drive, progress
 from speclane.bench.factory import EngineFactory
 from speclane.bench.structured_cases import CASES, FIXED_KEY_CASES, SchemaCase
 from speclane.grammar.spec import GrammarSpec
@@ -44,10 +44,6 @@ def _jobs(factory: EngineFactory, engine, cases: tuple[SchemaCase, ...], tag: st
     return jobs
 
 
-def _tokens(timelines) -> int:
-    return sum(len(tl.token_times) for tl in timelines.values())
-
-
 def constrained_cost(factory: EngineFactory, quick: bool = False) -> Table:
     engine = factory.engine(spec_mode="off")
     reference_jobs = _jobs(factory, engine, CASES, "ref", constrained=True)
@@ -65,7 +61,7 @@ def constrained_cost(factory: EngineFactory, quick: bool = False) -> Table:
             for start in range(0, len(jobs), streams):  # `streams` at a time
                 timelines, seconds = drive(engine, jobs[start : start + streams])
                 wall += seconds
-                tokens += _tokens(timelines)
+                tokens += batch_tokens(timelines)
             return tokens / wall
 
         runs = alternate({"constrained": lambda: arm(True), "free": lambda: arm(False)}, repeats=2 if quick else 3)

@@ -39,7 +39,7 @@ from typing import Any
 
 from speclane.bench.common import Table, alternate, median
 from speclane.bench.decode import PROMPT, engine_decode_arms
-from speclane.bench.driver import Job, batch_rate, drive, progress
+from speclane.bench.driver import Job, batch_rate, batch_tokens, drive, progress
 from speclane.bench.gguf_scenario import STREAM_PROMPTS, load_note, ratio
 from speclane.bench.http_streams import StreamResult, aggregate_rate, concurrent_streams, new_tenant
 from speclane.bench.http_streams import decode_rate as stream_decode_rate
@@ -264,9 +264,14 @@ class LaneWork:
     drafted: int = 0
     accepted: int = 0
 
+    @staticmethod
+    def reading(counters: EngineCounters) -> tuple[int, int, int]:
+        """The counters ``add`` takes differences of: ticks, drafted and accepted tokens."""
+        return counters.ticks, counters.draft_tokens, counters.accepted_tokens
+
     def add(self, counters: EngineCounters, before: tuple[int, int, int], tokens: int) -> None:
-        ticks, drafted, accepted = (counters.ticks - before[0], counters.draft_tokens - before[1],
-                                    counters.accepted_tokens - before[2])
+        """A run of ``tokens`` tokens: ``counters`` now, against their ``reading`` before it."""
+        ticks, drafted, accepted = (now - then for now, then in zip(self.reading(counters), before, strict=True))
         self.ticks += ticks
         self.drafted += drafted
         self.accepted += accepted
@@ -292,11 +297,9 @@ def _engine_spec_arms(config: EngineConfig, tokens: int) -> tuple[dict[str, Call
         def run(n: int) -> float:
             runs[0] += 1
             jobs = [Job(f"load-{runs[0]}-{i}", ids, SamplingParams(max_tokens=tokens)) for i, ids in enumerate(encoded[:n])]
-            counters = llm.engine.counters
-            before = (counters.ticks, counters.draft_tokens, counters.accepted_tokens)
+            before = LaneWork.reading(llm.engine.counters)
             timelines, wall = drive(llm.engine, jobs)
-            generated = sum(len(timeline.token_times) for timeline in timelines.values())
-            work.setdefault(n, {}).setdefault(name, LaneWork()).add(counters, before, generated)
+            work.setdefault(n, {}).setdefault(name, LaneWork()).add(llm.engine.counters, before, batch_tokens(timelines))
             return batch_rate(timelines, wall)
         return run
 

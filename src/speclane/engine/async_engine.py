@@ -21,9 +21,9 @@ from speclane.request import SamplingParams
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, stream_interval_s: float = 0.0):
+    def __init__(self, engine: LLMEngine):
         self.engine = engine
-        self.stream_interval_s = stream_interval_s  # read_stream's pacing
+        self.stream_interval_s = 0.0  # read_stream's pacing (serve sets it)
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
         self._streams_lock = threading.Lock()
         self._wake = threading.Event()
