@@ -103,24 +103,27 @@ def test_kernel_matches_gguf_py_dequantize_within_the_stated_bound(type_name, ro
 
 @needs_kernels
 @pytest.mark.parametrize("type_name", BLOCK_TYPES)
-def test_a_rows_result_has_the_same_bits_at_one_row_and_at_seven(type_name):
-    # 80 outputs: 5 tiles, so a one-row call runs a group of 4 tiles together and one alone.
+def test_a_rows_result_has_the_same_bits_in_a_call_of_any_number_of_rows(type_name):
+    # 80 outputs: 5 tiles, so a call runs a group of 4 tiles together and one alone; 1-17
+    # rows cover every block of rows the kernels have (several tiles a call for a few rows,
+    # full blocks, a last block of each size after them).
     weight, _, _ = layer(type_name, 80, 512, seed=3)
-    x = torch.randn(7, 512, generator=torch.Generator().manual_seed(4)).bfloat16()
-    together = weight.matmul(x)
-    alone = torch.cat([weight.matmul(x[i : i + 1]) for i in range(7)])
-    assert torch.equal(together, alone)
+    x = torch.randn(17, 512, generator=torch.Generator().manual_seed(4)).bfloat16()
+    alone = torch.cat([weight.matmul(x[i : i + 1]) for i in range(17)])
+    for rows in range(2, 18):
+        assert torch.equal(weight.matmul(x[:rows]), alone[:rows]), rows
 
 
 @needs_kernels
 @pytest.mark.parametrize("type_name", ["Q8_0", "Q6_K", "Q5_K"])
 def test_int8_kernel_builds_give_the_same_bits(type_name):
     builds = [isa for isa in int8_cpu.ISAS if not build.missing_cpu_flags(isa)]
-    _, _, weight = layer(type_name, 32, 512)
-    x = torch.randn(9, 512, generator=torch.Generator().manual_seed(5)).bfloat16()
-    outs = [int8_cpu.bind(*int8_cpu.pack(weight.q, weight.scale, weight.minimum), int8_cpu.load(isa).library)(x)
-            for isa in builds]
-    assert all(torch.equal(outs[0], o) for o in outs[1:]), builds
+    _, _, weight = layer(type_name, 80, 512)
+    x = torch.randn(14, 512, generator=torch.Generator().manual_seed(5)).bfloat16()
+    calls = [int8_cpu.bind(*int8_cpu.pack(weight.q, weight.scale, weight.minimum), int8_cpu.load(isa).library) for isa in builds]
+    for rows in (1, 2, 3, 5, 9, 14):
+        outs = [call(x[:rows]) for call in calls]
+        assert all(torch.equal(outs[0], o) for o in outs[1:]), (builds, rows)
 
 
 @needs_kernels

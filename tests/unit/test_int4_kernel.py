@@ -86,9 +86,10 @@ def test_torch_fallback_is_selectable():
 @pytest.mark.parametrize("out_features", [1536, 1552])  # 1552: 97 tiles, a partial last buffered group
 def test_every_build_gives_the_same_bits(out_features):
     """Each output column is one vector lane doing the same operations in every build (the
-    bfloat16 dot product's pair step is two FMAs elsewhere). The direct path takes up to 12
-    rows in the AVX-512 builds and 4 in AVX2's; 1-18 rows and 140
-    cover both paths of each, every register tile height of the buffered one among them."""
+    bfloat16 dot product's pair step is two FMAs elsewhere; the AVX2 and VNNI builds' few
+    rows are integer dot products on the grid). The direct path takes up to 12 rows in the
+    AVX-512 builds and 4 in AVX2's (its integer path 48); 1-18 rows and 140 cover both paths
+    of each, every register tile height of the buffered one among them."""
     q, scale, minimum, _ = random_int4_weight(out_features, 576)
     x = torch.randn(140, 576).bfloat16()
     rows_cases = [*range(1, 19), 140]
@@ -104,13 +105,32 @@ def test_every_build_gives_the_same_bits(out_features):
             assert torch.equal(a, b), (isa, rows)
 
 
+@pytest.mark.skipif(build.missing_cpu_flags("avx512vnni") != set() or KERNELS.int4 is None,
+                    reason="no AVX-512 VNNI CPU or no C compiler here")
+def test_the_integer_path_leaves_groups_off_the_grid_to_the_float_path():
+    """A group whose largest input is 2^119 or more (or Inf) has no int16 grid: the VNNI
+    build's call then runs the float path, and its bits stay the plain build's."""
+    q, scale, minimum, _ = random_int4_weight(64, 576)
+    x = torch.randn(3, 576)
+    x[1, 40] = 2.0**120
+    x[2, 100] = float("inf")
+    x = x.bfloat16()
+    out = {}
+    for isa in ("avx512vnni", "avx512"):
+        weight = int4_weight(q, scale, minimum, Kernels.load("native", isa=isa, tiles=False))
+        out[isa] = [weight.matmul(x[:rows]) for rows in (1, 2, 3)]
+    for a, b in zip(out["avx512vnni"], out["avx512"], strict=True):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    assert torch.isfinite(out["avx512"][0].float()).all() and not torch.isfinite(out["avx512"][2][2].float()).all()
+
+
 def test_a_pinned_build_is_the_widest_of_the_sources_at_or_below_it():
     """A source without the pinned build takes its widest one below (attention has no
     avx512bf16 build); an instruction set no build has is a clear error."""
     assert build.pick_isa(("avx512", "avx2"), "avx2") == "avx2"
     if not build.missing_cpu_flags("avx512"):
         assert build.pick_isa(("avx512", "avx2"), "avx512bf16") == "avx512"
-    with pytest.raises(build.KernelUnavailable, match="isa 'sse2': expected one of avx512bf16, avx512, avx2"):
+    with pytest.raises(build.KernelUnavailable, match="isa 'sse2': expected one of avx512bf16, avx512vnni, avx512, avx2"):
         build.pick_isa(int4_cpu.ISAS, "sse2")
 
 
@@ -161,7 +181,7 @@ def test_a_threads_input_buffer_is_freed_when_the_thread_exits():
 
 
 def test_auto_keeps_the_widest_build_unless_another_is_clearly_faster():
-    """auto's choice between the two AVX-512 builds (the same bits): a draw keeps the
+    """auto's choice between two AVX-512 builds (the same bits): a draw keeps the
     incumbent, a build at most TIMING_MARGIN of its time replaces it."""
     assert int4_cpu.faster({"avx512bf16": 1.0, "avx512": 0.97}, "avx512bf16") == "avx512bf16"
     assert int4_cpu.faster({"avx512bf16": 1.0, "avx512": 0.7}, "avx512bf16") == "avx512"
@@ -172,17 +192,19 @@ def test_auto_keeps_the_widest_build_unless_another_is_clearly_faster():
 @pytest.mark.skipif(build.missing_cpu_flags("avx512bf16") != set() or KERNELS.int4 is None,
                     reason="no AVX512_BF16 CPU or no C compiler here")
 @pytest.mark.parametrize("choice", ["auto", "native"])
-def test_auto_on_a_bfloat16_cpu_times_both_avx512_builds(caplog, choice):
-    """With AVX512_BF16 and no pinned build, auto (and native) load both AVX-512 builds,
-    time them and keep the one ``faster`` names, and say so in the log."""
+def test_auto_on_a_bfloat16_cpu_times_two_avx512_builds(caplog, choice):
+    """With AVX512_BF16 and no pinned build, auto (and native) load the bfloat16 build and
+    the VNNI one (the plain one on a CPU without VNNI), time them and keep the one
+    ``faster`` names, and say so in the log."""
+    other = "avx512vnni" if not build.missing_cpu_flags("avx512vnni") else "avx512"
     with caplog.at_level(logging.INFO, logger="speclane.kernels.int4_cpu"):
         chosen = Kernels.load(choice).int4_name
     [message] = [r.getMessage() for r in caplog.records if "auto chose" in r.getMessage()]
-    assert message.startswith(f"int4_x86: auto chose {chosen} (")
-    assert re.search(r"avx512bf16 \d", message) and re.search(r"avx512 \d", message)  # both builds' times
-    libraries = {isa: build.load_build(int4_cpu.SOURCE, isa, int4_cpu.declare).library for isa in ("avx512bf16", "avx512")}
+    assert message.startswith(f"int4_x86: auto chose {chosen} (") and chosen in ("avx512bf16", other)
+    assert re.search(r"avx512bf16 \d", message) and re.search(rf"{other} \d", message)  # both builds' times
+    libraries = {isa: build.load_build(int4_cpu.SOURCE, isa, int4_cpu.declare).library for isa in ("avx512bf16", other)}
     ms = int4_cpu.time_builds(libraries)
-    assert set(ms) == {"avx512bf16", "avx512"} and all(value > 0 for value in ms.values())
+    assert set(ms) == {"avx512bf16", other} and all(value > 0 for value in ms.values())
 
 
 @needs_kernel

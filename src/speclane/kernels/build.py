@@ -38,17 +38,19 @@ LIBS = ["-lm"]  # the attention kernel's tanhf (soft-capped scores), linked rath
 ISA_FLAGS = {
     "amx": ["-mavx512f", "-mavx512bw", "-mavx512bf16", "-mavx2", "-mfma", "-mf16c", "-mamx-tile", "-mamx-bf16"],
     "avx512bf16": ["-mavx512f", "-mavx512bw", "-mavx512bf16", "-mavx2", "-mfma", "-mf16c"],
+    "avx512vnni": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx2", "-mfma", "-mf16c"],
     "avx512": ["-mavx512f", "-mavx512bw", "-mavx2", "-mfma", "-mf16c"],
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
 }
 ISA_CPU_FLAGS = {
     "amx": {"avx512f", "avx512bw", "avx512_bf16", "avx2", "fma", "f16c", "amx_tile", "amx_bf16"},
     "avx512bf16": {"avx512f", "avx512bw", "avx512_bf16", "avx2", "fma", "f16c"},
+    "avx512vnni": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma", "f16c"},
     "avx512": {"avx512f", "avx512bw", "avx2", "fma", "f16c"},
     "avx2": {"avx2", "fma", "f16c"},
 }
 # The vector builds, widest first: what ``pick_isa``'s ``isa`` may name.
-VECTOR_ISAS = ("avx512bf16", "avx512", "avx2")
+VECTOR_ISAS = ("avx512bf16", "avx512vnni", "avx512", "avx2")
 CACHE_DIR = Path.home() / ".cache" / "speclane" / "kernels"
 
 

@@ -5,11 +5,19 @@ build), built and loaded by ``build.py``.
 ``Int4Weight``. All builds give the same bits (each output column is one vector lane doing
 the same operations).
 
-Without a pinned build, a CPU with AVX512_BF16 times the two AVX-512 builds on a few rows
-and keeps the faster (``faster_build``): which one wins depends on the core, not on its flags. On a Zen 5
-``vdpbf16ps`` (two multiply-adds per lane) made a 5-row verify 0.68x the time; on an Intel
-Xeon with AMX it runs at half the plain build's FMA rate (5 rows 1.37x, 96 rows 1.64x the
-plain build's time). The bits are the same either way, so the choice changes only speed.
+The AVX-512 VNNI build runs calls of up to 12 rows in integers (``vpdpwssd`` on the
+inputs as int16 multiples of their group's step, as the AVX2 build does with ``vpmaddwd``):
+on an Intel Xeon with AMX, the default model's layer and head shapes at 1-4 rows took
+0.77-0.87x the plain AVX-512 build's time, and the lm head 0.87x at one row
+(``benchmarks/kernels.py``); from 13 rows it is the plain build.
+
+Without a pinned build, a CPU with AVX512_BF16 times the bfloat16 build against the other
+AVX-512 build it runs (VNNI, else plain) on a few rows and keeps the faster
+(``faster_build``): which one wins depends on the core, not on its flags. On a Zen 5
+``vdpbf16ps`` (two multiply-adds per lane) made a 5-row verify 0.68x the plain build's
+time; on an Intel Xeon with AMX it runs at half the plain build's FMA rate (5 rows 1.37x,
+96 rows 1.64x the plain build's time). The bits are the same either way, so the choice
+changes only speed.
 
 The tile kernel (``load_tiles``; ``select.Kernels`` takes it where the CPU has AMX and Linux
 grants this process its tiles): a second kernel over the same packed weights
@@ -44,7 +52,7 @@ __all__ = ["KernelUnavailable", "bind", "dequantize_rows", "load", "load_int8_in
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("int4_x86.c")
-ISAS = ("avx512bf16", "avx512", "avx2")  # the builds of SOURCE, widest first
+ISAS = ("avx512bf16", "avx512vnni", "avx512", "avx2")  # the builds of SOURCE, widest first
 LANES = 16  # output columns per packed tile (the C file's LANES)
 GROUP = 32  # input columns per (scale, minimum) pair
 TILE_SOURCE = Path(__file__).with_name("int4_amx.c")
@@ -121,14 +129,16 @@ TIMING_MARGIN = 0.95
 
 
 def faster_build(widest: build.Kernel) -> build.Kernel:
-    """With AVX512_BF16 and no pinned build: the bfloat16 build or the plain AVX-512 one, by
-    a timing (~10 ms; both give the same bits). The plain one unavailable: the bfloat16 one."""
+    """With AVX512_BF16 and no pinned build: the bfloat16 build or the other AVX-512 build
+    this CPU runs (VNNI, else plain), by a timing (~10 ms; both give the same bits). That
+    one unavailable: the bfloat16 one."""
+    other_isa = "avx512vnni" if not build.missing_cpu_flags("avx512vnni") else "avx512"
     try:
-        plain = build.load_build(SOURCE, "avx512", declare)
+        other = build.load_build(SOURCE, other_isa, declare)
     except KernelUnavailable as err:
-        log.warning("int4_x86: the avx512 build is unavailable (%s); keeping %s", err, widest.isa)
+        log.warning("int4_x86: the %s build is unavailable (%s); keeping %s", other_isa, err, widest.isa)
         return widest
-    kernels = {kernel.isa: kernel for kernel in (widest, plain)}
+    kernels = {kernel.isa: kernel for kernel in (widest, other)}
     ms = time_builds({isa: kernel.library for isa, kernel in kernels.items()})
     isa = faster(ms, widest.isa)
     log.info("int4_x86: auto chose %s (%s ms per %d-row call)", isa,

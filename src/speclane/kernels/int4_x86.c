@@ -208,6 +208,57 @@ INLINE void direct(const int R, const int TT, const q4_weight *w, const q4_input
     UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) store_row(acc[t][r], y + (size_t)r * N + (tile0 + t) * LANES);
 }
 
+// A call of at most DIRECT_MAX_ROWS rows over every tile, by DIRECT (direct, or the VNNI
+// build's direct_int): TILES_PER_CALL tiles a call for one or two rows (see direct), else
+// one; the last few tiles one at a time.
+#if DIRECT_MAX_ROWS > 4
+#define MORE_DIRECT_CASES(DIRECT, w, in, u, y)                                                                  \
+    case 4: DIRECT(4, 1, w, in, u, y); break;   case 5: DIRECT(5, 1, w, in, u, y); break;                     \
+    case 6: DIRECT(6, 1, w, in, u, y); break;   case 7: DIRECT(7, 1, w, in, u, y); break;                     \
+    case 8: DIRECT(8, 1, w, in, u, y); break;   case 9: DIRECT(9, 1, w, in, u, y); break;                     \
+    case 10: DIRECT(10, 1, w, in, u, y); break; case 11: DIRECT(11, 1, w, in, u, y); break;
+#else
+#define MORE_DIRECT_CASES(DIRECT, w, in, u, y)
+#endif
+#define DIRECT_OVER_TILES(DIRECT, w, in, y, M)                                                                  \
+    do {                                                                                                        \
+        const int tiles_ = (w)->n / LANES, step_ = (M) <= 2 ? TILES_PER_CALL : 1;                               \
+        _Pragma("omp parallel for schedule(dynamic, 1)")                                                        \
+        for (int t = 0; t < tiles_; t += step_) {                                                               \
+            if (step_ > 1 && t + step_ <= tiles_) {                                                             \
+                if ((M) == 1) DIRECT(1, TILES_PER_CALL, w, in, t, y);                                           \
+                else DIRECT(2, TILES_PER_CALL, w, in, t, y);                                                    \
+                continue;                                                                                       \
+            }                                                                                                   \
+            for (int u = t; u < t + step_ && u < tiles_; u++) {                                                 \
+                switch (M) { /* a compile-time R per case: the sums stay in registers */                        \
+                case 1: DIRECT(1, 1, w, in, u, y); break;                                                       \
+                case 2: DIRECT(2, 1, w, in, u, y); break;                                                       \
+                case 3: DIRECT(3, 1, w, in, u, y); break;                                                       \
+                MORE_DIRECT_CASES(DIRECT, w, in, u, y)                                                          \
+                default: DIRECT(DIRECT_MAX_ROWS, 1, w, in, u, y); break;                                        \
+                }                                                                                               \
+            }                                                                                                   \
+        }                                                                                                       \
+    } while (0)
+
+// The integer few-row paths: the AVX2 build's (vpmaddwd) and the AVX-512 VNNI build's
+// (vpdpwssd). Both read the rounded inputs as int16 multiples of their group's step.
+#if !defined(__AVX512F__) || (defined(__AVX512VNNI__) && !defined(__AVX512BF16__))
+#define INTEGER_PATH 1
+#else
+#define INTEGER_PATH 0
+#endif
+
+#if INTEGER_PATH
+typedef struct {
+    const int16_t *x;    // [M][K] the rounded inputs in steps
+    const float *step;   // [M][K/32] each group's step
+    const float *sums;   // [M][K/32]
+    int ld, groups;
+} q4_int_input;
+#endif
+
 #ifndef __AVX512F__
 // The AVX2 build's few-row path in integers. On the grid (round_group) an input is an
 // integer multiple of its group's step 2^(E - 14) below 2^15 steps (E: the exponent of the
@@ -227,12 +278,6 @@ INLINE void direct(const int R, const int TT, const q4_weight *w, const q4_input
 #define INT_ROWS 6
 #define INT_MAX_ROWS 48  // at 24-32 rows 0.94-0.95x the float path's time; at 64, 1.01x
 _Static_assert(INT_ROWS == 6, "matmul_rows_int's cases cover 1 .. INT_ROWS - 1 rows");
-typedef struct {
-    const int16_t *x;    // [M][K] the rounded inputs in steps
-    const float *step;   // [M][K/32] each group's step
-    const float *sums;   // [M][K/32]
-    int ld, groups;
-} q4_int_input;
 
 INLINE void unpack_pair_int(const uint8_t *bytes, __m256i *a, __m256i *b) {
     const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)bytes));
@@ -275,6 +320,9 @@ INLINE void direct_int(const int R, const int TT, const q4_weight *w, const q4_i
     UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) store_row(acc[t][r], y + (size_t)r * N + (tile0 + t) * LANES);
 }
 
+#endif  // !__AVX512F__
+
+#if INTEGER_PATH
 // The rounded inputs in steps and each group's step; 0 where a group is outside the grid's
 // range (round_group passes it as it is: 2^119 and above, Inf, NaN), and the call then
 // takes the float path.
@@ -301,7 +349,9 @@ static int inputs_in_steps(const uint16_t *rounded, int16_t *x, float *step, int
         }
     return 1;
 }
+#endif  // INTEGER_PATH
 
+#ifndef __AVX512F__
 static void matmul_rows_int(const q4_int_input *in, const q4_weight *w, uint16_t *y, int M) {
     const int tiles = w->n / LANES;
     const int step = M <= 2 ? TILES_PER_CALL : 1;
@@ -325,6 +375,55 @@ static void matmul_rows_int(const q4_int_input *in, const q4_weight *w, uint16_t
                 }
             }
     }
+}
+#endif
+
+#if INTEGER_PATH && defined(__AVX512F__)
+// The AVX-512 VNNI build's few-row path: AVX2's integer arithmetic (see direct_int) on
+// 16 columns a vector, where vpdpwssd is vpmaddwd and the add in one instruction. A
+// tile's byte j (q[2p] | q[2p+1] << 4) widened to an int32 lane becomes the pair
+// (q[2p], q[2p+1]) as two int16 by one shift and one masked merge, columns in order; each
+// row then costs one instruction per pair and tile (the float path: a table lookup per
+// nibble, then two FMAs per row). Same bits as the float path: a group's d is exact in both.
+#define INT_MAX_ROWS DIRECT_MAX_ROWS
+INLINE __m512i unpack_pair_int(const uint8_t *bytes) {
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)bytes));
+    return _mm512_and_si512(_mm512_or_si512(b, _mm512_slli_epi32(b, 12)), _mm512_set1_epi32(0x000F000F));
+}
+
+INLINE void direct_int(const int R, const int TT, const q4_weight *w, const q4_int_input *in, int tile0, uint16_t *y) {
+    const int K = w->k, N = w->n;
+    vec acc[TILES_PER_CALL][DIRECT_MAX_ROWS];
+    UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) acc[t][r] = v_zero();
+    for (int g = 0; g < K / GROUP; g++) {
+        __m512i d[TILES_PER_CALL][DIRECT_MAX_ROWS];
+        UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) d[t][r] = _mm512_setzero_si512();
+        for (int p = g * PAIRS; p < (g + 1) * PAIRS; p++) {
+            UNROLL for (int t = 0; t < TT; t++) {
+                const uint8_t *b = w->packed + ((size_t)(tile0 + t) * (K / 2) + p) * LANES;
+                if (PREFETCH_AHEAD && (p & 3) == 0) _mm_prefetch((const char *)b + PREFETCH_AHEAD, _MM_HINT_T0);  // once per line
+                const __m512i q = unpack_pair_int(b);
+                UNROLL for (int r = 0; r < R; r++) {
+                    int32_t pair;  // x[2p] (low half) and x[2p+1], as in a lane of q
+                    memcpy(&pair, in->x + (size_t)r * in->ld + 2 * p, sizeof pair);
+                    d[t][r] = _mm512_dpwssd_epi32(d[t][r], q, _mm512_set1_epi32(pair));
+                }
+            }
+        }
+        UNROLL for (int t = 0; t < TT; t++) {
+            vec s[NV], m[NV];
+            group_scales(w, (size_t)tile0 + t, g, s, m);
+            UNROLL for (int r = 0; r < R; r++) {
+                const vec step = v_bcast(in->step + (size_t)r * in->groups + g), sum = v_bcast(in->sums + (size_t)r * in->groups + g);
+                acc[t][r] = v_fma(m[0], sum, v_fma(s[0], _mm512_mul_ps(_mm512_cvtepi32_ps(d[t][r]), step), acc[t][r]));
+            }
+        }
+    }
+    UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) store_row(&acc[t][r], y + (size_t)r * N + (tile0 + t) * LANES);
+}
+
+static void matmul_rows_int(const q4_int_input *in, const q4_weight *w, uint16_t *y, int M) {
+    DIRECT_OVER_TILES(direct_int, w, in, y, M);
 }
 #endif
 
@@ -426,27 +525,7 @@ static void matmul_rows(const q4_input *in, const q4_weight *w, uint16_t *y, int
         for (int t = 0; t < tiles; t += NT) buffered_group(w, in, M, t, y);
         return;
     }
-    // One or two rows: TILES_PER_CALL tiles interleaved per direct() call (see direct).
-    const int step = M <= 2 ? TILES_PER_CALL : 1;
-    #pragma omp parallel for schedule(dynamic, 1)
-    for (int t = 0; t < tiles; t += step) {
-        if (step > 1 && t + step <= tiles) {
-            if (M == 1) direct(1, TILES_PER_CALL, w, in, t, y);
-            else direct(2, TILES_PER_CALL, w, in, t, y);
-            continue;
-        }
-        for (int u = t; u < t + step && u < tiles; u++) {
-            switch (M) {
-#define CASE(r) case r: direct(r, 1, w, in, u, y); break;
-            CASE(1) CASE(2) CASE(3)
-#if DIRECT_MAX_ROWS > 4
-            CASE(4) CASE(5) CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11)
-#endif
-#undef CASE
-            default: direct(DIRECT_MAX_ROWS, 1, w, in, u, y); break;
-            }
-        }
-    }
+    DIRECT_OVER_TILES(direct, w, in, y, M);
 }
 
 // y = x @ W^T. x: [M][K] bfloat16, y: [M][N] bfloat16. The caller checks N % 16 == 0 and
@@ -471,8 +550,8 @@ void int4_matmul(const uint16_t *x, const uint8_t *packed, const uint16_t *scale
     const xin *inputs = rounded;
 #else
     float *x32 = sums + sum_floats;
-#ifndef __AVX512F__
-    if (M <= INT_MAX_ROWS) {  // the AVX2 build's integer path; x32's room holds its inputs and steps
+#if INTEGER_PATH
+    if (M <= INT_MAX_ROWS) {  // the integer path; x32's room holds its inputs and steps
         int16_t *steps_x = (int16_t *)x32;
         float *steps = x32 + (n / 2 + 15) / 16 * 16;
         if (inputs_in_steps(rounded, steps_x, steps, M, K)) {

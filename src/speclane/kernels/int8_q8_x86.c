@@ -100,16 +100,16 @@ _Static_assert(ROWS == 4, "tile_rows' cases cover 1 .. ROWS - 1 rows");
             }                                                                                           \
         }                                                                                               \
     }                                                                                                   \
-    static void name##_one_row(const q8_weight *w, const q8_input *in, int tile, uint16_t *y) {         \
+    static void name##_few_rows(const q8_weight *w, const q8_input *in, int tile, uint16_t *y) {         \
         rows_over_tiles(1, TILES, HALF, w, in, tile, y);                                                \
     }
 TILE_ROWS(rows_tile_f32, 0)
 TILE_ROWS(rows_tile_f16, 1)
 
 typedef void (*tile_fn)(const q8_weight *, const q8_input *, int, int, uint16_t *);
-typedef void (*one_row_fn)(const q8_weight *, const q8_input *, int, uint16_t *);
+typedef void (*few_rows_fn)(const q8_weight *, const q8_input *, int, uint16_t *);  // here, one-row calls
 
-static void matmul(tile_fn tile_rows, one_row_fn one_row, const uint16_t *x, const int8_t *q, const void *scale,
+static void matmul(tile_fn tile_rows, few_rows_fn one_row, const uint16_t *x, const int8_t *q, const void *scale,
                    const void *minimum, uint16_t *y, int M, int N, int K, int G) {
     const q8_input in = quantize_call(x, M, K, G);
     const q8_weight w = {q, scale, minimum, N, K, G};

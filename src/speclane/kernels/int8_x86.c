@@ -39,11 +39,19 @@
 #ifdef __AVX512F__
 #define ROW_BLOCK 8  // rows sharing a tile's widened weights: 8 partial + 8 running sums
 #define TILES_ONE_ROW 4  // a one-row call's tiles per rows_tile: 4 chains of one vector each
+// Blocks of 2-6 rows: tiles per rows_tile so that each has at least 8 chains (1-3 rows 4
+// tiles, 4-6 rows 2; 2 tiles of 7 rows would need 31 registers). One tile a call left a
+// 2-row call of the lm head at 1.9x the time of a one-row call (2 chains, bound by the
+// multiply-add's latency).
+#define FEW_ROWS 6
+#define TILES_FOR(R) ((R) <= 3 ? 4 : 2)
 INLINE vec v_int8(const int8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
 INLINE vec v_half(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 #else
 #define ROW_BLOCK 3  // a tile is two vectors: 6 partial + 6 running sums + 2 weights + a broadcast
 #define TILES_ONE_ROW 4  // a one-row call's tiles per rows_tile: 8 chains (the running sums spill, once a group)
+#define FEW_ROWS 1  // 16 registers: more rows take one tile a call (two vectors: 2R chains)
+#define TILES_FOR(R) TILES_ONE_ROW
 INLINE vec v_int8(const int8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
 INLINE vec v_half(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 #endif
@@ -116,9 +124,22 @@ INLINE void rows_tile(const int R, const int TT, const int HALF, const q8_weight
         default: rows_tile(ROW_BLOCK, 1, HALF, w, x, sums, tile, y); break;                                      \
         }                                                                                                        \
     }                                                                                                            \
-    static void name##_one_row(const q8_weight *w, const float *x, const float *sums, int tile, uint16_t *y) {    \
-        rows_tile(1, TILES_ONE_ROW, HALF, w, x, sums, tile, y);                                                  \
+    static void name##_few_rows(int R, const q8_weight *w, const float *x, const float *sums, int tile, uint16_t *y) { \
+        switch (R) { /* TILES_FOR(R) tiles from ``tile`` */                                                      \
+        case 1: rows_tile(1, TILES_FOR(1), HALF, w, x, sums, tile, y); break;                                    \
+        FEW_CASES(HALF)                                                                                          \
+        }                                                                                                        \
     }
+#if FEW_ROWS > 1
+#define FEW_CASES(HALF)                                                                                          \
+    case 2: rows_tile(2, TILES_FOR(2), HALF, w, x, sums, tile, y); break;                                        \
+    case 3: rows_tile(3, TILES_FOR(3), HALF, w, x, sums, tile, y); break;                                        \
+    case 4: rows_tile(4, TILES_FOR(4), HALF, w, x, sums, tile, y); break;                                        \
+    case 5: rows_tile(5, TILES_FOR(5), HALF, w, x, sums, tile, y); break;                                        \
+    case 6: rows_tile(6, TILES_FOR(6), HALF, w, x, sums, tile, y); break;
+#else
+#define FEW_CASES(HALF)
+#endif
 #if ROW_BLOCK > 3
 #define MORE_CASES(HALF)                                                                                         \
     case 3: rows_tile(3, 1, HALF, w, x, sums, tile, y); break;                                                   \
@@ -133,9 +154,9 @@ ANY_ROWS_TILE(rows_tile_f32, 0)
 ANY_ROWS_TILE(rows_tile_f16, 1)
 
 typedef void (*tile_fn)(int, const q8_weight *, const float *, const float *, int, uint16_t *);
-typedef void (*one_row_fn)(const q8_weight *, const float *, const float *, int, uint16_t *);
+typedef tile_fn few_rows_fn;  // TILES_FOR(R) tiles a call (R <= FEW_ROWS)
 
-static void matmul(tile_fn any_rows_tile, one_row_fn one_row, const uint16_t *x, const int8_t *q, const void *scale, const void *minimum,
+static void matmul(tile_fn any_rows_tile, few_rows_fn few_rows, const uint16_t *x, const int8_t *q, const void *scale, const void *minimum,
                    uint16_t *y, int M, int N, int K, int G) {
     const int groups = K / G;
     const size_t n = (size_t)M * K;
@@ -153,21 +174,26 @@ static void matmul(tile_fn any_rows_tile, one_row_fn one_row, const uint16_t *x,
             }
     const q8_weight w = {q, scale, minimum, N, K, G};
     const int tiles = N / LANES;
-    if (M == 1) {  // TILES_ONE_ROW tiles a call (see rows_tile), the last few one at a time
-        #pragma omp parallel for schedule(dynamic, 1)
-        for (int t = 0; t < tiles; t += TILES_ONE_ROW) {
-            if (t + TILES_ONE_ROW <= tiles) one_row(&w, x32, sums, t, y);
-            else for (int u = t; u < tiles; u++) any_rows_tile(1, &w, x32, sums, u, y);
-        }
-        return;
-    }
+    // TILES_ONE_ROW tiles at a time: the full blocks of ROW_BLOCK rows one tile a call (a
+    // tile's weights stay in L1 from one block to the next), then a last block of at most
+    // FEW_ROWS rows TILES_FOR(R) tiles a call (see rows_tile); the last few tiles one at a
+    // time. (TILES_FOR(R) divides TILES_ONE_ROW.)
     // schedule(dynamic): a thread slowed by another process on its core takes fewer tiles instead of
     // holding the others at the barrier; a tile's outputs are one thread's, so the split never changes a bit.
+    const int last = M % ROW_BLOCK, full = M - last;
     #pragma omp parallel for schedule(dynamic, 1)
-    for (int t = 0; t < tiles; t++)
-        for (int r0 = 0; r0 < M; r0 += ROW_BLOCK)
-            any_rows_tile(M - r0 < ROW_BLOCK ? M - r0 : ROW_BLOCK, &w, x32 + (size_t)r0 * K, sums + (size_t)r0 * groups, t,
-                          y + (size_t)r0 * N);
+    for (int t = 0; t < tiles; t += TILES_ONE_ROW) {
+        const int end = t + TILES_ONE_ROW < tiles ? t + TILES_ONE_ROW : tiles;
+        for (int u = t; u < end; u++)
+            for (int r0 = 0; r0 < full; r0 += ROW_BLOCK) any_rows_tile(ROW_BLOCK, &w, x32 + (size_t)r0 * K, sums + (size_t)r0 * groups, u, y + (size_t)r0 * N);
+        if (last == 0) continue;
+        const float *xr = x32 + (size_t)full * K, *sr = sums + (size_t)full * groups;
+        uint16_t *yr = y + (size_t)full * N;
+        if (last <= FEW_ROWS && end == t + TILES_ONE_ROW)
+            for (int u = t; u < end; u += TILES_FOR(last)) few_rows(last, &w, xr, sr, u, yr);
+        else
+            for (int u = t; u < end; u++) any_rows_tile(last, &w, xr, sr, u, yr);
+    }
 }
 
 INT8_ENTRY_POINTS(0)

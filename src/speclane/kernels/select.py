@@ -183,7 +183,7 @@ class Kernels:
     # -- names, for logs, benchmarks and the calibration's key ---------------------------
     @property
     def int4_name(self) -> str:
-        """'avx512bf16', 'avx512', 'avx2' or 'torch'."""
+        """'avx512bf16', 'avx512vnni', 'avx512', 'avx2' or 'torch'."""
         return _name(self.int4)
 
     @property

@@ -62,7 +62,7 @@ class Int4Weight:
         self.group = group
         self.out_features = out_features
         if group == int4_cpu.GROUP and out_features % int4_cpu.LANES == 0 and kernels.int4 is not None:
-            self.kernel = kernels.int4.isa  # "avx512bf16", "avx512" or "avx2": the same bits (on bfloat16 inputs)
+            self.kernel = kernels.int4.isa  # "avx512bf16", "avx512vnni", "avx512" or "avx2": the same bits (on bfloat16 inputs)
             self.library = kernels.int4.library
             # The kernel on int8 inputs reads its weights' q in quads (int4_cpu.pack).
             self.tensors: tuple[torch.Tensor, ...] = int4_cpu.pack(q, scale, minimum, quads=kernels.matmul_inputs == "int8")
