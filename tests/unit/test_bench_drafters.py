@@ -104,3 +104,15 @@ def test_without_llama_server_the_table_says_so_and_runs_nothing(monkeypatch):
     table = vs.vs_llama_table(EngineConfig(), {"open-chat": []}, new_tokens=8, passes=1)
     assert table.rows == []
     assert table.notes == ["Not run: llama.cpp's llama-server was not found (PATH or ~/.cache/speclane-anchors)."]
+
+
+def test_auto_is_paired_per_prompt_with_the_categorys_best_single_drafter():
+    from speclane.bench.drafters_scenario import auto_vs_best
+
+    # suffix has the higher median over off (1.5 vs 1.2): auto is compared with it, prompt by prompt.
+    ratios = {"ngram": [1.2, 1.2, 1.2], "suffix": [1.5, 1.4, 1.6], "auto": [1.4, 1.5, 1.5]}
+    rates = [{"off": 100.0, "ngram": 120.0, "suffix": 150.0, "auto": 140.0},
+             {"off": 100.0, "ngram": 120.0, "suffix": 140.0, "auto": 150.0},
+             {"off": 100.0, "ngram": 120.0, "suffix": 160.0, "auto": 0.0}]  # auto measured nothing here
+    assert auto_vs_best(rates, ratios, ["ngram", "suffix"]) == "1.00x (0.93-1.07, suffix)"
+    assert auto_vs_best(rates, {"ngram": [], "suffix": [], "auto": [1.0]}, ["ngram", "suffix"]) == "-"

@@ -44,6 +44,16 @@ def test_speculation_table_gives_median_and_range_of_paired_ratios():
                           [16, "engines alone", 50.0, "1.00x (0.90-1.10)", "1.00x (1.00-1.10)", "1.00x (0.90-1.10)"]]
 
 
+def test_sustained_clients_get_rows_of_their_own_and_a_note():
+    alone = {8: {"off": [100.0], "auto": [100.0], "ngram": [100.0], "mtp": [100.0]}}
+    sustained = {8: {"off": [100.0, 90.0], "auto": [105.0, 99.0], "ngram": [100.0, 81.0], "mtp": [95.0, 90.0]}}
+    table = vs._spec_table({}, alone, tokens=64, runs=2, sustained=sustained)
+    assert table.rows[-1] == [8, "engines alone, sustained clients", 95.0, "1.08x (1.05-1.10)", "0.95x (0.90-1.00)",
+                              "0.97x (0.95-1.00)"]
+    assert any(note.startswith("Sustained clients:") for note in table.notes)
+    assert not any("sustained" in row[1] for row in vs._spec_table({}, alone, tokens=64, runs=1).rows)
+
+
 def test_lane_work_counts_the_rows_drafts_add_from_the_engine_counters():
     counters = EngineCounters()
     work = vs.LaneWork()

@@ -69,6 +69,7 @@ def drafters(factory: EngineFactory, quick: bool = False, new_tokens: int = 64, 
         _answer(engine, warm[0], [], "warm-up", 8)
     ratios: dict[str, dict[str, list[float]]] = {c: {a: [] for a in arms} for c in groups}
     counts: dict[str, dict[str, list[int]]] = {c: {a: [0, 0] for a in arms} for c in groups}  # drafted, accepted
+    rates: dict[str, list[dict[str, float]]] = {c: [] for c in groups}  # per prompt: each arm's best rate
     same = dict.fromkeys(arms, 0)
     total = sum(len(ps) for ps in groups.values())
     done = 0
@@ -83,6 +84,7 @@ def drafters(factory: EngineFactory, quick: bool = False, new_tokens: int = 64, 
             runs = passes[0]
             rate = {name: max(_rate_of(run[name]) for run in passes) for name in engines}  # the least disturbed pass
             off = runs["off"]
+            rates[category].append(rate)
             for name in arms:
                 run = runs[name]
                 if rate["off"] > 0 and rate[name] > 0:
@@ -93,14 +95,16 @@ def drafters(factory: EngineFactory, quick: bool = False, new_tokens: int = 64, 
                 same[name] += run.text == off.text
     k = lane.num_draft_tokens
     speed = Table(f"Held-out drafts set: decode speed-up over speculation off, median per category "
-                  f"(single stream, greedy, up to {new_tokens} tokens, K={k}, adaptive K)", ["category", "prompts", *arms])
+                  f"(single stream, greedy, up to {new_tokens} tokens, K={k}, adaptive K)",
+                  ["category", "prompts", *arms, "auto / best single drafter"])
     accept = Table("Drafted tokens accepted, per category (accepted / drafted)", ["category", *arms])
     for category in groups:
         speed.add(category, len(groups[category]),
-                  *[f"{median(ratios[category][a]):.2f}x" if ratios[category][a] else "-" for a in arms])
+                  *[f"{median(ratios[category][a]):.2f}x" if ratios[category][a] else "-" for a in arms],
+                  auto_vs_best(rates[category], ratios[category], [a for a in arms if a != "auto"]))
         accept.add(category, *[_rate(*counts[category][a]) for a in arms])
     every = [r for c in groups for r in ratios[c]["auto"]]
-    speed.add("all prompts", total, *[f"{median([r for c in groups for r in ratios[c][a]]):.2f}x" for a in arms])
+    speed.add("all prompts", total, *[f"{median([r for c in groups for r in ratios[c][a]]):.2f}x" for a in arms], "")
     speed.notes.append("'text == off' (greedy answers identical to speculation off): "
                        + ", ".join(f"{a} {same[a]}/{total}" for a in arms) + ".")
     auto = engines["auto"].drafter
@@ -115,6 +119,9 @@ def drafters(factory: EngineFactory, quick: bool = False, new_tokens: int = 64, 
                        f"{SuffixParams().branch_min_prob}. The default is chains (--suffix-tree-branches 1): on the tuning "
                        "half, trees estimated 0.98-1.00x of chains with the same min_prob at every setting tried "
                        "(benchmarks/tune_drafters.py --trees).")
+    speed.notes.append("'auto / best single drafter': per prompt, auto's rate over the rate of the category's best "
+                       "single drafter (the highest median above) on the same prompt, median and range over the "
+                       "category's prompts: a paired ratio, steadier than the two medians' quotient.")
     speed.notes.append(f"Each prompt is answered by every arm in turn, {repeats} pass(es), each pass its own tenant; the "
                        "ratio is per prompt (decode rate after the first token, the best pass of each arm), so prefill and "
                        "machine load hit the arms alike. Parameters were tuned on the "
@@ -124,6 +131,20 @@ def drafters(factory: EngineFactory, quick: bool = False, new_tokens: int = 64, 
     llama = vs_llama_table(factory.base, {c: ps[:2 if quick else 4] for c, ps in heldout.items()}, new_tokens,
                            passes=repeats)
     return [speed, accept, load, llama]
+
+
+def auto_vs_best(rates: list[dict[str, float]], ratios: dict[str, list[float]], singles: list[str]) -> str:
+    """Auto against the category's best single drafter (the highest median ratio over
+    off), paired per prompt: the median of auto's rate / that drafter's rate, with the
+    range, and the drafter's name."""
+    scored = [a for a in singles if ratios[a]]
+    if not scored or not ratios.get("auto"):
+        return "-"
+    best = max(scored, key=lambda a: median(ratios[a]))
+    paired = [r["auto"] / r[best] for r in rates if r.get("auto", 0) > 0 and r.get(best, 0) > 0]
+    if not paired:
+        return "-"
+    return f"{median(paired):.2f}x ({min(paired):.2f}-{max(paired):.2f}, {best})"
 
 
 def _rate_of(run: Timeline) -> float:

@@ -15,7 +15,10 @@ the default GGUF file, the same threads and the same client.
   MTP drafter (servers with ``--drafter ngram`` / ``--drafter mtp``): each drafter's
   aggregate over off, median and range of the runs; then the same streams through engines
   in this process (``speclane.LLM``, no HTTP and no client on the cores): the lane's
-  decisions alone, without the clients' share of the noise.
+  decisions alone, without the clients' share of the noise; and sustained: n closed-loop
+  clients on those engines for a fixed window, each sending its next request as soon as
+  its answer ends, so tokens that speculation saves free a slot for the next request (a
+  closed batch ends with its longest stream whatever the others saved).
 - **A noisy neighbour.** Single-stream decode with one busy process beside it (a Python
   loop, one core's worth), as a fraction of the quiet rate measured just before, for
   speclane's engine and for ``llama-bench``.
@@ -39,7 +42,7 @@ from typing import Any
 
 from speclane.bench.common import Table, alternate, median
 from speclane.bench.decode import PROMPT, engine_decode_arms
-from speclane.bench.driver import Job, batch_rate, batch_tokens, drive, progress
+from speclane.bench.driver import Job, batch_rate, batch_tokens, drive, drive_clients, progress
 from speclane.bench.gguf_scenario import STREAM_PROMPTS, load_note, ratio
 from speclane.bench.http_streams import StreamResult, aggregate_rate, concurrent_streams, new_tenant
 from speclane.bench.http_streams import decode_rate as stream_decode_rate
@@ -53,6 +56,7 @@ from speclane.request import SamplingParams
 
 NEW_TOKENS = 128
 STREAM_LEVELS = (8, 16)
+SUSTAIN_SECONDS = 8.0  # the sustained arms' window: several answers per client at 8-16 clients
 CONTEXT_PER_SLOT = 1024
 OFF = {"speculative": False}
 SETTLE_S = 1.2  # a busy neighbour's head start before the noisy measurement
@@ -176,12 +180,15 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
                              spec_runs, warmup=False)
                 for n in STREAM_LEVELS}
     progress("vs-llama-cpp: speculation under load, engines alone")
-    spec_engines, spec_work = _engine_spec_arms(config, tokens)
+    spec_engines, spec_clients, spec_work = _engine_spec_arms(config, tokens, SUSTAIN_SECONDS / 4 if quick else SUSTAIN_SECONDS)
     spec_alone = {n: alternate({name: lambda arm=arm, n=n: arm(n) for name, arm in spec_engines.items()}, spec_runs)
                   for n in STREAM_LEVELS}
+    progress("vs-llama-cpp: speculation under sustained load, engines alone")
+    spec_sustained = {n: alternate({name: lambda arm=arm, n=n: arm(n) for name, arm in spec_clients.items()}, spec_runs)
+                      for n in STREAM_LEVELS}
     load = load_note(load_before, os.getloadavg()[0], len(os.sched_getaffinity(0)), threads)
     tables = [_single_table(engine, single, single_arms, tokens, threads, repeats, spec_runs), _streams_table(loads, rates, tokens, repeats),
-              _spec_table(spec, spec_alone, tokens, spec_runs, spec_work), _noisy_table(noisy, tokens, repeats)]
+              _spec_table(spec, spec_alone, tokens, spec_runs, spec_work, spec_sustained), _noisy_table(noisy, tokens, repeats)]
     for table in tables:
         if tools["llama-server"] is None or tools["llama-bench"] is None:
             table.notes.append("llama.cpp's llama-bench or llama-server was not found (PATH or "
@@ -282,18 +289,20 @@ class LaneWork:
         return f"+{extra:.1%} rows, {self.accepted}/{self.drafted} accepted, ticks {self.ticks / max(1, off.ticks):.2f}x"
 
 
-def _engine_spec_arms(config: EngineConfig, tokens: int) -> tuple[dict[str, Callable[[int], float]],
-                                                                   dict[int, dict[str, LaneWork]]]:
-    """Per drafter (and off), an engine in this process, warmed up, as an arm: the aggregate
-    tok/s of n concurrent greedy requests of ``prompts(n)`` (chat, up to ``tokens`` each);
-    and, per n and arm, the ``LaneWork`` of its runs (the warm-up's included)."""
+def _engine_spec_arms(config: EngineConfig, tokens: int, seconds: float
+                      ) -> tuple[dict[str, Callable[[int], float]], dict[str, Callable[[int], float]], dict[int, dict[str, LaneWork]]]:
+    """Per drafter (and off), an engine in this process, warmed up, as two arms: the
+    aggregate tok/s of n concurrent greedy requests of ``prompts(n)`` (chat, up to ``tokens``
+    each), and of n closed-loop clients sending those prompts for ``seconds``
+    (``drive_clients``); and, per n and arm, the ``LaneWork`` of its batch runs (the
+    warm-up's included)."""
     engines = {"off": LLM(config=config.replace(spec_mode="off")), "auto": LLM(config=config),
                "ngram": LLM(config=config.replace(drafter="ngram")), "mtp": LLM(config=config.replace(drafter="mtp"))}
     encoded = [next(iter(engines.values())).encode_prompt(p, chat=True) for p in prompts(max(STREAM_LEVELS))]
     runs = [0]
     work: dict[int, dict[str, LaneWork]] = {}
 
-    def arm(name: str, llm: LLM) -> Callable[[int], float]:
+    def batch(name: str, llm: LLM) -> Callable[[int], float]:
         def run(n: int) -> float:
             runs[0] += 1
             jobs = [Job(f"load-{runs[0]}-{i}", ids, SamplingParams(max_tokens=tokens)) for i, ids in enumerate(encoded[:n])]
@@ -303,15 +312,26 @@ def _engine_spec_arms(config: EngineConfig, tokens: int) -> tuple[dict[str, Call
             return batch_rate(timelines, wall)
         return run
 
-    return {name: arm(name, llm) for name, llm in engines.items()}, work
+    def clients(llm: LLM) -> Callable[[int], float]:
+        def run(n: int) -> float:
+            received, window = drive_clients(llm.engine, encoded[:n], SamplingParams(max_tokens=tokens), seconds)
+            return received / window
+        return run
+
+    return ({name: batch(name, llm) for name, llm in engines.items()}, {name: clients(llm) for name, llm in engines.items()},
+            work)
 
 
 def _spec_table(spec: dict[int, dict[str, list[float]]], alone: dict[int, dict[str, list[float]]], tokens: int,
-                runs: int, work: dict[int, dict[str, LaneWork]] | None = None) -> Table:
+                runs: int, work: dict[int, dict[str, LaneWork]] | None = None,
+                sustained: dict[int, dict[str, list[float]]] | None = None) -> Table:
     table = Table("Speculation under load: aggregate tok/s with each drafter over speculation off",
                   ["streams", "path", "off tok/s", "auto (default) / off (median, range)", "ngram / off (median, range)",
                    "mtp / off (median, range)"])
-    for path, measured in (("HTTP, openai client", spec), ("engines alone", alone)):
+    paths = [("HTTP, openai client", spec), ("engines alone", alone)]
+    if sustained:
+        paths.append(("engines alone, sustained clients", sustained))
+    for path, measured in paths:
         for n, arms in measured.items():
             row: list[Any] = [n, path, median(arms["off"])]
             for drafter in ("auto", "ngram", "mtp"):
@@ -329,6 +349,11 @@ def _spec_table(spec: dict[int, dict[str, list[float]]], alone: dict[int, dict[s
                        "so what moves the ratio is the lane's decisions and the machine, not the clients. Their work, "
                        "from the engines' counters: the rows the drafts added to the decode rows, the drafts accepted, "
                        "and the ticks over the off arm's (a closed batch ends with its longest stream).")
+    if sustained:
+        table.notes.append(f"Sustained clients: on the same engines, n closed-loop clients for {SUSTAIN_SECONDS:.0f} s each "
+                           "run, each sending its prompt again (a new tenant) as soon as its answer ends; tok/s is the tokens "
+                           "received within the window over its length. Here what speculation saves frees a slot for the "
+                           "next request, as in a server that always has work.")
     return table
 
 
