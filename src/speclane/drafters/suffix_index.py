@@ -52,7 +52,7 @@ class SuffixParams:
     max_resync: int = 3  # tokens after the divergence searched (1 or 2 of them divergent)
     max_candidates: int = 16  # most recent occurrences tried per source and anchor
     min_prob: float = 0.35  # stop when the path's estimated probability falls below this
-    spec_factor: float = 1.0  # draft at most this many times the match length
+    spec_factor: float = 2.0  # draft at most this many times the match length
     prior: float = 2.0  # confidence in a match of length L: L / (L + prior)
     resync_penalty: int = 1  # a resynchronised match scores this much less than an exact one
     max_branches: int = 1  # next tokens drafted per node (1: a chain; more: a draft tree)
