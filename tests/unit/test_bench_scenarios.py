@@ -222,3 +222,18 @@ def test_priority_scenario_measures_a_preemption_against_waiting_out_the_grant()
     assert on[1] == off[1] == ls.HELD_ROUNDS  # the holder was mid-grant at the arrival
     assert on[2] == 1 and on[4] == 1  # granted at the next tick, by one preemption
     assert off[2] >= ls.GRANT_ROUNDS // 4 - ls.HELD_ROUNDS - 1 and off[4] == 0
+
+
+def test_fair_lane_shares_count_only_ticks_where_every_tenant_waits():
+    from speclane.bench.driver import Job, Timeline
+
+    def timeline(tenant: str, start: float, end: float) -> Timeline:
+        return Timeline(Job(f"{tenant}{start}", [1], SamplingParams(max_tokens=1), start, {"tenant": tenant}),
+                        added_s=start, finished_s=end)
+
+    timelines = {t.job.request_id: t for t in (timeline("A", 0.0, 10.0), timeline("B", 1.0, 3.0), timeline("C", 2.0, 4.0))}
+    # A alone holds the lane until t=2, then the three take turns until B finishes at 3, then A and C.
+    held = [(0.5, Counter()), (1.9, Counter(A=10)), (2.2, Counter(A=11, B=1)), (2.5, Counter(A=11, B=1, C=1)),
+            (2.9, Counter(A=11, B=1, C=1)), (3.5, Counter(A=20, B=1, C=5))]
+    assert ls._contended_shares(held, timelines) == {"A": 1 / 3, "B": 1 / 3, "C": 1 / 3}
+    assert ls._contended_shares(held[:2], timelines) == {}  # never all three

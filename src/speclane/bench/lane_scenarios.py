@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter, defaultdict
 
@@ -54,9 +55,8 @@ def fairness(factory: EngineFactory, quick: bool = False) -> tuple[list[Table], 
 
         timelines, wall = drive(engine, fairness_workload(factory, quick), on_tick=on_tick)
         events = engine.scheduler.lane.events
-        # Contention: while at least two tenants have unfinished requests.
-        window = _contention_window(timelines)
-        shares = _shares(samples, window)
+        window = _contention_window(timelines)  # for the plots: from the second tenant's arrival
+        shares = _contended_shares(samples, timelines)
         first_grant = _first_grant_waits(timelines, events)
         rates = {t: median([tl.tok_per_s() for tl in timelines.values() if tl.job.options["tenant"] == t]) for t in "ABC"}
         table.add(policy, " / ".join(f"{shares.get(t, 0):.2f}" for t in "ABC"), jain([shares.get(t, 0) for t in "ABC"]),
@@ -64,7 +64,9 @@ def fairness(factory: EngineFactory, quick: bool = False) -> tuple[list[Table], 
                   " / ".join(f"{rates[t]:.1f}" for t in "ABC"), engine.counters.lane_grants, engine.counters.lane_yields)
         raw[policy] = {"timelines": timelines, "events": events, "window": window, "samples": samples, "clock0": _clock0(timelines)}
     table.notes.append("Lane share: each tenant's fraction of the lane's held rounds (a holder's tick, drafting or kept at "
-                       "K = 0 by adaptive K: what the lane charges) while at least two tenants had unfinished requests. "
+                       "K = 0 by adaptive K: what the lane charges) over the ticks at which every tenant had an unfinished "
+                       "request (where a fair lane owes each a third; B and C send short requests, so between them only A "
+                       "and one other, or A alone, contend). "
                        "First grant: from a request's arrival to its first lane grant (requests that never got the lane count their whole life). "
                        f"One slot, K={factory.base.lane.num_draft_tokens}, {factory.base.lane.drafter} drafter, grant budget 8 rounds.")
     return [table], raw
@@ -84,13 +86,18 @@ def _contention_window(timelines: dict[str, Timeline]) -> tuple[float, float]:
     return starts[1], ends[-2]  # from the second tenant's arrival until only one tenant is left
 
 
-def _shares(samples: list[tuple[float, Counter]], window: tuple[float, float]) -> dict[str, float]:
-    inside = [c for t, c in samples if window[0] <= t <= window[1]]
-    if len(inside) < 2:
-        return {}
-    delta = inside[-1] - inside[0]
-    total = sum(delta.values())
-    return {k: v / total for k, v in delta.items()} if total else {}
+def _contended_shares(samples: list[tuple[float, Counter]], timelines: dict[str, Timeline]) -> dict[str, float]:
+    """Each tenant's fraction of the lane rounds held between consecutive tick samples
+    (time, held rounds by tenant) that end while every tenant has an unfinished request."""
+    spans = [(tl.job.options["tenant"], tl.added_s, tl.finished_s if tl.finished_s is not None else math.inf)
+             for tl in timelines.values()]
+    tenants = {tenant for tenant, _, _ in spans}
+    held: Counter = Counter()
+    for (_, before), (now, after) in zip(samples, samples[1:], strict=False):
+        if {tenant for tenant, start, end in spans if start <= now < end} == tenants:
+            held.update(after - before)
+    total = sum(held.values())
+    return {k: v / total for k, v in held.items()} if total else {}
 
 
 def _first_grant_waits(timelines: dict[str, Timeline], events) -> dict[str, float]:
