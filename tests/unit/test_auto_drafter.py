@@ -1,6 +1,8 @@
 """--drafter auto: each round takes the proposal with the most expected accepted tokens,
 runs the MTP head only when it is expected to win, and learns each drafter's acceptance."""
 
+import pytest
+
 from speclane.drafters.auto import AutoDrafter, geometric
 from speclane.drafters.base import Draft
 from speclane.request import Request, SamplingParams
@@ -162,3 +164,22 @@ def test_a_proposal_that_drafts_wins_over_an_empty_one_whatever_the_step_cost():
     auto = AutoDrafter(Fixed([7, 8], [0.1, 0.05]), Fixed([]), None)
     auto.use_step_cost(lambda rows: 10.0 * rows)  # 1.15 / 30 ms vs 1 / 10 ms
     assert auto.propose(_request(), 4).token_ids == [7, 8]
+
+
+def test_a_seeding_head_round_is_left_out_of_the_heads_time():
+    """The head's first round on a request (catch_up_ms None) catches up on its whole
+    context, once: counted, it would keep the head out of every later round."""
+    now = [0.0]
+
+    class Seeding(Fixed):
+        def propose(self, request, k):
+            self.calls += 1
+            now[0] += 0.050 if self.calls == 1 else 0.002  # a 50 ms seed, then 2 ms rounds
+            return Draft(self.tokens[:k], catch_up_ms=None if self.calls == 1 else 0.5)
+
+    head = Seeding([40, 41, 42, 43])
+    auto = AutoDrafter(Fixed([7], [0.9]), Fixed([]), head, clock=lambda: now[0])
+    auto.use_step_cost(lambda rows: 10.0)
+    assert auto.propose(_request("a"), 4).token_ids == [40, 41, 42, 43] and auto.head_ms is None
+    assert auto.propose(_request("b"), 4).token_ids == [40, 41, 42, 43]  # still expected to beat [7]
+    assert auto.head_ms == pytest.approx(2.0)

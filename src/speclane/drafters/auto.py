@@ -103,7 +103,7 @@ class AutoDrafter:
         self.head = head
         self.clock = clock
         self.step_ms: Callable[[int], float] | None = None  # ms of a forward of n rows (use_step_cost)
-        self.head_ms: float | None = None  # decayed mean wall ms of a head proposal (None: none yet)
+        self.head_ms: float | None = None  # decayed mean wall ms of a head proposal, seeds left out (None: none yet)
         self.needs_hidden_states = head is not None
         self.rates = {s: _Rate(INITIAL[s] * PRIOR_WEIGHT, PRIOR_WEIGHT) for s in SOURCES}
         self.states: dict[str, _RequestState] = {}
@@ -158,7 +158,11 @@ class AutoDrafter:
         start = self.clock()
         head = self.head.propose(request, k)
         ms = (self.clock() - start) * 1000.0
-        self.head_ms = ms if self.head_ms is None else DECAY * self.head_ms + (1 - DECAY) * ms
+        # A seeding round (catch_up_ms None) runs the head over the request's whole context,
+        # once: timed into head_ms, that one cost made the head look too dear to run again,
+        # and a head that never runs never corrects it.
+        if head.catch_up_ms is not None:
+            self.head_ms = ms if self.head_ms is None else DECAY * self.head_ms + (1 - DECAY) * ms
         return head
 
     def _score_last(self, request: Request, state: _RequestState) -> None:
