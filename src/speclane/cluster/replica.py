@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from speclane.config import EngineConfig
-from speclane.engine.async_engine import tick_until_stopped
+from speclane.engine.async_engine import start_ticking, tick_until_stopped
 from speclane.engine.engine import LLMEngine, RequestOutput
 from speclane.engine.lane_recorder import LaneRecorder
 from speclane.engine.stats import Observers
@@ -88,7 +88,7 @@ class ReplicaHost:
         self._stop = threading.Event()
         self.error: str | None = None
         self._thread = threading.Thread(target=self._loop, name="speclane-replica", daemon=True)
-        self._thread.start()
+        start_ticking(self._thread)
 
     # -- the front's calls ----------------------------------------------------------------
     def describe(self) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from speclane.engine.engine import LLMEngine, RequestOutput
+from speclane.kernels.build import release_thread_pool
 from speclane.request import SamplingParams
 
 
@@ -30,7 +31,7 @@ class AsyncEngine:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="speclane-engine", daemon=True)
         self.error: BaseException | None = None
-        self._thread.start()
+        start_ticking(self._thread)
 
     # -- public ---------------------------------------------------------------------------
     async def generate(
@@ -148,6 +149,14 @@ async def read_stream(queue: asyncio.Queue[RequestOutput | BaseException],
                 return
     finally:
         closed(finished)
+
+
+def start_ticking(thread: threading.Thread) -> None:
+    """Start the thread that ticks an engine built on this one. The OpenMP workers this
+    thread kept from building the model (and calibrating it) would only make every barrier
+    of the engine thread's forwards sleep (``build.release_thread_pool``), so they go first."""
+    release_thread_pool()
+    thread.start()
 
 
 def tick_until_stopped(engine: LLMEngine, wake: threading.Event, stop: threading.Event,
