@@ -47,10 +47,10 @@ def test_speculation_table_gives_median_and_range_of_paired_ratios():
 def test_sustained_clients_get_rows_of_their_own_and_a_note():
     alone = {8: {"off": [100.0], "auto": [100.0], "ngram": [100.0], "mtp": [100.0]}}
     sustained = {8: {"off": [100.0, 90.0], "auto": [105.0, 99.0], "ngram": [100.0, 81.0], "mtp": [95.0, 90.0]}}
-    table = vs._spec_table({}, alone, tokens=64, runs=2, sustained=sustained)
+    table = vs._spec_table({}, alone, tokens=64, runs=2, sustained=sustained, sustain_s=2.0)
     assert table.rows[-1] == [8, "engines alone, sustained clients", 95.0, "1.08x (1.05-1.10)", "0.95x (0.90-1.00)",
                               "0.97x (0.95-1.00)"]
-    assert any(note.startswith("Sustained clients:") for note in table.notes)
+    assert any(note.startswith("Sustained clients:") and "clients for 2 s each run" in note for note in table.notes)
     assert not any("sustained" in row[1] for row in vs._spec_table({}, alone, tokens=64, runs=1).rows)
 
 

@@ -180,7 +180,8 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
                              spec_runs, warmup=False)
                 for n in STREAM_LEVELS}
     progress("vs-llama-cpp: speculation under load, engines alone")
-    spec_engines, spec_clients, spec_work = _engine_spec_arms(config, tokens, SUSTAIN_SECONDS / 4 if quick else SUSTAIN_SECONDS)
+    sustain_s = SUSTAIN_SECONDS / 4 if quick else SUSTAIN_SECONDS
+    spec_engines, spec_clients, spec_work = _engine_spec_arms(config, tokens, sustain_s)
     spec_alone = {n: alternate({name: lambda arm=arm, n=n: arm(n) for name, arm in spec_engines.items()}, spec_runs)
                   for n in STREAM_LEVELS}
     progress("vs-llama-cpp: speculation under sustained load, engines alone")
@@ -188,7 +189,7 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
                       for n in STREAM_LEVELS}
     load = load_note(load_before, os.getloadavg()[0], len(os.sched_getaffinity(0)), threads)
     tables = [_single_table(engine, single, single_arms, tokens, threads, repeats, spec_runs), _streams_table(loads, rates, tokens, repeats),
-              _spec_table(spec, spec_alone, tokens, spec_runs, spec_work, spec_sustained), _noisy_table(noisy, tokens, repeats)]
+              _spec_table(spec, spec_alone, tokens, spec_runs, spec_work, spec_sustained, sustain_s), _noisy_table(noisy, tokens, repeats)]
     for table in tables:
         if tools["llama-server"] is None or tools["llama-bench"] is None:
             table.notes.append("llama.cpp's llama-bench or llama-server was not found (PATH or "
@@ -324,7 +325,7 @@ def _engine_spec_arms(config: EngineConfig, tokens: int, seconds: float
 
 def _spec_table(spec: dict[int, dict[str, list[float]]], alone: dict[int, dict[str, list[float]]], tokens: int,
                 runs: int, work: dict[int, dict[str, LaneWork]] | None = None,
-                sustained: dict[int, dict[str, list[float]]] | None = None) -> Table:
+                sustained: dict[int, dict[str, list[float]]] | None = None, sustain_s: float = SUSTAIN_SECONDS) -> Table:
     table = Table("Speculation under load: aggregate tok/s with each drafter over speculation off",
                   ["streams", "path", "off tok/s", "auto (default) / off (median, range)", "ngram / off (median, range)",
                    "mtp / off (median, range)"])
@@ -350,7 +351,7 @@ def _spec_table(spec: dict[int, dict[str, list[float]]], alone: dict[int, dict[s
                        "from the engines' counters: the rows the drafts added to the decode rows, the drafts accepted, "
                        "and the ticks over the off arm's (a closed batch ends with its longest stream).")
     if sustained:
-        table.notes.append(f"Sustained clients: on the same engines, n closed-loop clients for {SUSTAIN_SECONDS:.0f} s each "
+        table.notes.append(f"Sustained clients: on the same engines, n closed-loop clients for {sustain_s:g} s each "
                            "run, each sending its prompt again (a new tenant) as soon as its answer ends; tok/s is the tokens "
                            "received within the window over its length. Here what speculation saves frees a slot for the "
                            "next request, as in a server that always has work.")
