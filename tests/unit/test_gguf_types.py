@@ -10,9 +10,10 @@ The bounds, per output y of a row x against ref = x @ dequantize(blocks).T (floa
 - s = 2^-11 for Q4_K only: the int4 kernel keeps scales and minimums in float16, and Q4_K's
   d * sc and dmin * m are float32 products that float16 rounds by at most 2^-11 of their
   value (Q4_0's d and -8 d and Q4_1's d and m are the file's float16s: exact, s = 0);
-- 2^-14 (X @ |W|.T), X each input's group maximum |x|: the int4 kernel's grid rounding of
-  its inputs (kernels/q4.h, an input moves by at most 2^(E - 15) <= 2^-14 of the group's
-  largest); the int8 kernel reads the inputs as they are (term 0).
+- 2^-b (X @ |W|.T), X each input's maximum |x| over its block of 32: the kernels' grid
+  rounding of their inputs (kernels/grid.h: an input moves by at most 2^(E - bits - 1) <=
+  2^-(bits+1) of its block's largest), b = 14 for the int4 kernel (14 bits) and 11 for the
+  int8 kernel (11 bits).
 """
 
 from __future__ import annotations
@@ -95,9 +96,9 @@ def test_kernel_matches_gguf_py_dequantize_within_the_stated_bound(type_name, ro
     magnitude = xd.abs() @ wd.abs().T
     scale_term = 2.0**-11 if type_name == "Q4_K" else 0.0
     bound = 2.0**-8 * ref.abs() + (k * 2.0**-24 + scale_term) * magnitude
-    if TYPES[type_name].kernel == "int4":
-        group_max = xd.abs().reshape(rows, -1, 32).amax(-1, keepdim=True).expand(-1, -1, 32).reshape(rows, k)
-        bound = bound + 2.0**-14 * (group_max @ wd.abs().T)
+    grid_bits = 14 if TYPES[type_name].kernel == "int4" else 11
+    group_max = xd.abs().reshape(rows, -1, 32).amax(-1, keepdim=True).expand(-1, -1, 32).reshape(rows, k)
+    bound = bound + 2.0**-grid_bits * (group_max @ wd.abs().T)
     assert ((got - ref).abs() <= bound).all(), float(((got - ref).abs() / bound).max())
 
 

@@ -46,7 +46,7 @@ INLINE void store_bf16(uint16_t *p, __m256 f) { _mm_storeu_si128((__m128i *)p, p
 
 // 32 bfloat16 inputs into v[0..3] as float32, and the bits of their largest magnitude:
 // for floats without their sign, integer order is magnitude order, and infinities and NaNs
-// sort above every finite value (a group's scan in q4.h, int4_x86.c and q8_inputs.h).
+// sort above every finite value (a group's scan in grid.h and q8_inputs.h).
 INLINE uint32_t load_group_max_bits(const uint16_t *x, __m256 v[4]) {
     const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
     __m256i m = _mm256_setzero_si256();

@@ -29,7 +29,7 @@
 #include "bf16.h"
 #include "op.h"
 #include "vec.h"  // vec, VW, v_zero / v_bcast / v_fma / v_load / v_store
-#include "q4.h"  // input_buffer_for: the calling thread's scratch
+#include "grid.h"  // input_buffer_for: the calling thread's scratch
 
 #define LANES 16  // output columns per packed tile
 #define UNROLL _Pragma("GCC unroll 16")

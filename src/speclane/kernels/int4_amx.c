@@ -8,7 +8,7 @@
 // 8,192 multiply-adds, one group of the arithmetic below for 16 rows x 16 columns at once.
 //
 // The arithmetic is int4_x86.c's: per group of 32 inputs, rounded to their group's grid
-// (q4.h, round_group),
+// (grid.h, round_group),
 //     d = sum(x[k] q[k]);  acc = fma(scale, d, acc);  acc = fma(minimum, sum_x, acc)
 // with exact products. The tile unit adds a group's 32 products in an order of its own
 // (not documented; measured on this project's Xeon, none of sequential pairs either way,
@@ -125,7 +125,7 @@ void int4_matmul_amx(const uint16_t *x, const uint8_t *packed, const uint16_t *s
     float *scratch = input_buffer_for(x_floats + (size_t)padded * groups + 16);
     uint16_t *xp = (uint16_t *)scratch;
     float *sums = scratch + (x_floats + 15) / 16 * 16;
-    prepare_inputs(x, xp, sums, M, K);  // as int4_x86.c reads them (q4.h)
+    prepare_inputs(x, xp, sums, M, K, GRID_BITS);  // as int4_x86.c reads them (grid.h)
     memset(xp + (size_t)M * K, 0, (size_t)(padded - M) * K * sizeof(uint16_t));
     const int tiles = N / LANES;
     #pragma omp parallel

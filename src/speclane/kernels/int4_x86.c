@@ -19,7 +19,7 @@
 // lets AVX512_BF16's vdpbf16ps (two multiply-adds per float32 lane in one instruction) do
 // the inner loop on bfloat16 inputs and integer weights without rounding either.
 //
-// The inputs are first rounded to their group's grid (q4.h, round_group: an input whose
+// The inputs are first rounded to their group's grid (grid.h, round_group with q4.h's GRID_BITS: an input whose
 // exponent is 8 or more below its group's largest loses its low bits), on which every sum of a group's
 // products is exact in float32 in any order: that is what lets the AMX tile kernel
 // (int4_amx.c), whose tile unit adds in an undocumented order, give these same bits.
@@ -37,7 +37,7 @@
 // other builds do it with two FMAs, which round an exact product's sum the same way. Every
 // column is one vector lane, so the path (direct or buffered) and the build do not change
 // a row's result. The limit of "the same bits in every build" (and on the tile kernel):
-// groups whose largest input is outside [2^-112, 2^119) (round_group in q4.h; below, the
+// groups whose largest input is outside [2^-112, 2^119) (grid.h; below, the
 // group is zeroed so no sum is subnormal, where vdpbf16ps and the tile unit flush and the
 // FMAs do not) — far outside any activation a model produces.
 #include <immintrin.h>
@@ -322,34 +322,6 @@ INLINE void direct_int(const int R, const int TT, const q4_weight *w, const q4_i
 
 #endif  // !__AVX512F__
 
-#if INTEGER_PATH
-// The rounded inputs in steps and each group's step; 0 where a group is outside the grid's
-// range (round_group passes it as it is: 2^119 and above, Inf, NaN), and the call then
-// takes the float path.
-static int inputs_in_steps(const uint16_t *rounded, int16_t *x, float *step, int M, int K) {
-    const int groups = K / GROUP;
-    for (int r = 0; r < M; r++)
-        for (int g = 0; g < groups; g++) {
-            const size_t at = (size_t)r * K + (size_t)g * GROUP;
-            __m256 v[4];
-            const int exponent = (int)(load_group_max_bits(rounded + at, v) >> 23);  // biased
-            if (exponent > 127 + 118) return 0;
-            // A zeroed group (below 2^-112) is all zeros: any step will do.
-            const int e = exponent < 127 - 112 ? 127 : exponent;
-            const uint32_t step_bits = (uint32_t)(e - 14) << 23, inverse_bits = (uint32_t)(254 - e + 14) << 23;
-            memcpy(step + (size_t)r * groups + g, &step_bits, sizeof step_bits);
-            float inverse;
-            memcpy(&inverse, &inverse_bits, sizeof inverse);
-            const __m256 scale = _mm256_set1_ps(inverse);
-            for (int i = 0; i < 4; i += 2) {  // exact: integers below 2^15
-                const __m256i lo = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], scale)), hi = _mm256_cvtps_epi32(_mm256_mul_ps(v[i + 1], scale));
-                const __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8);
-                _mm256_storeu_si256((__m256i *)(x + at + 8 * i), packed);
-            }
-        }
-    return 1;
-}
-#endif  // INTEGER_PATH
 
 #ifndef __AVX512F__
 static void matmul_rows_int(const q4_int_input *in, const q4_weight *w, uint16_t *y, int M) {
@@ -545,7 +517,7 @@ void int4_matmul(const uint16_t *x, const uint8_t *packed, const uint16_t *scale
 #endif
     uint16_t *rounded = (uint16_t *)scratch;
     float *sums = scratch + rounded_floats;
-    prepare_inputs(x, rounded, sums, M, K);
+    prepare_inputs(x, rounded, sums, M, K, GRID_BITS);
 #ifdef __AVX512BF16__
     const xin *inputs = rounded;
 #else
@@ -554,7 +526,7 @@ void int4_matmul(const uint16_t *x, const uint8_t *packed, const uint16_t *scale
     if (M <= INT_MAX_ROWS) {  // the integer path; x32's room holds its inputs and steps
         int16_t *steps_x = (int16_t *)x32;
         float *steps = x32 + (n / 2 + 15) / 16 * 16;
-        if (inputs_in_steps(rounded, steps_x, steps, M, K)) {
+        if (inputs_in_steps(rounded, steps_x, steps, M, K, GRID_BITS)) {
             const q4_int_input in = {steps_x, steps, sums, K, groups};
             const q4_weight w = {packed, scale, minimum, N, K};
             matmul_rows_int(&in, &w, y, M);

@@ -34,20 +34,20 @@ static int int8_rows_of(const int8_t *q, int quads, const void *scale, const voi
     return 0;
 }
 
-// The entry points of a kernel file that defines matmul(tile, few_rows, x, q, scale, minimum,
-// y, M, N, K, G) and its tile functions rows_tile_f32 / _f16 (with their _few_rows twins: calls of few rows, several tiles a call);
-// QUADS: its weights' layout (int8_rows_of).
+// The entry points of a kernel file that defines matmul(half, x, q, scale, minimum, y, M, N,
+// K, G) (half: float16 scales and minimums, else float32); QUADS: its weights' layout
+// (int8_rows_of).
 #define INT8_ENTRY_POINTS(QUADS)                                                                                        \
     /* y = x @ W^T. x: [M][K] bfloat16, y: [M][N] bfloat16; G divides K, 16 divides N (the caller checks and */      \
     /* passes contiguous tensors). minimum: NULL where the weight has none. */                                        \
     void int8_matmul(const uint16_t *x, const int8_t *q, const float *scale, const float *minimum, uint16_t *y,       \
                      int M, int N, int K, int G) {                                                                    \
-        matmul(rows_tile_f32, rows_tile_f32_few_rows, x, q, scale, minimum, y, M, N, K, G);                            \
+        matmul(0, x, q, scale, minimum, y, M, N, K, G);                            \
     }                                                                                                                 \
     /* int8_matmul with float16 scales and minimums (the same bits for the same values). */                           \
     void int8_matmul_h(const uint16_t *x, const int8_t *q, const uint16_t *scale, const uint16_t *minimum,            \
                        uint16_t *y, int M, int N, int K, int G) {                                                     \
-        matmul(rows_tile_f16, rows_tile_f16_few_rows, x, q, scale, minimum, y, M, N, K, G);                            \
+        matmul(1, x, q, scale, minimum, y, M, N, K, G);                            \
     }                                                                                                                 \
     /* int8_matmul and int8_matmul_h with op.h's arguments: x, q, scale, minimum, y, M, N, K, G. */                   \
     void int8_matmul_op(const int64_t *a) {                                                                           \

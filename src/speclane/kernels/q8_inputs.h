@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "bf16.h"
-#include "q4.h"  // input_buffer_for
+#include "grid.h"  // input_buffer_for
 
 #define Q8_GROUP 32  // inputs per step
 
