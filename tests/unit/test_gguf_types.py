@@ -12,8 +12,7 @@ The bounds, per output y of a row x against ref = x @ dequantize(blocks).T (floa
   value (Q4_0's d and -8 d and Q4_1's d and m are the file's float16s: exact, s = 0);
 - 2^-b (X @ |W|.T), X each input's maximum |x| over its block of 32: the kernels' grid
   rounding of their inputs (kernels/grid.h: an input moves by at most 2^(E - bits - 1) <=
-  2^-(bits+1) of its block's largest), b = 14 for the int4 kernel (14 bits) and 11 for the
-  int8 kernel (11 bits).
+  2^-bits of its block's largest), b = 14 for the int4 kernel and 11 for the int8 kernel.
 """
 
 from __future__ import annotations
@@ -113,6 +112,20 @@ def test_a_rows_result_has_the_same_bits_in_a_call_of_any_number_of_rows(type_na
     alone = torch.cat([weight.matmul(x[i : i + 1]) for i in range(17)])
     for rows in range(2, 18):
         assert torch.equal(weight.matmul(x[:rows]), alone[:rows]), rows
+
+
+@needs_kernels
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q5_1"])
+def test_an_int8_call_off_the_grid_keeps_the_other_rows_bits(type_name):
+    """A row with a group at 2^120 (above the grid's range, kernels/grid.h) sends its call to
+    the int8 kernel's float path; on the grid that path's sums are the integer path's, so
+    the call's other rows keep the bits they get alone."""
+    weight, _, _ = layer(type_name, 80, 512, seed=6)
+    x = torch.randn(5, 512, generator=torch.Generator().manual_seed(7)).bfloat16()
+    x[2, 40] = 2.0**120
+    together = weight.matmul(x)
+    for i in (0, 1, 3, 4):
+        assert torch.equal(together[i], weight.matmul(x[i : i + 1])[0]), i
 
 
 @needs_kernels

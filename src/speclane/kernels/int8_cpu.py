@@ -1,11 +1,14 @@
 """Our int8-group matmul (``int8_x86.c``: AVX-512 VNNI, AVX-512 or AVX2 build), built and
 loaded by ``build.py``: w = q * scale + minimum per group of ``group`` (32 or 16) input
 columns, q an int8, scale and minimum float32. It runs the GGUF types whose integers do not
-fit the int4 kernel's 0..15 (``models/gguf_types.py``). Every build gives the same bits (the
-inputs on a grid where a group's sum is exact, ``grid.h``: the VNNI build sums in integers,
-the others in float32), and a row's result does not depend on the other rows of its call
-(``int8_x86.c``). On an Intel Xeon with AMX the VNNI build took 0.77-0.94x the plain
-AVX-512 build's time on the default model's shapes at one row and 0.67-0.73x at 4-96 rows. Scales and
+fit the int4 kernel's 0..15 (``models/gguf_types.py``). The inputs are rounded to a grid of
+each block of 32 (``grid.h``, 11 bits) where a group's sum of products is exact, and every
+build sums in int32 (``vpdpwssd`` with VNNI, ``vpmaddwd`` otherwise): the same bits in
+every build, and a row's result does not depend on the other rows of its call
+(``int8_x86.c``). The default model's shapes (its 49,152 x 576 head and a layer's
+matmuls), against the kernel that multiplied the unrounded inputs by FMAs one at a time,
+on an Intel Xeon with AMX: the VNNI build 0.88x the time at one row, 0.82x at two,
+0.65-0.70x at 4-96 rows; the AVX2 build 0.74-0.87x its predecessor. Scales and
 minimums that are all float16 values (Q8_0, Q5_0 and Q5_1 store them so) are kept in
 float16, half the bytes, through the kernel's ``int8_matmul_h``: the same bits.
 """
@@ -68,8 +71,9 @@ def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None, qua
     byte 4c+i of quad k holding column n0+c's value at input column 4k+i."""
     n, k = q.shape
     groups = scale.shape[1]
-    if n % LANES or k % groups or (k // groups) not in GROUPS or (quads and k % 32):
-        raise ValueError(f"our int8 kernel needs N % {LANES} == 0 and groups of {GROUPS}; got [{n}, {k}], {groups} groups")
+    if n % LANES or k % 32 or k % groups or (k // groups) not in GROUPS:
+        raise ValueError(f"our int8 kernel needs N % {LANES} == 0, K % 32 == 0 and groups of {GROUPS}; "
+                         f"got [{n}, {k}], {groups} groups")
 
     def per_tile(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return t.to(dtype).reshape(n // LANES, LANES, -1).permute(0, 2, 1).contiguous()

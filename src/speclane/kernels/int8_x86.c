@@ -1,4 +1,4 @@
-// Weight-only int8-group matmul for x86-64: bfloat16 activations, float32 accumulation,
+// Weight-only int8-group matmul for x86-64: bfloat16 activations, int32 and float32 accumulation,
 // bfloat16 output. Built three times by build.py and loaded by int8_cpu.py: for AVX-512
 // with VNNI, for plain AVX-512 and for AVX2 + FMA + F16C. It runs the GGUF types whose
 // values do not fit our int4 kernel's 0..15 (Q8_0, Q6_K, Q5_0, Q5_1, Q5_K): each keeps its
@@ -9,17 +9,20 @@
 //     scale * sum(x[k] * q[k]) + minimum * sum(x[k]).
 // The inputs are first rounded to their grid (grid.h, GRID_BITS below: an input 5 or more
 // binades below its 32-input block's largest loses its low bits, an error of at most
-// 2^-12 of that largest), on which a group's sum of products is exact in float32 and in
-// int32, in any order. Every output element is one fixed sequence of operations,
-// whatever the number of rows M, the thread split, the path and the build:
-//     acc = 0;  per group:  d = sum(x[k] q[k]) (exact);  acc = fma(scale, d, acc);
+// 2^-12 of that largest), where each is an integer number of its block's step, below
+// 2^12 steps: an int16, and a group's sum of products is exact in int32 and in float32.
+// Every build sums a group's products in int32, converts the sum to float32 (exact) and
+// scales it by the step (a power of two). Every output element is one fixed sequence of
+// operations, whatever the number of rows M, the thread split and the build:
+//     acc = 0;  per group:  d = float32(sum(x q) in steps) * step;  acc = fma(scale, d, acc);
 //                           [acc = fma(minimum, sum_x, acc)]
 // with sum_x the group's rounded inputs added left to right in float32 (only where the
-// weight has minimums). The float path adds d by FMAs one input at a time; the VNNI build's
-// integer path (rows_tile_int) adds the inputs in steps times q by vpdpwssd, two inputs an
-// instruction, and scales the exact int32 by the step (a power of two): the same d. Each
-// output column is one vector lane, so a row's result does not depend on the other rows of
-// its call (batch invariance) nor on the build.
+// weight has minimums). The multiply-adds: vpdpwssd in the AVX-512 VNNI build (two inputs'
+// products added to a 32-bit lane in one instruction), vpmaddwd and an add in the others.
+// Each output column is one vector lane, so a row's result does not depend on the other
+// rows of its call (batch invariance) nor on the build. (A call with an input group at
+// 2^116 or above, Inf or NaN, off the grid, takes a float path instead: FMAs over the
+// inputs one by one: on the grid the same d, so the call's other rows keep their bits.)
 //
 // Layout (int8_cpu.pack): q [N/16][K][16] int8 (lane j of input column k: column n0+j),
 // scale and minimum [N/16][K/G][16] float32 (minimum may be NULL: no minimum term).
@@ -41,8 +44,11 @@
 #define UNROLL _Pragma("GCC unroll 16")
 #define MAX_BLOCK 12  // the most rows of one tile call on either path (accumulator arrays' size)
 // The grid (grid.h): |x| < 2^(E + 1) is below 2^12 steps of 2^(E - 11) and |q| <= 128 =
-// 2^7, so a product is at most 2^19 steps and a group's sum of at most 32 at most 2^24:
-// exact in float32 (and in int32).
+// 2^7, so a group's sum of at most 32 products is at most 2^24 steps: exact in int32 and
+// in float32 alike. (Finer grids, which only the integer sums would keep exact, were
+// measured further from float32 on SmolLM2 Q4_K_M: 12 and 14 bits doubled the mean KL
+// over 11 bits, which matched the exact kernel's, benchmarks/accuracy.py; why is not
+// understood.)
 #define GRID_BITS 11
 
 #ifdef __AVX512F__
@@ -64,13 +70,13 @@ INLINE vec v_half(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256
 INLINE vec v_int8(const int8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
 INLINE vec v_half(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 #endif
-#ifdef __AVX512VNNI__
-#define INTEGER_PATH 1
-// Rows sharing a tile's widened weights on the integer path: 12 int32 partial sums + 12
-// running sums + the pair's weights + a broadcast of 32 registers.
+// The integer path's rows per call of a tile: AVX-512, 12 int32 partial sums + 12 running
+// sums + the pair's weights + a broadcast (+ vpmaddwd's product) of 32 registers; AVX2,
+// whose tile is two vectors, 3 of each in 16.
+#ifdef __AVX512F__
 #define INT_ROW_BLOCK 12
 #else
-#define INTEGER_PATH 0
+#define INT_ROW_BLOCK 3
 #endif
 // A scale or minimum vector: float32, or float16 widened (exact) where ``half``.
 INLINE vec v_param(const void *base, size_t at, const int half) {
@@ -151,50 +157,74 @@ INLINE void rows_tile(const int R, const int TT, const int HALF, const q8_weight
     store_rows(R, TT, acc, N, tile0, y);
 }
 
-#if INTEGER_PATH
-// The integer path: rows_tile's arithmetic with d summed in int32 from the inputs in steps
-// (R <= INT_ROW_BLOCK). Input columns 2p and 2p+1 of a tile's 16 columns, widened to int16,
-// become one vector of pairs (q[2p][j], q[2p+1][j]) in lane j by one permute; vpdpwssd
-// multiplies each pair by the row's two inputs and adds both products to the lane: a
-// row costs one instruction per two inputs (the float path: two FMAs and, shared by the
-// rows, four conversions).
+// The integer path: R rows (R <= INT_ROW_BLOCK) of TT tiles, d summed in int32 from the
+// inputs in steps. Input columns k and k+1 of a tile's 16 columns, widened to int16, are
+// arranged as pairs (q[k][j], q[k+1][j]) in 32-bit lane j; vpmaddwd (or VNNI's vpdpwssd,
+// which adds too) multiplies each pair by the row's two inputs and adds both products in
+// the lane: a row costs one instruction (two without VNNI) per two inputs and vector.
+#ifdef __AVX512F__
+typedef __m512i ivec;
 static const uint16_t PAIR_ORDER[32] __attribute__((aligned(64))) = {
     0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+INLINE void load_pairs(const int8_t *q, ivec *pairs) {  // q: the tile's input column k
+    pairs[0] = _mm512_permutexvar_epi16(_mm512_load_si512(PAIR_ORDER), _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)q)));
+}
+INLINE ivec i_zero(void) { return _mm512_setzero_si512(); }
+INLINE ivec i_bcast(int32_t two) { return _mm512_set1_epi32(two); }
+#ifdef __AVX512VNNI__
+INLINE ivec i_madd(ivec d, ivec q, ivec x) { return _mm512_dpwssd_epi32(d, q, x); }
+#else
+INLINE ivec i_madd(ivec d, ivec q, ivec x) { return _mm512_add_epi32(d, _mm512_madd_epi16(q, x)); }
+#endif
+INLINE vec i_float(ivec d) { return _mm512_cvtepi32_ps(d); }
+#else
+typedef __m256i ivec;
+INLINE void load_pairs(const int8_t *q, ivec *pairs) {  // byte interleave: columns 0-7, then 8-15
+    const __m128i a = _mm_loadu_si128((const __m128i *)q), b = _mm_loadu_si128((const __m128i *)(q + LANES));
+    pairs[0] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b));
+    pairs[1] = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(a, b));
+}
+INLINE ivec i_zero(void) { return _mm256_setzero_si256(); }
+INLINE ivec i_bcast(int32_t two) { return _mm256_set1_epi32(two); }
+INLINE ivec i_madd(ivec d, ivec q, ivec x) { return _mm256_add_epi32(d, _mm256_madd_epi16(q, x)); }
+INLINE vec i_float(ivec d) { return _mm256_cvtepi32_ps(d); }
+#endif
 
 INLINE void rows_tile_int(const int R, const int TT, const int HALF, const q8_weight *w, const q8_input *in, int tile0,
                           uint16_t *y) {
     const int K = w->k, N = w->n, G = w->group, groups = K / G, steps = in->ld / GRID_GROUP;
-    const __m512i order = _mm512_load_si512(PAIR_ORDER);
     vec acc[TILES_ONE_ROW][MAX_BLOCK][NV];
-    UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) acc[t][r][0] = v_zero();
+    UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) acc[t][r][v] = v_zero();
     for (int g = 0; g < groups; g++) {
-        __m512i d[TILES_ONE_ROW][INT_ROW_BLOCK];
-        UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) d[t][r] = _mm512_setzero_si512();
+        ivec d[TILES_ONE_ROW][INT_ROW_BLOCK][NV];
+        UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) d[t][r][v] = i_zero();
         for (int k = g * G; k < (g + 1) * G; k += 2) {
             UNROLL for (int t = 0; t < TT; t++) {
-                const int8_t *q = w->q + ((size_t)(tile0 + t) * K + k) * LANES;
-                const __m512i pairs = _mm512_permutexvar_epi16(order, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)q)));
+                ivec pairs[NV];
+                load_pairs(w->q + ((size_t)(tile0 + t) * K + k) * LANES, pairs);
                 UNROLL for (int r = 0; r < R; r++) {
                     int32_t two;  // x[k] (low half) and x[k+1], as in a lane of pairs
                     memcpy(&two, in->xi + (size_t)r * in->ld + k, sizeof two);
-                    d[t][r] = _mm512_dpwssd_epi32(d[t][r], pairs, _mm512_set1_epi32(two));
+                    const ivec x = i_bcast(two);
+                    UNROLL for (int v = 0; v < NV; v++) d[t][r][v] = i_madd(d[t][r][v], pairs[v], x);
                 }
             }
         }
         UNROLL for (int t = 0; t < TT; t++) {
             const size_t at = ((size_t)(tile0 + t) * groups + g) * LANES;
-            const vec s = v_param(w->scale, at, HALF);
-            const vec m = w->minimum ? v_param(w->minimum, at, HALF) : v_zero();
-            UNROLL for (int r = 0; r < R; r++) {
-                const vec dot = _mm512_mul_ps(_mm512_cvtepi32_ps(d[t][r]), v_bcast(in->step + (size_t)r * steps + g * G / GRID_GROUP));
-                acc[t][r][0] = v_fma(s, dot, acc[t][r][0]);
-                if (w->minimum) acc[t][r][0] = v_fma(m, v_bcast(in->sums + (size_t)r * groups + g), acc[t][r][0]);
+            UNROLL for (int v = 0; v < NV; v++) {
+                const vec s = v_param(w->scale, at + VW * v, HALF);
+                const vec m = w->minimum ? v_param(w->minimum, at + VW * v, HALF) : v_zero();
+                UNROLL for (int r = 0; r < R; r++) {
+                    const vec dot = i_float(d[t][r][v]) * v_bcast(in->step + (size_t)r * steps + g * G / GRID_GROUP);
+                    acc[t][r][v] = v_fma(s, dot, acc[t][r][v]);
+                    if (w->minimum) acc[t][r][v] = v_fma(m, v_bcast(in->sums + (size_t)r * groups + g), acc[t][r][v]);
+                }
             }
         }
     }
     store_rows(R, TT, acc, N, tile0, y);
 }
-#endif
 
 // A path's tile functions: ``any`` runs R rows (R <= its block) of one tile, ``few`` R <=
 // FEW_ROWS rows of TILES_FOR(R) tiles from ``tile``; R a compile-time constant per case.
@@ -229,21 +259,24 @@ typedef void (*tile_fn)(int, const q8_weight *, const q8_input *, int, uint16_t 
     FEW_ROWS_TILE(name##_few_rows, rows_tile, HALF)
 FLOAT_TILES(float_tile_f32, 0)
 FLOAT_TILES(float_tile_f16, 1)
-#if INTEGER_PATH
+#if INT_ROW_BLOCK > 3
+#define MORE_INT_CASES(HALF) CASE_ANY(rows_tile_int, HALF, 3)                                                    \
+    CASE_ANY(rows_tile_int, HALF, 4) CASE_ANY(rows_tile_int, HALF, 5) CASE_ANY(rows_tile_int, HALF, 6)           \
+    CASE_ANY(rows_tile_int, HALF, 7) CASE_ANY(rows_tile_int, HALF, 8) CASE_ANY(rows_tile_int, HALF, 9)           \
+    CASE_ANY(rows_tile_int, HALF, 10) CASE_ANY(rows_tile_int, HALF, 11)
+#else
+#define MORE_INT_CASES(HALF)
+#endif
 #define INT_TILES(name, HALF)                                                                                    \
     static void name(int R, const q8_weight *w, const q8_input *in, int tile, uint16_t *y) {                      \
         switch (R) {                                                                                             \
-        CASE_ANY(rows_tile_int, HALF, 1) CASE_ANY(rows_tile_int, HALF, 2) CASE_ANY(rows_tile_int, HALF, 3)       \
-        CASE_ANY(rows_tile_int, HALF, 4) CASE_ANY(rows_tile_int, HALF, 5) CASE_ANY(rows_tile_int, HALF, 6)       \
-        CASE_ANY(rows_tile_int, HALF, 7) CASE_ANY(rows_tile_int, HALF, 8) CASE_ANY(rows_tile_int, HALF, 9)       \
-        CASE_ANY(rows_tile_int, HALF, 10) CASE_ANY(rows_tile_int, HALF, 11)                                      \
+        CASE_ANY(rows_tile_int, HALF, 1) CASE_ANY(rows_tile_int, HALF, 2) MORE_INT_CASES(HALF)                   \
         default: rows_tile_int(INT_ROW_BLOCK, 1, HALF, w, in, tile, y); break;                                   \
         }                                                                                                        \
     }                                                                                                            \
     FEW_ROWS_TILE(name##_few_rows, rows_tile_int, HALF)
 INT_TILES(int_tile_f32, 0)
 INT_TILES(int_tile_f16, 1)
-#endif
 
 // Every tile, TILES_ONE_ROW tiles at a time: the full blocks of ``block`` rows one tile a
 // call (a tile's weights stay in L1 from one block to the next), then a last block of at
@@ -290,7 +323,6 @@ static void matmul(const int half, const uint16_t *x, const int8_t *q, const voi
                 sums[(size_t)r * groups + g] = s;
             }
     const q8_weight w = {q, scale, minimum, N, K, G};
-#if INTEGER_PATH
     int16_t *xi = (int16_t *)rest;
     float *step = rest + rounded_floats;
     if (inputs_in_steps(rounded, xi, step, M, K, GRID_BITS)) {
@@ -299,8 +331,7 @@ static void matmul(const int half, const uint16_t *x, const int8_t *q, const voi
         else over_tiles(int_tile_f32, int_tile_f32_few_rows, INT_ROW_BLOCK, &w, &in, y, M);
         return;
     }
-#endif
-    float *x32 = rest;
+    float *x32 = rest;  // off the grid: the float path
     for (size_t i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x32 + i, load_bf16(rounded + i));
     for (size_t i = n / 8 * 8; i < n; i++) x32[i] = from_bf16(rounded[i]);
     const q8_input in = {x32, NULL, NULL, sums, K, groups};

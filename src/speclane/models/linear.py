@@ -136,9 +136,8 @@ class GroupInt8Weight:
 
     @staticmethod
     def supports(out_features: int, kernels: Kernels, in_features: int) -> bool:
-        """On int8 inputs the kernel reads whole groups of 32 inputs."""
-        whole_groups = kernels.matmul_inputs != "int8" or in_features % 32 == 0
-        return kernels.int8 is not None and out_features % int8_cpu.LANES == 0 and whole_groups
+        """The kernel reads whole blocks of 32 inputs (their grid, or their int8 rounding)."""
+        return kernels.int8 is not None and out_features % int8_cpu.LANES == 0 and in_features % 32 == 0
 
     @property
     def nbytes(self) -> int:
