@@ -286,3 +286,40 @@ def test_a_layer_split_between_kernel_kinds_runs_in_a_forward_plan_with_the_loop
         planned = forward(ours, tokens)
         assert plans.get(len(tokens)).runs == runs + 1
         assert torch.equal(planned[0], loop[0]) and torch.equal(planned[1], loop[1])
+
+
+needs_int8_tiles = pytest.mark.skipif(KERNELS.int8_tiles is None, reason="no AMX (amx_tile, amx_bf16) on this CPU")
+
+
+@needs_kernels
+def test_int8_tile_kernel_where_the_cpu_has_amx_and_off_on_request():
+    assert (KERNELS.int8_tiles is not None) == (not build.missing_cpu_flags("amx"))
+    assert Kernels.load("auto", tiles=False).int8_tiles is None
+    assert Kernels.load("auto", matmul_inputs="int8").int8_tiles is None  # it reads bfloat16 inputs
+
+
+@needs_int8_tiles
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q6_K", "Q5_1", "Q5_K"])
+@pytest.mark.parametrize("half", [True, False])
+def test_int8_tile_kernel_gives_every_builds_bits(type_name, half):
+    """The grid (kernels/grid.h) makes the tile unit's order of adding moot: every row count,
+    group width (Q6_K: 16), minimum (Q5_1, Q5_K) and scale type, against every vector build;
+    inputs over many binades with an outlier column, so that the rounding acts."""
+    _, _, weight = layer(type_name, 80, 512, seed=8)
+    packed = int8_cpu.pack(weight.q, weight.scale, weight.minimum)
+    if not half:  # float32 scales and minimums (int8_matmul_amx), where packing kept float16
+        packed = (packed[0], packed[1].float(), None if packed[2] is None else packed[2].float())
+    tiles = int8_cpu.bind(*packed, KERNELS.int8.library, tiles=KERNELS.int8_tiles.library)
+    builds = {isa: int8_cpu.bind(*packed, int8_cpu.load(isa).library) for isa in int8_cpu.ISAS if not build.missing_cpu_flags(isa)}
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(40, 512, generator=g) * torch.exp2(torch.randint(-12, 4, (40, 512), generator=g).float())
+    x[:, 7] *= 300.0
+    x = x.bfloat16()
+    for rows in (int8_cpu.TILE_MIN_ROWS, 16, 17, 33, 40):
+        got = tiles(x[:rows])
+        for isa, call in builds.items():
+            assert torch.equal(got, call(x[:rows])), (isa, rows)
+    off_grid = x[:20].clone()
+    off_grid[3, 100] = 2.0**120  # the call takes the vector kernel's float path: the other rows' bits stay
+    together = tiles(off_grid)
+    assert torch.equal(together[4:], tiles(x[4:20]))

@@ -18,7 +18,8 @@ from speclane.kernels import (
 
 BUILDS = sorted({(source.name, isa) for source, isas in [
     (int4_cpu.SOURCE, int4_cpu.ISAS), (int4_cpu.TILE_SOURCE, ("amx",)), (int4_cpu.INT8_INPUTS_SOURCE, ("avx2",)),
-    (int8_cpu.SOURCE, int8_cpu.ISAS), (int8_cpu.INT8_INPUTS_SOURCE, ("avx2",)), (attention_cpu.SOURCE, attention_cpu.ISAS),
+    (int8_cpu.SOURCE, int8_cpu.ISAS), (int8_cpu.TILE_SOURCE, ("amx",)), (int8_cpu.INT8_INPUTS_SOURCE, ("avx2",)),
+    (attention_cpu.SOURCE, attention_cpu.ISAS),
     (norm_cpu.SOURCE, norm_cpu.ISAS), (float_cpu.SOURCE, float_cpu.ISAS), (mtp_step_cpu.SOURCE, mtp_step_cpu.ISAS),
     (plan_cpu.SOURCE, plan_cpu.ISAS)] for isa in isas})
 
@@ -29,3 +30,14 @@ def test_every_build_compiles(tmp_path, source, isa):
     out = tmp_path / f"{source}-{isa}.so"
     build.compile_build(int4_cpu.SOURCE.with_name(source), isa, out)
     assert out.stat().st_size > 0
+
+
+def test_a_source_that_includes_another_rebuilds_when_that_one_changes(tmp_path):
+    """int8_amx.c includes int8_x86.c: a build cached under the old digest would miss its changes."""
+    (tmp_path / "a.h").write_text("// header\n")
+    (tmp_path / "inner.c").write_text("int inner(void) { return 1; }\n")
+    outer = tmp_path / "outer.c"
+    outer.write_text('#include "inner.c"\n')
+    before = build.digest(outer)
+    (tmp_path / "inner.c").write_text("int inner(void) { return 2; }\n")
+    assert build.digest(outer) != before

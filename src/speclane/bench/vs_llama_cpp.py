@@ -31,8 +31,10 @@ CPU). Without llama.cpp's programs (``bench/llama_cpp.py``) speclane's arms stil
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -62,12 +64,22 @@ OFF = {"speculative": False}
 SETTLE_S = 1.2  # a busy neighbour's head start before the noisy measurement
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _dies_with_parent() -> None:
+    """In the child before it runs: Linux kills it when the benchmark dies (a killed
+    benchmark would otherwise leave it spinning on a core, under every later measurement)."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 @contextlib.contextmanager
 def busy_process() -> Iterator[None]:
     """One other process spinning on the CPU while the block runs (one core's worth),
     started ``SETTLE_S`` before it: a neighbour that has been there a while, which the
     engine's thread governor (reading the CPU counters each second) has had time to see."""
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=_dies_with_parent)
     try:
         time.sleep(SETTLE_S)
         yield

@@ -18,6 +18,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -68,8 +69,11 @@ class Kernel:
 
 
 def digest(source: Path) -> str:
-    """Version of a source's builds: the source, the headers beside it (``bf16.h``), the flags."""
-    parts = [source.read_bytes()] + [h.read_bytes() for h in sorted(source.parent.glob("*.h"))]
+    """Version of a source's builds: the source, the sources it includes (``int8_amx.c``
+    includes ``int8_x86.c``), the headers beside it (``bf16.h``), the flags."""
+    text = source.read_bytes()
+    included = [source.with_name(name.decode()).read_bytes() for name in re.findall(rb'#include "([^"]+\.c)"', text)]
+    parts = [text, *included] + [h.read_bytes() for h in sorted(source.parent.glob("*.h"))]
     flags = " ".join(FLAGS + [f for isa in ISA_FLAGS.values() for f in isa])
     return hashlib.sha1(b"".join(parts) + flags.encode()).hexdigest()[:16]
 

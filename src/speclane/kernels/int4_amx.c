@@ -19,29 +19,16 @@
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include "bf16.h"
 #include "q4.h"
 #include "op.h"
+#include "amx.h"  // amx_init, tile_config
 
 #define LANES 16  // output columns per packed tile (a tile's 16 float32 columns)
 #define GROUP Q4_GROUP  // input columns per (scale, minimum) pair: one TDPBF16PS's depth
 #define PAIRS (GROUP / 2)
 #define ROWS 16   // rows per tile
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
-
-// Linux hands out the tile registers' state only to a process that asks (once, for all
-// its threads). Returns 0 when the tiles may be used.
-int amx_init(void) { return (int)syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); }
-
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
 
 // Tiles 0-1: two groups' partial sums (C); 2-3: their inputs (A); 4-5: their weights (B).
 // Every tile is 16 rows of 64 bytes. The configuration is per thread.

@@ -304,6 +304,19 @@ static void over_tiles(tile_fn any, tile_fn few, int block, const q8_weight *w, 
     }
 }
 
+// Each row's group sums of its rounded inputs, sums [M][K/G], every group added left to
+// right in float32 (-ffp-contract=off and no -ffast-math keep this order): the minimum
+// term's sum_x, the same in every build and in the tile kernel (int8_amx.c).
+static void minimum_sums(const uint16_t *rounded, float *sums, int M, int K, int G) {
+    const int groups = K / G;
+    for (int r = 0; r < M; r++)
+        for (int g = 0; g < groups; g++) {
+            float s = 0.0f;
+            for (int k = g * G; k < (g + 1) * G; k++) s += from_bf16(rounded[(size_t)r * K + k]);
+            sums[(size_t)r * groups + g] = s;
+        }
+}
+
 static void matmul(const int half, const uint16_t *x, const int8_t *q, const void *scale, const void *minimum,
                    uint16_t *y, int M, int N, int K, int G) {
     const int groups = K / G;
@@ -315,13 +328,7 @@ static void matmul(const int half, const uint16_t *x, const int8_t *q, const voi
     uint16_t *rounded = (uint16_t *)scratch;
     float *sums = scratch + rounded_floats, *rest = sums + sum_floats;
     prepare_inputs(x, rounded, NULL, M, K, GRID_BITS);
-    if (minimum)
-        for (int r = 0; r < M; r++)
-            for (int g = 0; g < groups; g++) {
-                float s = 0.0f;  // left to right: -ffp-contract=off and no -ffast-math keep this order
-                for (int k = g * G; k < (g + 1) * G; k++) s += from_bf16(rounded[(size_t)r * K + k]);
-                sums[(size_t)r * groups + g] = s;
-            }
+    if (minimum) minimum_sums(rounded, sums, M, K, G);
     const q8_weight w = {q, scale, minimum, N, K, G};
     int16_t *xi = (int16_t *)rest;
     float *step = rest + rounded_floats;

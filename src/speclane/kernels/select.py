@@ -54,7 +54,9 @@ class Kernels:
     ``attention`` and ``norm``: a bfloat16 forward's attention and add + RMSNorm / SiLU;
     ``mtp_step``: the MTP head's draft step in one C call (else its kernels one by one);
     ``int8``: the int8-group matmul of the GGUF types int4 cannot hold (``GroupInt8Weight``;
-    None: those layers run dense); ``float_matmul``: the float-weight matmul of the matmul
+    None: those layers run dense); ``int8_tiles``: its tile kernel for calls of
+    ``int8_cpu.TILE_MIN_ROWS`` rows or more (the same bits; only beside ``int8`` on
+    bfloat16 inputs); ``float_matmul``: the float-weight matmul of the matmul
     weights kept in their source's float type (``FloatWeight``: a GGUF's F32, F16 and BF16, a
     Hugging Face folder's safetensors; None: those layers run dense, torch's ``F.linear``).
     ``matmul_inputs``: what ``int4`` and ``int8`` multiply their weights by (``--matmul-inputs``):
@@ -71,6 +73,7 @@ class Kernels:
     norm: Kernel | None = None
     mtp_step: Kernel | None = None
     int8: Kernel | None = None
+    int8_tiles: Kernel | None = None
     float_matmul: Kernel | None = None
     plan: Kernel | None = None  # the forward plan's runner (plan.c): a forward's kernels in one call
     matmul_inputs: str = "bfloat16"  # what ``int4`` and ``int8`` multiply the weights by (config.MATMUL_INPUTS)
@@ -129,17 +132,24 @@ class Kernels:
         if tiles is True and (int4 is None or int8_inputs):
             raise KernelUnavailable(f"tiles: {int4_cpu.TILE_SOURCE.name} reads our int4 layout on bfloat16 inputs, "
                                     "and the int4 matmul is torch's or on int8 inputs")
-        # The tile kernel reads our int4 layout: only beside our matmul, and only where the CPU has AMX.
-        if int4 is not None and not int8_inputs and (tiles is True or (tiles is None and not build.missing_cpu_flags("amx"))):
+        # The tile kernels read our int4 and int8 layouts on bfloat16 inputs: only beside our
+        # matmuls, and only where the CPU has AMX.
+        use_tiles = not int8_inputs and (tiles is True or (tiles is None and not build.missing_cpu_flags("amx")))
+        if int4 is not None and use_tiles:
             tile = attempt(int4_cpu.TILE_SOURCE.name, int4_cpu.load_tiles, required=choice == "native" or tiles is True)
+        int8 = (attempt(int8_cpu.INT8_INPUTS_SOURCE.name, int8_cpu.load_int8_inputs, required=True) if int8_inputs
+                else attempt(int8_cpu.SOURCE.name, lambda: int8_cpu.load(isa)))
+        int8_tile = None
+        if int8 is not None and use_tiles:
+            int8_tile = attempt(int8_cpu.TILE_SOURCE.name, int8_cpu.load_tiles, required=choice == "native" or tiles is True)
         kernels = cls(
             int4=int4,
             tiles=tile,
             attention=attempt(attention_cpu.SOURCE.name, lambda: attention_cpu.load(isa)),
             norm=attempt(norm_cpu.SOURCE.name, lambda: norm_cpu.load(isa)),
             mtp_step=attempt(mtp_step_cpu.SOURCE.name, lambda: mtp_step_cpu.load(isa)) if mtp_step else None,
-            int8=(attempt(int8_cpu.INT8_INPUTS_SOURCE.name, int8_cpu.load_int8_inputs, required=True) if int8_inputs
-                  else attempt(int8_cpu.SOURCE.name, lambda: int8_cpu.load(isa))),
+            int8=int8,
+            int8_tiles=int8_tile,
             float_matmul=attempt(float_cpu.SOURCE.name, lambda: float_cpu.load(isa)),
             plan=attempt(plan_cpu.SOURCE.name, lambda: plan_cpu.load(isa)),
             matmul_inputs=matmul_inputs,
@@ -163,6 +173,10 @@ class Kernels:
     @property
     def tile_library(self) -> ctypes.CDLL | None:
         return _library(self.tiles)
+
+    @property
+    def int8_tile_library(self) -> ctypes.CDLL | None:
+        return _library(self.int8_tiles)
 
     @property
     def attention_library(self) -> ctypes.CDLL | None:
@@ -189,7 +203,7 @@ class Kernels:
     @property
     def tile_name(self) -> str:
         """'amx' where calls of ``TILE_MIN_ROWS`` rows or more run on the tile kernel, else 'off'."""
-        return "amx" if self.tiles is not None else "off"
+        return "amx" if self.tiles is not None or self.int8_tiles is not None else "off"
 
     @property
     def attention_name(self) -> str:
@@ -238,7 +252,7 @@ class Kernels:
                                               if part.startswith(("int4=", "int8="))]
         return [*head, f"int4={self.int4_name}/{self.matmul_inputs}:{int4_digest}",
                 f"int8={self.int8_name}/{self.matmul_inputs}:{int8_digest}",
-                f"tiles={self.tile_name}:{int4_cpu.tile_source_digest()}",
+                f"tiles={self.tile_name}:{int4_cpu.tile_source_digest()}:{int8_cpu.tile_source_digest()}",
                 f"attention={self.attention_name if bfloat16 else 'sdpa'}:{attention_cpu.source_digest()}",
                 f"norm={self.norm_name if bfloat16 else 'torch'}:{norm_cpu.source_digest()}",
                 f"float={self.float_matmul_name if bfloat16 else 'torch'}:{float_cpu.source_digest()}",
@@ -263,4 +277,4 @@ def _int8_inputs_head(kernels: Kernels, *, required: bool) -> Kernels | None:
         if required:
             raise KernelUnavailable("--head-inputs int8 runs on our int4 and int8-group kernels, and neither runs here")
         return None
-    return replace(kernels, int4=int4, int8=int8, tiles=None, matmul_inputs="int8")
+    return replace(kernels, int4=int4, int8=int8, tiles=None, int8_tiles=None, matmul_inputs="int8")

@@ -127,7 +127,8 @@ class GroupInt8Weight:
         self.packed = int8_cpu.pack(q, scale, minimum, quads=kernels.matmul_inputs == "int8")  # int8_q8_x86.c reads quads
         self._library = kernels.int8.library
         self.tensors: tuple[torch.Tensor, ...] = tuple(t for t in self.packed if t is not None)
-        self.matmul = int8_cpu.bind(*self.packed, kernels.int8.library)
+        # Calls of many rows go to the AMX tile kernel where it runs (the same bits: int8_cpu).
+        self.matmul = int8_cpu.bind(*self.packed, kernels.int8.library, tiles=kernels.int8_tile_library)
         self.op_row = self.matmul.op_row  # a forward plan's step (Linear.op_steps)
 
     def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
