@@ -111,4 +111,11 @@ class Browser:
                 self.process.wait(10)
             except subprocess.TimeoutExpired:
                 self.process.kill()
-            self._profile.cleanup()
+            # Chromium's helper processes may still write to the profile for a moment after
+            # the browser process has exited ("Directory not empty"): try again briefly.
+            for _ in range(30):
+                try:
+                    self._profile.cleanup()
+                    break
+                except OSError:
+                    time.sleep(0.1)
