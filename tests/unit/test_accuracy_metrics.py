@@ -66,3 +66,10 @@ def test_the_table_has_a_line_per_file_and_the_default_arms_distance_from_transf
                         "| transformers bfloat16: top-1 % / KL | top-1 vs transformers bfloat16 (points) |")
     assert lines[2] == "| a.gguf | F16 x7 | 10 | 98.50 / 0.00200 (none) | 97.00 / 0.00300 | +1.50 |"
     assert lines[3] == "| b.gguf | Q4_0 x7 | 10 | 90.00 / 0.01000 (int4) | - | - |"  # no transformers arm for b.gguf
+
+
+def test_positions_an_earlier_prompt_scored_are_scored_once():
+    # The second and third share the first's first two tokens (a chat template's prefix);
+    # the third is a copy of the second: nothing of it is new.
+    prompts = [[1, 2, 3, 4], [1, 2, 5], [1, 2, 5], [7, 8]]
+    assert accuracy.first_new_positions(prompts) == [0, 2, 3, 0]
