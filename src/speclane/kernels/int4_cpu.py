@@ -24,7 +24,7 @@ grants this process its tiles): a second kernel over the same packed weights
 (``int4_amx.c``, the tile kernel) takes every call of ``TILE_MIN_ROWS`` rows or more: a
 prefill's chunks, a verify round of K >= 4, a tick of five streams or more. Its tile unit adds
 a group's products in an order of its own, and that does not change the bits: the int4
-arithmetic rounds each input to a grid of its group (``q4.h``, ``round_group``) on which
+arithmetic rounds each input to a grid of its group (``grid.h``, ``round_group``) on which
 every sum of a group's products is exact in float32, whatever the order. So a row's result
 does not depend on the kernel its call took, and the choice is by rows alone.
 

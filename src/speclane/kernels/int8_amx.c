@@ -3,7 +3,7 @@
 // int8-group matmul, which sends it every call of TILE_MIN_ROWS rows or more.
 //
 // Why: with many rows (a prefill chunk) the vector builds are bound by their multiply-adds
-// (vpdpwssd: two per pair of inputs, 16 columns and row). One AMX TDPBF16PS multiplies a
+// (vpdpwssd: one per pair of inputs, 16 columns and row). One AMX TDPBF16PS multiplies a
 // 16-row x G-input tile of bfloat16 inputs by a G x 16 tile of weights: one group's sums
 // for 16 rows x 16 columns at once. The weights' int8 values are bfloat16 exactly
 // (|q| <= 128 has at most 8 significant bits), widened once per column tile and call for
@@ -18,7 +18,7 @@
 // group's sum of products is exact in any order, so the tile unit's own order of addition
 // gives the vector builds' d, and then the same float steps:
 //     acc = fma(scale, d, acc);  [acc = fma(minimum, sum_x, acc)]
-// (test: the vector build against this one, 1-40 rows). A row's result does not depend on
+// (test: every vector build against this one, 32-40 rows). A row's result does not depend on
 // M or on its neighbours (the tile unit computes each row of a tile alone, and the threads
 // split columns, not rows).
 #include <immintrin.h>
