@@ -19,9 +19,6 @@ from speclane.engine.async_engine import AsyncEngine
 pytestmark = pytest.mark.slow
 
 REPEAT = "Count from 1 to 100, separated by commas."
-# A long answer for the first lane holder: its grant (held for the whole generation) must
-# last well over 2 s however fast the engine decodes (240 tokens of REPEAT took 1.9 s).
-LONG = "Count from 1 to 500, separated by commas."
 
 
 def chat(url: str, tenant: str, max_tokens: int) -> dict[str, Any]:
@@ -32,10 +29,10 @@ def chat(url: str, tenant: str, max_tokens: int) -> dict[str, Any]:
     return response.json()
 
 
-def stream_in_background(url: str, tenant: str, max_tokens: int, content: str = REPEAT) -> threading.Thread:
+def stream_in_background(url: str, tenant: str, max_tokens: int) -> threading.Thread:
     def run() -> None:
         with httpx.stream("POST", url + "/v1/chat/completions", timeout=180, json={
-                "model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+                "model": MODEL, "messages": [{"role": "user", "content": REPEAT}], "max_tokens": max_tokens,
                 "temperature": 0, "user": tenant, "stream": True}) as response:
             for _ in response.iter_lines():
                 pass
@@ -93,7 +90,7 @@ def test_browser_shows_the_lane_holder_within_two_seconds(live: LiveServer, idle
         watcher.start()
         # The test engine holds a grant for a whole generation: "first" holds while the
         # others wait (decoding without drafts), then the lane passes to one of them.
-        streams = [stream_in_background(live.url, tenants[0], 720, LONG)]
+        streams = [stream_in_background(live.url, tenants[0], 400)]
         wait_until(lambda: tenants[0] in holds, timeout=60, what="the first grant")
         streams += [stream_in_background(live.url, t, 400) for t in tenants[1:]]
         shown: dict[str, float] = {}
@@ -113,8 +110,10 @@ def test_browser_shows_the_lane_holder_within_two_seconds(live: LiveServer, idle
         assert browser.errors == [], f"console errors: {browser.errors}"
     finally:
         browser.close()
-    # A grant held for 2 s or more must be on the page within 2 s of being made.
-    long_holds = {tenant: first for tenant, (first, last) in holds.items() if last - first >= 2.0}
+    # A grant must be on the page within 2 s of being made. The page polls every 500 ms, so
+    # every grant held 1 s or more is checked (how long one lasts depends on how fast the
+    # engine decodes: 240 tokens took 1.9 s here).
+    long_holds = {tenant: first for tenant, (first, last) in holds.items() if last - first >= 1.0}
     assert long_holds, holds
     for tenant, granted in long_holds.items():
         assert tenant in shown, f"the page never showed {tenant} holding the lane"
