@@ -50,8 +50,9 @@ class ModelConfig:
     max_model_len: int = field(default=2048, metadata={"help": "prompt + completion tokens"})
     num_threads: int = field(default=0, metadata={"help": "torch CPU threads; 0 = torch's default"})
     adapt_threads: bool = field(default=True, metadata={
-        "help": "run on as many of the threads as other processes leave cores free (checked each second; a busy "
-                "neighbour otherwise stalls every thread at each barrier)"})
+        "help": "run on as many of the threads as other processes leave cores free (checked every half second while "
+                "decoding, and before the first tick after an idle second; a busy neighbour otherwise stalls every "
+                "thread at each barrier)"})
     kernels: str = field(default="auto", metadata={
         "help": "auto: our C kernels where they build here, else torch's ops; native: ours or a start-up error; torch: torch's ops"})
     matmul_inputs: str = field(default="bfloat16", metadata={

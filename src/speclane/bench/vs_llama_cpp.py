@@ -215,6 +215,7 @@ def _noisy(arms: dict[str, Callable[[], float]], repeats: int) -> dict[str, list
     kept: dict[str, list[float]] = {name: [] for name in arms}
     for _ in range(repeats):
         for name, arm in arms.items():
+            time.sleep(SETTLE_S)  # the quiet run too follows a settled machine (no neighbour just gone)
             quiet = arm()
             with busy_process():
                 kept[name].append(arm() / quiet)
@@ -375,8 +376,9 @@ def _noisy_table(noisy: dict[str, list[float]], tokens: int, repeats: int) -> Ta
                   ["engine", "kept (median)", "runs"])
     for name, kept in noisy.items():
         table.add(name, f"{median(kept):.2f}", ", ".join(f"{k:.2f}" for k in kept))
-    table.notes.append(f"Each run measures the quiet rate ({tokens} tokens), then the same beside a Python busy loop "
-                       f"started {SETTLE_S} s before it; {repeats} runs. speclane's engine gives up a thread per core "
-                       "another process keeps busy (--adapt-threads); llama-bench keeps its -t threads. Target: speclane "
-                       "keeps at least 0.5.")
+    table.notes.append(f"Each run measures the quiet rate ({tokens} tokens, {SETTLE_S} s after the last run's neighbour "
+                       f"left), then the same beside a Python busy loop started {SETTLE_S} s before it; {repeats} runs. "
+                       "speclane's engine gives up a thread per core another process keeps busy (--adapt-threads; the "
+                       "first tick after an idle stretch already runs on the cores that stretch left free); llama-bench "
+                       "keeps its -t threads. Target: speclane keeps at least 0.5.")
     return table

@@ -3,18 +3,22 @@
 The forward's OpenMP regions (torch's and our kernels') split their work between the
 threads and meet at a barrier after each one, dozens of times per step. When another
 process keeps one of the cores busy, the thread scheduled beside it gets a fraction of that
-core and every barrier waits for it: on 2 cores with one busy process, 2 threads kept about
-a third of the quiet decode speed, one thread about 0.8 of it (one thread alone is nearly
-as fast as two on a single stream of the default model).
+core and every barrier waits for it: on 2 cores with one busy process, 2 threads kept 0.2-0.35
+of the quiet decode speed here, one thread 0.65-0.9 of it (on a single stream of the default
+model one thread alone is 0.7x as fast as two).
 
-``ThreadGovernor`` reads, about once a second, how much CPU time the cores this process may
-run on spent busy (``/proc/stat``, those cores' lines) and how much of it was this
-process's own (``/proc/self/stat``); the rest is other processes'. It gives up a thread
-for each core another process keeps at least three quarters busy (a client on the same
-machine parsing a few streams does not count), keeping at least 1 and at most the
-configured number; the engine applies the change between ticks. A window that spans
-an idle stretch of the engine (no tick for ``IDLE_GAP_S``) only starts a fresh one. Where
-``/proc`` cannot be read it never asks for a change.
+``ThreadGovernor`` reads, every half second while the engine ticks, how much CPU time the
+cores this process may run on spent busy (``/proc/stat``, those cores' lines) and how much
+of it was this process's own (``/proc/self/stat``); the rest is other processes'. From that
+share and the threads this process ran it estimates how many cores' worth of work the
+others would take (``neighbours``: a busy loop beside 2 spinning threads on 2 cores gets
+only 2/3 of a core, and counted as 2/3 it looked like a client), and gives up a thread for
+each core so taken at least three quarters (a client on the same machine parsing a few
+streams does not count), keeping at least 1 and at most the configured number; the engine
+applies the change between ticks. The first tick after an idle stretch (no tick for
+``IDLE_GAP_S``) runs on the threads the stretch's counters give, checked after a short
+first window (``IDLE_GAP_S``' comment says why). Where ``/proc`` cannot be read it never
+asks for a change.
 """
 
 from __future__ import annotations
@@ -26,16 +30,18 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-INTERVAL_S = 1.0  # how often the CPU counters are read
-# No tick for this long: the engine sat idle, and what other processes did meanwhile says
-# nothing about now, so the window starts afresh. A benchmark that alternates llama-bench
-# (~2 s) and speclane saw llama-bench's run in its first window and decoded most of its 128
-# tokens on one thread (a limit of 3 s on the window's length missed runs that short).
+INTERVAL_S = 0.5  # how often the CPU counters are read while the engine ticks
+# No tick for this long: the engine sat idle. Its next tick starts at the thread count the
+# idle stretch's counters give (others' share of the cores, none of it competing with
+# ours), then a short window checks it: a neighbour that kept a core busy while the engine
+# waited is still there when a request arrives more often than not, and two threads
+# beside it made that request's first tick take 0.25-0.65 s here (a 40-token prefill that
+# takes 15 ms quiet: every OpenMP barrier waits for the preempted thread's next time
+# slice). Where the neighbour has just left (a benchmark that alternates llama-bench and
+# speclane), the first window finds the cores free and the engine is back at its threads
+# after ``FIRST_WINDOW_S``.
 IDLE_GAP_S = 1.0
-# The first window after such a gap is this short: a busy neighbour that is there when the
-# engine starts decoding costs a quarter second of a slow start, not a whole interval (a
-# 128-token run beside a busy loop kept 0.58 of its quiet speed with a full interval first).
-FIRST_WINDOW_S = 0.25
+FIRST_WINDOW_S = 0.1  # the first window after an idle stretch (10 scheduler ticks per core)
 BUSY_FROM = 0.75  # of a core, what other processes must use for it to count as taken
 
 
@@ -64,10 +70,28 @@ def read_sample(cores: Collection[int] | None = None, proc: Path = Path("/proc")
     return CpuSample(busy / tick, ours / tick)
 
 
-def free_threads(busy_s: float, ours_s: float, elapsed_s: float, cores: int, max_threads: int) -> int:
-    """Threads for the cores other processes left free over ``elapsed_s`` seconds."""
+def neighbours(others: float, threads: int, cores: int) -> float:
+    """Cores' worth of work other processes would take on their own, from the share of the
+    ``cores`` they got (``others``, in cores) beside this process's ``threads``.
+
+    Where everyone fits (threads + others below the cores) the share is the work. Where
+    they do not, the kernel's scheduler shares the cores between runnable threads alike,
+    and this process's threads are always runnable while it decodes (OpenMP's spin at each
+    barrier): n busy threads of others beside ours get ``cores * n / (threads + n)``, so
+    ``n = others * threads / (cores - others)``. The larger of the two is the estimate."""
+    others = min(max(others, 0.0), cores)
+    if others >= cores:
+        return float(cores)
+    return max(others, others * threads / (cores - others))
+
+
+def free_threads(busy_s: float, ours_s: float, elapsed_s: float, cores: int, max_threads: int,
+                 threads: int | None = None) -> int:
+    """Threads for the cores other processes leave free, from ``elapsed_s`` seconds in which
+    this process ran ``threads`` threads (default: ``max_threads``) and others had the busy
+    time that was not its own."""
     others = max(0.0, (busy_s - ours_s) / elapsed_s)  # in cores
-    taken = math.floor(others + (1 - BUSY_FROM))
+    taken = math.floor(neighbours(others, max_threads if threads is None else threads, cores) + (1 - BUSY_FROM))
     return max(1, min(max_threads, cores - taken))
 
 
@@ -89,9 +113,16 @@ class ThreadGovernor:
         self._last_tick = clock()
         self._start_window(self._last_tick)
 
-    def _start_window(self, now: float) -> None:
+    def _start_window(self, now: float, sample: CpuSample | None = None) -> None:
         """A fresh window from ``now``, a short first one (``FIRST_WINDOW_S``)."""
-        self._last, self._last_at, self._window = self._read(), now, min(FIRST_WINDOW_S, self._interval)
+        self._last = self._read() if sample is None else sample
+        self._last_at, self._window = now, min(FIRST_WINDOW_S, self._interval)
+
+    def _switch(self, want: int) -> int | None:
+        if want == self.threads:
+            return None
+        self.threads = want
+        return want
 
     def update(self) -> int | None:
         """The thread count to switch to, when the free cores changed it; else None. Called
@@ -99,9 +130,13 @@ class ThreadGovernor:
         now = self._clock()
         idle = now - self._last_tick > IDLE_GAP_S
         self._last_tick = now
-        if idle:
-            self._start_window(now)
-            return None
+        if idle:  # the idle stretch's counters decide the first tick (see IDLE_GAP_S)
+            sample, last, last_at = self._read(), self._last, self._last_at
+            self._start_window(now, sample)
+            if sample is None or last is None or now <= last_at:
+                return None
+            return self._switch(free_threads(sample.busy_s - last.busy_s, sample.ours_s - last.ours_s,
+                                             now - last_at, self.cores, self.max_threads, threads=0))
         if now - self._last_at < self._window:
             return None
         self._window = self._interval
@@ -110,9 +145,5 @@ class ThreadGovernor:
         self._last, self._last_at = sample, now
         if sample is None or last is None:
             return None
-        want = free_threads(sample.busy_s - last.busy_s, sample.ours_s - last.ours_s, now - last_at, self.cores,
-                            self.max_threads)
-        if want == self.threads:
-            return None
-        self.threads = want
-        return want
+        return self._switch(free_threads(sample.busy_s - last.busy_s, sample.ours_s - last.ours_s, now - last_at,
+                                         self.cores, self.max_threads, self.threads))
