@@ -35,15 +35,18 @@ def test_free_threads_counts_the_cores_others_leave():
 def test_a_busy_loop_sharing_the_cores_with_our_threads_counts_as_a_whole_core():
     """Beside 2 spinning threads on 2 cores a busy loop gets 2/3 of a core; on its own it
     would take a whole one. Counted as 2/3 (below three quarters) it was never seen."""
-    assert neighbours(2 / 3, threads=2, cores=2) == pytest.approx(1.0)
+    assert neighbours(2 / 3, 4 / 3, threads=2, cores=2) == pytest.approx(1.0)
     assert free_threads(busy_s=2.0, ours_s=4 / 3, elapsed_s=1.0, cores=2, max_threads=2, threads=2) == 1
-    assert neighbours(1.0, threads=1, cores=2) == pytest.approx(1.0)  # one thread: the loop has its own core
+    assert neighbours(1.0, 1.0, threads=1, cores=2) == pytest.approx(1.0)  # one thread: the loop has its own core
     assert free_threads(busy_s=2.0, ours_s=1.0, elapsed_s=1.0, cores=2, max_threads=2, threads=1) == 1
     # idle (no threads of ours competing): the share is the work
-    assert neighbours(2 / 3, threads=0, cores=2) == pytest.approx(2 / 3)
+    assert neighbours(2 / 3, 0.0, threads=0, cores=2) == pytest.approx(2 / 3)
     assert free_threads(busy_s=2 / 3, ours_s=0.0, elapsed_s=1.0, cores=2, max_threads=2, threads=0) == 2
-    assert neighbours(0.3, threads=2, cores=4) == pytest.approx(0.3)  # room for everyone: no sharing
-    assert neighbours(2.0, threads=2, cores=2) == 2.0  # every core: capped
+    # cores with room to spare: a client's burst while the engine waited part of the window
+    assert neighbours(0.6, 0.5, threads=2, cores=2) == pytest.approx(0.6)
+    assert free_threads(busy_s=1.1, ours_s=0.5, elapsed_s=1.0, cores=2, max_threads=2, threads=2) == 2
+    assert neighbours(0.3, 1.7, threads=2, cores=2) == pytest.approx(0.3 * 2 / 1.7)  # a client beside our spin
+    assert neighbours(2.0, 0.0, threads=2, cores=2) == 2.0  # every core: capped
 
 
 class _Machine:
@@ -95,7 +98,7 @@ def test_after_an_idle_stretch_beside_a_neighbour_that_has_left_the_threads_come
     assert governor.update() == 1  # the idle stretch's counters
     assert _ticks(machine, governor, FIRST_WINDOW_S + 0.02) == 2 and governor.threads == 2
     machine.others_rate, machine.ours_rate = 2 / 3, 4 / 3  # now a busy loop beside our two threads
-    assert _ticks(machine, governor, 0.55) == 1  # within a window
+    assert _ticks(machine, governor, 1.05) == 1  # two windows in a row
     machine.others_rate, machine.ours_rate = 1.0, 1.0  # on one thread the loop has a core of its own
     assert _ticks(machine, governor, 1.1) is None and governor.threads == 1
 
@@ -111,6 +114,18 @@ def test_a_neighbour_already_there_when_decoding_starts_sets_the_first_tick_s_th
     machine.ours_rate = 1.0
     assert governor.update() == 1  # before the first tick
     assert _ticks(machine, governor, 1.0) is None and governor.threads == 1
+
+
+def test_one_window_of_a_client_s_burst_keeps_every_thread():
+    """Clients on the same machine starting their next requests take most of a core for
+    half a second: one window of it is not a neighbour."""
+    machine = _Machine()
+    governor = ThreadGovernor(2, cores=2, read=machine.read, clock=lambda: machine.now)
+    assert _ticks(machine, governor, 0.6) is None
+    machine.others_rate, machine.ours_rate = 0.8, 1.2
+    assert _ticks(machine, governor, 0.5) is None
+    machine.others_rate, machine.ours_rate = 0.1, 1.9
+    assert _ticks(machine, governor, 1.0) is None and governor.threads == 2
 
 
 def test_a_quiet_idle_stretch_keeps_every_thread():

@@ -15,7 +15,8 @@ others would take (``neighbours``: a busy loop beside 2 spinning threads on 2 co
 only 2/3 of a core, and counted as 2/3 it looked like a client), and gives up a thread for
 each core so taken at least three quarters (a client on the same machine parsing a few
 streams does not count), keeping at least 1 and at most the configured number; the engine
-applies the change between ticks. The first tick after an idle stretch (no tick for
+applies the change between ticks (a drop after two windows in a row, a client's burst
+lasts one). The first tick after an idle stretch (no tick for
 ``IDLE_GAP_S``) runs on the threads the stretch's counters give, checked after a short
 first window (``IDLE_GAP_S``' comment says why). Where ``/proc`` cannot be read it never
 asks for a change.
@@ -70,18 +71,22 @@ def read_sample(cores: Collection[int] | None = None, proc: Path = Path("/proc")
     return CpuSample(busy / tick, ours / tick)
 
 
-def neighbours(others: float, threads: int, cores: int) -> float:
-    """Cores' worth of work other processes would take on their own, from the share of the
-    ``cores`` they got (``others``, in cores) beside this process's ``threads``.
+def neighbours(others: float, ours: float, threads: int, cores: int) -> float:
+    """Cores' worth of work other processes would take on their own, from the shares of the
+    ``cores`` they and this process got (``others``, ``ours``, in cores) while it ran
+    ``threads`` threads.
 
-    Where everyone fits (threads + others below the cores) the share is the work. Where
-    they do not, the kernel's scheduler shares the cores between runnable threads alike,
-    and this process's threads are always runnable while it decodes (OpenMP's spin at each
+    Where the cores had room to spare (busy less than ``1 - BUSY_FROM`` short of all of
+    them: this process waited for work part of the window) the others' share is their work.
+    Where they did not, the kernel's scheduler shares the cores between runnable threads
+    alike, and this process's threads are runnable while it decodes (OpenMP's spin at each
     barrier): n busy threads of others beside ours get ``cores * n / (threads + n)``, so
-    ``n = others * threads / (cores - others)``. The larger of the two is the estimate."""
+    ``n = others * threads / (cores - others)``; the larger of the two is the estimate."""
     others = min(max(others, 0.0), cores)
     if others >= cores:
         return float(cores)
+    if others + ours < cores - (1 - BUSY_FROM):
+        return others
     return max(others, others * threads / (cores - others))
 
 
@@ -91,7 +96,8 @@ def free_threads(busy_s: float, ours_s: float, elapsed_s: float, cores: int, max
     this process ran ``threads`` threads (default: ``max_threads``) and others had the busy
     time that was not its own."""
     others = max(0.0, (busy_s - ours_s) / elapsed_s)  # in cores
-    taken = math.floor(neighbours(others, max_threads if threads is None else threads, cores) + (1 - BUSY_FROM))
+    ours = max(0.0, ours_s / elapsed_s)
+    taken = math.floor(neighbours(others, ours, max_threads if threads is None else threads, cores) + (1 - BUSY_FROM))
     return max(1, min(max_threads, cores - taken))
 
 
@@ -111,6 +117,7 @@ class ThreadGovernor:
         self.threads = max_threads
         self._read, self._clock, self._interval = read, clock, interval_s
         self._last_tick = clock()
+        self._taken_before = False  # the last window while ticking saw a core taken
         self._start_window(self._last_tick)
 
     def _start_window(self, now: float, sample: CpuSample | None = None) -> None:
@@ -145,5 +152,16 @@ class ThreadGovernor:
         self._last, self._last_at = sample, now
         if sample is None or last is None:
             return None
-        return self._switch(free_threads(sample.busy_s - last.busy_s, sample.ours_s - last.ours_s, now - last_at,
-                                         self.cores, self.max_threads, self.threads))
+        want = free_threads(sample.busy_s - last.busy_s, sample.ours_s - last.ours_s, now - last_at, self.cores,
+                            self.max_threads, self.threads)
+        # A thread is given up only when two windows in a row saw its core taken: the
+        # benchmark's own HTTP clients, starting 16 streams on the same 2 cores, took 0.75-0.85
+        # of a core for one window at each batch's start, and one thread for the next half
+        # second fell on the batch's prefill. Taking a thread back needs one window.
+        if want < self.threads:
+            confirmed, self._taken_before = self._taken_before, True
+            if not confirmed:
+                return None
+        else:
+            self._taken_before = False
+        return self._switch(want)
