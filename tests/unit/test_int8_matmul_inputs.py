@@ -114,7 +114,7 @@ def test_the_choice_is_the_models_and_rejects_what_cannot_run():
     assert any(part.startswith("int4=avx2/int8:") for part in INT8.fingerprint(True))  # calibrations are not shared
     with pytest.raises(int4_cpu.KernelUnavailable, match="--matmul-inputs int8 runs on our int4 and int8-group kernels"):
         Kernels.load("torch", matmul_inputs="int8")
-    with pytest.raises(int4_cpu.KernelUnavailable, match="tiles: .* on int8 inputs"):
+    with pytest.raises(int4_cpu.KernelUnavailable, match="tiles: .* read bfloat16 inputs, and the matmuls are on int8 inputs"):
         Kernels.load("native", tiles=True, matmul_inputs="int8")
     with pytest.raises(ValueError, match="matmul_inputs must be one of bfloat16, int8; got 'int4'"):
         ModelConfig(matmul_inputs="int4")

@@ -32,6 +32,16 @@ def test_asking_for_it_without_amx_says_what_is_missing():
     assert Kernels.load("native").tiles is None  # native: the tiles where the CPU has them
 
 
+@pytest.mark.skipif(not has_amx, reason="this CPU has no AMX")
+def test_required_tiles_beside_our_int8_matmul_where_the_int4_one_is_torch_s(monkeypatch: pytest.MonkeyPatch):
+    def unavailable(isa=None):
+        raise build.KernelUnavailable("not built here")
+    monkeypatch.setattr(int4_cpu, "load", unavailable)
+    kernels = Kernels.load("auto", tiles=True)
+    assert kernels.int4 is None and kernels.tiles is None
+    assert kernels.int8 is not None and kernels.int8_tiles is not None
+
+
 class _Recording:
     """A stand-in tile library: records the rows of each call, computes with the int4 matmul."""
 

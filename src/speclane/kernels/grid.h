@@ -59,6 +59,16 @@ INLINE float group_sum(const uint16_t *x) {
     return _mm_cvtss_f32(_mm_add_ss(e, _mm_movehdup_ps(e)));
 }
 
+// Whether every group of n rounded inputs lies on the grid (none above its range): a
+// kernel whose integer path needs the whole call on it checks first.
+static inline int inputs_on_grid(const uint16_t *rounded, size_t n, const int bits) {
+    for (size_t at = 0; at < n; at += GRID_GROUP) {
+        __m256 v[4];
+        if (above_grid((int)(load_group_max_bits(rounded + at, v) >> 23), bits)) return 0;
+    }
+    return 1;
+}
+
 // A call's inputs as its loops read them: rounded (round_group) into rounded [M][K], and,
 // where ``sums`` is not NULL, each row's group sums of the rounded inputs into sums
 // [M][K/32]. Rows are split between threads from 8 rows on (a row's results do not depend

@@ -99,15 +99,6 @@ static void row_block(const uint16_t *x, const float *sums, const __m512i *b, co
     }
 }
 
-// Does every group of the call's rounded inputs lie on the grid (grid.h)?
-static int on_the_grid(const uint16_t *rounded, size_t n) {
-    for (size_t at = 0; at < n; at += GRID_GROUP) {
-        __m256 v[4];
-        if (above_grid((int)(load_group_max_bits(rounded + at, v) >> 23), GRID_BITS)) return 0;
-    }
-    return 1;
-}
-
 // y = x @ W^T, with int8_x86.c's arguments and weight layout (half: float16 scales and
 // minimums). The caller has had amx_init() succeed and checks N % 16 == 0, K % 32 == 0.
 static void matmul_tiles(int half, const uint16_t *x, const int8_t *q, const void *scale, const void *minimum,
@@ -120,7 +111,7 @@ static void matmul_tiles(int half, const uint16_t *x, const int8_t *q, const voi
     uint16_t *xp = (uint16_t *)scratch;
     float *sums = scratch + (x_floats + 15) / 16 * 16;
     prepare_inputs(x, xp, NULL, M, K, GRID_BITS);
-    if (!on_the_grid(xp, (size_t)M * K)) {  // the vector kernel's float path, as for fewer rows
+    if (!inputs_on_grid(xp, (size_t)M * K, GRID_BITS)) {  // the vector kernel's float path, as for fewer rows
         matmul(half, x, q, scale, minimum, y, M, N, K, G);
         return;
     }

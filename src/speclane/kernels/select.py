@@ -91,8 +91,9 @@ class Kernels:
 
         ``isa`` pins every kernel's build to that instruction set (``build.VECTOR_ISAS``;
         a kernel without that build takes its widest below it), with no timing of the int4
-        builds. ``tiles``: None, the tile kernel where the CPU has AMX; True, required (an
-        error where it cannot run); False, never. ``mtp_step`` False: the MTP head calls its
+        builds. ``tiles``: None, the tile kernels where the CPU has AMX; True, required beside
+        each of our int4 and int8-group matmuls (an error where one cannot run, or where
+        neither matmul is ours); False, never. ``mtp_step`` False: the MTP head calls its
         kernels one by one (the same bits as one call). ``matmul_inputs`` int8: the int4 and
         int8-group matmuls on int8 inputs (``int4_q8_x86.c``, ``int8_q8_x86.c``: one AVX2 build
         each, ``isa`` aside; no tile kernel: it reads bfloat16 inputs); under ``torch``, an
@@ -129,9 +130,9 @@ class Kernels:
         else:
             int4 = attempt(int4_cpu.SOURCE.name, lambda: int4_cpu.load(isa))
         tile = None
-        if tiles is True and (int4 is None or int8_inputs):
-            raise KernelUnavailable(f"tiles: {int4_cpu.TILE_SOURCE.name} reads our int4 layout on bfloat16 inputs, "
-                                    "and the int4 matmul is torch's or on int8 inputs")
+        if tiles is True and int8_inputs:
+            raise KernelUnavailable(f"tiles: {int4_cpu.TILE_SOURCE.name} and {int8_cpu.TILE_SOURCE.name} read bfloat16 "
+                                    "inputs, and the matmuls are on int8 inputs")
         # The tile kernels read our int4 and int8 layouts on bfloat16 inputs: only beside our
         # matmuls, and only where the CPU has AMX.
         use_tiles = not int8_inputs and (tiles is True or (tiles is None and not build.missing_cpu_flags("amx")))
@@ -139,6 +140,9 @@ class Kernels:
             tile = attempt(int4_cpu.TILE_SOURCE.name, int4_cpu.load_tiles, required=choice == "native" or tiles is True)
         int8 = (attempt(int8_cpu.INT8_INPUTS_SOURCE.name, int8_cpu.load_int8_inputs, required=True) if int8_inputs
                 else attempt(int8_cpu.SOURCE.name, lambda: int8_cpu.load(isa)))
+        if tiles is True and int4 is None and int8 is None:
+            raise KernelUnavailable(f"tiles: {int4_cpu.TILE_SOURCE.name} and {int8_cpu.TILE_SOURCE.name} read our int4 "
+                                    f"and int8 layouts, and both matmuls are torch's here ({'; '.join(unavailable)})")
         int8_tile = None
         if int8 is not None and use_tiles:
             int8_tile = attempt(int8_cpu.TILE_SOURCE.name, int8_cpu.load_tiles, required=choice == "native" or tiles is True)
