@@ -6,8 +6,9 @@
 1. The default model's greedy answer to every ``tune`` prompt of ``bench/data/drafts.jsonl``,
    speculation off (greedy output is the same with any drafter, so one answer serves every
    setting); ``--references`` caches them in a JSON file.
-2. A replay per setting: each answer is decoded again in rounds, the drafter proposing up
-   to K tokens from the prompt and the answer so far (and the prediction); a round keeps
+2. A replay per setting (``bench/draft_ceiling.walk``): each answer is decoded again in
+   rounds, the drafter proposing up to K tokens from the prompt and the answer so far (and
+   the prediction); a round keeps
    the accepted path of the proposal (a chain's matching prefix, a tree's longest
    matching branch) plus one token. The prompts of a category are one
    tenant, answered in file order, so the tenant store holds the category's earlier answers.
@@ -37,6 +38,7 @@ from pathlib import Path
 
 from speclane import draft_tree
 from speclane.bench import drafts_set
+from speclane.bench.draft_ceiling import walk
 from speclane.bench.factory import EngineFactory
 from speclane.config import EngineConfig
 from speclane.drafters.suffix import SuffixDrafter
@@ -80,31 +82,49 @@ def references(factory: EngineFactory, prompts: list[drafts_set.DraftPrompt], ma
     return out
 
 
-def replay(refs: dict[str, dict], params: SuffixParams, k: int, step_ms: list[float]) -> dict[str, float]:
-    """Estimated speed-up per category of the suffix drafter with ``params`` (module docstring)."""
+class _SuffixRounds:
+    """``walk``'s proposer: the suffix drafter's rounds on one answer, their time kept."""
+
+    def __init__(self, drafter: SuffixDrafter, request: Request, answer: list[int], k: int) -> None:
+        self.drafter, self.request, self.answer, self.k = drafter, request, answer, k
+        self.drafting_ms = 0.0
+
+    def __call__(self, done: int, n: int) -> tuple[int, int]:
+        started = time.perf_counter()
+        draft = self.drafter.propose(self.request, min(self.k, n))
+        self.drafting_ms += (time.perf_counter() - started) * 1000
+        answer = self.answer
+        path, _ = draft_tree.accept(draft.token_ids, draft.parents, lambda row, depth: answer[done + depth])
+        self.request.output_token_ids.extend(answer[done : done + len(path) + 1])
+        return len(draft.token_ids), len(path)
+
+
+def replay_prompts(refs: dict[str, dict], params: SuffixParams, k: int, step_ms: list[float]
+                   ) -> dict[str, tuple[str, float, float]]:
+    """Per prompt (in ``refs``' order, a category one tenant): its category, the plain
+    decode's ms and the suffix drafter's (``params``, at most ``k`` drafts a round), the
+    drafter's own time included."""
     drafter = SuffixDrafter(params)
-    plain: dict[str, float] = {}
-    spent: dict[str, float] = {}
+    out: dict[str, tuple[str, float, float]] = {}
     for rid, ref in refs.items():
         category, answer = ref["category"], ref["answer"]
         request = Request(request_id=rid, prompt_token_ids=ref["prompt"], sampling=SamplingParams(max_tokens=len(answer) + 1),
                           tenant=category, prediction_token_ids=ref["prediction"])
-        cost = 0.0
-        done = 0
-        while done < len(answer):
-            started = time.perf_counter()
-            draft = drafter.propose(request, min(k, len(answer) - done - 1))
-            cost += (time.perf_counter() - started) * 1000
-            tokens = draft.token_ids
-            path, _ = draft_tree.accept(tokens, draft.parents, lambda row, depth, at=done, text=answer: text[at + depth])
-            accepted = len(path)
-            cost += step_ms[len(tokens)]  # the verify of 1 + len(tokens) rows
-            request.output_token_ids.extend(answer[done : done + accepted + 1])
-            done += accepted + 1
+        rounds = _SuffixRounds(drafter, request, answer, k)
+        spent = walk(answer, rounds, step_ms[: k + 1]) + rounds.drafting_ms
         drafter.finish(request)
         drafter.release(rid)
-        plain[category] = plain.get(category, 0.0) + len(answer) * step_ms[0]
-        spent[category] = spent.get(category, 0.0) + cost
+        out[rid] = (category, len(answer) * step_ms[0], spent)
+    return out
+
+
+def replay(refs: dict[str, dict], params: SuffixParams, k: int, step_ms: list[float]) -> dict[str, float]:
+    """Estimated speed-up per category of the suffix drafter with ``params`` (module docstring)."""
+    plain: dict[str, float] = {}
+    spent: dict[str, float] = {}
+    for category, plain_ms, spent_ms in replay_prompts(refs, params, k, step_ms).values():
+        plain[category] = plain.get(category, 0.0) + plain_ms
+        spent[category] = spent.get(category, 0.0) + spent_ms
     return {c: plain[c] / spent[c] for c in plain}
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 
-from speclane.bench import drafts_set
+from speclane.bench import draft_ceiling, drafts_set
 from speclane.bench.common import Table, median
 from speclane.bench.drafters_load import STREAMS, streams_table
 from speclane.bench.drafters_vs_llama import vs_llama_table
@@ -71,6 +71,7 @@ def drafters(factory: EngineFactory, quick: bool = False, new_tokens: int = 64, 
     counts: dict[str, dict[str, list[int]]] = {c: {a: [0, 0] for a in arms} for c in groups}  # drafted, accepted
     rates: dict[str, list[dict[str, float]]] = {c: [] for c in groups}  # per prompt: each arm's best rate
     same = dict.fromkeys(arms, 0)
+    answers: dict[str, list[tuple[list[int], list[int], list[int]]]] = {c: [] for c in groups}  # prompt, prediction, answer
     total = sum(len(ps) for ps in groups.values())
     done = 0
     for category, prompts in groups.items():
@@ -84,6 +85,7 @@ def drafters(factory: EngineFactory, quick: bool = False, new_tokens: int = 64, 
             runs = passes[0]
             rate = {name: max(_rate_of(run[name]) for run in passes) for name in engines}  # the least disturbed pass
             off = runs["off"]
+            answers[category].append((ids, prediction, off.token_ids))
             rates[category].append(rate)
             for name in arms:
                 run = runs[name]
@@ -126,11 +128,53 @@ def drafters(factory: EngineFactory, quick: bool = False, new_tokens: int = 64, 
                        "ratio is per prompt (decode rate after the first token, the best pass of each arm), so prefill and "
                        "machine load hit the arms alike. Parameters were tuned on the "
                        "other half of the set (benchmarks/tune_drafters.py).")
+    tables = [speed, accept]
+    step_cost = engines["auto"].scheduler.step_cost
+    if step_cost is not None:
+        tables.append(ceiling_table(answers, step_cost.ms, k))
     load = streams_table(factory, {c: [encoded[p.id] for p in ps[:STREAMS]] for c, ps in heldout.items()}, new_tokens,
                          repeats=1 if quick else 3)
     llama = vs_llama_table(factory.base, {c: ps[:2 if quick else 4] for c, ps in heldout.items()}, new_tokens,
                            passes=repeats)
-    return [speed, accept, load, llama]
+    return [*tables, load, llama]
+
+
+CEILING_KS = (4, 16)  # the ceilings' most drafts a round: the lane's default and its limit
+
+
+def ceiling_table(answers: dict[str, list[tuple[list[int], list[int], list[int]]]], step_ms, k: int) -> Table:
+    """Per category, the median over its prompts of the speed-up each ceiling of
+    ``bench/draft_ceiling.py`` estimates on speculation off's greedy answers (a category's
+    earlier answers readable, as its tenant's store holds them), rounds priced by the step
+    cost adaptive K uses (``step_ms(rows)``)."""
+    arms = [(f"copy ceiling, K={n}, anchor 2", n, 2) for n in CEILING_KS] + [(f"copy ceiling, K={n}, any run", n, 0)
+                                                                            for n in CEILING_KS]
+    table = Table("What the held-out answers allow: estimated speed-up ceilings over speculation off, median per category",
+                  ["category", *(name for name, _, _ in arms), *(f"perfect drafter, K={n}" for n in CEILING_KS),
+                   f"answer tokens in a run (K={k}, anchor 2)"])
+    steps = [step_ms(rows) for rows in range(1, max(CEILING_KS) + 2)]
+    for category, prompts in answers.items():
+        columns: list[list[float]] = [[] for _ in range(len(arms) + len(CEILING_KS))]
+        drafted = tokens = 0
+        for i, (prompt, prediction, answer) in enumerate(prompts):
+            earlier = [a for _, _, a in prompts[:i]]
+            for column, (_, n, anchor) in enumerate(arms):
+                ceiling = draft_ceiling.CopyCeiling([prompt, prediction, *earlier], prompt, answer, n, anchor)
+                columns[column].append(draft_ceiling.speedup(answer, ceiling, steps[: n + 1]))
+                if n == k and anchor == 2:
+                    drafted, tokens = drafted + ceiling.drafted, tokens + len(answer)
+            for j, n in enumerate(CEILING_KS):
+                columns[len(arms) + j].append(draft_ceiling.speedup(answer, draft_ceiling.perfect(n), steps[: n + 1]))
+        table.add(category, *(f"{median(c):.2f}x" for c in columns), f"{drafted / max(tokens, 1):.0%}" if k in CEILING_KS else "-")
+    table.notes.append("Replays of speculation off's greedy answers (bench/draft_ceiling.py), not wall-clock runs: a round of "
+                       "d drafts costs the calibrated forward of 1 + d rows and keeps its drafts that match the answer, plus "
+                       "one token. Copy ceiling: at each position the longest run of the answer's next tokens (at most K) "
+                       "found in what a copying drafter can read (the prompt, the prediction, the category's earlier answers, "
+                       "the answer so far); 'anchor 2': preceded there by the answer's 2 tokens before it (the suffix "
+                       "drafter's shortest match; it re-aligns on fewer after a one-token divergence); 'any run': no anchor, "
+                       "a bound on every copying drafter. Perfect drafter: K drafts a round, all kept, the limit of the "
+                       "verify cost on this machine. Text the model writes that is in none of these is the MTP head's alone.")
+    return table
 
 
 def auto_vs_best(rates: list[dict[str, float]], ratios: dict[str, list[float]], singles: list[str]) -> str:

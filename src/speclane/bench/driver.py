@@ -36,6 +36,7 @@ class Timeline:
     finish_reason: str | None = None
     usage: dict[str, Any] = field(default_factory=dict)
     text: str = ""
+    token_ids: list[int] = field(default_factory=list)
 
     @property
     def ttft_s(self) -> float:
@@ -103,6 +104,7 @@ def drive(engine: LLMEngine, jobs: list[Job], *, on_tick: Callable[[float], None
         for out in outputs:
             tl = timelines[out.request_id]
             tl.token_times.extend([now] * len(out.token_ids))
+            tl.token_ids.extend(out.token_ids)
             tl.text += out.text
             if out.finished:
                 tl.finished_s, tl.finish_reason, tl.usage = now, out.finish_reason, out.usage
