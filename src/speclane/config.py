@@ -59,6 +59,10 @@ class ModelConfig:
         "help": "what our int4 and int8-group matmuls multiply the weights by: bfloat16 (exact products on each "
                 "group's grid) or int8 (each group of 32 inputs rounded to 8 bits, as llama.cpp does: faster at several "
                 "rows, further from float32; docs/design.md has both)"})
+    narrow_weights: bool = field(default=True, metadata={
+        "help": "keep a GGUF weight whose values fit 5 or 6 bits (Q5_0, Q5_1, Q5_K, Q6_K) in that many bits a value, "
+                "decoded in registers by the int8-group kernel (the same results): the resident memory of a Q5/Q6-heavy "
+                "file near its size; --no-narrow-weights keeps a byte a value (faster matmuls at several rows)"})
     head_inputs: str = field(default="auto", metadata={
         "help": "what the output head's coarse pass on our int4 and int8-group kernels multiplies its weights by "
                 "(each row's top 32 logits are recomputed in float32 either way): int8 (faster at several rows), "

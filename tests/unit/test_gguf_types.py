@@ -134,7 +134,7 @@ def test_int8_kernel_builds_give_the_same_bits(type_name):
     builds = [isa for isa in int8_cpu.ISAS if not build.missing_cpu_flags(isa)]
     _, _, weight = layer(type_name, 80, 512)
     x = torch.randn(14, 512, generator=torch.Generator().manual_seed(5)).bfloat16()
-    calls = [int8_cpu.bind(*int8_cpu.pack(weight.q, weight.scale, weight.minimum), int8_cpu.load(isa).library) for isa in builds]
+    calls = [int8_cpu.bind(int8_cpu.pack(weight.q, weight.scale, weight.minimum), int8_cpu.load(isa).library) for isa in builds]
     for rows in (1, 2, 3, 5, 9, 14):
         outs = [call(x[:rows]) for call in calls]
         assert all(torch.equal(outs[0], o) for o in outs[1:]), (builds, rows)
@@ -144,18 +144,18 @@ def test_int8_kernel_builds_give_the_same_bits(type_name):
 @pytest.mark.parametrize("type_name", ["Q8_0", "Q5_0", "Q5_1", "Q6_K"])
 def test_int8_scales_kept_in_float16_only_where_exact_and_with_the_same_bits(type_name):
     _, _, weight = layer(type_name, 32, 512)
-    q, scale, minimum = int8_cpu.pack(weight.q, weight.scale, weight.minimum)
+    packed = int8_cpu.pack(weight.q, weight.scale, weight.minimum)
     # The file's float16 scales stay float16 (half the bytes); Q6_K's d * sc products do not fit.
-    assert scale.dtype == (torch.float32 if type_name == "Q6_K" else torch.float16)
-    wide = (q, scale.float(), None if minimum is None else minimum.float())
+    assert packed.scale.dtype == (torch.float32 if type_name == "Q6_K" else torch.float16)
+    wide = packed._replace(scale=packed.scale.float(), minimum=None if packed.minimum is None else packed.minimum.float())
     x = torch.randn(9, 512, generator=torch.Generator().manual_seed(6)).bfloat16()
     library = int8_cpu.load().library
-    assert torch.equal(int8_cpu.bind(q, scale, minimum, library)(x), int8_cpu.bind(*wide, library)(x))
+    assert torch.equal(int8_cpu.bind(packed, library)(x), int8_cpu.bind(wide, library)(x))
     rows = torch.tensor([0, 31, 7, 16])
-    for packed in ((q, scale, minimum), wide):
-        assert torch.equal(int8_cpu.dequantize_rows(*packed, rows, library), weight.dequantize()[rows])
+    for weights in (packed, wide):
+        assert torch.equal(int8_cpu.dequantize_rows(weights, rows, library), weight.dequantize()[rows])
     with pytest.raises(IndexError, match="outside"):
-        int8_cpu.dequantize_rows(q, scale, minimum, torch.tensor([0, 32]), library)
+        int8_cpu.dequantize_rows(packed, torch.tensor([0, 32]), library)
 
 
 @needs_kernels
@@ -247,6 +247,23 @@ def test_a_crafted_gguf_runs_on_our_kernels_and_matches_the_float_reference(craf
 
 
 @needs_kernels
+def test_narrow_weights_keep_q5_and_q6_values_in_their_bits_with_the_same_forward(crafted):
+    """--narrow-weights (the default): the Q5_*/Q6_K weights' values in 5 or 6 bits, the
+    Q8_0 ones a byte each; the logits are the byte layout's bit for bit."""
+    weights = read_gguf(crafted, None)
+    narrow = build_model(weights, ModelConfig(dtype="bfloat16", quantization="auto"), KERNELS)
+    wide_kernels = Kernels.load("auto", narrow_weights=False)
+    wide = build_model(weights, ModelConfig(dtype="bfloat16", quantization="auto", narrow_weights=False), wide_kernels)
+    layer0 = narrow.layers[0]
+    formats = {name: linear.quantized.packed.format for name, linear in (("o", layer0.o), ("down", layer0.down))}
+    assert formats == {"o": int8_cpu.INT8, "down": 6 | int8_cpu.SIGNED}  # Q8_0, Q6_K
+    assert narrow.nbytes < wide.nbytes
+    assert "narrow_weights=off" in wide_kernels.describe() and wide_kernels.fingerprint(True) != KERNELS.fingerprint(True)
+    (hidden, logits), (hidden_wide, logits_wide) = forward(narrow, TOKENS), forward(wide, TOKENS)
+    assert torch.equal(hidden, hidden_wide) and torch.equal(logits, logits_wide)
+
+
+@needs_kernels
 def test_the_embedding_and_the_tied_head_run_from_the_files_blocks(crafted):
     weights = read_gguf(crafted, None)
     ours = build_model(weights, ModelConfig(dtype="bfloat16", quantization="auto"), KERNELS)
@@ -309,9 +326,9 @@ def test_int8_tile_kernel_gives_every_builds_bits(type_name, half):
     _, _, weight = layer(type_name, 80, 512, seed=8)
     packed = int8_cpu.pack(weight.q, weight.scale, weight.minimum)
     if not half:  # float32 scales and minimums (int8_matmul_amx), where packing kept float16
-        packed = (packed[0], packed[1].float(), None if packed[2] is None else packed[2].float())
-    tiles = int8_cpu.bind(*packed, KERNELS.int8.library, tiles=KERNELS.int8_tiles.library)
-    builds = {isa: int8_cpu.bind(*packed, int8_cpu.load(isa).library) for isa in int8_cpu.ISAS if not build.missing_cpu_flags(isa)}
+        packed = packed._replace(scale=packed.scale.float(), minimum=None if packed.minimum is None else packed.minimum.float())
+    tiles = int8_cpu.bind(packed, KERNELS.int8.library, tiles=KERNELS.int8_tiles.library)
+    builds = {isa: int8_cpu.bind(packed, int8_cpu.load(isa).library) for isa in int8_cpu.ISAS if not build.missing_cpu_flags(isa)}
     g = torch.Generator().manual_seed(9)
     x = torch.randn(40, 512, generator=g) * torch.exp2(torch.randint(-12, 4, (40, 512), generator=g).float())
     x[:, 7] *= 300.0

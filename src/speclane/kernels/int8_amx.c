@@ -48,16 +48,16 @@ static void configure_tiles(int G) {
     _tile_loadconfig(&cfg);
 }
 
-// One column tile's weights for every input pair (q[2p][j], q[2p+1][j]) in 32-bit lane j,
-// as bfloat16 (exact): the tile unit's B layout.
-static void widen_column_tile(const int8_t *q, int K, size_t tile, __m512i *b) {
-    const int8_t *rows = q + tile * (size_t)K * LANES;
+// One column tile's weights (at ``tile``, in ``format``: int8_packed.h) for every input pair
+// (q[2p][j], q[2p+1][j]) in 32-bit lane j, as bfloat16 (exact): the tile unit's B layout.
+static void widen_column_tile(const uint8_t *tile, int format, int K, __m512i *b) {
     const __m512i order = _mm512_load_si512(PAIR_ORDER);
+    const size_t line = tile_bytes(format, K) / (size_t)(K / 2);  // bytes a pair
     for (int p = 0; p < K / 2; p++) {
-        const int8_t *two = rows + (size_t)(2 * p) * LANES;
-        if ((p & 1) == 0) _mm_prefetch((const char *)two + PREFETCH_AHEAD, _MM_HINT_T0);  // once per line
-        const __m512 first = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)two)));
-        const __m512 second = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(two + LANES))));
+        _mm_prefetch((const char *)tile + (size_t)p * line + PREFETCH_AHEAD, _MM_HINT_T0);
+        const __m256i two = pair_values(tile, format, 2 * p);
+        const __m512 first = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(two)));
+        const __m512 second = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(two, 1)));
         const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(second, first);  // [first 0..15 | second 0..15]
         _mm512_store_si512(b + p, _mm512_permutexvar_epi16(order, both));
     }
@@ -102,7 +102,7 @@ static void row_block(const uint16_t *x, const float *sums, const __m512i *b, co
 // y = x @ W^T, with int8_x86.c's arguments and weight layout (half: float16 scales and
 // minimums). The caller has had amx_init() succeed and checks N % 16 == 0, K % 32 == 0.
 static void matmul_tiles(int half, const uint16_t *x, const int8_t *q, const void *scale, const void *minimum,
-                         uint16_t *y, int M, int N, int K, int G) {
+                         uint16_t *y, int M, int N, int K, int G, int format) {
     const int groups = K / G, blocks = (M + ROWS - 1) / ROWS, padded = blocks * ROWS;
     // The inputs on the grid, padded to whole row blocks (a tile always loads 16 rows), then
     // each row's group sums. Padding rows are zeros and never stored.
@@ -112,7 +112,7 @@ static void matmul_tiles(int half, const uint16_t *x, const int8_t *q, const voi
     float *sums = scratch + (x_floats + 15) / 16 * 16;
     prepare_inputs(x, xp, NULL, M, K, GRID_BITS);
     if (!inputs_on_grid(xp, (size_t)M * K, GRID_BITS)) {  // the vector kernel's float path, as for fewer rows
-        matmul(half, x, q, scale, minimum, y, M, N, K, G);
+        matmul(half, x, q, scale, minimum, y, M, N, K, G, format);
         return;
     }
     memset(xp + (size_t)M * K, 0, (size_t)(padded - M) * K * sizeof(uint16_t));
@@ -127,7 +127,7 @@ static void matmul_tiles(int half, const uint16_t *x, const int8_t *q, const voi
         // schedule(dynamic): as the vector kernel, a thread slowed by another process takes fewer tiles.
         #pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < tiles; t++) {
-            widen_column_tile(q, K, (size_t)t, b);
+            widen_column_tile((const uint8_t *)q + (size_t)t * tile_bytes(format, K), format, K, b);
             const size_t at = (size_t)t * groups * LANES * param_size;
             const tile_params w = {(const char *)scale + at, minimum ? (const char *)minimum + at : NULL, half, K, G};
             for (int blk = 0; blk < blocks; blk++) {
@@ -146,21 +146,21 @@ static void matmul_tiles(int half, const uint16_t *x, const int8_t *q, const voi
 }
 
 void int8_matmul_amx(const uint16_t *x, const int8_t *q, const float *scale, const float *minimum, uint16_t *y,
-                     int M, int N, int K, int G) {
-    matmul_tiles(0, x, q, scale, minimum, y, M, N, K, G);
+                     int M, int N, int K, int G, int format) {
+    matmul_tiles(0, x, q, scale, minimum, y, M, N, K, G, format);
 }
 
 void int8_matmul_h_amx(const uint16_t *x, const int8_t *q, const uint16_t *scale, const uint16_t *minimum, uint16_t *y,
-                       int M, int N, int K, int G) {
-    matmul_tiles(1, x, q, scale, minimum, y, M, N, K, G);
+                       int M, int N, int K, int G, int format) {
+    matmul_tiles(1, x, q, scale, minimum, y, M, N, K, G, format);
 }
 
-// The two with op.h's arguments: x, q, scale, minimum, y, M, N, K, G.
+// The two with op.h's arguments: x, q, scale, minimum, y, M, N, K, G, format.
 void int8_matmul_amx_op(const int64_t *a) {
     int8_matmul_amx(OP_PTR(a[0]), OP_PTR(a[1]), OP_PTR(a[2]), OP_PTR(a[3]), OP_PTR(a[4]), (int)a[5], (int)a[6], (int)a[7],
-                    (int)a[8]);
+                    (int)a[8], (int)a[9]);
 }
 void int8_matmul_h_amx_op(const int64_t *a) {
     int8_matmul_h_amx(OP_PTR(a[0]), OP_PTR(a[1]), OP_PTR(a[2]), OP_PTR(a[3]), OP_PTR(a[4]), (int)a[5], (int)a[6],
-                      (int)a[7], (int)a[8]);
+                      (int)a[7], (int)a[8], (int)a[9]);
 }

@@ -18,12 +18,14 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 from speclane.kernels import build, plan_cpu
 
-__all__ = ["bind", "dequantize_rows", "load", "load_int8_inputs", "load_tiles", "pack", "source_digest", "tile_source_digest"]
+__all__ = ["Packed", "bind", "dequantize_rows", "load", "load_int8_inputs", "load_tiles", "narrowest_format", "pack",
+           "source_digest", "tile_source_digest"]
 
 SOURCE = Path(__file__).with_name("int8_x86.c")
 # The kernel on int8 inputs (``--matmul-inputs int8``): its weights packed in quads (``pack``),
@@ -52,9 +54,9 @@ def tile_source_digest() -> str:
 
 def declare(lib: ctypes.CDLL) -> None:
     for entry in (lib.int8_matmul, lib.int8_matmul_h):
-        entry.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
+        entry.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 5
         entry.restype = None
-    lib.int8_rows.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int] * 4 + [ctypes.c_void_p]
+    lib.int8_rows.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int] * 5 + [ctypes.c_void_p]
     lib.int8_rows.restype = ctypes.c_int
 
 
@@ -62,7 +64,7 @@ def declare_tiles(lib: ctypes.CDLL) -> None:
     lib.amx_init.argtypes = []
     lib.amx_init.restype = ctypes.c_int
     for entry in (lib.int8_matmul_amx, lib.int8_matmul_h_amx):
-        entry.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
+        entry.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 5
         entry.restype = None
 
 
@@ -93,13 +95,68 @@ def int8_inputs_source_digest() -> str:
     return build.digest(INT8_INPUTS_SOURCE)
 
 
-def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None, quads: bool = False
-         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+INT8 = 8  # the int8 layout's format (int8_packed.h: bits | signed << 4)
+SIGNED = 16
+
+
+class Packed(NamedTuple):
+    """A weight in the kernel's layout (``pack``): q's bytes, its scales and minimums, and
+    q's format (int8_packed.h: the int8 layout, or 5 or 6 bits a value)."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    minimum: torch.Tensor | None
+    format: int = INT8
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """[N, K] of the weight."""
+        q = self.q
+        if self.format & 15 == INT8:  # [N/16, K, 16] or quads [N/16, K/4, 64]
+            return q.shape[0] * LANES, q.shape[1] * q.shape[2] // LANES
+        return q.shape[0] * LANES, q.shape[1] * 2  # [N/16, K/2, pair bytes]
+
+
+def narrowest_format(q: torch.Tensor) -> int:
+    """The fewest bits that hold every value of ``q`` (int8_packed.h): 5 or 6, signed
+    (-2^(b-1) .. 2^(b-1) - 1) or not (0 .. 2^b - 1), else the int8 layout. Q5_0 fits 5 bits
+    signed, Q5_1 and Q5_K 5 unsigned, Q6_K 6 signed; Q8_0 needs 8."""
+    low, high = int(q.min()), int(q.max())
+    for bits in (5, 6):
+        if low >= 0 and high < 1 << bits:
+            return bits
+        if -(1 << (bits - 1)) <= low and high < 1 << (bits - 1):
+            return bits | SIGNED
+    return INT8
+
+
+def _pack_bits(q: torch.Tensor, format: int) -> torch.Tensor:
+    """q [N, K] -> [N/16, K/2, 16 + 4 (bits - 4)] uint8 (int8_packed.h's layout)."""
+    bits = format & 15
+    n, k = q.shape
+    u = q.to(torch.int32) + ((1 << (bits - 1)) if format & SIGNED else 0)
+    if int(u.min()) < 0 or int(u.max()) >= 1 << bits:
+        raise ValueError(f"values outside {bits} bits")
+    # [tile, pair, 32]: input 2p's 16 columns, then input 2p + 1's (the int8 layout's order)
+    values = u.reshape(n // LANES, LANES, k // 2, 2).permute(0, 2, 3, 1).reshape(n // LANES, k // 2, 2 * LANES)
+    nibbles = (values[..., :LANES] & 15) | ((values[..., LANES:] & 15) << 4)
+    parts = [nibbles]
+    weights = torch.tensor([1 << i for i in range(2 * LANES)], dtype=torch.int64)
+    for h in range(bits - 4):
+        word = (((values >> (4 + h)) & 1).to(torch.int64) * weights).sum(-1)  # bit i: value i's bit 4 + h
+        parts.append(torch.stack([(word >> (8 * b)) & 255 for b in range(4)], dim=-1))  # little-endian
+    return torch.cat(parts, dim=-1).to(torch.uint8).contiguous()
+
+
+def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None, quads: bool = False,
+         format: int | None = None) -> Packed:
     """(q [N, K] int8, scale and minimum [N, K/G]) -> the C kernel's layout: q [N/16, K, 16]
-    int8, scale and minimum [N/16, K/G, 16] (minimum None: the weight has none), float16
-    where every one of them is a float16 value (widening back is exact), else float32.
-    ``quads`` (the kernel on int8 inputs, ``int8_q8_x86.c``; K a multiple of 32): q [N/16, K/4, 64],
-    byte 4c+i of quad k holding column n0+c's value at input column 4k+i."""
+    int8, or where the values fit 5 or 6 bits (``format`` None: ``narrowest_format``; ``INT8``
+    keeps a byte a value) [N/16, K/2, 16 + 4 (bits - 4)] bytes (int8_packed.h); scale and
+    minimum [N/16, K/G, 16] (minimum None: the weight has none), float16 where every one of
+    them is a float16 value (widening back is exact), else float32. ``quads`` (the kernel on
+    int8 inputs, ``int8_q8_x86.c``; K a multiple of 32; always a byte a value): q [N/16, K/4,
+    64], byte 4c+i of quad k holding column n0+c's value at input column 4k+i."""
     n, k = q.shape
     groups = scale.shape[1]
     if n % LANES or k % 32 or k % groups or (k // groups) not in GROUPS:
@@ -112,42 +169,46 @@ def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None, qua
     params = [t.float() for t in (scale, minimum) if t is not None]
     exact_in_half = all(torch.equal(t.half().float(), t) for t in params)
     dtype = torch.float16 if exact_in_half else torch.float32
+    format = INT8 if quads else narrowest_format(q) if format is None else format
     if quads:  # [tile, quad, column, input of 4]
         packed = q.to(torch.int8).reshape(n // LANES, LANES, k // 4, 4).permute(0, 2, 1, 3).reshape(n // LANES, k // 4, 4 * LANES)
-    else:
+    elif format == INT8:
         packed = per_tile(q, torch.int8)
-    return packed.contiguous(), per_tile(scale, dtype), None if minimum is None else per_tile(minimum, dtype)
+    else:
+        packed = _pack_bits(q, format)
+    return Packed(packed.contiguous(), per_tile(scale, dtype), None if minimum is None else per_tile(minimum, dtype), format)
 
 
-def dequantize_rows(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None, rows: torch.Tensor,
-                    lib: ctypes.CDLL) -> torch.Tensor:
+def dequantize_rows(weight: Packed, rows: torch.Tensor, lib: ctypes.CDLL) -> torch.Tensor:
     """float32 [len(rows), K]: the weight rows ``rows`` of a packed weight (``pack``),
     q * scale + minimum per group: the values the kernel multiplies by (an embedding's
     lookup, the output head's exact refinement), read from the packed layout itself by
     ``lib``'s ``int8_rows`` (a one-token step reads two such sets: torch's strided gathers
     cost ~0.1 ms each, the loop ~10 us)."""
-    n, k = q.shape[0] * LANES, q.shape[1] * q.shape[2] // LANES  # either layout (pack)
+    q, scale, minimum, format = weight
+    n, k = weight.shape
     ids = rows.to(torch.int64).contiguous()
     out = torch.empty(ids.numel(), k, dtype=torch.float32)
     if lib.int8_rows(q.data_ptr(), scale.data_ptr(), minimum.data_ptr() if minimum is not None else None,
-                     int(scale.dtype == torch.float16), ids.data_ptr(), ids.numel(), n, k, k // scale.shape[1], out.data_ptr()):
+                     int(scale.dtype == torch.float16), ids.data_ptr(), ids.numel(), n, k, k // scale.shape[1], format,
+                     out.data_ptr()):
         raise IndexError(f"a row id outside [0, {n})")
     return out
 
 
-def bind(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None, lib: ctypes.CDLL,
-         tiles: ctypes.CDLL | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+def bind(weight: Packed, lib: ctypes.CDLL, tiles: ctypes.CDLL | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
     """``x [M, K] bfloat16 -> x @ W^T [M, N] bfloat16`` for one packed weight (``pack``), by
     ``lib`` (a build of the kernel); the weight's pointers are taken once here. ``tiles``:
     the tile kernel's library (``load_tiles``), for calls of ``TILE_MIN_ROWS`` rows or
     more (the same bits)."""
+    q, scale, minimum, format = weight
     name = "int8_matmul_h" if scale.dtype == torch.float16 else "int8_matmul"
     entry = getattr(lib, name)
     many_rows = getattr(tiles, name + "_amx") if tiles is not None else entry
     min_rows = TILE_MIN_ROWS if tiles is not None else 1 << 30
-    n, k = q.shape[0] * LANES, q.shape[1] * q.shape[2] // LANES  # either layout (pack)
+    n, k = weight.shape
     group = k // scale.shape[1]
-    weight = (q.data_ptr(), scale.data_ptr(), minimum.data_ptr() if minimum is not None else None)
+    pointers = (q.data_ptr(), scale.data_ptr(), minimum.data_ptr() if minimum is not None else None)
     keep_alive = (q, scale, minimum)
     bf16, empty = torch.bfloat16, torch.empty
 
@@ -159,7 +220,7 @@ def bind(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None, lib
             raise ValueError(f"int8 matmul: input has {width} columns, the weight {k}")
         y = empty(rows, n, dtype=bf16)
         if rows:
-            (many_rows if rows >= min_rows else entry)(x.data_ptr(), *weight, y.data_ptr(), rows, n, k, group)
+            (many_rows if rows >= min_rows else entry)(x.data_ptr(), *pointers, y.data_ptr(), rows, n, k, group, format)
         return y
 
     op = plan_cpu.address(lib, name + "_op")
@@ -167,7 +228,7 @@ def bind(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None, lib
 
     def op_row(x: int, y: int, rows: int) -> list[int]:
         """A forward plan's step (``plan_cpu``): this call on ``rows`` rows at addresses x and y."""
-        return [many_rows_op if rows >= min_rows else op, x, *(p or 0 for p in weight), y, rows, n, k, group]
+        return [many_rows_op if rows >= min_rows else op, x, *(p or 0 for p in pointers), y, rows, n, k, group, format]
 
     call.keep_alive = keep_alive  # the pointers above stay valid while the call lives
     call.op_row = op_row

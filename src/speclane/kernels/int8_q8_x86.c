@@ -110,7 +110,8 @@ typedef void (*tile_fn)(const q8_weight *, const q8_input *, int, int, uint16_t 
 typedef void (*few_rows_fn)(const q8_weight *, const q8_input *, int, uint16_t *);  // here, one-row calls
 
 static void matmul(const int half, const uint16_t *x, const int8_t *q, const void *scale, const void *minimum,
-                   uint16_t *y, int M, int N, int K, int G) {
+                   uint16_t *y, int M, int N, int K, int G, int format) {
+    (void)format;  // quads are int8 (int8_cpu.pack packs no fewer bits in quads)
     const tile_fn tile_rows = half ? rows_tile_f16 : rows_tile_f32;
     const few_rows_fn one_row = half ? rows_tile_f16_few_rows : rows_tile_f32_few_rows;
     const q8_input in = quantize_call(x, M, K, G);

@@ -24,7 +24,9 @@
 // 2^116 or above, Inf or NaN, off the grid, takes a float path instead: FMAs over the
 // inputs one by one: on the grid the same d, so the call's other rows keep their bits.)
 //
-// Layout (int8_cpu.pack): q [N/16][K][16] int8 (lane j of input column k: column n0+j),
+// Layout (int8_cpu.pack): q [N/16][K][16] int8 (lane j of input column k: column n0+j), or
+// the same values in 5 or 6 bits (int8_packed.h: the call's format; decoded to those 16
+// bytes an input in registers, so every path below computes the same bits from either),
 // scale and minimum [N/16][K/G][16] float32 (minimum may be NULL: no minimum term).
 // int8_matmul_h takes them in float16 instead: where every scale and minimum is a float16
 // (Q8_0, Q5_0 and Q5_1 store theirs so) it keeps half the bytes, and widening a float16 to
@@ -84,9 +86,10 @@ INLINE vec v_param(const void *base, size_t at, const int half) {
 #define NV (LANES / VW)
 
 typedef struct {
-    const int8_t *q;
+    const uint8_t *q;  // column tile t's weights at q + t * tile (int8_packed.h: the int8 layout or fewer bits)
     const void *scale, *minimum;  // float32, or float16 where the call is int8_matmul_h's
-    int n, k, group;
+    int n, k, group, format;
+    size_t tile;  // bytes of a column tile
 } q8_weight;
 
 // A call's inputs as the tiles read them, from row 0 of a block of rows.
@@ -130,9 +133,10 @@ INLINE void rows_tile(const int R, const int TT, const int HALF, const q8_weight
         UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) d[t][r][v] = v_zero();
         for (int k = g * G; k < (g + 1) * G; k++) {
             UNROLL for (int t = 0; t < TT; t++) {
-                const int8_t *q = w->q + (size_t)(tile0 + t) * K * LANES;
+                int8_t column[2 * LANES];  // inputs k & ~1 and k | 1 (this path is rare: a call off the grid)
+                _mm256_storeu_si256((__m256i *)column, pair_values(w->q + (size_t)(tile0 + t) * w->tile, w->format, k & ~1));
                 vec wq[NV];
-                UNROLL for (int v = 0; v < NV; v++) wq[v] = v_int8(q + (size_t)k * LANES + VW * v);
+                UNROLL for (int v = 0; v < NV; v++) wq[v] = v_int8(column + (k & 1) * LANES + VW * v);
                 UNROLL for (int r = 0; r < R; r++) {
                     const vec xv = v_bcast(in->x + (size_t)r * in->ld + k);
                     UNROLL for (int v = 0; v < NV; v++) d[t][r][v] = v_fma(xv, wq[v], d[t][r][v]);
@@ -165,8 +169,8 @@ INLINE void rows_tile(const int R, const int TT, const int HALF, const q8_weight
 typedef __m512i ivec;
 static const uint16_t PAIR_ORDER[32] __attribute__((aligned(64))) = {
     0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-INLINE void load_pairs(const int8_t *q, ivec *pairs) {  // q: the tile's input column k
-    pairs[0] = _mm512_permutexvar_epi16(_mm512_load_si512(PAIR_ORDER), _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)q)));
+INLINE void load_pairs(__m256i q, ivec *pairs) {  // q: the tile's inputs k and k + 1 (pair_values)
+    pairs[0] = _mm512_permutexvar_epi16(_mm512_load_si512(PAIR_ORDER), _mm512_cvtepi8_epi16(q));
 }
 INLINE ivec i_zero(void) { return _mm512_setzero_si512(); }
 INLINE ivec i_bcast(int32_t two) { return _mm512_set1_epi32(two); }
@@ -178,8 +182,8 @@ INLINE ivec i_madd(ivec d, ivec q, ivec x) { return _mm512_add_epi32(d, _mm512_m
 INLINE vec i_float(ivec d) { return _mm512_cvtepi32_ps(d); }
 #else
 typedef __m256i ivec;
-INLINE void load_pairs(const int8_t *q, ivec *pairs) {  // byte interleave: columns 0-7, then 8-15
-    const __m128i a = _mm_loadu_si128((const __m128i *)q), b = _mm_loadu_si128((const __m128i *)(q + LANES));
+INLINE void load_pairs(__m256i q, ivec *pairs) {  // byte interleave: columns 0-7, then 8-15
+    const __m128i a = _mm256_castsi256_si128(q), b = _mm256_extracti128_si256(q, 1);
     pairs[0] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b));
     pairs[1] = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(a, b));
 }
@@ -200,7 +204,7 @@ INLINE void rows_tile_int(const int R, const int TT, const int HALF, const q8_we
         for (int k = g * G; k < (g + 1) * G; k += 2) {
             UNROLL for (int t = 0; t < TT; t++) {
                 ivec pairs[NV];
-                load_pairs(w->q + ((size_t)(tile0 + t) * K + k) * LANES, pairs);
+                load_pairs(pair_values(w->q + (size_t)(tile0 + t) * w->tile, w->format, k), pairs);
                 UNROLL for (int r = 0; r < R; r++) {
                     int32_t two;  // x[k] (low half) and x[k+1], as in a lane of pairs
                     memcpy(&two, in->xi + (size_t)r * in->ld + k, sizeof two);
@@ -317,7 +321,7 @@ static void minimum_sums(const uint16_t *rounded, float *sums, int M, int K, int
 }
 
 static void matmul(const int half, const uint16_t *x, const int8_t *q, const void *scale, const void *minimum,
-                   uint16_t *y, int M, int N, int K, int G) {
+                   uint16_t *y, int M, int N, int K, int G, int format) {
     const int groups = K / G;
     const size_t n = (size_t)M * K;
     // The scratch: the rounded inputs (bfloat16), each row's group sums, and then the float
@@ -328,7 +332,7 @@ static void matmul(const int half, const uint16_t *x, const int8_t *q, const voi
     float *sums = scratch + rounded_floats, *rest = sums + sum_floats;
     prepare_inputs(x, rounded, NULL, M, K, GRID_BITS);
     if (minimum) minimum_sums(rounded, sums, M, K, G);
-    const q8_weight w = {q, scale, minimum, N, K, G};
+    const q8_weight w = {(const uint8_t *)q, scale, minimum, N, K, G, format, tile_bytes(format, K)};
     int16_t *xi = (int16_t *)rest;
     float *step = rest + rounded_floats;
     if (inputs_in_steps(rounded, xi, step, M, K, GRID_BITS)) {

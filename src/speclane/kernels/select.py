@@ -77,6 +77,7 @@ class Kernels:
     float_matmul: Kernel | None = None
     plan: Kernel | None = None  # the forward plan's runner (plan.c): a forward's kernels in one call
     matmul_inputs: str = "bfloat16"  # what ``int4`` and ``int8`` multiply the weights by (config.MATMUL_INPUTS)
+    narrow_weights: bool = True  # ``int8``'s weights in 5 or 6 bits where their values fit (int8_packed.h)
     head: Kernels | None = None
 
     @property
@@ -86,7 +87,8 @@ class Kernels:
 
     @classmethod
     def load(cls, choice: str = "auto", *, isa: str | None = None, tiles: bool | None = None,
-             mtp_step: bool = True, matmul_inputs: str = "bfloat16", head_inputs: str = "auto") -> Kernels:
+             mtp_step: bool = True, matmul_inputs: str = "bfloat16", head_inputs: str = "auto",
+             narrow_weights: bool = True) -> Kernels:
         """The kernels of ``choice`` (module docstring).
 
         ``isa`` pins every kernel's build to that instruction set (``build.VECTOR_ISAS``;
@@ -97,7 +99,9 @@ class Kernels:
         kernels one by one (the same bits as one call). ``matmul_inputs`` int8: the int4 and
         int8-group matmuls on int8 inputs (``int4_q8_x86.c``, ``int8_q8_x86.c``: one AVX2 build
         each, ``isa`` aside; no tile kernel: it reads bfloat16 inputs); under ``torch``, an
-        error (torch's ops have no such inputs). ``head_inputs`` (``--head-inputs``): the
+        error (torch's ops have no such inputs). ``narrow_weights`` (``--narrow-weights``): the
+        int8-group kernel keeps a weight's values in 5 or 6 bits where they fit (quads: always
+        a byte a value). ``head_inputs`` (``--head-inputs``): the
         output head's coarse pass on int8 inputs (``head``) where int8, or auto where those
         kernels run here and the CPU has no AVX512_BF16 (whose bfloat16 products the
         int8-input kernels were not measured against); int8 where they cannot run is an error."""
@@ -157,6 +161,7 @@ class Kernels:
             float_matmul=attempt(float_cpu.SOURCE.name, lambda: float_cpu.load(isa)),
             plan=attempt(plan_cpu.SOURCE.name, lambda: plan_cpu.load(isa)),
             matmul_inputs=matmul_inputs,
+            narrow_weights=narrow_weights,
         )
         if not int8_inputs and head_inputs != "bfloat16":
             kernels = replace(kernels, head=_int8_inputs_head(kernels, required=head_inputs == "int8"))
@@ -243,6 +248,7 @@ class Kernels:
         return (f"int4={self.int4_name} matmul_inputs={self.matmul_inputs} head_inputs={self.head_inputs} "
                 f"tiles={self.tile_name} attention={self.attention_name} "
                 f"norm={self.norm_name} mtp_step={self.mtp_step_name} int8={self.int8_name} "
+                f"narrow_weights={'on' if self.narrow_weights else 'off'} "
                 f"float={self.float_matmul_name} plan={self.plan_name}")
 
     def fingerprint(self, bfloat16: bool) -> list[str]:
@@ -251,11 +257,12 @@ class Kernels:
         int8_inputs = self.matmul_inputs == "int8"
         int4_digest = int4_cpu.int8_inputs_source_digest() if int8_inputs else int4_cpu.source_digest()
         int8_digest = int8_cpu.int8_inputs_source_digest() if int8_inputs else int8_cpu.source_digest()
+        int8_weights = "narrow" if self.narrow_weights and not int8_inputs else "bytes"  # quads: a byte a value
         # the head's own matmul kernels, where they are not the layers'
         head = [] if self.head is None else [f"head={part}" for part in self.head.fingerprint(bfloat16)
                                               if part.startswith(("int4=", "int8="))]
         return [*head, f"int4={self.int4_name}/{self.matmul_inputs}:{int4_digest}",
-                f"int8={self.int8_name}/{self.matmul_inputs}:{int8_digest}",
+                f"int8={self.int8_name}/{self.matmul_inputs}/{int8_weights}:{int8_digest}",
                 f"tiles={self.tile_name}:{int4_cpu.tile_source_digest()}:{int8_cpu.tile_source_digest()}",
                 f"attention={self.attention_name if bfloat16 else 'sdpa'}:{attention_cpu.source_digest()}",
                 f"norm={self.norm_name if bfloat16 else 'torch'}:{norm_cpu.source_digest()}",

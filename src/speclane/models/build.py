@@ -71,7 +71,8 @@ def build_model(weights: WeightSet, config: ModelConfig, kernels: Kernels | None
         # Picked once, here: a kernel that cannot run under --kernels native is a start-up
         # error, not a failure at the first forward in the engine thread. A float32 model
         # without quantization runs none of ours (they are bfloat16 kernels).
-        kernels = (Kernels.load(config.kernels, matmul_inputs=config.matmul_inputs, head_inputs=config.head_inputs)
+        kernels = (Kernels.load(config.kernels, matmul_inputs=config.matmul_inputs, head_inputs=config.head_inputs,
+                                narrow_weights=config.narrow_weights)
                    if mode != "none" or dtype == torch.bfloat16 else Kernels())
 
     def take(name: str) -> torch.Tensor:

@@ -114,7 +114,8 @@ class Int4Weight:
 class GroupInt8Weight:
     """A GGUF weight in int8 groups (Q8_0, Q6_K, Q5_*: ``models/gguf_types.py``) on our
     int8-group kernel (``kernels/int8_x86.c``): scale * sum(x q) + minimum * sum(x) per
-    group, the file's values exactly (float32 scales and minimums), in float32; a row's
+    group, the file's values exactly (float32 scales and minimums), in float32, the values
+    kept in 5 or 6 bits where they fit (``kernels/int8_packed.h``: Q5_*, Q6_K); a row's
     result does not depend on the other rows of its call. ``kernels.int8`` must hold the
     kernel and ``out_features`` be a multiple of 16 (``supports``)."""
 
@@ -124,16 +125,17 @@ class GroupInt8Weight:
                              f"got {q.shape[0]}, {kernels.int8}")
         self.out_features = q.shape[0]
         self.kernel = kernels.int8.isa
-        self.packed = int8_cpu.pack(q, scale, minimum, quads=kernels.matmul_inputs == "int8")  # int8_q8_x86.c reads quads
+        self.packed = int8_cpu.pack(q, scale, minimum, quads=kernels.matmul_inputs == "int8",  # int8_q8_x86.c reads quads
+                                    format=None if kernels.narrow_weights else int8_cpu.INT8)
         self._library = kernels.int8.library
-        self.tensors: tuple[torch.Tensor, ...] = tuple(t for t in self.packed if t is not None)
+        self.tensors: tuple[torch.Tensor, ...] = tuple(t for t in self.packed[:3] if t is not None)
         # Calls of many rows go to the AMX tile kernel where it runs (the same bits: int8_cpu).
-        self.matmul = int8_cpu.bind(*self.packed, kernels.int8.library, tiles=kernels.int8_tile_library)
+        self.matmul = int8_cpu.bind(self.packed, kernels.int8.library, tiles=kernels.int8_tile_library)
         self.op_row = self.matmul.op_row  # a forward plan's step (Linear.op_steps)
 
     def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """float32 [len(rows), in]: the rows' values, the file's exactly."""
-        return int8_cpu.dequantize_rows(*self.packed, rows, self._library)
+        return int8_cpu.dequantize_rows(self.packed, rows, self._library)
 
     @staticmethod
     def supports(out_features: int, kernels: Kernels, in_features: int) -> bool:
