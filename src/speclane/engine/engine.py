@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
 import logging
 import threading
@@ -105,6 +107,16 @@ def load_tokenizer(source: object) -> Tokenizer:
     return Tokenizer.from_hf_folder(source)  # type: ignore[arg-type]
 
 
+def return_freed_memory() -> None:
+    """Hands the heap's free pages back to the system (glibc's ``malloc_trim``). Loading a
+    model unpacks each weight's values before packing them; glibc keeps what was freed
+    resident, and an engine over SmolLM2-135M Q4_K_M grew by 377 MiB where its model holds
+    105 (132 MiB after the trim, its 16 MiB KV pool included). Nothing where the C library
+    has no such call."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig | None = None, *, clock: Callable[[], float] = time.monotonic,
                  observer: EngineObserver | None = None):
@@ -113,7 +125,10 @@ class LLMEngine:
             torch.set_num_threads(config.model.num_threads)
         weights = read_weights(config.model.model)
         model = build_model(weights, config.model)
-        self._setup(config, model, load_tokenizer(weights.tokenizer_source), clock, observer, drafter=None)
+        tokenizer = load_tokenizer(weights.tokenizer_source)
+        del weights  # the file's unpacked values, now packed into the model
+        return_freed_memory()
+        self._setup(config, model, tokenizer, clock, observer, drafter=None)
 
     @classmethod
     def from_parts(cls, config: EngineConfig, model: LlamaModel, tokenizer: Tokenizer, *,
