@@ -44,6 +44,8 @@ def test_the_narrowest_format_holds_every_value():
     q, scale, mins = _weight(-16, 15)
     with pytest.raises(ValueError, match="outside 5 bits"):
         int8_cpu.pack(q + 1, scale, mins, format=5 | int8_cpu.SIGNED)
+    with pytest.raises(ValueError, match="format must be one of"):
+        int8_cpu.pack(q, scale, mins, format=int8_cpu.INT8 | int8_cpu.SIGNED)
 
 
 @pytest.mark.parametrize("format, low, high", FORMATS)

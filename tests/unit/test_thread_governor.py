@@ -128,6 +128,34 @@ def test_one_window_of_a_client_s_burst_keeps_every_thread():
     assert _ticks(machine, governor, 1.0) is None and governor.threads == 2
 
 
+def test_a_client_taking_part_of_a_core_does_not_flip_the_count_back_and_forth():
+    """0.6 of a core reads as taken beside two spinning threads and as free beside one:
+    once down, the count comes back only where the others' share would leave a core free
+    beside the threads it comes back to."""
+    machine = _Machine()
+    governor = ThreadGovernor(2, cores=2, read=machine.read, clock=lambda: machine.now)
+    machine.others_rate, machine.ours_rate = 0.6, 1.4
+    assert _ticks(machine, governor, 1.1) == 1
+    machine.ours_rate = 1.0  # one thread: the client has room
+    assert _ticks(machine, governor, 3.0) is None and governor.threads == 1
+    machine.others_rate = 0.1  # the client stops
+    assert _ticks(machine, governor, 0.6) == 2
+
+
+def test_a_window_that_saw_a_core_taken_before_an_idle_stretch_is_forgotten():
+    machine = _Machine()
+    governor = ThreadGovernor(2, cores=2, read=machine.read, clock=lambda: machine.now)
+    assert _ticks(machine, governor, 0.6) is None
+    machine.others_rate, machine.ours_rate = 0.8, 1.2  # one window of a burst, then the engine idles
+    assert _ticks(machine, governor, 0.55) is None and governor._taken_before
+    machine.others_rate, machine.ours_rate = 0.1, 0.0
+    machine.advance(2.0)
+    machine.ours_rate = 2.0
+    assert governor.update() is None
+    machine.others_rate, machine.ours_rate = 0.8, 1.2  # another burst's first window: still one window
+    assert _ticks(machine, governor, 0.15) is None and governor.threads == 2
+
+
 def test_a_quiet_idle_stretch_keeps_every_thread():
     machine = _Machine()
     governor = ThreadGovernor(2, cores=2, read=machine.read, clock=lambda: machine.now)

@@ -5,7 +5,8 @@ An answer is walked in rounds (``walk``): a proposer drafts at most n tokens aft
 first ``done`` and says how many of them the answer keeps; a round of d drafts costs a
 forward of 1 + d rows (the engine's calibrated step cost) and yields its kept drafts plus
 one token. Plain decoding is the walk without drafts, so a proposer's speed-up on an
-answer is ``len(answer) * step(1) / walk(...)``. Two proposers bound every drafter:
+answer is ``len(answer) * step(1) / walk(...)`` (the first token, which comes with the
+prefill, counted as a decode step like the others). Two idealised proposers:
 
 - ``CopyCeiling``: at each position the longest run of the answer's next tokens (at most
   K) that occurs in text a copying drafter can read (the prompt, the prediction, the
@@ -14,8 +15,12 @@ answer is ``len(answer) * step(1) / walk(...)``. Two proposers bound every draft
   one-token divergence it re-aligns on fewer). No drafter that copies (suffix, prompt
   lookup) keeps more tokens a round than the ceiling of anchor 0; where the model writes
   text that is in none of those, only a model-based drafter (the MTP head) can help.
-- ``perfect``: a drafter that knows the answer (K drafts a round, all kept): the limit
-  the verify cost itself sets on this machine.
+- ``perfect``: a drafter that knows the answer (K drafts a round, all kept): what the
+  verify cost leaves at that K on this machine.
+
+Both draft as much as they can each round; where the step cost has a bump (a kernel
+switching paths at some row count) a shorter round could be cheaper, so they are the
+speed-ups of these drafters, close to but not strictly the most any drafter could get.
 
 ``benchmarks/tune_drafters.py`` replays the suffix drafter itself with ``walk`` to tune it;
 ``speclane bench drafters`` reports the ceilings of its held-out answers beside what the

@@ -172,8 +172,10 @@ def ceiling_table(answers: dict[str, list[tuple[list[int], list[int], list[int]]
                        "found in what a copying drafter can read (the prompt, the prediction, the category's earlier answers, "
                        "the answer so far); 'anchor 2': preceded there by the answer's 2 tokens before it (the suffix "
                        "drafter's shortest match; it re-aligns on fewer after a one-token divergence); 'any run': no anchor, "
-                       "a bound on every copying drafter. Perfect drafter: K drafts a round, all kept, the limit of the "
-                       "verify cost on this machine. Text the model writes that is in none of these is the MTP head's alone.")
+                       "what a copying drafter could reach choosing every run right. Perfect drafter: K drafts a round, "
+                       "all kept, what the verify cost leaves on this machine. Text the model writes that is in none of "
+                       "these is the MTP head's alone. Rounds here always draft the longest run (a shorter one could "
+                       "cost less where the step cost has a bump), and the first token counts as a decode step.")
     return table
 
 

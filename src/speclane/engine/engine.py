@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import gc
 import logging
 import threading
 import time
@@ -113,6 +114,7 @@ def return_freed_memory() -> None:
     resident, and an engine over SmolLM2-135M Q4_K_M grew by 377 MiB where its model holds
     105 (132 MiB after the trim, its 16 MiB KV pool included). Nothing where the C library
     has no such call."""
+    gc.collect()  # what only a cycle held
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).malloc_trim(0)
 
@@ -127,8 +129,8 @@ class LLMEngine:
         model = build_model(weights, config.model)
         tokenizer = load_tokenizer(weights.tokenizer_source)
         del weights  # the file's unpacked values, now packed into the model
-        return_freed_memory()
         self._setup(config, model, tokenizer, clock, observer, drafter=None)
+        return_freed_memory()  # the loader's, the drafter's and the calibration's
 
     @classmethod
     def from_parts(cls, config: EngineConfig, model: LlamaModel, tokenizer: Tokenizer, *,

@@ -140,6 +140,7 @@ class ThreadGovernor:
         if idle:  # the idle stretch's counters decide the first tick (see IDLE_GAP_S)
             sample, last, last_at = self._read(), self._last, self._last_at
             self._start_window(now, sample)
+            self._taken_before = False
             if sample is None or last is None or now <= last_at:
                 return None
             return self._switch(free_threads(sample.busy_s - last.busy_s, sample.ours_s - last.ours_s,
@@ -152,16 +153,22 @@ class ThreadGovernor:
         self._last, self._last_at = sample, now
         if sample is None or last is None:
             return None
-        want = free_threads(sample.busy_s - last.busy_s, sample.ours_s - last.ours_s, now - last_at, self.cores,
-                            self.max_threads, self.threads)
+        busy, ours, elapsed = sample.busy_s - last.busy_s, sample.ours_s - last.ours_s, now - last_at
+        want = free_threads(busy, ours, elapsed, self.cores, self.max_threads, self.threads)
+        if want > self.threads:
+            # Back up only to as many threads as the others' share would leave free once
+            # ours saturate the cores again (judged as at that count): a client's 0.6 of a
+            # core reads as free beside one thread and as taken beside two, and without this
+            # the count went 2, 1, 2, 1 every window or two.
+            saturated = busy - ours + self.cores * elapsed  # others' share, ours counted as every core
+            want = max(self.threads, free_threads(saturated, self.cores * elapsed, elapsed, self.cores,
+                                                  self.max_threads, want))
         # A thread is given up only when two windows in a row saw its core taken: the
         # benchmark's own HTTP clients, starting 16 streams on the same 2 cores, took 0.75-0.85
         # of a core for one window at each batch's start, and one thread for the next half
         # second fell on the batch's prefill. Taking a thread back needs one window.
-        if want < self.threads:
-            confirmed, self._taken_before = self._taken_before, True
-            if not confirmed:
-                return None
-        else:
-            self._taken_before = False
+        if want < self.threads and not self._taken_before:
+            self._taken_before = True
+            return None
+        self._taken_before = False
         return self._switch(want)

@@ -97,6 +97,7 @@ def int8_inputs_source_digest() -> str:
 
 INT8 = 8  # the int8 layout's format (int8_packed.h: bits | signed << 4)
 SIGNED = 16
+FORMATS = (INT8, 5, 6, 5 | SIGNED, 6 | SIGNED)  # what int8_packed.h decodes
 
 
 class Packed(NamedTuple):
@@ -170,6 +171,8 @@ def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None, qua
     exact_in_half = all(torch.equal(t.half().float(), t) for t in params)
     dtype = torch.float16 if exact_in_half else torch.float32
     format = INT8 if quads else narrowest_format(q) if format is None else format
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {sorted(FORMATS)} (int8_packed.h); got {format}")
     if quads:  # [tile, quad, column, input of 4]
         packed = q.to(torch.int8).reshape(n // LANES, LANES, k // 4, 4).permute(0, 2, 1, 3).reshape(n // LANES, k // 4, 4 * LANES)
     elif format == INT8:
