@@ -142,10 +142,11 @@ def _pack_bits(q: torch.Tensor, format: int) -> torch.Tensor:
     values = u.reshape(n // LANES, LANES, k // 2, 2).permute(0, 2, 3, 1).reshape(n // LANES, k // 2, 2 * LANES)
     nibbles = (values[..., :LANES] & 15) | ((values[..., LANES:] & 15) << 4)
     parts = [nibbles]
-    weights = torch.tensor([1 << i for i in range(2 * LANES)], dtype=torch.int64)
+    bit_weights = torch.tensor([1 << i for i in range(8)], dtype=torch.int32)
     for h in range(bits - 4):
-        word = (((values >> (4 + h)) & 1).to(torch.int64) * weights).sum(-1)  # bit i: value i's bit 4 + h
-        parts.append(torch.stack([(word >> (8 * b)) & 255 for b in range(4)], dim=-1))  # little-endian
+        # plane h as 4 bytes, little-endian: bit i of the 32-bit word is value i's bit 4 + h
+        plane = ((values >> (4 + h)) & 1).reshape(n // LANES, k // 2, 4, 8)
+        parts.append((plane * bit_weights).sum(-1))
     return torch.cat(parts, dim=-1).to(torch.uint8).contiguous()
 
 

@@ -6,7 +6,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 
-#include "int8_packed.h"  // tile_bytes, packed_value
+#include "int8_packed.h"  // tile_bytes, pair_values
 
 // out [count][K] float32: the weight rows ids[0..count) as the kernels multiply by them,
 // q * scale + minimum per group of G (two roundings, as torch's q.float() * scale +
@@ -27,11 +27,15 @@ static int int8_rows_of(const int8_t *q, int quads, int format, const void *scal
             const size_t at = (tile * groups + g) * 16 + lane;
             const float s = half ? _cvtsh_ss(((const uint16_t *)scale)[at]) : ((const float *)scale)[at];
             const float m = !minimum ? 0.0f : half ? _cvtsh_ss(((const uint16_t *)minimum)[at]) : ((const float *)minimum)[at];
-            for (int k = g * G; k < (g + 1) * G; k++) {
-                const int value = quads ? (int8_t)base[(size_t)(k / 4) * 64 + 4 * lane + k % 4]
-                                        : packed_value(base, format, k, (int)lane);
-                const float w = (float)value * s;
-                y[k] = minimum ? w + m : w;
+            for (int k = g * G; k < (g + 1) * G; k += 2) {  // G is even: inputs k and k + 1 together
+                int8_t pair[32];  // the pair's values in the int8 layout's order (int8_packed.h)
+                if (!quads) _mm256_storeu_si256((__m256i *)pair, pair_values(base, format, k));
+                for (int j = 0; j < 2; j++) {
+                    const int value = quads ? (int8_t)base[(size_t)((k + j) / 4) * 64 + 4 * lane + (k + j) % 4]
+                                            : pair[16 * j + lane];
+                    const float w = (float)value * s;
+                    y[k + j] = minimum ? w + m : w;
+                }
             }
         }
     }

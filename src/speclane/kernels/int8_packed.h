@@ -61,19 +61,4 @@ static inline __m256i pair_values(const uint8_t *tile, int format, int k) {
     return decode_pair(tile + (size_t)(k / 2) * PAIR_BYTES(bits), bits, FORMAT_BIAS(format));
 }
 
-// Value ``lane`` of input k of the column tile at ``tile`` (one at a time: row lookups).
-static inline int packed_value(const uint8_t *tile, int format, int k, int lane) {
-    const int bits = FORMAT_BITS(format);
-    if (bits == 8) return (int8_t)tile[(size_t)k * 16 + lane];
-    const uint8_t *pair = tile + (size_t)(k / 2) * PAIR_BYTES(bits);
-    const int i = (k & 1) * 16 + lane;  // the value's place in its pair
-    int u = (pair[lane] >> (4 * (k & 1))) & 15;
-    for (int h = 0; h < bits - 4; h++) {
-        uint32_t plane;
-        memcpy(&plane, pair + 16 + 4 * h, sizeof plane);
-        u |= (int)((plane >> i) & 1) << (4 + h);
-    }
-    return u - FORMAT_BIAS(format);
-}
-
 #endif
