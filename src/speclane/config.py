@@ -62,7 +62,7 @@ class ModelConfig:
     narrow_weights: bool = field(default=True, metadata={
         "help": "keep a GGUF weight whose values fit 5 or 6 bits (Q5_0, Q5_1, Q5_K, Q6_K) in that many bits a value, "
                 "decoded in registers by the int8-group kernel (the same results): the resident memory of a Q5/Q6-heavy "
-                "file near its size; --no-narrow-weights keeps a byte a value (faster matmuls at several rows)"})
+                "file near its size; --no-narrow-weights keeps a byte a value"})
     head_inputs: str = field(default="auto", metadata={
         "help": "what the output head's coarse pass on our int4 and int8-group kernels multiplies its weights by "
                 "(each row's top 32 logits are recomputed in float32 either way): int8 (faster at several rows), "

@@ -1,16 +1,18 @@
 // The tile kernel of the int8-group matmul: int8_x86.c's arithmetic on Intel's AMX tiles
 // (Sapphire Rapids and later), for calls of many rows. Loaded by int8_cpu.py beside the
-// int8-group matmul, which sends it every call of TILE_MIN_ROWS rows or more.
+// int8-group matmul, which sends it every call of TILE_MIN_ROWS[bits] rows or more.
 //
 // Why: with many rows (a prefill chunk) the vector builds are bound by their multiply-adds
 // (vpdpwssd: one per pair of inputs, 16 columns and row). One AMX TDPBF16PS multiplies a
 // 16-row x G-input tile of bfloat16 inputs by a G x 16 tile of weights: one group's sums
 // for 16 rows x 16 columns at once. The weights' int8 values are bfloat16 exactly
 // (|q| <= 128 has at most 8 significant bits), widened once per column tile and call for
-// every block of 16 rows. What bounds it is the work around each group's instruction
-// (storing its 16 x 16 sums and scaling them into the rows' totals), the same for 1 row
-// as for 16: it pays from about 24-32 rows on (int8_cpu.TILE_MIN_ROWS), a prefill's
-// chunks. (The same kernel on AMX's int8 products, the inputs in steps split into a signed
+// every block of 16 rows (a narrow format's values looked up as bfloat16, int8_packed.h).
+// What bounds it is that widening and the work around each group's instruction (storing
+// its 16 x 16 sums and scaling them into the rows' totals), the same for 1 row as for 16:
+// it pays from 6 rows on for 5-bit weights, 12 for 6-bit ones (groups of 16) and 16 for
+// the int8 layout (int8_cpu.TILE_MIN_ROWS): a tick of many streams, a verify round, a
+// prefill's chunks. (The same kernel on AMX's int8 products, the inputs in steps split into a signed
 // high and an unsigned low byte, needs two instructions and two stores a group, and was
 // slower at every row count.)
 //
@@ -49,10 +51,27 @@ static void configure_tiles(int G) {
 }
 
 // One column tile's weights (at ``tile``, in ``format``: int8_packed.h) for every input pair
-// (q[2p][j], q[2p+1][j]) in 32-bit lane j, as bfloat16 (exact): the tile unit's B layout.
+// (q[2p][j], q[2p+1][j]) in 32-bit lane j, as bfloat16 (exact): the tile unit's B layout. A
+// narrow format looks its values up as bfloat16 directly (pair_words); the int8 layout's
+// bytes are widened and converted.
 static void widen_column_tile(const uint8_t *tile, int format, int K, __m512i *b) {
-    const __m512i order = _mm512_load_si512(PAIR_ORDER);
     const size_t line = tile_bytes(format, K) / (size_t)(K / 2);  // bytes a pair
+    if (FORMAT_BITS(format) != 8) {
+        const pair_table table = pair_table_bf16(format);
+        // bits a compile-time constant in each loop: pair_words's plane loop unrolled
+        if (FORMAT_BITS(format) == 5)
+            for (int p = 0; p < K / 2; p++) {
+                if ((p & 3) == 0) _mm_prefetch((const char *)tile + (size_t)p * line + PREFETCH_AHEAD, _MM_HINT_T0);
+                _mm512_store_si512(b + p, pair_words(tile, 5, 2 * p, &table));
+            }
+        else
+            for (int p = 0; p < K / 2; p++) {
+                if ((p & 3) == 0) _mm_prefetch((const char *)tile + (size_t)p * line + PREFETCH_AHEAD, _MM_HINT_T0);
+                _mm512_store_si512(b + p, pair_words(tile, 6, 2 * p, &table));
+            }
+        return;
+    }
+    const __m512i order = _mm512_load_si512(PAIR_ORDER);
     for (int p = 0; p < K / 2; p++) {
         _mm_prefetch((const char *)tile + (size_t)p * line + PREFETCH_AHEAD, _MM_HINT_T0);
         const __m256i two = pair_values(tile, format, 2 * p);

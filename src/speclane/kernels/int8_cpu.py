@@ -33,13 +33,16 @@ SOURCE = Path(__file__).with_name("int8_x86.c")
 INT8_INPUTS_SOURCE = Path(__file__).with_name("int8_q8_x86.c")
 ISAS = ("avx512vnni", "avx512", "avx2")  # the builds of SOURCE, widest first
 # The tile kernel (``int8_amx.c``): the same arithmetic on AMX tiles (the same bits: on the
-# inputs' grid every sum is exact), for calls of TILE_MIN_ROWS rows or more. The default
-# model's shapes (its head and a layer's matmuls), tile kernel / VNNI build, Intel Xeon
-# with AMX, 2 threads: 8 rows 1.59x, 16 rows 1.04x, 24 rows 0.96x, 32 rows 0.82x, 96 rows
-# 0.77x (one thread: 16 rows 0.66x, 96 rows 0.41x: the tile unit's share does not grow
-# with the second thread here).
+# inputs' grid every sum is exact), for calls of TILE_MIN_ROWS[bits] rows or more, by the
+# weight's format. Tile kernel / VNNI build, Intel Xeon with AMX, 2 threads, a gate_up
+# (3072 x 576) and a down (576 x 1536) of the default model's shapes, rows 6 / 8 / 12 / 16
+# / 24: 5 bits (Q5_0, Q5_1, Q5_K) 0.87-1.07x / 0.75-0.84x / 0.73x / 0.57x / 0.55-0.60x;
+# 6 bits (Q6_K, groups of 16: twice the tile unit's calls a column tile) 1.06-1.11x /
+# 0.95-1.09x / 0.80-0.98x / 0.61-0.73x; the int8 layout (Q8_0, whose bytes the tile kernel
+# converts to bfloat16, where a narrow format looks its values up in one instruction)
+# 1.43-1.75x / 1.18-1.46x / 0.98-1.23x / 0.74-0.96x / 0.78-0.91x.
 TILE_SOURCE = Path(__file__).with_name("int8_amx.c")
-TILE_MIN_ROWS = 32
+TILE_MIN_ROWS = {5: 6, 6: 12, 8: 16}
 LANES = 16  # output columns per packed tile (the C file's LANES)
 GROUPS = (16, 32)  # the group widths the loader gives it (Q6_K: 16; the others: 32)
 
@@ -138,13 +141,14 @@ def _pack_bits(q: torch.Tensor, format: int) -> torch.Tensor:
     u = q.to(torch.int32) + ((1 << (bits - 1)) if format & SIGNED else 0)
     if int(u.min()) < 0 or int(u.max()) >= 1 << bits:
         raise ValueError(f"values outside {bits} bits")
-    # [tile, pair, 32]: input 2p's 16 columns, then input 2p + 1's (the int8 layout's order)
-    values = u.reshape(n // LANES, LANES, k // 2, 2).permute(0, 2, 3, 1).reshape(n // LANES, k // 2, 2 * LANES)
-    nibbles = (values[..., :LANES] & 15) | ((values[..., LANES:] & 15) << 4)
+    # [tile, pair, column, input of the pair]: the kernels' pair order (value 2j + i: column j at input 2p + i)
+    pairs = u.reshape(n // LANES, LANES, k // 2, 2).permute(0, 2, 1, 3)
+    nibbles = (pairs[..., 0] & 15) | ((pairs[..., 1] & 15) << 4)
+    values = pairs.reshape(n // LANES, k // 2, 2 * LANES)
     parts = [nibbles]
     bit_weights = torch.tensor([1 << i for i in range(8)], dtype=torch.int32)
     for h in range(bits - 4):
-        # plane h as 4 bytes, little-endian: bit i of the 32-bit word is value i's bit 4 + h
+        # plane h as 4 bytes, little-endian: bit 2j + i of the 32-bit word is value 2j + i's bit 4 + h
         plane = ((values >> (4 + h)) & 1).reshape(n // LANES, k // 2, 4, 8)
         parts.append((plane * bit_weights).sum(-1))
     return torch.cat(parts, dim=-1).to(torch.uint8).contiguous()
@@ -203,13 +207,13 @@ def dequantize_rows(weight: Packed, rows: torch.Tensor, lib: ctypes.CDLL) -> tor
 def bind(weight: Packed, lib: ctypes.CDLL, tiles: ctypes.CDLL | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
     """``x [M, K] bfloat16 -> x @ W^T [M, N] bfloat16`` for one packed weight (``pack``), by
     ``lib`` (a build of the kernel); the weight's pointers are taken once here. ``tiles``:
-    the tile kernel's library (``load_tiles``), for calls of ``TILE_MIN_ROWS`` rows or
-    more (the same bits)."""
+    the tile kernel's library (``load_tiles``), for calls of ``TILE_MIN_ROWS[bits]`` rows
+    or more (the same bits)."""
     q, scale, minimum, format = weight
     name = "int8_matmul_h" if scale.dtype == torch.float16 else "int8_matmul"
     entry = getattr(lib, name)
     many_rows = getattr(tiles, name + "_amx") if tiles is not None else entry
-    min_rows = TILE_MIN_ROWS if tiles is not None else 1 << 30
+    min_rows = TILE_MIN_ROWS[format & 15] if tiles is not None else 1 << 30
     n, k = weight.shape
     group = k // scale.shape[1]
     pointers = (q.data_ptr(), scale.data_ptr(), minimum.data_ptr() if minimum is not None else None)

@@ -167,10 +167,10 @@ INLINE void rows_tile(const int R, const int TT, const int HALF, const q8_weight
 // the lane: a row costs one instruction (two without VNNI) per two inputs and vector.
 #ifdef __AVX512F__
 typedef __m512i ivec;
-static const uint16_t PAIR_ORDER[32] __attribute__((aligned(64))) = {
-    0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-INLINE void load_pairs(__m256i q, ivec *pairs) {  // q: the tile's inputs k and k + 1 (pair_values)
-    pairs[0] = _mm512_permutexvar_epi16(_mm512_load_si512(PAIR_ORDER), _mm512_cvtepi8_epi16(q));
+typedef pair_table ivec_table;  // int8_packed.h's int16 lookup of a narrow format's values
+INLINE ivec_table tile_table(int format) { return pair_table_int16(format); }
+INLINE void load_pairs(const uint8_t *tile, int format, int k, const ivec_table *table, ivec *pairs) {
+    pairs[0] = pair_words(tile, format, k, table);
 }
 INLINE ivec i_zero(void) { return _mm512_setzero_si512(); }
 INLINE ivec i_bcast(int32_t two) { return _mm512_set1_epi32(two); }
@@ -182,7 +182,11 @@ INLINE ivec i_madd(ivec d, ivec q, ivec x) { return _mm512_add_epi32(d, _mm512_m
 INLINE vec i_float(ivec d) { return _mm512_cvtepi32_ps(d); }
 #else
 typedef __m256i ivec;
-INLINE void load_pairs(__m256i q, ivec *pairs) {  // byte interleave: columns 0-7, then 8-15
+typedef int ivec_table;  // unused: the AVX2 build decodes to the int8 layout's bytes (pair_values)
+INLINE ivec_table tile_table(int format) { return format; }
+INLINE void load_pairs(const uint8_t *tile, int format, int k, const ivec_table *table, ivec *pairs) {
+    (void)table;  // byte interleave: columns 0-7, then 8-15
+    const __m256i q = pair_values(tile, format, k);
     const __m128i a = _mm256_castsi256_si128(q), b = _mm256_extracti128_si256(q, 1);
     pairs[0] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b));
     pairs[1] = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(a, b));
@@ -196,6 +200,7 @@ INLINE vec i_float(ivec d) { return _mm256_cvtepi32_ps(d); }
 INLINE void rows_tile_int(const int R, const int TT, const int HALF, const q8_weight *w, const q8_input *in, int tile0,
                           uint16_t *y) {
     const int K = w->k, N = w->n, G = w->group, groups = K / G, steps = in->ld / GRID_GROUP;
+    const ivec_table table = tile_table(w->format);
     vec acc[TILES_ONE_ROW][MAX_BLOCK][NV];
     UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) acc[t][r][v] = v_zero();
     for (int g = 0; g < groups; g++) {
@@ -204,7 +209,7 @@ INLINE void rows_tile_int(const int R, const int TT, const int HALF, const q8_we
         for (int k = g * G; k < (g + 1) * G; k += 2) {
             UNROLL for (int t = 0; t < TT; t++) {
                 ivec pairs[NV];
-                load_pairs(pair_values(w->q + (size_t)(tile0 + t) * w->tile, w->format, k), pairs);
+                load_pairs(w->q + (size_t)(tile0 + t) * w->tile, w->format, k, &table, pairs);
                 UNROLL for (int r = 0; r < R; r++) {
                     int32_t two;  // x[k] (low half) and x[k+1], as in a lane of pairs
                     memcpy(&two, in->xi + (size_t)r * in->ld + k, sizeof two);
