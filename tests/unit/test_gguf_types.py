@@ -318,13 +318,15 @@ def test_int8_tile_kernel_where_the_cpu_has_amx_and_off_on_request():
 @needs_int8_tiles
 @pytest.mark.parametrize("type_name", ["Q8_0", "Q6_K", "Q5_1", "Q5_K"])
 @pytest.mark.parametrize("half", [True, False])
-def test_int8_tile_kernel_gives_every_builds_bits(type_name, half):
+@pytest.mark.parametrize("narrow", [True, False], ids=["narrow", "bytes"])
+def test_int8_tile_kernel_gives_every_builds_bits(type_name, half, narrow):
     """The grid (kernels/grid.h) makes the tile unit's order of adding moot: calls of
-    TILE_MIN_ROWS[bits] to 40 rows (whole and partial blocks of 16), every group width (Q6_K: 16),
-    minimum (Q5_1, Q5_K) and scale type, against every vector build; inputs over many
-    binades with an outlier column, so that the rounding acts."""
+    TILE_MIN_ROWS[bits] to 40 rows (whole and partial blocks of 16), every group width
+    (Q6_K: 16), minimum (Q5_1, Q5_K) and scale type, in 5-6 bits (bfloat16 tiles) and in
+    bytes (int8 tiles), against every vector build; inputs over many binades with an
+    outlier column, so that the rounding acts."""
     _, _, weight = layer(type_name, 80, 512, seed=8)
-    packed = int8_cpu.pack(weight.q, weight.scale, weight.minimum)
+    packed = int8_cpu.pack(weight.q, weight.scale, weight.minimum, format=None if narrow else int8_cpu.INT8)
     if not half:  # float32 scales and minimums (int8_matmul_amx), where packing kept float16
         packed = packed._replace(scale=packed.scale.float(), minimum=None if packed.minimum is None else packed.minimum.float())
     tiles = int8_cpu.bind(packed, KERNELS.int8.library, tiles=KERNELS.int8_tiles.library)

@@ -37,14 +37,15 @@ FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 LIBS = ["-lm"]  # the attention kernel's tanhf (soft-capped scores), linked rather than found in the process
 # Instruction sets, widest first: the compiler flags of each build and the CPU flags it needs.
 ISA_FLAGS = {
-    "amx": ["-mavx512f", "-mavx512bw", "-mavx512bf16", "-mavx2", "-mfma", "-mf16c", "-mamx-tile", "-mamx-bf16"],
+    "amx": ["-mavx512f", "-mavx512bw", "-mavx512bf16", "-mavx512vbmi", "-mavx2", "-mfma", "-mf16c", "-mamx-tile",
+            "-mamx-bf16", "-mamx-int8"],
     "avx512bf16": ["-mavx512f", "-mavx512bw", "-mavx512bf16", "-mavx2", "-mfma", "-mf16c"],
     "avx512vnni": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx2", "-mfma", "-mf16c"],
     "avx512": ["-mavx512f", "-mavx512bw", "-mavx2", "-mfma", "-mf16c"],
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
 }
 ISA_CPU_FLAGS = {
-    "amx": {"avx512f", "avx512bw", "avx512_bf16", "avx2", "fma", "f16c", "amx_tile", "amx_bf16"},
+    "amx": {"avx512f", "avx512bw", "avx512_bf16", "avx512vbmi", "avx2", "fma", "f16c", "amx_tile", "amx_bf16", "amx_int8"},
     "avx512bf16": {"avx512f", "avx512bw", "avx512_bf16", "avx2", "fma", "f16c"},
     "avx512vnni": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma", "f16c"},
     "avx512": {"avx512f", "avx512bw", "avx2", "fma", "f16c"},

@@ -2,27 +2,30 @@
 // (Sapphire Rapids and later), for calls of many rows. Loaded by int8_cpu.py beside the
 // int8-group matmul, which sends it every call of TILE_MIN_ROWS[bits] rows or more.
 //
-// Why: with many rows (a prefill chunk) the vector builds are bound by their multiply-adds
-// (vpdpwssd: one per pair of inputs, 16 columns and row). One AMX TDPBF16PS multiplies a
-// 16-row x G-input tile of bfloat16 inputs by a G x 16 tile of weights: one group's sums
-// for 16 rows x 16 columns at once. The weights' int8 values are bfloat16 exactly
-// (|q| <= 128 has at most 8 significant bits), widened once per column tile and call for
-// every block of 16 rows (a narrow format's values looked up as bfloat16, int8_packed.h).
-// What bounds it is that widening and the work around each group's instruction (storing
-// its 16 x 16 sums and scaling them into the rows' totals), the same for 1 row as for 16:
-// it pays from 6 rows on for 5-bit weights, 12 for 6-bit ones (groups of 16) and 16 for
-// the int8 layout (int8_cpu.TILE_MIN_ROWS): a tick of many streams, a verify round, a
-// prefill's chunks. (The same kernel on AMX's int8 products, the inputs in steps split into a signed
-// high and an unsigned low byte, needs two instructions and two stores a group, and was
-// slower at every row count.)
+// Why: with many rows (a tick of many streams, a verify round, a prefill chunk) the vector
+// builds are bound by their multiply-adds (vpdpwssd: one per pair of inputs, 16 columns
+// and row), where one AMX instruction computes one group's sums for 16 rows x 16 columns.
+// Two ways, by the weights' format (int8_packed.h):
+// - 5 or 6 bits (Q5_0, Q5_1, Q5_K, Q6_K): TDPBF16PS on the bfloat16 inputs and the
+//   weights' values looked up as bfloat16 (exact: |q| <= 32), once per column tile and
+//   call for every block of 16 rows;
+// - the int8 layout (Q8_0's bytes): TDPBSSD / TDPBUSD on the inputs in steps split into a
+//   signed high and an unsigned low byte, the weights' bytes as they are (a vpermb
+//   rearranges four inputs' 16 columns into the tile unit's layout): converting bytes to
+//   bfloat16 costs six instructions a pair and made those tiles slower than the vector
+//   kernel below 16 rows.
+// What bounds both is that preparation and the work around each group's instructions
+// (storing its 16 x 16 sums and scaling them into the rows' totals), the same for 1 row
+// as for 16: they pay from 6 rows for 5-bit weights, 12 for 6-bit ones (groups of 16) and
+// 8 for bytes (int8_cpu.TILE_MIN_ROWS).
 //
 // The arithmetic is int8_x86.c's: the inputs on its grid (grid.h, 11 bits), where a
-// group's sum of products is exact in any order, so the tile unit's own order of addition
-// gives the vector builds' d, and then the same float steps:
+// group's sum of products is exact in any order (and in int32), so the tile unit's own
+// order of addition gives the vector builds' d, and then the same float steps:
 //     acc = fma(scale, d, acc);  [acc = fma(minimum, sum_x, acc)]
-// (test: every vector build against this one, 32-40 rows). A row's result does not depend on
-// M or on its neighbours (the tile unit computes each row of a tile alone, and the threads
-// split columns, not rows).
+// (test: every vector build against this one, TILE_MIN_ROWS-40 rows). A row's result does
+// not depend on M or on its neighbours (the tile unit computes each row of a tile alone,
+// and the threads split columns, not rows).
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
@@ -50,36 +53,23 @@ static void configure_tiles(int G) {
     _tile_loadconfig(&cfg);
 }
 
-// One column tile's weights (at ``tile``, in ``format``: int8_packed.h) for every input pair
-// (q[2p][j], q[2p+1][j]) in 32-bit lane j, as bfloat16 (exact): the tile unit's B layout. A
-// narrow format looks its values up as bfloat16 directly (pair_words); the int8 layout's
-// bytes are widened and converted.
+// One column tile's weights (at ``tile``, in a narrow ``format``: int8_packed.h) for every
+// input pair (q[2p][j], q[2p+1][j]) in 32-bit lane j, as bfloat16 (exact): the tile unit's
+// B layout, each value looked up as bfloat16 directly (pair_words).
 static void widen_column_tile(const uint8_t *tile, int format, int K, __m512i *b) {
     const size_t line = tile_bytes(format, K) / (size_t)(K / 2);  // bytes a pair
-    if (FORMAT_BITS(format) != 8) {
-        const pair_table table = pair_table_bf16(format);
-        // bits a compile-time constant in each loop: pair_words's plane loop unrolled
-        if (FORMAT_BITS(format) == 5)
-            for (int p = 0; p < K / 2; p++) {
-                if ((p & 3) == 0) _mm_prefetch((const char *)tile + (size_t)p * line + PREFETCH_AHEAD, _MM_HINT_T0);
-                _mm512_store_si512(b + p, pair_words(tile, 5, 2 * p, &table));
-            }
-        else
-            for (int p = 0; p < K / 2; p++) {
-                if ((p & 3) == 0) _mm_prefetch((const char *)tile + (size_t)p * line + PREFETCH_AHEAD, _MM_HINT_T0);
-                _mm512_store_si512(b + p, pair_words(tile, 6, 2 * p, &table));
-            }
-        return;
-    }
-    const __m512i order = _mm512_load_si512(PAIR_ORDER);
-    for (int p = 0; p < K / 2; p++) {
-        _mm_prefetch((const char *)tile + (size_t)p * line + PREFETCH_AHEAD, _MM_HINT_T0);
-        const __m256i two = pair_values(tile, format, 2 * p);
-        const __m512 first = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(two)));
-        const __m512 second = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(two, 1)));
-        const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(second, first);  // [first 0..15 | second 0..15]
-        _mm512_store_si512(b + p, _mm512_permutexvar_epi16(order, both));
-    }
+    const pair_table table = pair_table_bf16(format);
+    // bits a compile-time constant in each loop: pair_words's plane loop unrolled
+    if (FORMAT_BITS(format) == 5)
+        for (int p = 0; p < K / 2; p++) {
+            if ((p & 3) == 0) _mm_prefetch((const char *)tile + (size_t)p * line + PREFETCH_AHEAD, _MM_HINT_T0);
+            _mm512_store_si512(b + p, pair_words(tile, 5, 2 * p, &table));
+        }
+    else
+        for (int p = 0; p < K / 2; p++) {
+            if ((p & 3) == 0) _mm_prefetch((const char *)tile + (size_t)p * line + PREFETCH_AHEAD, _MM_HINT_T0);
+            _mm512_store_si512(b + p, pair_words(tile, 6, 2 * p, &table));
+        }
 }
 
 typedef struct {
@@ -118,10 +108,159 @@ static void row_block(const uint16_t *x, const float *sums, const __m512i *b, co
     }
 }
 
+// The int8 layout's weights (format 8: Q8_0's bytes) on the tile unit's int8 products: the
+// bytes as they are, four inputs of 16 columns (64 bytes of the layout) rearranged by one
+// vpermb. The inputs in steps (int16, |x| < 2^12, grid.h) split into a signed high and
+// an unsigned low byte, x = 256 xh + xl: a group's d = 256 sum(xh q) + sum(xl q) (TDPBSSD,
+// TDPBUSD), exact in int32, then the vector integer path's float steps:
+//     acc = fma(scale, float(d) * step, acc);  [acc = fma(minimum, sum_x, acc)]
+// Tiles 0-1 and 5-6: a group's two sums (C, 16 x 16 int32); 2-3: the rows' high and low bytes
+// (A, 16 rows of G bytes); 4: the weights (B, G/4 rows of 16 columns x 4 bytes).
+static void configure_int8_tiles(int G) {
+    tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 7; t++) {
+        cfg.colsb[t] = t == 2 || t == 3 ? (uint16_t)G : 64;
+        cfg.rows[t] = t == 4 ? (uint8_t)(G / 4) : ROWS;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+// Byte 4c + i of a quad from byte 16i + c of four inputs' 16 columns (the int8 layout).
+static const uint8_t QUAD_ORDER[64] __attribute__((aligned(64))) = {
+    0, 16, 32, 48, 1, 17, 33, 49, 2, 18, 34, 50, 3, 19, 35, 51, 4, 20, 36, 52, 5, 21, 37, 53, 6, 22, 38, 54,
+    7, 23, 39, 55, 8, 24, 40, 56, 9, 25, 41, 57, 10, 26, 42, 58, 11, 27, 43, 59, 12, 28, 44, 60, 13, 29, 45, 61,
+    14, 30, 46, 62, 15, 31, 47, 63};
+
+typedef struct {
+    const int8_t *high;   // [16][K] each row's inputs in steps, high bytes (signed)
+    const uint8_t *low;   // [16][K] ... low bytes
+    const float *step;    // [rows][K / 32]
+    const float *sums;    // [rows][K / G]
+} int8_tile_input;
+
+// acc[r] for the block's rows of group g, from its two sums at d[0] (high bytes) and d[1] (low).
+static inline void take_int8_group(const int8_tile_input *in, const tile_params *w, int g, int rows,
+                                   int32_t d[2][ROWS * LANES], __m512 *acc) {
+    const int G = w->G, groups = w->K / G, steps = w->K / GRID_GROUP;
+    const size_t at = (size_t)g * LANES;
+    const __m512 scale = v_param(w->scale, at, w->half);
+    const __m512 minimum = w->minimum ? v_param(w->minimum, at, w->half) : _mm512_setzero_ps();
+    for (int r = 0; r < rows; r++) {
+        const __m512i whole = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(d[0] + r * LANES), 8),
+                                               _mm512_load_si512(d[1] + r * LANES));
+        const __m512 dot = _mm512_mul_ps(_mm512_cvtepi32_ps(whole), _mm512_set1_ps(in->step[(size_t)r * steps + g * G / GRID_GROUP]));
+        acc[r] = _mm512_fmadd_ps(scale, dot, acc[r]);
+        if (w->minimum) acc[r] = _mm512_fmadd_ps(minimum, _mm512_set1_ps(in->sums[(size_t)r * groups + g]), acc[r]);
+    }
+}
+
+// 16 rows x one column tile over every group. The groups alternate between two pairs of
+// sum tiles (0-1, 5-6), so that group g's products run while group g - 1's sums are
+// stored and scaled into the rows' totals.
+static void int8_row_block(const int8_tile_input *in, const __m512i *b, const tile_params *w, int rows, __m512 *acc) {
+    const int G = w->G, K = w->K, groups = K / G;
+    int32_t d[2][ROWS * LANES] __attribute__((aligned(64)));
+    for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
+    for (int g = 0; g <= groups; g++) {
+        if (g < groups) {
+            _tile_loadd(2, in->high + g * G, K);
+            _tile_loadd(3, in->low + g * G, K);
+            _tile_loadd(4, b + g * (G / 4), 64);
+            if (g & 1) {
+                _tile_zero(5);
+                _tile_zero(6);
+                _tile_dpbssd(5, 2, 4);
+                _tile_dpbusd(6, 3, 4);
+            } else {
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_dpbssd(0, 2, 4);
+                _tile_dpbusd(1, 3, 4);
+            }
+        }
+        if (g == 0) continue;
+        if ((g - 1) & 1) {
+            _tile_stored(5, d[0], 64);
+            _tile_stored(6, d[1], 64);
+        } else {
+            _tile_stored(0, d[0], 64);
+            _tile_stored(1, d[1], 64);
+        }
+        take_int8_group(in, w, g - 1, rows, d, acc);
+    }
+}
+
+// y = x @ W^T for the int8 layout (format 8) on int8 tiles; the arguments as matmul_tiles'.
+static void matmul_int8_tiles(int half, const uint16_t *x, const int8_t *q, const void *scale, const void *minimum,
+                              uint16_t *y, int M, int N, int K, int G) {
+    const int groups = K / G, blocks = (M + ROWS - 1) / ROWS, padded = blocks * ROWS, steps = K / GRID_GROUP;
+    // Scratch: the rounded inputs (bfloat16), the inputs in steps (int16), their steps, the
+    // group sums, and the high and low bytes of every padded row.
+    const size_t n = (size_t)M * K, rounded_floats = (n / 2 + 15) / 16 * 16, steps_floats = (n / 2 + 15) / 16 * 16;
+    const size_t step_floats = ((size_t)M * steps + 15) / 16 * 16, sum_floats = ((size_t)M * groups + 15) / 16 * 16;
+    const size_t byte_floats = ((size_t)padded * K / 4 + 15) / 16 * 16;
+    float *scratch = input_buffer_for(rounded_floats + steps_floats + step_floats + sum_floats + 2 * byte_floats + 16);
+    uint16_t *rounded = (uint16_t *)scratch;
+    int16_t *xi = (int16_t *)(scratch + rounded_floats);
+    float *step = scratch + rounded_floats + steps_floats, *sums = step + step_floats;
+    int8_t *high = (int8_t *)(sums + sum_floats);
+    uint8_t *low = (uint8_t *)(sums + sum_floats + byte_floats);
+    prepare_inputs(x, rounded, NULL, M, K, GRID_BITS);
+    if (!inputs_in_steps(rounded, xi, step, M, K, GRID_BITS)) {  // the vector kernel's float path
+        matmul(half, x, q, scale, minimum, y, M, N, K, G, 8);
+        return;
+    }
+    if (minimum) minimum_sums(rounded, sums, M, K, G);
+    for (size_t i = 0; i < n; i++) {
+        high[i] = (int8_t)(xi[i] >> 8);  // arithmetic: xi = 256 high + low, low in 0..255
+        low[i] = (uint8_t)(xi[i] & 255);
+    }
+    memset(high + n, 0, (size_t)padded * K - n);
+    memset(low + n, 0, (size_t)padded * K - n);
+    const int tiles = N / LANES;
+    const size_t param_size = half ? 2 : 4;
+    #pragma omp parallel
+    {
+        configure_int8_tiles(G);
+        __m512i *b = aligned_alloc(64, (size_t)(K / 4) * sizeof(__m512i));
+        if (!b) abort();
+        const __m512i order = _mm512_load_si512(QUAD_ORDER);
+        #pragma omp for schedule(dynamic, 1)
+        for (int t = 0; t < tiles; t++) {
+            const uint8_t *tile = (const uint8_t *)q + (size_t)t * K * LANES;
+            for (int k = 0; k < K / 4; k++) {
+                if ((k & 1) == 0) _mm_prefetch((const char *)tile + (size_t)k * 64 + PREFETCH_AHEAD, _MM_HINT_T0);
+                _mm512_store_si512(b + k, _mm512_permutexvar_epi8(order, _mm512_loadu_si512(tile + (size_t)k * 64)));
+            }
+            const size_t at = (size_t)t * groups * LANES * param_size;
+            const tile_params w = {(const char *)scale + at, minimum ? (const char *)minimum + at : NULL, half, K, G};
+            for (int blk = 0; blk < blocks; blk++) {
+                __m512 acc[ROWS];
+                const int rows = M - blk * ROWS < ROWS ? M - blk * ROWS : ROWS;
+                const int8_tile_input in = {high + (size_t)blk * ROWS * K, low + (size_t)blk * ROWS * K,
+                                            step + (size_t)blk * ROWS * steps, sums + (size_t)blk * ROWS * groups};
+                int8_row_block(&in, b, &w, rows, acc);
+                for (int r = 0; r < rows; r++) {
+                    uint16_t *out = y + (size_t)(blk * ROWS + r) * N + (size_t)t * LANES;
+                    _mm256_storeu_si256((__m256i *)out, _mm512_cvtepi32_epi16(to_bf16_16(acc[r])));
+                }
+            }
+        }
+        free(b);
+        _tile_release();
+    }
+}
+
 // y = x @ W^T, with int8_x86.c's arguments and weight layout (half: float16 scales and
 // minimums). The caller has had amx_init() succeed and checks N % 16 == 0, K % 32 == 0.
 static void matmul_tiles(int half, const uint16_t *x, const int8_t *q, const void *scale, const void *minimum,
                          uint16_t *y, int M, int N, int K, int G, int format) {
+    if (FORMAT_BITS(format) == 8) {
+        matmul_int8_tiles(half, x, q, scale, minimum, y, M, N, K, G);
+        return;
+    }
     const int groups = K / G, blocks = (M + ROWS - 1) / ROWS, padded = blocks * ROWS;
     // The inputs on the grid, padded to whole row blocks (a tile always loads 16 rows), then
     // each row's group sums. Padding rows are zeros and never stored.

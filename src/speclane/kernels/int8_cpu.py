@@ -34,15 +34,15 @@ INT8_INPUTS_SOURCE = Path(__file__).with_name("int8_q8_x86.c")
 ISAS = ("avx512vnni", "avx512", "avx2")  # the builds of SOURCE, widest first
 # The tile kernel (``int8_amx.c``): the same arithmetic on AMX tiles (the same bits: on the
 # inputs' grid every sum is exact), for calls of TILE_MIN_ROWS[bits] rows or more, by the
-# weight's format. Tile kernel / VNNI build, Intel Xeon with AMX, 2 threads, a gate_up
-# (3072 x 576) and a down (576 x 1536) of the default model's shapes, rows 6 / 8 / 12 / 16
-# / 24: 5 bits (Q5_0, Q5_1, Q5_K) 0.87-1.07x / 0.75-0.84x / 0.73x / 0.57x / 0.55-0.60x;
-# 6 bits (Q6_K, groups of 16: twice the tile unit's calls a column tile) 1.06-1.11x /
-# 0.95-1.09x / 0.80-0.98x / 0.61-0.73x; the int8 layout (Q8_0, whose bytes the tile kernel
-# converts to bfloat16, where a narrow format looks its values up in one instruction)
-# 1.43-1.75x / 1.18-1.46x / 0.98-1.23x / 0.74-0.96x / 0.78-0.91x.
+# weight's format. Tile kernel / VNNI build, Intel Xeon with AMX, 2 threads, the default
+# model's shapes (gate_up 3072 x 576, down 576 x 1536, qkv 960 x 576, the head 49152 x 576),
+# rows 6 / 8 / 12 / 16 / 24: 5 bits (Q5_0, Q5_1, Q5_K) 0.87-1.07x / 0.75-0.84x / 0.73x /
+# 0.57x / 0.55-0.60x; 6 bits (Q6_K, groups of 16: twice the tile unit's calls a column
+# tile) 1.06-1.11x / 0.95-1.09x / 0.80-0.98x / 0.61-0.73x; bytes (Q8_0: int8 tiles) 1.14-1.28x
+# / 0.91-1.02x / 0.78-0.97x / 0.65-0.89x / 0.73-0.80x, and a whole model's 8 streams (engine
+# alone, the Q8_0 file and the default one) 1.02-1.03x with bytes from 8 rows than from 64.
 TILE_SOURCE = Path(__file__).with_name("int8_amx.c")
-TILE_MIN_ROWS = {5: 6, 6: 12, 8: 16}
+TILE_MIN_ROWS = {5: 6, 6: 12, 8: 8}
 LANES = 16  # output columns per packed tile (the C file's LANES)
 GROUPS = (16, 32)  # the group widths the loader gives it (Q6_K: 16; the others: 32)
 
