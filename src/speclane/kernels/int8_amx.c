@@ -9,11 +9,13 @@
 // - 5 or 6 bits (Q5_0, Q5_1, Q5_K, Q6_K): TDPBF16PS on the bfloat16 inputs and the
 //   weights' values looked up as bfloat16 (exact: |q| <= 32), once per column tile and
 //   call for every block of 16 rows;
-// - the int8 layout (Q8_0's bytes): TDPBSSD / TDPBUSD on the inputs in steps split into a
-//   signed high and an unsigned low byte, the weights' bytes as they are (a vpermb
-//   rearranges four inputs' 16 columns into the tile unit's layout): converting bytes to
-//   bfloat16 costs six instructions a pair and made those tiles slower than the vector
-//   kernel below 16 rows.
+// - the int8 layout (Q8_0's bytes), one block of at most 16 rows: TDPBSSD / TDPBUSD on the
+//   inputs in steps split into a signed high and an unsigned low byte, the weights' bytes
+//   as they are (a vpermb rearranges four inputs' 16 columns into the tile unit's layout):
+//   converting bytes to bfloat16 costs six instructions a pair and made bfloat16 tiles
+//   slower than the vector kernel below 16 rows. More rows take the bfloat16 tiles, the
+//   bytes converted once per column tile for every row block (two int8 products and two
+//   stores a group and block cost more there: 96 rows 1.2-1.4x the time).
 // What bounds both is that preparation and the work around each group's instructions
 // (storing its 16 x 16 sums and scaling them into the rows' totals), the same for 1 row
 // as for 16: they pay from 6 rows for 5-bit weights, 12 for 6-bit ones (groups of 16) and
@@ -36,6 +38,9 @@
 #include "amx.h"  // amx_init, tile_config
 
 #define ROWS 16   // rows per tile
+// The int8 layout's calls of at most this many rows (one row block) run on int8 tiles, more
+// on bfloat16 ones (the file's header; a 17-row call on either costs about a 32-row one).
+#define INT8_TILES_MAX_ROWS 16
 // The weights stream from memory once per call: prefetched this far ahead, as int4_amx.c does.
 #define PREFETCH_AHEAD 2048
 
@@ -58,6 +63,18 @@ static void configure_tiles(int G) {
 // B layout, each value looked up as bfloat16 directly (pair_words).
 static void widen_column_tile(const uint8_t *tile, int format, int K, __m512i *b) {
     const size_t line = tile_bytes(format, K) / (size_t)(K / 2);  // bytes a pair
+    if (FORMAT_BITS(format) == 8) {  // the int8 layout's bytes: widened and converted
+        const __m512i order = _mm512_load_si512(PAIR_ORDER);
+        for (int p = 0; p < K / 2; p++) {
+            _mm_prefetch((const char *)tile + (size_t)p * line + PREFETCH_AHEAD, _MM_HINT_T0);
+            const __m256i two = pair_values(tile, format, 2 * p);
+            const __m512 first = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(two)));
+            const __m512 second = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(two, 1)));
+            const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(second, first);  // [first 0..15 | second 0..15]
+            _mm512_store_si512(b + p, _mm512_permutexvar_epi16(order, both));
+        }
+        return;
+    }
     const pair_table table = pair_table_bf16(format);
     // bits a compile-time constant in each loop: pair_words's plane loop unrolled
     if (FORMAT_BITS(format) == 5)
@@ -257,7 +274,7 @@ static void matmul_int8_tiles(int half, const uint16_t *x, const int8_t *q, cons
 // minimums). The caller has had amx_init() succeed and checks N % 16 == 0, K % 32 == 0.
 static void matmul_tiles(int half, const uint16_t *x, const int8_t *q, const void *scale, const void *minimum,
                          uint16_t *y, int M, int N, int K, int G, int format) {
-    if (FORMAT_BITS(format) == 8) {
+    if (FORMAT_BITS(format) == 8 && M <= INT8_TILES_MAX_ROWS) {
         matmul_int8_tiles(half, x, q, scale, minimum, y, M, N, K, G);
         return;
     }
