@@ -29,6 +29,7 @@
 // not depend on M or on its neighbours (the tile unit computes each row of a tile alone,
 // and the threads split columns, not rows).
 #include <immintrin.h>
+#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -173,10 +174,23 @@ static inline void take_int8_group(const int8_tile_input *in, const tile_params 
     }
 }
 
-// 16 rows x one column tile over every group. The groups alternate between two pairs of
-// sum tiles (0-1, 5-6), so that group g's products run while group g - 1's sums are
-// stored and scaled into the rows' totals.
-static void int8_row_block(const int8_tile_input *in, const __m512i *b, const tile_params *w, int rows, __m512 *acc) {
+// Lines [k0, k1) of a column tile's int8 layout (64 bytes: four inputs' 16 columns) in the
+// tile unit's B layout (byte 4c + i: column c at input 4k + i).
+static inline void rearrange_lines(const uint8_t *tile, int k0, int k1, __m512i *b) {
+    const __m512i order = _mm512_load_si512(QUAD_ORDER);
+    for (int k = k0; k < k1; k++) {
+        _mm_prefetch((const char *)tile + (size_t)k * 64 + PREFETCH_AHEAD, _MM_HINT_T0);
+        _mm512_store_si512(b + k, _mm512_permutexvar_epi8(order, _mm512_loadu_si512(tile + (size_t)k * 64)));
+    }
+}
+
+// 16 rows x one column tile (its weights rearranged at b) over every group. The groups
+// alternate between two pairs of sum tiles (0-1, 5-6), so that group g's products run while
+// group g - 1's sums are stored and scaled into the rows' totals, and meanwhile the next
+// tile's weights (``next``, NULL: none) are rearranged into ``next_b``, a group's lines at a
+// time: their loads from memory overlap this tile's work instead of preceding the next's.
+static void int8_row_block(const int8_tile_input *in, const __m512i *b, const tile_params *w, int rows, __m512 *acc,
+                           const uint8_t *next, __m512i *next_b) {
     const int G = w->G, K = w->K, groups = K / G;
     int32_t d[2][ROWS * LANES] __attribute__((aligned(64)));
     for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
@@ -196,6 +210,7 @@ static void int8_row_block(const int8_tile_input *in, const __m512i *b, const ti
                 _tile_dpbssd(0, 2, 4);
                 _tile_dpbusd(1, 3, 4);
             }
+            if (next) rearrange_lines(next, g * (G / 4), (g + 1) * (G / 4), next_b);
         }
         if (g == 0) continue;
         if ((g - 1) & 1) {
@@ -238,34 +253,29 @@ static void matmul_int8_tiles(int half, const uint16_t *x, const int8_t *q, cons
     memset(low + n, 0, (size_t)padded * K - n);
     const int tiles = N / LANES;
     const size_t param_size = half ? 2 : 4;
+    // One row block (the caller sends at most INT8_TILES_MAX_ROWS rows). Each thread takes a
+    // contiguous run of column tiles, so that it knows the tile after each (see int8_row_block).
+    const size_t tile_size = (size_t)K * LANES;
     #pragma omp parallel
     {
         configure_int8_tiles(G);
-        __m512i *b = aligned_alloc(64, (size_t)(K / 4) * sizeof(__m512i));
-        if (!b) abort();
-        const __m512i order = _mm512_load_si512(QUAD_ORDER);
-        #pragma omp for schedule(dynamic, 1)
-        for (int t = 0; t < tiles; t++) {
-            const uint8_t *tile = (const uint8_t *)q + (size_t)t * K * LANES;
-            for (int k = 0; k < K / 4; k++) {
-                if ((k & 1) == 0) _mm_prefetch((const char *)tile + (size_t)k * 64 + PREFETCH_AHEAD, _MM_HINT_T0);
-                _mm512_store_si512(b + k, _mm512_permutexvar_epi8(order, _mm512_loadu_si512(tile + (size_t)k * 64)));
-            }
+        __m512i *buffers = aligned_alloc(64, 2 * (size_t)(K / 4) * sizeof(__m512i));
+        if (!buffers) abort();
+        const int threads = omp_get_num_threads(), me = omp_get_thread_num();
+        const int first = (int)((long)tiles * me / threads), end = (int)((long)tiles * (me + 1) / threads);
+        if (first < end) rearrange_lines((const uint8_t *)q + (size_t)first * tile_size, 0, K / 4, buffers);
+        const int8_tile_input in = {high, low, step, sums};
+        for (int t = first; t < end; t++) {
+            __m512i *b = buffers + (size_t)((t - first) & 1) * (K / 4), *next_b = buffers + (size_t)((t - first + 1) & 1) * (K / 4);
+            const uint8_t *next = t + 1 < end ? (const uint8_t *)q + (size_t)(t + 1) * tile_size : NULL;
             const size_t at = (size_t)t * groups * LANES * param_size;
             const tile_params w = {(const char *)scale + at, minimum ? (const char *)minimum + at : NULL, half, K, G};
-            for (int blk = 0; blk < blocks; blk++) {
-                __m512 acc[ROWS];
-                const int rows = M - blk * ROWS < ROWS ? M - blk * ROWS : ROWS;
-                const int8_tile_input in = {high + (size_t)blk * ROWS * K, low + (size_t)blk * ROWS * K,
-                                            step + (size_t)blk * ROWS * steps, sums + (size_t)blk * ROWS * groups};
-                int8_row_block(&in, b, &w, rows, acc);
-                for (int r = 0; r < rows; r++) {
-                    uint16_t *out = y + (size_t)(blk * ROWS + r) * N + (size_t)t * LANES;
-                    _mm256_storeu_si256((__m256i *)out, _mm512_cvtepi32_epi16(to_bf16_16(acc[r])));
-                }
-            }
+            __m512 acc[ROWS];
+            int8_row_block(&in, b, &w, M, acc, next, next_b);
+            for (int r = 0; r < M; r++)
+                _mm256_storeu_si256((__m256i *)(y + (size_t)r * N + (size_t)t * LANES), _mm512_cvtepi32_epi16(to_bf16_16(acc[r])));
         }
-        free(b);
+        free(buffers);
         _tile_release();
     }
 }

@@ -38,9 +38,8 @@ ISAS = ("avx512vnni", "avx512", "avx2")  # the builds of SOURCE, widest first
 # model's shapes (gate_up 3072 x 576, down 576 x 1536, qkv 960 x 576, the head 49152 x 576),
 # rows 6 / 8 / 12 / 16 / 24: 5 bits (Q5_0, Q5_1, Q5_K) 0.87-1.07x / 0.75-0.84x / 0.73x /
 # 0.57x / 0.55-0.60x; 6 bits (Q6_K, groups of 16: twice the tile unit's calls a column
-# tile) 1.06-1.11x / 0.95-1.09x / 0.80-0.98x / 0.61-0.73x; bytes (Q8_0: int8 tiles) 1.14-1.28x
-# / 0.91-1.02x / 0.78-0.97x / 0.65-0.89x / 0.73-0.80x, and a whole model's 8 streams (engine
-# alone, the Q8_0 file and the default one) 1.02-1.03x with bytes from 8 rows than from 64.
+# tile) 1.06-1.11x / 0.95-1.09x / 0.80-0.98x / 0.61-0.73x; bytes (Q8_0: int8 tiles, rows 5 /
+# 6 / 8 / 12 / 16) 1.05-1.29x / 0.91-1.14x / 0.68-0.96x / 0.62-0.77x / 0.54-0.73x.
 TILE_SOURCE = Path(__file__).with_name("int8_amx.c")
 TILE_MIN_ROWS = {5: 6, 6: 12, 8: 8}
 LANES = 16  # output columns per packed tile (the C file's LANES)
