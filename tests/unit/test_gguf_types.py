@@ -321,7 +321,7 @@ def test_int8_tile_kernel_where_the_cpu_has_amx_and_off_on_request():
 @pytest.mark.parametrize("narrow", [True, False], ids=["narrow", "bytes"])
 def test_int8_tile_kernel_gives_every_builds_bits(type_name, half, narrow):
     """The grid (kernels/grid.h) makes the tile unit's order of adding moot: calls of
-    TILE_MIN_ROWS[bits] to 40 rows (whole and partial blocks of 16), every group width
+    TILE_MIN_ROWS to 40 rows (whole and partial blocks of 16), every group width
     (Q6_K: 16), minimum (Q5_1, Q5_K) and scale type, in 5-6 bits (bfloat16 tiles) and in
     bytes (int8 tiles), against every vector build; inputs over many binades with an
     outlier column, so that the rounding acts."""
@@ -335,7 +335,7 @@ def test_int8_tile_kernel_gives_every_builds_bits(type_name, half, narrow):
     x = torch.randn(40, 512, generator=g) * torch.exp2(torch.randint(-12, 4, (40, 512), generator=g).float())
     x[:, 7] *= 300.0
     x = x.bfloat16()
-    first = int8_cpu.TILE_MIN_ROWS[packed.format & 15]
+    first = int8_cpu.TILE_MIN_ROWS
     for rows in (first, first + 1, 16, 33, 40):
         got = tiles(x[:rows])
         for isa, call in builds.items():

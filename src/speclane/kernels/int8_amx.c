@@ -1,6 +1,6 @@
 // The tile kernel of the int8-group matmul: int8_x86.c's arithmetic on Intel's AMX tiles
 // (Sapphire Rapids and later), for calls of many rows. Loaded by int8_cpu.py beside the
-// int8-group matmul, which sends it every call of TILE_MIN_ROWS[bits] rows or more.
+// int8-group matmul, which sends it every call of TILE_MIN_ROWS rows or more.
 //
 // Why: with many rows (a tick of many streams, a verify round, a prefill chunk) the vector
 // builds are bound by their multiply-adds (vpdpwssd: one per pair of inputs, 16 columns
@@ -18,8 +18,10 @@
 //   stores a group and block cost more there: 96 rows 1.2-1.4x the time).
 // What bounds both is that preparation and the work around each group's instructions
 // (storing its 16 x 16 sums and scaling them into the rows' totals), the same for 1 row
-// as for 16: they pay from 6 rows for 5-bit weights, 12 for 6-bit ones (groups of 16) and
-// 8 for bytes (int8_cpu.TILE_MIN_ROWS).
+// as for 16. For a call of one row block each thread takes a contiguous run of column
+// tiles and prepares the next tile's weights while this one's groups run, so that their
+// loads from memory overlap the tile work: every format pays from 8 rows
+// (int8_cpu.TILE_MIN_ROWS).
 //
 // The arithmetic is int8_x86.c's: the inputs on its grid (grid.h, 11 bits), where a
 // group's sum of products is exact in any order (and in int32), so the tile unit's own
@@ -59,9 +61,26 @@ static void configure_tiles(int G) {
     _tile_loadconfig(&cfg);
 }
 
-// One column tile's weights (at ``tile``, in a narrow ``format``: int8_packed.h) for every
+// Pairs [p0, p1) of a column tile in a narrow ``format`` (int8_packed.h) into b[p0 .. p1), as
+// bfloat16 looked up in ``table`` (pair_table_bf16).
+static inline void widen_pairs(const uint8_t *tile, int format, int p0, int p1, const pair_table *table, __m512i *b) {
+    const size_t line = PAIR_BYTES(FORMAT_BITS(format));
+    // bits a compile-time constant in each loop: pair_words's plane loop unrolled
+    if (FORMAT_BITS(format) == 5)
+        for (int p = p0; p < p1; p++) {
+            if ((p & 3) == 0) _mm_prefetch((const char *)tile + (size_t)p * line + PREFETCH_AHEAD, _MM_HINT_T0);
+            _mm512_store_si512(b + p, pair_words(tile, 5, 2 * p, table));
+        }
+    else
+        for (int p = p0; p < p1; p++) {
+            if ((p & 3) == 0) _mm_prefetch((const char *)tile + (size_t)p * line + PREFETCH_AHEAD, _MM_HINT_T0);
+            _mm512_store_si512(b + p, pair_words(tile, 6, 2 * p, table));
+        }
+}
+
+// One column tile's weights (at ``tile``, in ``format``: int8_packed.h) for every
 // input pair (q[2p][j], q[2p+1][j]) in 32-bit lane j, as bfloat16 (exact): the tile unit's
-// B layout, each value looked up as bfloat16 directly (pair_words).
+// B layout, a narrow format's values looked up as bfloat16 directly (pair_words).
 static void widen_column_tile(const uint8_t *tile, int format, int K, __m512i *b) {
     const size_t line = tile_bytes(format, K) / (size_t)(K / 2);  // bytes a pair
     if (FORMAT_BITS(format) == 8) {  // the int8 layout's bytes: widened and converted
@@ -77,17 +96,7 @@ static void widen_column_tile(const uint8_t *tile, int format, int K, __m512i *b
         return;
     }
     const pair_table table = pair_table_bf16(format);
-    // bits a compile-time constant in each loop: pair_words's plane loop unrolled
-    if (FORMAT_BITS(format) == 5)
-        for (int p = 0; p < K / 2; p++) {
-            if ((p & 3) == 0) _mm_prefetch((const char *)tile + (size_t)p * line + PREFETCH_AHEAD, _MM_HINT_T0);
-            _mm512_store_si512(b + p, pair_words(tile, 5, 2 * p, &table));
-        }
-    else
-        for (int p = 0; p < K / 2; p++) {
-            if ((p & 3) == 0) _mm_prefetch((const char *)tile + (size_t)p * line + PREFETCH_AHEAD, _MM_HINT_T0);
-            _mm512_store_si512(b + p, pair_words(tile, 6, 2 * p, &table));
-        }
+    widen_pairs(tile, format, 0, K / 2, &table, b);
 }
 
 typedef struct {
@@ -95,8 +104,12 @@ typedef struct {
     int half, K, G;
 } tile_params;
 
-// 16 rows (one row block of the padded input) x one column tile, over every group.
-static void row_block(const uint16_t *x, const float *sums, const __m512i *b, const tile_params *w, int rows, __m512 *acc) {
+// 16 rows (one row block of the padded input) x one column tile, over every group. Where
+// ``next`` is not NULL (a narrow format's next column tile, for a call of one row block), its
+// weights are widened into ``next_b`` two groups at a time while this tile's run, so that
+// their loads from memory overlap this tile's work (as int8_row_block).
+static void row_block(const uint16_t *x, const float *sums, const __m512i *b, const tile_params *w, int rows, __m512 *acc,
+                      const uint8_t *next, int format, const pair_table *table, __m512i *next_b) {
     const int G = w->G, groups = w->K / G, stride = w->K * 2, pairs = G / 2;
     float d[2][ROWS * LANES] __attribute__((aligned(64)));
     for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
@@ -112,6 +125,7 @@ static void row_block(const uint16_t *x, const float *sums, const __m512i *b, co
             _tile_loadd(5, b + (g + 1) * pairs, 64);
             _tile_dpbf16ps(1, 3, 5);
         }
+        if (next) widen_pairs(next, format, g * pairs, (g + 1 + pair) * pairs, table, next_b);
         for (int h = 0; h <= pair; h++) {
             if (h == 0) _tile_stored(0, d[0], 64);
             else _tile_stored(1, d[1], 64);
@@ -307,21 +321,41 @@ static void matmul_tiles(int half, const uint16_t *x, const int8_t *q, const voi
     #pragma omp parallel
     {
         configure_tiles(G);
-        __m512i *b = aligned_alloc(64, (size_t)(K / 2) * sizeof(__m512i));
+        __m512i *b = aligned_alloc(64, 2 * (size_t)(K / 2) * sizeof(__m512i));
         if (!b) abort();
-        // schedule(dynamic): as the vector kernel, a thread slowed by another process takes fewer tiles.
-        #pragma omp for schedule(dynamic, 1)
-        for (int t = 0; t < tiles; t++) {
-            widen_column_tile((const uint8_t *)q + (size_t)t * tile_bytes(format, K), format, K, b);
-            const size_t at = (size_t)t * groups * LANES * param_size;
-            const tile_params w = {(const char *)scale + at, minimum ? (const char *)minimum + at : NULL, half, K, G};
-            for (int blk = 0; blk < blocks; blk++) {
+        if (blocks == 1 && FORMAT_BITS(format) != 8) {
+            // One row block of a narrow format: each thread a contiguous run of column tiles,
+            // the next one's weights widened while this one's groups run (row_block).
+            const pair_table table = pair_table_bf16(format);
+            const int threads = omp_get_num_threads(), me = omp_get_thread_num();
+            const int first = (int)((long)tiles * me / threads), end = (int)((long)tiles * (me + 1) / threads);
+            if (first < end) widen_pairs((const uint8_t *)q + (size_t)first * tile_bytes(format, K), format, 0, K / 2, &table, b);
+            for (int t = first; t < end; t++) {
+                __m512i *own = b + (size_t)((t - first) & 1) * (K / 2), *next_b = b + (size_t)((t - first + 1) & 1) * (K / 2);
+                const uint8_t *next = t + 1 < end ? (const uint8_t *)q + (size_t)(t + 1) * tile_bytes(format, K) : NULL;
+                const size_t at = (size_t)t * groups * LANES * param_size;
+                const tile_params w = {(const char *)scale + at, minimum ? (const char *)minimum + at : NULL, half, K, G};
                 __m512 acc[ROWS];
-                const int rows = M - blk * ROWS < ROWS ? M - blk * ROWS : ROWS;
-                row_block(xp + (size_t)blk * ROWS * K, sums + (size_t)blk * ROWS * groups, b, &w, rows, acc);
-                for (int r = 0; r < rows; r++) {
-                    uint16_t *out = y + (size_t)(blk * ROWS + r) * N + (size_t)t * LANES;
-                    _mm256_storeu_si256((__m256i *)out, _mm512_cvtepi32_epi16(to_bf16_16(acc[r])));
+                row_block(xp, sums, own, &w, M, acc, next, format, &table, next_b);
+                for (int r = 0; r < M; r++)
+                    _mm256_storeu_si256((__m256i *)(y + (size_t)r * N + (size_t)t * LANES), _mm512_cvtepi32_epi16(to_bf16_16(acc[r])));
+            }
+        } else {
+            // schedule(dynamic): as the vector kernel, a thread slowed by another process takes fewer tiles.
+            #pragma omp for schedule(dynamic, 1)
+            for (int t = 0; t < tiles; t++) {
+                widen_column_tile((const uint8_t *)q + (size_t)t * tile_bytes(format, K), format, K, b);
+                const size_t at = (size_t)t * groups * LANES * param_size;
+                const tile_params w = {(const char *)scale + at, minimum ? (const char *)minimum + at : NULL, half, K, G};
+                for (int blk = 0; blk < blocks; blk++) {
+                    __m512 acc[ROWS];
+                    const int rows = M - blk * ROWS < ROWS ? M - blk * ROWS : ROWS;
+                    row_block(xp + (size_t)blk * ROWS * K, sums + (size_t)blk * ROWS * groups, b, &w, rows, acc, NULL, format,
+                              NULL, NULL);
+                    for (int r = 0; r < rows; r++) {
+                        uint16_t *out = y + (size_t)(blk * ROWS + r) * N + (size_t)t * LANES;
+                        _mm256_storeu_si256((__m256i *)out, _mm512_cvtepi32_epi16(to_bf16_16(acc[r])));
+                    }
                 }
             }
         }

@@ -33,15 +33,14 @@ SOURCE = Path(__file__).with_name("int8_x86.c")
 INT8_INPUTS_SOURCE = Path(__file__).with_name("int8_q8_x86.c")
 ISAS = ("avx512vnni", "avx512", "avx2")  # the builds of SOURCE, widest first
 # The tile kernel (``int8_amx.c``): the same arithmetic on AMX tiles (the same bits: on the
-# inputs' grid every sum is exact), for calls of TILE_MIN_ROWS[bits] rows or more, by the
-# weight's format. Tile kernel / VNNI build, Intel Xeon with AMX, 2 threads, the default
-# model's shapes (gate_up 3072 x 576, down 576 x 1536, qkv 960 x 576, the head 49152 x 576),
-# rows 6 / 8 / 12 / 16 / 24: 5 bits (Q5_0, Q5_1, Q5_K) 0.87-1.07x / 0.75-0.84x / 0.73x /
-# 0.57x / 0.55-0.60x; 6 bits (Q6_K, groups of 16: twice the tile unit's calls a column
-# tile) 1.06-1.11x / 0.95-1.09x / 0.80-0.98x / 0.61-0.73x; bytes (Q8_0: int8 tiles, rows 5 /
-# 6 / 8 / 12 / 16) 1.05-1.29x / 0.91-1.14x / 0.68-0.96x / 0.62-0.77x / 0.54-0.73x.
+# inputs' grid every sum is exact), for calls of TILE_MIN_ROWS rows or more. Tile kernel /
+# VNNI build, Intel Xeon with AMX, 2 threads, the default model's layer shapes (qkv 960 x
+# 576, gate_up 3072 x 576, down 576 x 1536), rows 5 / 6 / 8 / 12 / 16: 5 bits (Q5_0, Q5_1,
+# Q5_K) 1.11-1.16x / 0.99-1.03x / 0.71-0.79x / 0.66-0.67x / 0.50-0.54x; 6 bits (Q6_K) 1.10-1.16x
+# / 0.98-1.07x / 0.78-0.82x / 0.74-0.87x / 0.58-0.62x; bytes (Q8_0) 1.11-1.29x / 0.91-1.14x /
+# 0.68-0.96x / 0.63-0.77x / 0.56-0.73x (its 49152 x 576 head at 8 rows 0.77x).
 TILE_SOURCE = Path(__file__).with_name("int8_amx.c")
-TILE_MIN_ROWS = {5: 6, 6: 12, 8: 8}
+TILE_MIN_ROWS = 8
 LANES = 16  # output columns per packed tile (the C file's LANES)
 GROUPS = (16, 32)  # the group widths the loader gives it (Q6_K: 16; the others: 32)
 
@@ -206,13 +205,13 @@ def dequantize_rows(weight: Packed, rows: torch.Tensor, lib: ctypes.CDLL) -> tor
 def bind(weight: Packed, lib: ctypes.CDLL, tiles: ctypes.CDLL | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
     """``x [M, K] bfloat16 -> x @ W^T [M, N] bfloat16`` for one packed weight (``pack``), by
     ``lib`` (a build of the kernel); the weight's pointers are taken once here. ``tiles``:
-    the tile kernel's library (``load_tiles``), for calls of ``TILE_MIN_ROWS[bits]`` rows
-    or more (the same bits)."""
+    the tile kernel's library (``load_tiles``), for calls of ``TILE_MIN_ROWS`` rows or
+    more (the same bits)."""
     q, scale, minimum, format = weight
     name = "int8_matmul_h" if scale.dtype == torch.float16 else "int8_matmul"
     entry = getattr(lib, name)
     many_rows = getattr(tiles, name + "_amx") if tiles is not None else entry
-    min_rows = TILE_MIN_ROWS[format & 15] if tiles is not None else 1 << 30
+    min_rows = TILE_MIN_ROWS if tiles is not None else 1 << 30
     n, k = weight.shape
     group = k // scale.shape[1]
     pointers = (q.data_ptr(), scale.data_ptr(), minimum.data_ptr() if minimum is not None else None)

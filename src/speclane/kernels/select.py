@@ -55,7 +55,7 @@ class Kernels:
     ``mtp_step``: the MTP head's draft step in one C call (else its kernels one by one);
     ``int8``: the int8-group matmul of the GGUF types int4 cannot hold (``GroupInt8Weight``;
     None: those layers run dense); ``int8_tiles``: its tile kernel for calls of
-    ``int8_cpu.TILE_MIN_ROWS[bits]`` rows or more (the same bits; only beside ``int8`` on
+    ``int8_cpu.TILE_MIN_ROWS`` rows or more (the same bits; only beside ``int8`` on
     bfloat16 inputs); ``float_matmul``: the float-weight matmul of the matmul
     weights kept in their source's float type (``FloatWeight``: a GGUF's F32, F16 and BF16, a
     Hugging Face folder's safetensors; None: those layers run dense, torch's ``F.linear``).
