@@ -47,16 +47,16 @@
 // The weights stream from memory once per call: prefetched this far ahead, as int4_amx.c does.
 #define PREFETCH_AHEAD 2048
 
-// Tiles 0-1: two groups' partial sums (C, 16 x 16 float32); 2-3: their inputs (A, 16 rows
-// of G bfloat16); 4-5: their weights (B, G/2 rows of 16 columns x 2 bfloat16). The
-// configuration is per thread.
+// Tiles 0-1 and 6-7: two groups' partial sums (C, 16 x 16 float32), by turns; 2-3: their
+// inputs (A, 16 rows of G bfloat16); 4-5: their weights (B, G/2 rows of 16 columns x 2
+// bfloat16). The configuration is per thread.
 static void configure_tiles(int G) {
     tile_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    for (int t = 0; t < 6; t++) {
+    for (int t = 0; t < 8; t++) {
         cfg.colsb[t] = t == 2 || t == 3 ? (uint16_t)(G * 2) : 64;
-        cfg.rows[t] = t >= 4 ? (uint8_t)(G / 2) : ROWS;
+        cfg.rows[t] = t == 4 || t == 5 ? (uint8_t)(G / 2) : ROWS;
     }
     _tile_loadconfig(&cfg);
 }
@@ -104,6 +104,19 @@ typedef struct {
     int half, K, G;
 } tile_params;
 
+// acc[r] for the block's rows of group g, from its sums at d (the rows' group sums of inputs
+// ``sums``, for the minimum term).
+static inline void take_group(const float *d, const tile_params *w, const float *sums, int g, int rows, __m512 *acc) {
+    const int groups = w->K / w->G;
+    const size_t at = (size_t)g * LANES;
+    const __m512 scale = v_param(w->scale, at, w->half);
+    const __m512 minimum = w->minimum ? v_param(w->minimum, at, w->half) : _mm512_setzero_ps();
+    for (int r = 0; r < rows; r++) {
+        acc[r] = _mm512_fmadd_ps(scale, _mm512_load_ps(d + r * LANES), acc[r]);
+        if (w->minimum) acc[r] = _mm512_fmadd_ps(minimum, _mm512_set1_ps(sums[(size_t)r * groups + g]), acc[r]);
+    }
+}
+
 // 16 rows (one row block of the padded input) x one column tile, over every group. Where
 // ``next`` is not NULL (a narrow format's next column tile, for a call of one row block), its
 // weights are widened into ``next_b`` two groups at a time while this tile's run, so that
@@ -113,30 +126,45 @@ static void row_block(const uint16_t *x, const float *sums, const __m512i *b, co
     const int G = w->G, groups = w->K / G, stride = w->K * 2, pairs = G / 2;
     float d[2][ROWS * LANES] __attribute__((aligned(64)));
     for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
-    for (int g = 0; g < groups; g += 2) {  // two groups in flight: their tiles are independent
-        const int pair = g + 1 < groups;
-        _tile_zero(0);
-        _tile_loadd(2, x + g * G, stride);
-        _tile_loadd(4, b + g * pairs, 64);
-        _tile_dpbf16ps(0, 2, 4);
-        if (pair) {
-            _tile_zero(1);
-            _tile_loadd(3, x + (g + 1) * G, stride);
-            _tile_loadd(5, b + (g + 1) * pairs, 64);
-            _tile_dpbf16ps(1, 3, 5);
-        }
-        if (next) widen_pairs(next, format, g * pairs, (g + 1 + pair) * pairs, table, next_b);
-        for (int h = 0; h <= pair; h++) {
-            if (h == 0) _tile_stored(0, d[0], 64);
-            else _tile_stored(1, d[1], 64);
-            const size_t at = (size_t)(g + h) * LANES;
-            const __m512 scale = v_param(w->scale, at, w->half);
-            const __m512 minimum = w->minimum ? v_param(w->minimum, at, w->half) : _mm512_setzero_ps();
-            for (int r = 0; r < rows; r++) {
-                acc[r] = _mm512_fmadd_ps(scale, _mm512_load_ps(d[h] + r * LANES), acc[r]);
-                if (w->minimum) acc[r] = _mm512_fmadd_ps(minimum, _mm512_set1_ps(sums[(size_t)r * groups + g + h]), acc[r]);
+    // Two groups at a time (their tiles are independent), into sum tiles 0-1 and 6-7 by
+    // turns: a pair's products run while the pair before is stored and scaled.
+    for (int g = 0; g < groups + 2; g += 2) {
+        if (g < groups) {
+            const int two = g + 1 < groups;
+            _tile_loadd(2, x + g * G, stride);
+            _tile_loadd(4, b + g * pairs, 64);
+            if (two) {
+                _tile_loadd(3, x + (g + 1) * G, stride);
+                _tile_loadd(5, b + (g + 1) * pairs, 64);
             }
+            if ((g / 2) & 1) {
+                _tile_zero(6);
+                _tile_dpbf16ps(6, 2, 4);
+                if (two) {
+                    _tile_zero(7);
+                    _tile_dpbf16ps(7, 3, 5);
+                }
+            } else {
+                _tile_zero(0);
+                _tile_dpbf16ps(0, 2, 4);
+                if (two) {
+                    _tile_zero(1);
+                    _tile_dpbf16ps(1, 3, 5);
+                }
+            }
+            if (next) widen_pairs(next, format, g * pairs, (g + 1 + two) * pairs, table, next_b);
         }
+        if (g == 0) continue;
+        const int p = g - 2, two = p + 1 < groups;  // the pair before
+        if ((p / 2) & 1) {
+            _tile_stored(6, d[0], 64);
+            if (two) _tile_stored(7, d[1], 64);
+        } else {
+            _tile_stored(0, d[0], 64);
+            if (two) _tile_stored(1, d[1], 64);
+        }
+        take_group(d[0], w, sums, p, rows, acc);
+        if (two) take_group(d[1], w, sums, p + 1, rows, acc);
     }
 }
 
