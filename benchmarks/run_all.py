@@ -8,7 +8,8 @@ scenario's memory and threads never disturb the next. Beside each scenario's rep
 script writes ``run.json`` (the command, when it started, how long it took, its exit
 status and the git commit). The page is then written from the out folder alone, so
 ``--from DIR`` rebuilds it from an earlier run without running anything. The page holds
-this run and nothing older: a header (how to regenerate it, the machine, torch, the date,
+every scenario whose report is in the out folder (``--only`` reruns some of them into it,
+and the others keep their sections): a header (how to regenerate it, the machine, torch, the date,
 the commit), then per scenario its command, date, duration and tables. The plots a
 scenario writes (``*.png``) are copied into ``img/`` beside the page and linked from it.
 """
@@ -257,7 +258,10 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.from_dir)
         if not out.is_dir():
             parser.error(f"--from {out}: no such folder")
-    covered = write_page(out, Path(args.docs), args.quick, names, commit=args.commit)
+    # The page holds every scenario whose report is in ``out``, not only those --only named:
+    # rerunning one scenario into a folder that holds the others' reports updates its section
+    # and keeps theirs.
+    covered = write_page(out, Path(args.docs), args.quick, commit=args.commit)
     print(f"wrote {args.docs} ({', '.join(covered) or 'no scenario'})")
     return 0
 

@@ -47,3 +47,19 @@ def test_the_page_has_a_header_and_one_section_per_scenario_that_ran(tmp_path):
     assert "The run failed (exit status 1)" in page
     assert "Not in this run: `decode`, `concurrency`, `speedup`, `fairness`, `priority`, `overhead`, `drafters`, `structured`, `toolcall`, `prefix`, `vs-llama-cpp`, `gguf`, `replicas`." in page
     assert page.index("## hol") < page.index("## throughput") < page.index("## mtp")
+
+
+def test_a_rerun_of_one_scenario_keeps_the_others_sections(tmp_path, monkeypatch):
+    """``--only gguf --out F``: the page is written from every report in F, so the sections of
+    the scenarios that did not rerun stay (a page of the rerun scenario alone dropped them)."""
+    run_all = _run_all()
+    out = tmp_path / "bench-out"
+    for name in ("decode", "gguf"):
+        write_report(out / name, f"speclane bench {name}", [Table(f"{name} table", ["arm", "x"], [["a", 1.0]])])
+    ran = []
+    monkeypatch.setattr(run_all, "run_scenarios", lambda names, folder, quick: ran.extend(names))
+    docs = tmp_path / "docs" / "benchmarks.md"
+    assert run_all.main(["--only", "gguf", "--out", str(out), "--docs", str(docs)]) == 0
+    page = docs.read_text()
+    assert ran == ["gguf"]
+    assert "## decode" in page and "## gguf" in page
