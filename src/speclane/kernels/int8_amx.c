@@ -82,16 +82,10 @@ static inline void widen_pairs(const uint8_t *tile, int format, int p0, int p1, 
 // input pair (q[2p][j], q[2p+1][j]) in 32-bit lane j, as bfloat16 (exact): the tile unit's
 // B layout, a narrow format's values looked up as bfloat16 directly (pair_words).
 static void widen_column_tile(const uint8_t *tile, int format, int K, __m512i *b) {
-    const size_t line = tile_bytes(format, K) / (size_t)(K / 2);  // bytes a pair
-    if (FORMAT_BITS(format) == 8) {  // the int8 layout's bytes: widened and converted
-        const __m512i order = _mm512_load_si512(PAIR_ORDER);
+    if (FORMAT_BITS(format) == 8) {  // the int8 layout's bytes: their int16 pairs converted
         for (int p = 0; p < K / 2; p++) {
-            _mm_prefetch((const char *)tile + (size_t)p * line + PREFETCH_AHEAD, _MM_HINT_T0);
-            const __m256i two = pair_values(tile, format, 2 * p);
-            const __m512 first = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(two)));
-            const __m512 second = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(two, 1)));
-            const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(second, first);  // [first 0..15 | second 0..15]
-            _mm512_store_si512(b + p, _mm512_permutexvar_epi16(order, both));
+            _mm_prefetch((const char *)tile + (size_t)p * 32 + PREFETCH_AHEAD, _MM_HINT_T0);
+            _mm512_store_si512(b + p, words_to_bf16(pair_words(tile, format, 2 * p, NULL)));
         }
         return;
     }
@@ -103,6 +97,27 @@ typedef struct {
     const void *scale, *minimum;  // this column tile's [groups][16], float16 where half
     int half, K, G;
 } tile_params;
+
+// Column tile t's scales and minimums (each [groups][16], ``half``: float16) of a call's.
+static inline tile_params params_of(int t, const void *scale, const void *minimum, int half, int K, int G) {
+    const size_t at = (size_t)t * (K / G) * LANES * (half ? 2 : 4);
+    const tile_params w = {(const char *)scale + at, minimum ? (const char *)minimum + at : NULL, half, K, G};
+    return w;
+}
+
+// The column tiles [*first, *end) of this thread of the parallel region: a contiguous run,
+// so that it knows the tile after each (the one-row-block loops prepare it meanwhile).
+static inline void thread_tiles(int tiles, int *first, int *end) {
+    const int threads = omp_get_num_threads(), me = omp_get_thread_num();
+    *first = (int)((long)tiles * me / threads);
+    *end = (int)((long)tiles * (me + 1) / threads);
+}
+
+// Rows 0 .. rows - 1 of column tile t's totals into y [rows][N] as bfloat16.
+static inline void store_tile(const __m512 *acc, int rows, uint16_t *y, int N, int t) {
+    for (int r = 0; r < rows; r++)
+        _mm256_storeu_si256((__m256i *)(y + (size_t)r * N + (size_t)t * LANES), _mm512_cvtepi32_epi16(to_bf16_16(acc[r])));
+}
 
 // acc[r] for the block's rows of group g, from its sums at d (the rows' group sums of inputs
 // ``sums``, for the minimum term).
@@ -269,7 +284,7 @@ static void int8_row_block(const int8_tile_input *in, const __m512i *b, const ti
 // y = x @ W^T for the int8 layout (format 8) on int8 tiles; the arguments as matmul_tiles'.
 static void matmul_int8_tiles(int half, const uint16_t *x, const int8_t *q, const void *scale, const void *minimum,
                               uint16_t *y, int M, int N, int K, int G) {
-    const int groups = K / G, blocks = (M + ROWS - 1) / ROWS, padded = blocks * ROWS, steps = K / GRID_GROUP;
+    const int groups = K / G, padded = ROWS, steps = K / GRID_GROUP;  // one row block (M <= INT8_TILES_MAX_ROWS)
     // Scratch: the rounded inputs (bfloat16), the inputs in steps (int16), their steps, the
     // group sums, and the high and low bytes of every padded row.
     const size_t n = (size_t)M * K, rounded_floats = (n / 2 + 15) / 16 * 16, steps_floats = (n / 2 + 15) / 16 * 16;
@@ -293,29 +308,23 @@ static void matmul_int8_tiles(int half, const uint16_t *x, const int8_t *q, cons
     }
     memset(high + n, 0, (size_t)padded * K - n);
     memset(low + n, 0, (size_t)padded * K - n);
-    const int tiles = N / LANES;
-    const size_t param_size = half ? 2 : 4;
-    // One row block (the caller sends at most INT8_TILES_MAX_ROWS rows). Each thread takes a
-    // contiguous run of column tiles, so that it knows the tile after each (see int8_row_block).
     const size_t tile_size = (size_t)K * LANES;
     #pragma omp parallel
     {
         configure_int8_tiles(G);
         __m512i *buffers = aligned_alloc(64, 2 * (size_t)(K / 4) * sizeof(__m512i));
         if (!buffers) abort();
-        const int threads = omp_get_num_threads(), me = omp_get_thread_num();
-        const int first = (int)((long)tiles * me / threads), end = (int)((long)tiles * (me + 1) / threads);
+        int first, end;
+        thread_tiles(N / LANES, &first, &end);
         if (first < end) rearrange_lines((const uint8_t *)q + (size_t)first * tile_size, 0, K / 4, buffers);
         const int8_tile_input in = {high, low, step, sums};
         for (int t = first; t < end; t++) {
             __m512i *b = buffers + (size_t)((t - first) & 1) * (K / 4), *next_b = buffers + (size_t)((t - first + 1) & 1) * (K / 4);
             const uint8_t *next = t + 1 < end ? (const uint8_t *)q + (size_t)(t + 1) * tile_size : NULL;
-            const size_t at = (size_t)t * groups * LANES * param_size;
-            const tile_params w = {(const char *)scale + at, minimum ? (const char *)minimum + at : NULL, half, K, G};
+            const tile_params w = params_of(t, scale, minimum, half, K, G);
             __m512 acc[ROWS];
             int8_row_block(&in, b, &w, M, acc, next, next_b);
-            for (int r = 0; r < M; r++)
-                _mm256_storeu_si256((__m256i *)(y + (size_t)r * N + (size_t)t * LANES), _mm512_cvtepi32_epi16(to_bf16_16(acc[r])));
+            store_tile(acc, M, y, N, t);
         }
         free(buffers);
         _tile_release();
@@ -345,7 +354,7 @@ static void matmul_tiles(int half, const uint16_t *x, const int8_t *q, const voi
     memset(xp + (size_t)M * K, 0, (size_t)(padded - M) * K * sizeof(uint16_t));
     if (minimum) minimum_sums(xp, sums, M, K, G);
     const int tiles = N / LANES;
-    const size_t param_size = half ? 2 : 4;
+    const size_t tile_size = tile_bytes(format, K);
     #pragma omp parallel
     {
         configure_tiles(G);
@@ -355,35 +364,29 @@ static void matmul_tiles(int half, const uint16_t *x, const int8_t *q, const voi
             // One row block of a narrow format: each thread a contiguous run of column tiles,
             // the next one's weights widened while this one's groups run (row_block).
             const pair_table table = pair_table_bf16(format);
-            const int threads = omp_get_num_threads(), me = omp_get_thread_num();
-            const int first = (int)((long)tiles * me / threads), end = (int)((long)tiles * (me + 1) / threads);
-            if (first < end) widen_pairs((const uint8_t *)q + (size_t)first * tile_bytes(format, K), format, 0, K / 2, &table, b);
+            int first, end;
+            thread_tiles(tiles, &first, &end);
+            if (first < end) widen_pairs((const uint8_t *)q + (size_t)first * tile_size, format, 0, K / 2, &table, b);
             for (int t = first; t < end; t++) {
                 __m512i *own = b + (size_t)((t - first) & 1) * (K / 2), *next_b = b + (size_t)((t - first + 1) & 1) * (K / 2);
-                const uint8_t *next = t + 1 < end ? (const uint8_t *)q + (size_t)(t + 1) * tile_bytes(format, K) : NULL;
-                const size_t at = (size_t)t * groups * LANES * param_size;
-                const tile_params w = {(const char *)scale + at, minimum ? (const char *)minimum + at : NULL, half, K, G};
+                const uint8_t *next = t + 1 < end ? (const uint8_t *)q + (size_t)(t + 1) * tile_size : NULL;
+                const tile_params w = params_of(t, scale, minimum, half, K, G);
                 __m512 acc[ROWS];
                 row_block(xp, sums, own, &w, M, acc, next, format, &table, next_b);
-                for (int r = 0; r < M; r++)
-                    _mm256_storeu_si256((__m256i *)(y + (size_t)r * N + (size_t)t * LANES), _mm512_cvtepi32_epi16(to_bf16_16(acc[r])));
+                store_tile(acc, M, y, N, t);
             }
         } else {
             // schedule(dynamic): as the vector kernel, a thread slowed by another process takes fewer tiles.
             #pragma omp for schedule(dynamic, 1)
             for (int t = 0; t < tiles; t++) {
-                widen_column_tile((const uint8_t *)q + (size_t)t * tile_bytes(format, K), format, K, b);
-                const size_t at = (size_t)t * groups * LANES * param_size;
-                const tile_params w = {(const char *)scale + at, minimum ? (const char *)minimum + at : NULL, half, K, G};
+                widen_column_tile((const uint8_t *)q + (size_t)t * tile_size, format, K, b);
+                const tile_params w = params_of(t, scale, minimum, half, K, G);
                 for (int blk = 0; blk < blocks; blk++) {
                     __m512 acc[ROWS];
                     const int rows = M - blk * ROWS < ROWS ? M - blk * ROWS : ROWS;
                     row_block(xp + (size_t)blk * ROWS * K, sums + (size_t)blk * ROWS * groups, b, &w, rows, acc, NULL, format,
                               NULL, NULL);
-                    for (int r = 0; r < rows; r++) {
-                        uint16_t *out = y + (size_t)(blk * ROWS + r) * N + (size_t)t * LANES;
-                        _mm256_storeu_si256((__m256i *)out, _mm512_cvtepi32_epi16(to_bf16_16(acc[r])));
-                    }
+                    store_tile(acc, rows, y + (size_t)blk * ROWS * N, N, t);
                 }
             }
         }
