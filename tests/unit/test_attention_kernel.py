@@ -118,6 +118,29 @@ def test_a_head_dim_of_128_matches_the_reference():
     torch.testing.assert_close(got[0].double(), (weights.unsqueeze(-1) * v).sum(1).reshape(-1), rtol=2**-7, atol=2e-3)
 
 
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(16, 1, 32), (8, 2, 128), (4, 1, 256), (20, 1, 64)])
+def test_heads_sharing_a_key_head_give_each_heads_own_bits(heads, kv_heads, head_dim):
+    """Many rows: an item attends a row's heads of one key/value head together (their keys
+    and values unpacked once; up to 16 heads, the values in passes of what fits in
+    registers); one row: each head alone. Same bits either way, and the reference's values."""
+    torch.manual_seed(6)
+    keys, values = torch.randn(3, kv_heads, 260, head_dim).bfloat16(), torch.randn(3, kv_heads, 260, head_dim).bfloat16()
+    rows = [(0, 259), (1, 3), (2, 140), (0, 17), (1, 260), (2, 1), (0, 64), (1, 129)]
+    q = torch.randn(len(rows), heads, head_dim).bfloat16()
+    slot = torch.tensor([s for s, _ in rows], dtype=torch.int32)
+    length = torch.tensor([n for _, n in rows], dtype=torch.int32)
+    together = attention_cpu.attention(LIB, q, keys, values, slot, length, head_dim**-0.5)
+    group = heads // kv_heads
+    for i, (s, n) in enumerate(rows):
+        alone = attention_cpu.attention(LIB, q[i : i + 1], keys, values, slot[i : i + 1], length[i : i + 1], head_dim**-0.5)
+        assert torch.equal(alone[0], together[i]), rows[i]
+        k = keys[s, :, :n].double().repeat_interleave(group, 0)
+        v = values[s, :, :n].double().repeat_interleave(group, 0)
+        weights = torch.softmax((k @ q[i].double().unsqueeze(-1)).squeeze(-1) * head_dim**-0.5, dim=-1)
+        torch.testing.assert_close(together[i].double(), (weights.unsqueeze(-1) * v).sum(1).reshape(-1), rtol=2**-7,
+                                   atol=2e-3)
+
+
 @pytest.mark.skipif(build.missing_cpu_flags("avx512") != set(), reason="no AVX-512 CPU here")
 def test_the_avx512_and_avx2_builds_give_the_same_bits():
     keys, values = _cache(5)

@@ -14,6 +14,12 @@
 // also cheaper per call than SDPA at these sizes (one call per layer, no masks, no
 // permuted copies).
 //
+// The work is shared without changing a head's operations: the query heads of one row
+// that read the same key/value head (grouped-query attention) are one work item where
+// rows are many, so each key and value is unpacked once for all of them (one head alone
+// where rows are few, so every thread has items); and the dot products of 16 keys are
+// summed together, lane tree for lane tree as one key's would be (sum_each).
+//
 // bfloat16 -> float32 is a 16-bit shift; interleaving a zero word below each value
 // (unpacklo/unpackhi) does it in one instruction per vector but leaves the dimensions in
 // the order the interleave takes them. Keys, values and the query are all read that way,
@@ -22,6 +28,7 @@
 // the same lanes, so both builds do the same operations on the same lanes (same bits).
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +37,7 @@
 #include "op.h"
 
 #define MAX_HEAD_DIM 256
+#define ITEMS_PER_THREAD 4  // work items a forward's attention is split into, per thread at least
 
 // exp for x <= 0 (scores minus their maximum): Cephes' single-precision polynomial.
 INLINE __m256 exp_nonpositive(__m256 x) {
@@ -56,6 +64,7 @@ INLINE float hsum(__m256 v) {  // a fixed tree: lanes (0+4, 1+5, 2+6, 3+7), then
 }
 
 #define BLOCK 32  // dimensions per pair of wide vectors (32 bfloat16 = 64 bytes)
+#define KEY_GROUP 16  // keys whose dot products are summed together (sum_each)
 
 #ifdef __AVX512F__
 typedef __m512 wide;
@@ -79,6 +88,24 @@ INLINE void store_block(uint16_t *out, wide lo, wide hi) {
 INLINE __m256 w_fold(wide a) {  // lanes 0-7 + lanes 8-15
     return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
 }
+// The sums of KEY_GROUP wide vectors, each by hsum(w_fold(.))'s tree, four vectors' steps
+// per instruction: each step adds the two halves of every vector's segment, and pairs of
+// inputs share an output (segments of 8, 4, 2, then 1 lane). acc[k] -> sums[k].
+INLINE void sum_each(const wide *acc, float *sums) {
+    __m512 half[8], quarter[4], eighth[2];
+    for (int i = 0; i < 8; i++)  // [key 2i lanes 0-7 + 8-15 | key 2i + 1 ...]
+        half[i] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * i], acc[2 * i + 1], 0x44),
+                                _mm512_shuffle_f32x4(acc[2 * i], acc[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++)  // 4-lane segments: keys 4i .. 4i + 3
+        quarter[i] = _mm512_add_ps(_mm512_shuffle_f32x4(half[2 * i], half[2 * i + 1], 0x88),
+                                   _mm512_shuffle_f32x4(half[2 * i], half[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++)  // 2-lane segments: 128-bit lane g holds keys 8i + g, 8i + g + 4
+        eighth[i] = _mm512_add_ps(_mm512_shuffle_ps(quarter[2 * i], quarter[2 * i + 1], 0x44),
+                                  _mm512_shuffle_ps(quarter[2 * i], quarter[2 * i + 1], 0xEE));
+    const __m512 all = _mm512_add_ps(_mm512_shuffle_ps(eighth[0], eighth[1], 0x88),
+                                     _mm512_shuffle_ps(eighth[0], eighth[1], 0xDD));  // lane 4g + s: key g + 4s
+    _mm512_storeu_ps(sums, _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), all));
+}
 #else
 typedef struct { __m256 a, b; } wide;  // lanes 0-7, lanes 8-15
 INLINE void load_block(const uint16_t *p, wide *lo, wide *hi) {
@@ -101,6 +128,22 @@ INLINE void store_block(uint16_t *out, wide lo, wide hi) {  // see the AVX-512 s
     _mm_storeu_si128((__m128i *)(out + 24), _mm_unpackhi_epi64(lb, hb));
 }
 INLINE __m256 w_fold(wide x) { return _mm256_add_ps(x.a, x.b); }
+// The AVX-512 sum_each's steps on 8-lane vectors, eight keys per output.
+INLINE void sum_each(const wide *acc, float *sums) {
+    for (int k0 = 0; k0 < KEY_GROUP; k0 += 8) {
+        __m256 quarter[4], eighth[2];
+        for (int i = 0; i < 4; i++) {  // [key 2i: t | key 2i + 1: t], t_i = s_i + s_i+4
+            const __m256 x = w_fold(acc[k0 + 2 * i]), y = w_fold(acc[k0 + 2 * i + 1]);
+            quarter[i] = _mm256_add_ps(_mm256_permute2f128_ps(x, y, 0x20), _mm256_permute2f128_ps(x, y, 0x31));
+        }
+        for (int i = 0; i < 2; i++)  // 128-bit lane g holds keys 4i + g, 4i + g + 2
+            eighth[i] = _mm256_add_ps(_mm256_shuffle_ps(quarter[2 * i], quarter[2 * i + 1], 0x44),
+                                      _mm256_shuffle_ps(quarter[2 * i], quarter[2 * i + 1], 0xEE));
+        const __m256 all = _mm256_add_ps(_mm256_shuffle_ps(eighth[0], eighth[1], 0x88),
+                                         _mm256_shuffle_ps(eighth[0], eighth[1], 0xDD));  // lane 4g + s: key g + 2s
+        _mm256_storeu_ps(sums + k0, _mm256_permutevar8x32_ps(all, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    }
+}
 #endif
 
 // Where a row's keys live: the cache is [blocks][KVH][block_size][D] (one layer), and a
@@ -142,34 +185,77 @@ INLINE int next_run(key_runs k, paging pg, run_cursor *c, int *p, int *n) {
     }
 }
 
-// One (query row, head): q [D] bfloat16; the head's keys/values at k_head/v_head + a
-// block's offset (see paging), the positions of `runs` -> out [D] bfloat16.
-// softcap > 0: each score becomes softcap * tanh(score / softcap) before the softmax
-// (Gemma 2), with the C library's tanhf in both builds.
-static void attend_one(const uint16_t *q, const uint16_t *k_head, const uint16_t *v_head, paging pg, key_runs runs,
-                       int D, float scale, float softcap, float *scores, uint16_t *out) {
-    const int blocks = D / BLOCK, count = runs.len - runs.first + runs.num_extra;  // scores[j]: the row's j-th key
-    wide qlo[MAX_HEAD_DIM / BLOCK], qhi[MAX_HEAD_DIM / BLOCK];
-    for (int b = 0; b < blocks; b++) load_block(q + BLOCK * b, &qlo[b], &qhi[b]);
-    float maximum = -INFINITY;
-    run_cursor cursor = {-1, runs.first};
-    for (int p, n, j0 = 0; next_run(runs, pg, &cursor, &p, &n); j0 += n) {  // positions [p, p + n) in one block
-        const uint16_t *keys = k_head + (size_t)pg.table[p / pg.block_size] * pg.block_stride + (size_t)(p % pg.block_size) * D;
-        for (int i = 0; i < n; i++) {
-            const uint16_t *k = keys + (size_t)i * D;
-            wide lo, hi;
-            load_block(k, &lo, &hi);
-            wide acc = w_fma(qhi[0], hi, w_mul(qlo[0], lo));
-            for (int b = 1; b < blocks; b++) {
-                load_block(k + BLOCK * b, &lo, &hi);
-                acc = w_fma(qhi[b], hi, w_fma(qlo[b], lo, acc));
-            }
-            const int j = j0 + i;
-            scores[j] = hsum(w_fold(acc)) * scale;
-            if (softcap > 0.0f) scores[j] = softcap * tanhf(scores[j] / softcap);
-            maximum = scores[j] > maximum ? scores[j] : maximum;
+// The 16 lanes of products of a query (qlo, qhi: load_block's halves of each block) with
+// one key, which hsum(w_fold(.)) sums: from the key's bfloat16 values ...
+INLINE wide key_products(const wide *qlo, const wide *qhi, int blocks, const uint16_t *k) {
+    wide lo, hi;
+    load_block(k, &lo, &hi);
+    wide acc = w_fma(qhi[0], hi, w_mul(qlo[0], lo));
+    for (int b = 1; b < blocks; b++) {
+        load_block(k + BLOCK * b, &lo, &hi);
+        acc = w_fma(qhi[b], hi, w_fma(qlo[b], lo, acc));
+    }
+    return acc;
+}
+
+// ... or from the halves load_block made of them ([blocks][lo, hi]): the same operations.
+INLINE wide unpacked_products(const wide *qlo, const wide *qhi, int blocks, const wide *k) {
+    wide acc = w_fma(qhi[0], k[1], w_mul(qlo[0], k[0]));
+    for (int b = 1; b < blocks; b++) acc = w_fma(qhi[b], k[2 * b + 1], w_fma(qlo[b], k[2 * b], acc));
+    return acc;
+}
+
+// KEY_GROUP keys' products -> the first `count` scores: scale * (q . k), soft-capped where
+// softcap > 0, into scores[0 .. count); returns `top` raised to their maximum (a NaN score
+// leaves it as it was). sum_each adds each key's lanes by the tree hsum(w_fold(.)) takes for
+// one key: the same bits as a reduction per key, without one.
+INLINE __m256 finish_scores(const wide *acc, int count, float scale, float softcap, float *scores, __m256 top) {
+    float sums[KEY_GROUP];
+    sum_each(acc, sums);
+    for (int i = 0; i < KEY_GROUP; i += 8) {
+        __m256 s = _mm256_mul_ps(_mm256_loadu_ps(sums + i), _mm256_set1_ps(scale));
+        _mm256_storeu_ps(sums + i, s);
+        if (softcap > 0.0f) {
+            for (int l = 0; l < 8; l++) sums[i + l] = softcap * tanhf(sums[i + l] / softcap);
+            s = _mm256_loadu_ps(sums + i);
+        }
+        top = _mm256_max_ps(s, top);
+    }
+    memcpy(scores, sums, sizeof(float) * (size_t)count);
+    return top;
+}
+
+#define UNPACKED_WIDE 512  // a chunk's keys, unpacked once for all of an item's heads (32 KiB with AVX-512)
+#define MAX_CHUNK (UNPACKED_WIDE / 2)  // keys of a chunk at D = 32
+
+// The scores of `n` keys (key[i]: its bfloat16 values) for `heads` query heads (q: [heads][D]):
+// head h's into scores + h * cap, its maximum into tops[h]. One head reads the keys as they
+// are; several read them unpacked once into `unpacked` (no unpacking per head). A short
+// last group repeats the chunk's first key, whose score is already counted.
+static void score_chunk(const uint16_t *q, int heads, int D, const uint16_t **key, int n, wide *unpacked,
+                        float scale, float softcap, float *scores, int cap, __m256 *tops) {
+    const int blocks = D / BLOCK, padded = (n + KEY_GROUP - 1) / KEY_GROUP * KEY_GROUP;
+    if (heads > 1) {
+        for (int i = 0; i < padded; i++)
+            for (int b = 0; b < blocks; b++)
+                load_block(key[i < n ? i : 0] + BLOCK * b, &unpacked[(i * blocks + b) * 2], &unpacked[(i * blocks + b) * 2 + 1]);
+    }
+    for (int h = 0; h < heads; h++) {
+        wide qlo[MAX_HEAD_DIM / BLOCK], qhi[MAX_HEAD_DIM / BLOCK];
+        for (int b = 0; b < blocks; b++) load_block(q + (size_t)h * D + BLOCK * b, &qlo[b], &qhi[b]);
+        for (int g = 0; g < n; g += KEY_GROUP) {
+            wide acc[KEY_GROUP];
+            for (int i = 0; i < KEY_GROUP; i++)
+                acc[i] = heads > 1 ? unpacked_products(qlo, qhi, blocks, &unpacked[(size_t)(g + i) * blocks * 2])
+                                   : key_products(qlo, qhi, blocks, key[g + i < n ? g + i : 0]);
+            tops[h] = finish_scores(acc, n - g < KEY_GROUP ? n - g : KEY_GROUP, scale, softcap,
+                                    scores + (size_t)h * cap + g, tops[h]);
         }
     }
+}
+
+// The keys' weights exp(score - max) in place, and their sum.
+static float softmax_weights(float *scores, int count, float maximum) {
     __m256 top = _mm256_set1_ps(maximum), total = _mm256_setzero_ps();
     int j = 0;
     for (; j + 8 <= count; j += 8) {
@@ -187,24 +273,98 @@ static void attend_one(const uint16_t *q, const uint16_t *k_head, const uint16_t
         for (int i = 0; j + i < count; i++) scores[j + i] = tail[i];
         sum += hsum(p);
     }
-    wide alo[MAX_HEAD_DIM / BLOCK], ahi[MAX_HEAD_DIM / BLOCK];
-    for (int b = 0; b < blocks; b++) alo[b] = ahi[b] = w_zero();
-    cursor = (run_cursor){-1, runs.first};
+    return sum;
+}
+
+#define VALUE_VECTORS 8  // wide accumulators of the heads that read each value once (heads x blocks)
+
+// out[h] = sum_j weight[h][j] v_j / sums[h] for `heads` heads (heads * D / BLOCK <=
+// VALUE_VECTORS), the values in position order; each value is unpacked once for all of them.
+// Always inlined with constant heads and blocks: the accumulators stay in registers.
+INLINE void weigh_values(const uint16_t *v_head, paging pg, key_runs runs, int heads, int blocks, const float *weights,
+                         int cap, const float *sums, uint16_t *out, int D) {
+    wide alo[VALUE_VECTORS], ahi[VALUE_VECTORS];
+    for (int r = 0; r < heads * blocks; r++) alo[r] = ahi[r] = w_zero();
+    run_cursor cursor = {-1, runs.first};
     for (int p, n, j0 = 0; next_run(runs, pg, &cursor, &p, &n); j0 += n) {
         const uint16_t *values = v_head + (size_t)pg.table[p / pg.block_size] * pg.block_stride + (size_t)(p % pg.block_size) * D;
         for (int i = 0; i < n; i++) {
-            const wide w = w_set1(scores[j0 + i]);
             const uint16_t *val = values + (size_t)i * D;
             for (int b = 0; b < blocks; b++) {
                 wide lo, hi;
                 load_block(val + BLOCK * b, &lo, &hi);
-                alo[b] = w_fma(w, lo, alo[b]);
-                ahi[b] = w_fma(w, hi, ahi[b]);
+                for (int h = 0; h < heads; h++) {
+                    const wide w = w_set1(weights[(size_t)h * cap + j0 + i]);
+                    alo[h * blocks + b] = w_fma(w, lo, alo[h * blocks + b]);
+                    ahi[h * blocks + b] = w_fma(w, hi, ahi[h * blocks + b]);
+                }
             }
         }
     }
-    const wide inverse = w_set1(1.0f / sum);
-    for (int b = 0; b < blocks; b++) store_block(out + BLOCK * b, w_mul(alo[b], inverse), w_mul(ahi[b], inverse));
+    for (int h = 0; h < heads; h++) {
+        const wide inverse = w_set1(1.0f / sums[h]);
+        for (int b = 0; b < blocks; b++)
+            store_block(out + (size_t)h * D + BLOCK * b, w_mul(alo[h * blocks + b], inverse), w_mul(ahi[h * blocks + b], inverse));
+    }
+}
+
+#define WEIGH(HEADS, BLOCKS) \
+    case (HEADS) * 16 + (BLOCKS): weigh_values(v_head, pg, runs, HEADS, BLOCKS, w, cap, s, o, D); break;
+
+// weigh_values for up to VALUE_VECTORS / blocks heads at a time.
+static void weigh_heads(const uint16_t *v_head, paging pg, key_runs runs, int heads, int D, const float *weights, int cap,
+                        const float *sums, uint16_t *out) {
+    const int blocks = D / BLOCK, per_pass = blocks <= VALUE_VECTORS ? VALUE_VECTORS / blocks : 1;
+    for (int h0 = 0; h0 < heads; h0 += per_pass) {
+        const int now = heads - h0 < per_pass ? heads - h0 : per_pass;
+        const float *w = weights + (size_t)h0 * cap, *s = sums + h0;
+        uint16_t *o = out + (size_t)h0 * D;
+        switch (now * 16 + blocks) {
+            WEIGH(1, 1) WEIGH(2, 1) WEIGH(3, 1) WEIGH(4, 1) WEIGH(5, 1) WEIGH(6, 1) WEIGH(7, 1) WEIGH(8, 1)
+            WEIGH(1, 2) WEIGH(2, 2) WEIGH(3, 2) WEIGH(4, 2) WEIGH(1, 3) WEIGH(2, 3) WEIGH(1, 4) WEIGH(2, 4)
+            WEIGH(1, 5) WEIGH(1, 6) WEIGH(1, 7) WEIGH(1, 8)
+            default: break;  // D <= MAX_HEAD_DIM: every case is above
+        }
+    }
+}
+#define MAX_ITEM_HEADS 16  // query heads one item attends (a larger group is split)
+
+// `heads` query heads of one row that read the same key/value head: q [heads][D] bfloat16;
+// the keys/values at k_head/v_head + a block's offset (see paging), the positions of `runs`
+// -> out [heads][D] bfloat16. softcap > 0: each score becomes softcap * tanh(score /
+// softcap) before the softmax (Gemma 2), with the C library's tanhf in both builds. Scratch:
+// scores [heads][cap] (cap >= the row's positions), unpacked [UNPACKED_WIDE]. Each head's
+// bits are those of the head alone: sharing the keys' and values' unpacking changes no sum.
+static void attend_heads(const uint16_t *q, int heads, const uint16_t *k_head, const uint16_t *v_head, paging pg,
+                         key_runs runs, int D, float scale, float softcap, float *scores, int cap, wide *unpacked,
+                         uint16_t *out) {
+    const int count = runs.len - runs.first + runs.num_extra;  // scores[j]: the row's j-th key
+    const int chunk = UNPACKED_WIDE / (2 * (D / BLOCK)) / KEY_GROUP * KEY_GROUP;
+    __m256 tops[MAX_ITEM_HEADS];
+    for (int h = 0; h < heads; h++) tops[h] = _mm256_set1_ps(-INFINITY);
+    const uint16_t *key[MAX_CHUNK];
+    int taken = 0, scored = 0;
+    run_cursor cursor = {-1, runs.first};
+    for (int p, n; next_run(runs, pg, &cursor, &p, &n);) {  // positions [p, p + n) in one block
+        const uint16_t *keys = k_head + (size_t)pg.table[p / pg.block_size] * pg.block_stride + (size_t)(p % pg.block_size) * D;
+        for (int i = 0; i < n; i++) {
+            key[taken++] = keys + (size_t)i * D;
+            if (taken == chunk) {
+                score_chunk(q, heads, D, key, taken, unpacked, scale, softcap, scores + scored, cap, tops);
+                scored += taken;
+                taken = 0;
+            }
+        }
+    }
+    if (taken) score_chunk(q, heads, D, key, taken, unpacked, scale, softcap, scores + scored, cap, tops);
+    float sums[MAX_ITEM_HEADS];
+    for (int h = 0; h < heads; h++) {
+        float lanes[8], maximum = -INFINITY;
+        _mm256_storeu_ps(lanes, tops[h]);
+        for (int i = 0; i < 8; i++) maximum = lanes[i] > maximum ? lanes[i] : maximum;
+        sums[h] = softmax_weights(scores + (size_t)h * cap, count, maximum);
+    }
+    weigh_heads(v_head, pg, runs, heads, D, scores, cap, sums, out);
 }
 
 // The block table of query row t: tables[row_seq[t]] (a table is table_width entries), or
@@ -241,20 +401,31 @@ static void attend_rows(const uint16_t *q, const uint16_t *k_cache, const uint16
                         float softcap) {
     const int group = H / KVH;
     const size_t head_stride = (size_t)block_size * D;
-    // Scores on the heap, one buffer per thread: a table's positions can exceed a worker's stack.
-    float *scores = malloc(sizeof(float) * (size_t)table_width * block_size);
+    // An item is one row's heads of one key/value head (they unpack its keys and values once),
+    // or a part of them where rows are few: at least ITEMS_PER_THREAD items per thread.
+    const int pairs = T * KVH, wanted = ITEMS_PER_THREAD * omp_get_num_threads();
+    const int split = (wanted + pairs - 1) / pairs;
+    int per = group / (split > 1 ? split : 1);
+    per = per < 1 ? 1 : per > MAX_ITEM_HEADS ? MAX_ITEM_HEADS : per;
+    const int parts = (group + per - 1) / per, cap = table_width * block_size;
+    // Scratch on the heap, one per thread: a table's positions can exceed a worker's stack.
+    float *scores = malloc(sizeof(float) * (size_t)per * cap);
+    wide *unpacked = aligned_alloc(64, sizeof(wide) * UNPACKED_WIDE);
     #pragma omp for schedule(dynamic, 1)
-    for (int item = 0; item < T * H; item++) {
-        const int t = item / H, h = item % H, len = row_len[t], seen = row_position(tree, row_len, t) + 1;
+    for (int item = 0; item < pairs * parts; item++) {
+        const int t = item / (KVH * parts), g = item % (KVH * parts) / parts, part = item % parts;
+        const int h0 = g * group + part * per, heads = group - part * per < per ? group - part * per : per;
+        const int len = row_len[t], seen = row_position(tree, row_len, t) + 1;
         const int first = window > 0 && seen > window ? (seen - window < len ? seen - window : len) : 0;
         const int extra_first = tree.extra_start ? tree.extra_start[t] : 0;
         const key_runs runs = {first, len, tree.extra_start ? tree.extra + extra_first : NULL,
                                tree.extra_start ? tree.extra_start[t + 1] - extra_first : 0};
         const paging pg = {row_table(tables, table_width, row_seq, t), block_size, (size_t)KVH * head_stride};
-        const size_t at = (size_t)(h / group) * head_stride;
-        attend_one(q + (size_t)item * D, k_cache + at, v_cache + at, pg, runs, D, scale, softcap, scores,
-                   out + (size_t)item * D);
+        const size_t at = (size_t)g * head_stride, row = (size_t)t * H + h0;
+        attend_heads(q + row * D, heads, k_cache + at, v_cache + at, pg, runs, D, scale, softcap, scores, cap, unpacked,
+                     out + row * D);
     }
+    free(unpacked);
     free(scores);
 }
 
