@@ -57,6 +57,7 @@ def test_stream_rounds_run_one_server_at_a_time_and_alternate_which_goes_first(m
     live: list[str] = []
     rates = {"speclane": iter([100.0, 300.0, 200.0, 400.0]), "speclane-int8": iter([120.0, 220.0]),
              "llama.cpp": iter([50.0, 150.0])}
+    light_rates = {"speclane": iter([240.0, 260.0]), "llama.cpp": iter([110.0, 90.0])}  # the light client's runs
 
     def fake_server(base: str):
         @contextlib.contextmanager
@@ -79,16 +80,22 @@ def test_stream_rounds_run_one_server_at_a_time_and_alternate_which_goes_first(m
 
     monkeypatch.setattr(gguf_scenario, "speclane_server", fake_server("speclane"))
     monkeypatch.setattr(gguf_scenario, "llama_server", fake_server("llama.cpp"))
+    def fake_light_streams(url, model, prompts, max_tokens, extra=None):
+        rate = next(light_rates[url.removeprefix("http://")])
+        return [StreamResult(0.0, 1.0, rate / len(prompts))] * len(prompts)
+
     monkeypatch.setattr(gguf_scenario, "concurrent_streams", fake_streams)
+    monkeypatch.setattr(gguf_scenario, "light_streams", fake_light_streams)
     monkeypatch.setattr(ServerProcess, "resident_mib", lambda self: 512.0 if "speclane" in self.url else 256.0)
     config = EngineConfig().replace(model="m.gguf")
 
     cells = gguf_scenario._streams(config, Path("llama-server"), tokens=32, rounds=2, lane=True)
 
     assert events == ["speclane", "speclane-int8", "llama.cpp", "llama.cpp", "speclane-int8", "speclane"]
-    off, on, ref, ratio, int8, int8_ratio, per_stream, resident = cells
+    off, on, ref, ratio, int8, int8_ratio, light, per_stream, resident = cells
     assert (off, on, ref, int8) == (150.0, 350.0, 100.0, 170.0)  # medians: off 100 and 200, lane 300 and 400, ...
     assert ratio == "1.50x" and int8_ratio == "1.70x" and resident == "512, 256"
+    assert light == "2.50x (250 / 100)"  # each client against llama-server with the same client
 
 
 def test_stream_rounds_without_llama_server_run_speclane_alone(monkeypatch):
@@ -99,10 +106,13 @@ def test_stream_rounds_without_llama_server_run_speclane_alone(monkeypatch):
     monkeypatch.setattr(gguf_scenario, "speclane_server", fake_server)
     monkeypatch.setattr(gguf_scenario, "concurrent_streams",
                         lambda url, model, prompts, max_tokens, extra=None: [StreamResult(0.0, 2.0, 10)] * len(prompts))
+    monkeypatch.setattr(gguf_scenario, "light_streams",
+                        lambda url, model, prompts, max_tokens, extra=None: [StreamResult(0.0, 1.0, 10)] * len(prompts))
     monkeypatch.setattr(ServerProcess, "resident_mib", lambda self: None)
-    off, on, ref, ratio, _, _, _, resident = gguf_scenario._streams(EngineConfig(), None, tokens=32, rounds=1, lane=False)
+    off, on, ref, ratio, _, _, light, _, resident = gguf_scenario._streams(EngineConfig(), None, tokens=32, rounds=1,
+                                                                            lane=False)
     assert off == pytest.approx(10 * len(gguf_scenario.STREAM_PROMPTS) / 2.0)
-    assert (on, ref, ratio, resident) == ("-", "not run", "-", "-, -")
+    assert (on, ref, ratio, light, resident) == ("-", "not run", "-", "-", "-, -")
 
 
 def test_layer_types_count_the_layer_matmuls_only(tmp_path):

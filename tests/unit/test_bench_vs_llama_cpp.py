@@ -3,7 +3,10 @@ streams, the busy neighbour process, and the tables' ratios and ranges."""
 
 from __future__ import annotations
 
+import json
 import os
+
+import pytest
 
 from speclane.bench import vs_llama_cpp as vs
 from speclane.bench.http_streams import StreamResult
@@ -88,3 +91,48 @@ def test_single_table_compares_http_and_engine_decode_rates_not_whole_requests()
     # same alternation: 0.90, 0.95, 1.20 -> 0.95x; not the whole request's 71, nor the
     # medians of the two (90 / 100), nor the engine-alone phase's 100
     assert "0.95x (range 0.90-1.20" in table.notes[0]
+
+
+def test_the_light_client_reads_a_servers_stream():
+    """light_streams over a served event stream (httpx's mock transport): the usage's
+    tokens, the first content chunk's time, the drafts; a stream without usage is an error."""
+    import httpx
+
+    from speclane.bench.http_streams import light_streams
+
+    def events(usage: bool) -> bytes:
+        chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+                  {"choices": [{"index": 0, "delta": {"content": "Hi"}}]},
+                  {"choices": [{"index": 0, "delta": {"content": " there"}}]}]
+        if usage:
+            chunks.append({"choices": [], "usage": {"completion_tokens": 2,
+                                                    "speculative": {"draft_tokens": 4, "accepted_tokens": 1}}})
+        return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append(body)
+        return httpx.Response(200, content=events(body["messages"][0]["content"] != "no usage"),
+                              headers={"content-type": "text/event-stream"})
+
+    results = light_streams("http://server", "m", ["a", "b"], 16, {"user": "t"}, transport=httpx.MockTransport(handler))
+    assert [r.completion_tokens for r in results] == [2, 2] and [r.drafts for r in results] == [(4, 1), (4, 1)]
+    assert all(r.started <= r.first_token <= r.finished for r in results)
+    assert {b["messages"][0]["content"] for b in seen} == {"a", "b"}
+    assert all(b["stream"] and b["max_tokens"] == 16 and b["user"] == "t" and b["temperature"] == 0 for b in seen)
+    with pytest.raises(RuntimeError, match="no usage"):
+        light_streams("http://server", "m", ["no usage"], 16, transport=httpx.MockTransport(handler))
+
+
+def test_a_light_client_row_compares_with_llama_servers_light_client_row():
+    names = ("speclane, speculation off", vs.REFERENCE, "speclane, speculation off" + vs.LIGHT, vs.REFERENCE + vs.LIGHT)
+    arms = {8: {name: vs.StreamArm("http://x", "m", 8, 64, light_client=name.endswith(vs.LIGHT)) for name in names}}
+    for arm, ttft in zip(arms[8].values(), (0.05, 0.2, 0.04, 0.08), strict=True):
+        arm.ttfts.append(ttft)
+    rates = {8: dict(zip(names, ([400.0], [200.0], [480.0], [160.0]), strict=True))}
+    rows = {row[1]: row for row in vs._streams_table(arms, rates, 64, 1).rows}
+    assert rows["speclane, speculation off"][3] == "2.00x" and rows["speclane, speculation off"][5] == "0.25x"
+    assert rows["speclane, speculation off" + vs.LIGHT][3] == "3.00x" and rows["speclane, speculation off" + vs.LIGHT][5] == "0.50x"
+    assert arms[8][vs.REFERENCE + vs.LIGHT].send is vs.light_streams and arms[8][vs.REFERENCE].send is vs.concurrent_streams

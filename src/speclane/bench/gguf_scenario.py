@@ -26,14 +26,20 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from speclane.bench.common import Table, alternate, median
 from speclane.bench.decode import PROMPT, engine_decode_arms
 from speclane.bench.driver import progress
-from speclane.bench.http_streams import aggregate_rate, concurrent_streams, new_tenant
+from speclane.bench.http_streams import (
+    StreamResult,
+    aggregate_rate,
+    concurrent_streams,
+    light_streams,
+    new_tenant,
+)
 from speclane.bench.llama_cpp import decode_rate, find_llama_cpp_tool, llama_server, requantize
 from speclane.bench.servers import ServerProcess, speclane_server
 from speclane.bench.weight_types import weight_types
@@ -128,7 +134,7 @@ def gguf(config: EngineConfig, quick: bool = False) -> list[Table]:
                     "speclane serve vs llama-server",
                     ["file", "speclane tok/s (speculation off)", "speclane tok/s (lane on)", "llama.cpp tok/s",
                      "speclane off / llama.cpp", "speclane, int8 matmul inputs, off, tok/s", "int8 inputs / llama.cpp",
-                     "tokens / stream (speclane, llama.cpp)", "resident MiB (speclane, llama.cpp)"])
+                     "light client: speclane off / llama.cpp (tok/s)", "tokens / stream (speclane, llama.cpp)", "resident MiB (speclane, llama.cpp)"])
     for file in gguf_files(tools["llama-quantize"], quick):
         if file.path is None:
             decode.notes.append(f"{file.label}: not run ({file.missing}).")
@@ -156,6 +162,10 @@ def gguf(config: EngineConfig, quick: bool = False) -> list[Table]:
                          "last stream's end. 'lane on': speclane's default lane (the requests may speculate). "
                          "Resident memory: the server process's after its warm-up request (speclane's holds "
                          "Python, torch and its KV pool; llama-server's its KV cache of -c tokens).")
+    streams.notes.append("Client: the openai SDK, a thread per stream; 'light client': the same requests with every "
+                         "stream on one asyncio loop (httpx, json.loads per chunk; bench/http_streams.py), speclane off "
+                         "and llama-server. Clients and server share the 2 cores: the SDK's ~0.7 ms of CPU per chunk "
+                         "is taken from the server, the more the faster its chunks come.")
     if quick:
         decode.notes.append("--quick: the default file and its Q4_K_M only, half the tokens, one round of streams "
                             "without the lane-on arm, two layers in the weight-type table.")
@@ -190,15 +200,17 @@ def _streams(config: EngineConfig, server: Path | None, tokens: int, rounds: int
     counts: dict[str, list[int]] = {}
     memory: dict[str, float | None] = {}
 
-    def measure(name: str, url: str, extra: dict | None = None) -> None:
+    def measure(name: str, url: str, extra: dict | None = None, send: Callable[..., list[StreamResult]] = concurrent_streams
+                ) -> None:
         # speclane's arms each a tenant of their own: the lane arm follows the off arm's same prompts
-        results = concurrent_streams(url, model, STREAM_PROMPTS, tokens, extra if name == "llama.cpp" else new_tenant(extra))
+        results = send(url, model, STREAM_PROMPTS, tokens, extra if name.startswith("llama.cpp") else new_tenant(extra))
         rates.setdefault(name, []).append(aggregate_rate(results))
         counts.setdefault(name, []).extend(r.completion_tokens for r in results)
 
     def ours() -> None:
         with _started("speclane", speclane_server(config), model, memory) as s:
             measure("off", s.url, {"speculative": False})
+            measure("off light", s.url, {"speculative": False}, light_streams)
             if lane:
                 measure("lane", s.url)
 
@@ -212,6 +224,7 @@ def _streams(config: EngineConfig, server: Path | None, tokens: int, rounds: int
         with _started("llama.cpp", llama_server(server, Path(model), config.model.num_threads or 2, slots=slots,
                                                 context=slots * CONTEXT_PER_STREAM), model, memory) as s:
             measure("llama.cpp", s.url)
+            measure("llama.cpp light", s.url, send=light_streams)
 
     arms = [ours, ours_int8] + ([theirs] if server is not None else [])
     for i in range(rounds):
@@ -221,8 +234,10 @@ def _streams(config: EngineConfig, server: Path | None, tokens: int, rounds: int
     off, on, int8, ref = (median(rates[k]) if k in rates else None for k in ("off", "lane", "int8", "llama.cpp"))
     per_stream = ", ".join(f"{median(counts[k]):.0f}" if k in counts else "-" for k in ("off", "llama.cpp"))
     resident = ", ".join(f"{memory[k]:.0f}" if memory.get(k) else "-" for k in ("speclane", "llama.cpp"))
+    light, light_ref = (median(rates[k]) if k in rates else None for k in ("off light", "llama.cpp light"))
+    light_cell = f"{ratio(light, light_ref)} ({light:.0f} / {light_ref:.0f})" if light and light_ref else "-"
     return [off, on if on is not None else "-", ref if ref is not None else "not run", ratio(off, ref), int8,
-            ratio(int8, ref), per_stream, resident]
+            ratio(int8, ref), light_cell, per_stream, resident]
 
 
 @contextlib.contextmanager

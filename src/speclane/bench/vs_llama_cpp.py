@@ -9,7 +9,9 @@ the default GGUF file, the same threads and the same client.
   llama.cpp's arithmetic), here and in the noisy-neighbour runs.
 - **Streams.** 8 and 16 concurrent streamed chat completions: aggregate tok/s and mean
   time to first token, ``speclane serve`` (speculation off per request, and the lane; and a
-  server with ``--matmul-inputs int8``, speculation off) against ``llama-server -np 16``.
+  server with ``--matmul-inputs int8``, speculation off) against ``llama-server -np 16``;
+  speculation off and llama-server again with the light client (``http_streams.light_streams``),
+  whose parsing takes less of the cores the servers share with their clients.
 - **Speculation under load.** 8 and 16 streams with speculation off, the default drafter
   (``auto``; the default server, ``speculative`` per request), the n-gram drafter and the
   MTP drafter (servers with ``--drafter ngram`` / ``--drafter mtp``): each drafter's
@@ -46,7 +48,13 @@ from speclane.bench.common import Table, alternate, median
 from speclane.bench.decode import PROMPT, engine_decode_arms
 from speclane.bench.driver import Job, batch_rate, batch_tokens, drive, drive_clients, progress
 from speclane.bench.gguf_scenario import STREAM_PROMPTS, load_note, ratio
-from speclane.bench.http_streams import StreamResult, aggregate_rate, concurrent_streams, new_tenant
+from speclane.bench.http_streams import (
+    StreamResult,
+    aggregate_rate,
+    concurrent_streams,
+    light_streams,
+    new_tenant,
+)
 from speclane.bench.http_streams import decode_rate as stream_decode_rate
 from speclane.bench.llama_cpp import decode_rate, find_llama_cpp_tool, llama_server
 from speclane.bench.servers import speclane_server
@@ -103,9 +111,10 @@ class StreamArm:
     repeat from call to call."""
 
     def __init__(self, url: str, model: str, streams: int, tokens: int, extra: dict[str, Any] | None = None,
-                 fresh_tenant: bool = True) -> None:
+                 fresh_tenant: bool = True, light_client: bool = False) -> None:
         self.url, self.model, self.streams, self.tokens, self.extra = url, model, streams, tokens, extra
         self.fresh_tenant = fresh_tenant
+        self.send = light_streams if light_client else concurrent_streams  # http_streams: the two clients
         self.ttfts: list[float] = []
         self.decode_rates: list[float] = []  # per call, the streams' mean rate after their first token
 
@@ -116,7 +125,7 @@ class StreamArm:
         return new_tenant(self.extra)
 
     def __call__(self) -> float:
-        results = concurrent_streams(self.url, self.model, prompts(self.streams), self.tokens, self.request_extra())
+        results = self.send(self.url, self.model, prompts(self.streams), self.tokens, self.request_extra())
         self.ttfts.append(mean_ttft(results))
         rates = [r for r in map(stream_decode_rate, results) if math.isfinite(r)]  # NaN: fewer than 2 tokens
         self.decode_rates.append(sum(rates) / len(rates) if rates else float("nan"))
@@ -129,6 +138,8 @@ def prompts(n: int) -> list[str]:
 
 INT8_ENGINE = "speclane, int8 matmul inputs"  # the engine-alone and noisy-neighbour arm
 INT8_SERVER = "speclane, int8 matmul inputs, speculation off"  # the concurrent streams' arm
+LIGHT = ", light client"  # a concurrent streams' arm with http_streams.light_streams, against llama-server's with it
+REFERENCE = "llama.cpp llama-server"
 ENGINE_BESIDE_HTTP = "speclane engine alone"  # the one-stream HTTP alternation's in-process arm
 
 
@@ -167,7 +178,7 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
                                                       context=slots * CONTEXT_PER_SLOT)).url
         servers = {"speclane, speculation off": (ours, OFF), "speclane, lane on": (ours, None)}
         if theirs is not None:
-            servers["llama.cpp llama-server"] = (theirs, None)
+            servers[REFERENCE] = (theirs, None)
         many = {**servers, INT8_SERVER: (ours_int8, OFF)}  # the concurrent streams' arms
         model = config.model.model
         for url, _ in many.values():
@@ -182,9 +193,12 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
         progress("vs-llama-cpp: concurrent streams")
         loads: dict[int, dict[str, StreamArm]] = {}
         rates: dict[int, dict[str, list[float]]] = {}
+        light = {name: many[name] for name in ("speclane, speculation off", REFERENCE) if name in many}
         for n in STREAM_LEVELS:
             loads[n] = {name: StreamArm(url, model, n, tokens, extra, fresh_tenant=url != theirs)
                         for name, (url, extra) in many.items()}
+            loads[n].update({name + LIGHT: StreamArm(url, model, n, tokens, extra, fresh_tenant=url != theirs,
+                                                     light_client=True) for name, (url, extra) in light.items()})
             rates[n] = alternate(loads[n], repeats, warmup=False)  # type: ignore[arg-type]
         progress("vs-llama-cpp: speculation under load")
         spec = {n: alternate({"off": StreamArm(ours, model, n, tokens, OFF), "auto": StreamArm(ours, model, n, tokens),
@@ -233,7 +247,7 @@ def _single_table(engine: dict[str, list[float]], single: dict[str, list[float]]
     if INT8_ENGINE in engine:
         int8 = median(engine[INT8_ENGINE])
         table.add("engine alone, decode, --matmul-inputs int8", int8, theirs_engine or "not run", ratio(int8, theirs_engine))
-    theirs_http = median(single["llama.cpp llama-server"]) if "llama.cpp llama-server" in single else None
+    theirs_http = median(single[REFERENCE]) if REFERENCE in single else None
     for name in ("speclane, speculation off", "speclane, lane on"):
         ours = median(single[name])
         table.add(f"one streamed chat completion over HTTP ({name.split(', ')[1]})", ours, theirs_http or "not run",
@@ -259,11 +273,11 @@ def _streams_table(arms: dict[int, dict[str, StreamArm]], rates: dict[int, dict[
                    repeats: int) -> Table:
     table = Table(f"Concurrent streamed chat completions, {tokens} max tokens each: aggregate tok/s and time to "
                   "first token", ["streams", "server", "tok/s", "vs llama.cpp", "mean TTFT s", "TTFT vs llama.cpp"])
-    reference = "llama.cpp llama-server"
     for n, runs in rates.items():
-        ref_rate = median(runs[reference]) if reference in runs else None
-        ref_ttft = median(arms[n][reference].ttfts) if reference in runs else None
         for name, values in runs.items():
+            reference = REFERENCE + LIGHT if name.endswith(LIGHT) else REFERENCE  # the same client's
+            ref_rate = median(runs[reference]) if reference in runs else None
+            ref_ttft = median(arms[n][reference].ttfts) if reference in runs else None
             ttft = median(arms[n][name].ttfts)
             table.add(n, name, median(values), ratio(median(values), ref_rate), ttft,
                       f"{ttft / ref_ttft:.2f}x" if ref_ttft else "-")
@@ -271,6 +285,11 @@ def _streams_table(arms: dict[int, dict[str, StreamArm]], rates: dict[int, dict[
                        f"the mean over a run's streams. llama-server: -np {max(STREAM_LEVELS)} -c "
                        f"{max(STREAM_LEVELS) * CONTEXT_PER_SLOT}. Targets: 16 streams at least 3x llama-server; "
                        "TTFT at 8 streams at most 0.25x.")
+    table.notes.append("Clients: the openai SDK, a thread per stream (every row without a client named); light "
+                       "client: every stream on one asyncio loop with httpx and json.loads per chunk, as serving "
+                       "benchmarks read streams (bench/http_streams.py). Both run on the servers' 2 cores: the "
+                       "SDK's ~0.7 ms of CPU per chunk is taken from the server, the more the faster its chunks "
+                       "come. A light-client row compares with llama-server's light-client row.")
     return table
 
 
