@@ -162,9 +162,10 @@ def test_int8_scales_kept_in_float16_only_where_exact_and_with_the_same_bits(typ
 @pytest.mark.parametrize("type_name", BLOCK_TYPES)
 def test_a_kernel_weights_rows_read_back_are_the_files_values(type_name):
     """``dequantize_rows`` (embedding lookups, the head's refinement) from the packed layout:
-    gguf-py's values, exactly; Q4_K within the int4 kernel's float16 scales (2^-11 relative)."""
+    gguf-py's values, exactly; Q4_K within the int4 kernel's float16 scales (2^-11 relative).
+    A few rows, then every row and lane in one call (the lookup's threads and vector path)."""
     weight, dense, _ = layer(type_name, 48, 256, seed=8)
-    rows = torch.tensor([47, 0, 16, 15, 16])
+    rows = torch.tensor([47, 0, 16, 15, 16, *range(47, -1, -1)])
     got, want = weight.dequantize_rows(rows), dense[rows]
     if type_name == "Q4_K":
         assert torch.allclose(got, want, rtol=2.0**-11, atol=2.0**-11 * float(want.abs().max()))

@@ -8,6 +8,8 @@
 
 #include "int8_packed.h"  // tile_bytes, pair_values
 
+#define ROWS_IN_PARALLEL 32  // int8_rows_of: fewer rows run on the calling thread
+
 // out [count][K] float32: the weight rows ids[0..count) as the kernels multiply by them,
 // q * scale + minimum per group of G (two roundings, as torch's q.float() * scale +
 // minimum): an embedding's lookup and the output head's exact refinement. q: [N/16][K][16]
@@ -19,6 +21,8 @@ static int int8_rows_of(const int8_t *q, int quads, int format, const void *scal
     const int groups = K / G;
     for (int i = 0; i < count; i++)
         if (ids[i] < 0 || ids[i] >= N) return -1;
+    // Rows in parallel where there are many (the head's refinement: 32 candidates a row of the tick).
+    #pragma omp parallel for schedule(static) if (count >= ROWS_IN_PARALLEL)
     for (int i = 0; i < count; i++) {
         const size_t tile = (size_t)(ids[i] / 16), lane = (size_t)(ids[i] % 16);
         const uint8_t *base = (const uint8_t *)q + tile * tile_bytes(format, K);
@@ -27,6 +31,22 @@ static int int8_rows_of(const int8_t *q, int quads, int format, const void *scal
             const size_t at = (tile * groups + g) * 16 + lane;
             const float s = half ? _cvtsh_ss(((const uint16_t *)scale)[at]) : ((const float *)scale)[at];
             const float m = !minimum ? 0.0f : half ? _cvtsh_ss(((const uint16_t *)minimum)[at]) : ((const float *)minimum)[at];
+            if (!quads && FORMAT_BITS(format) == 8 && G % 8 == 0) {
+                // The int8 layout, 8 inputs at a time: the dword holding each one's byte (16 bytes
+                // an input), the byte shifted to the top and back (sign-extended); the same two
+                // roundings as below.
+                const __m256i offsets = _mm256_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112);
+                const __m128i up = _mm_cvtsi32_si128(24 - 8 * (int)(lane & 3));
+                const uint8_t *column = base + (lane & ~(size_t)3);
+                for (int k = g * G; k < (g + 1) * G; k += 8) {
+                    const __m256i words = _mm256_i32gather_epi32((const int *)(column + (size_t)k * 16), offsets, 1);
+                    __m256 w = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_sll_epi32(words, up), 24)),
+                                             _mm256_set1_ps(s));
+                    if (minimum) w = _mm256_add_ps(w, _mm256_set1_ps(m));
+                    _mm256_storeu_ps(y + k, w);
+                }
+                continue;
+            }
             for (int k = g * G; k < (g + 1) * G; k += 2) {  // G is even: inputs k and k + 1 together
                 int8_t pair[32];  // the pair's values in the int8 layout's order (int8_packed.h)
                 if (!quads) _mm256_storeu_si256((__m256i *)pair, pair_values(base, format, k));

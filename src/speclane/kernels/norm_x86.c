@@ -242,6 +242,7 @@ static void insert_candidate(float *value, int32_t *index, int *filled, int coun
 }
 
 void top_logits(const uint16_t *coarse, float *out, int32_t *top, int rows, int vocab, int count) {
+    #pragma omp parallel for schedule(static) if (rows >= 2)  // a row is a whole vocabulary: worth a fork
     for (int r = 0; r < rows; r++) {
         const uint16_t *c = coarse + (size_t)r * vocab;
         float *y = out + (size_t)r * vocab, value[count];
