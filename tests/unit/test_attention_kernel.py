@@ -118,6 +118,13 @@ def test_a_head_dim_of_128_matches_the_reference():
     torch.testing.assert_close(got[0].double(), (weights.unsqueeze(-1) * v).sum(1).reshape(-1), rtol=2**-7, atol=2e-3)
 
 
+def test_no_rows_is_an_empty_result():
+    keys, values = _cache(7)
+    q = torch.randn(0, HEADS, HEAD_DIM).bfloat16()
+    none = torch.zeros(0, dtype=torch.int32)
+    assert attention_cpu.attention(LIB, q, keys, values, none, none, 0.125).shape == (0, HEADS * HEAD_DIM)
+
+
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(16, 1, 32), (8, 2, 128), (4, 1, 256), (20, 1, 64)])
 def test_heads_sharing_a_key_head_give_each_heads_own_bits(heads, kv_heads, head_dim):
     """Many rows: an item attends a row's heads of one key/value head together (their keys

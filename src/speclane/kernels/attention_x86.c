@@ -16,9 +16,10 @@
 //
 // The work is shared without changing a head's operations: the query heads of one row
 // that read the same key/value head (grouped-query attention) are one work item where
-// rows are many, so each key and value is unpacked once for all of them (one head alone
-// where rows are few, so every thread has items); and the dot products of 16 keys are
-// summed together, lane tree for lane tree as one key's would be (sum_each).
+// rows are many, so each key and value is unpacked once for all of them (a part of them,
+// down to one head, where rows are few, so that every thread has items); and the dot
+// products of 16 keys are summed together, lane tree for lane tree as one key's would be
+// (sum_each).
 //
 // bfloat16 -> float32 is a 16-bit shift; interleaving a zero word below each value
 // (unpacklo/unpackhi) does it in one instruction per vector but leaves the dimensions in
@@ -225,7 +226,7 @@ INLINE __m256 finish_scores(const wide *acc, int count, float scale, float softc
     return top;
 }
 
-#define UNPACKED_WIDE 512  // a chunk's keys, unpacked once for all of an item's heads (32 KiB with AVX-512)
+#define UNPACKED_WIDE 512  // a chunk's keys, unpacked once for all of an item's heads (32 KiB)
 #define MAX_CHUNK (UNPACKED_WIDE / 2)  // keys of a chunk at D = 32
 
 // The scores of `n` keys (key[i]: its bfloat16 values) for `heads` query heads (q: [heads][D]):
@@ -402,7 +403,8 @@ static void attend_rows(const uint16_t *q, const uint16_t *k_cache, const uint16
     const int group = H / KVH;
     const size_t head_stride = (size_t)block_size * D;
     // An item is one row's heads of one key/value head (they unpack its keys and values once),
-    // or a part of them where rows are few: at least ITEMS_PER_THREAD items per thread.
+    // or a part of them where rows are few, aiming at ITEMS_PER_THREAD items per thread.
+    if (T <= 0) return;  // every thread of the region returns: no barrier waits
     const int pairs = T * KVH, wanted = ITEMS_PER_THREAD * omp_get_num_threads();
     const int split = (wanted + pairs - 1) / pairs;
     int per = group / (split > 1 ? split : 1);
