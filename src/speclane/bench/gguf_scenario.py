@@ -34,6 +34,7 @@ from speclane.bench.common import Table, alternate, median
 from speclane.bench.decode import PROMPT, engine_decode_arms
 from speclane.bench.driver import progress
 from speclane.bench.http_streams import (
+    CLIENTS_NOTE,
     StreamResult,
     aggregate_rate,
     concurrent_streams,
@@ -162,10 +163,7 @@ def gguf(config: EngineConfig, quick: bool = False) -> list[Table]:
                          "last stream's end. 'lane on': speclane's default lane (the requests may speculate). "
                          "Resident memory: the server process's after its warm-up request (speclane's holds "
                          "Python, torch and its KV pool; llama-server's its KV cache of -c tokens).")
-    streams.notes.append("Client: the openai SDK, a thread per stream; 'light client': the same requests with every "
-                         "stream on one asyncio loop (httpx, json.loads per chunk; bench/http_streams.py), speclane off "
-                         "and llama-server. Clients and server share the 2 cores: the SDK's ~0.7 ms of CPU per chunk "
-                         "is taken from the server, the more the faster its chunks come.")
+    streams.notes.append(CLIENTS_NOTE)
     if quick:
         decode.notes.append("--quick: the default file and its Q4_K_M only, half the tokens, one round of streams "
                             "without the lane-on arm, two layers in the weight-type table.")

@@ -5,8 +5,8 @@ Two clients send the same requests: the ``openai`` SDK, one thread per stream
 (``concurrent_streams``: what most applications run), and a light one, every stream on one
 asyncio loop with ``httpx`` and ``json.loads`` per chunk (``light_streams``: what serving
 benchmarks such as vLLM's run). On a machine whose cores the server shares with its
-clients, the SDK's parsing (~0.7 ms of CPU a chunk here) is taken from the server, and more
-from a faster one: its chunks come faster.
+clients, the SDK's parsing of each chunk is taken from the server, and more from a faster
+one: its chunks come faster.
 """
 
 from __future__ import annotations
@@ -20,6 +20,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from speclane.bench.driver import run_tenant
+
+# The body fields both clients send beside the model, the messages and max_tokens: greedy,
+# streamed, the usage in the last chunk.
+GREEDY_STREAM: dict[str, Any] = {"temperature": 0, "seed": 0, "stream": True, "stream_options": {"include_usage": True}}
+
+# A benchmark table's note on its two clients (the rows name the light one).
+CLIENTS_NOTE = ("Clients: the openai SDK, a thread per stream; 'light client': every stream on one asyncio loop "
+                "(httpx, json.loads per chunk; bench/http_streams.py), against llama-server with the same client. "
+                "The clients run on the servers' cores: the SDK's parsing of each chunk is taken from the server, "
+                "the more the faster its chunks come.")
 
 
 @dataclass(frozen=True)
@@ -58,9 +68,8 @@ def stream_chat(url: str, model: str, prompt: str | Sequence[Mapping[str, str]],
     client = OpenAI(base_url=f"{url}/v1", api_key="none", timeout=600)
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
     started = time.perf_counter()
-    stream = client.chat.completions.create(
-        model=model, messages=messages, temperature=0, seed=0, max_tokens=max_tokens,
-        stream=True, stream_options={"include_usage": True}, extra_body=extra)
+    stream = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, **GREEDY_STREAM,
+                                            extra_body=extra)
     tokens = first = None
     drafts = (0, 0)
     for chunk in stream:
@@ -121,8 +130,8 @@ def light_streams(url: str, model: str, prompts: Sequence[str], max_tokens: int,
 
 async def _light_stream(client: Any, url: str, model: str, prompt: str, max_tokens: int,
                         extra: dict[str, Any] | None) -> StreamResult:
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0, "seed": 0,
-            "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}, **(extra or {})}
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            **GREEDY_STREAM, **(extra or {})}
     started = time.perf_counter()
     tokens = first = None
     drafts = (0, 0)

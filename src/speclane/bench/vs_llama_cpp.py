@@ -49,6 +49,7 @@ from speclane.bench.decode import PROMPT, engine_decode_arms
 from speclane.bench.driver import Job, batch_rate, batch_tokens, drive, drive_clients, progress
 from speclane.bench.gguf_scenario import STREAM_PROMPTS, load_note, ratio
 from speclane.bench.http_streams import (
+    CLIENTS_NOTE,
     StreamResult,
     aggregate_rate,
     concurrent_streams,
@@ -285,11 +286,7 @@ def _streams_table(arms: dict[int, dict[str, StreamArm]], rates: dict[int, dict[
                        f"the mean over a run's streams. llama-server: -np {max(STREAM_LEVELS)} -c "
                        f"{max(STREAM_LEVELS) * CONTEXT_PER_SLOT}. Targets: 16 streams at least 3x llama-server; "
                        "TTFT at 8 streams at most 0.25x.")
-    table.notes.append("Clients: the openai SDK, a thread per stream (every row without a client named); light "
-                       "client: every stream on one asyncio loop with httpx and json.loads per chunk, as serving "
-                       "benchmarks read streams (bench/http_streams.py). Both run on the servers' 2 cores: the "
-                       "SDK's ~0.7 ms of CPU per chunk is taken from the server, the more the faster its chunks "
-                       "come. A light-client row compares with llama-server's light-client row.")
+    table.notes.append(CLIENTS_NOTE)
     return table
 
 

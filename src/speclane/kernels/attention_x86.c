@@ -38,7 +38,7 @@
 #include "op.h"
 
 #define MAX_HEAD_DIM 256
-#define ITEMS_PER_THREAD 4  // work items a forward's attention is split into, per thread at least
+#define ITEMS_PER_THREAD 4  // work items per thread a forward's attention is split into, where rows allow
 
 // exp for x <= 0 (scores minus their maximum): Cephes' single-precision polynomial.
 INLINE __m256 exp_nonpositive(__m256 x) {
@@ -65,6 +65,9 @@ INLINE float hsum(__m256 v) {  // a fixed tree: lanes (0+4, 1+5, 2+6, 3+7), then
 }
 
 #define BLOCK 32  // dimensions per pair of wide vectors (32 bfloat16 = 64 bytes)
+// A key's score sums its 16 lanes of products by one fixed tree (the key tree): s_i = l_i +
+// l_i+8, t_i = s_i + s_i+4, u_i = t_i + t_i+2, then u_0 + u_1. sum_each follows it for
+// KEY_GROUP keys at once, so a key's bits do not depend on the keys beside it.
 #define KEY_GROUP 16  // keys whose dot products are summed together (sum_each)
 
 #ifdef __AVX512F__
@@ -86,11 +89,8 @@ INLINE void store_block(uint16_t *out, wide lo, wide hi) {
     const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(l), h, 1);
     _mm512_storeu_si512(out, _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 4, 1, 5, 2, 6, 3, 7), both));
 }
-INLINE __m256 w_fold(wide a) {  // lanes 0-7 + lanes 8-15
-    return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
-}
-// The sums of KEY_GROUP wide vectors, each by hsum(w_fold(.))'s tree, four vectors' steps
-// per instruction: each step adds the two halves of every vector's segment, and pairs of
+// The sums of KEY_GROUP wide vectors, each by the key tree, four vectors' steps per
+// instruction: each step adds the two halves of every vector's segment, and pairs of
 // inputs share an output (segments of 8, 4, 2, then 1 lane). acc[k] -> sums[k].
 INLINE void sum_each(const wide *acc, float *sums) {
     __m512 half[8], quarter[4], eighth[2];
@@ -128,13 +128,13 @@ INLINE void store_block(uint16_t *out, wide lo, wide hi) {  // see the AVX-512 s
     _mm_storeu_si128((__m128i *)(out + 16), _mm_unpacklo_epi64(lb, hb));
     _mm_storeu_si128((__m128i *)(out + 24), _mm_unpackhi_epi64(lb, hb));
 }
-INLINE __m256 w_fold(wide x) { return _mm256_add_ps(x.a, x.b); }
 // The AVX-512 sum_each's steps on 8-lane vectors, eight keys per output.
 INLINE void sum_each(const wide *acc, float *sums) {
     for (int k0 = 0; k0 < KEY_GROUP; k0 += 8) {
         __m256 quarter[4], eighth[2];
         for (int i = 0; i < 4; i++) {  // [key 2i: t | key 2i + 1: t], t_i = s_i + s_i+4
-            const __m256 x = w_fold(acc[k0 + 2 * i]), y = w_fold(acc[k0 + 2 * i + 1]);
+            const wide a = acc[k0 + 2 * i], b = acc[k0 + 2 * i + 1];
+            const __m256 x = _mm256_add_ps(a.a, a.b), y = _mm256_add_ps(b.a, b.b);  // s: lanes 0-7 + lanes 8-15
             quarter[i] = _mm256_add_ps(_mm256_permute2f128_ps(x, y, 0x20), _mm256_permute2f128_ps(x, y, 0x31));
         }
         for (int i = 0; i < 2; i++)  // 128-bit lane g holds keys 4i + g, 4i + g + 2
@@ -186,8 +186,13 @@ INLINE int next_run(key_runs k, paging pg, run_cursor *c, int *p, int *n) {
     }
 }
 
+// Position p's D values of a head's keys or values (head: the cache plus the head's offset).
+INLINE const uint16_t *at_position(const uint16_t *head, paging pg, int p, int D) {
+    return head + (size_t)pg.table[p / pg.block_size] * pg.block_stride + (size_t)(p % pg.block_size) * D;
+}
+
 // The 16 lanes of products of a query (qlo, qhi: load_block's halves of each block) with
-// one key, which hsum(w_fold(.)) sums: from the key's bfloat16 values ...
+// one key, which the key tree sums: from the key's bfloat16 values ...
 INLINE wide key_products(const wide *qlo, const wide *qhi, int blocks, const uint16_t *k) {
     wide lo, hi;
     load_block(k, &lo, &hi);
@@ -208,8 +213,8 @@ INLINE wide unpacked_products(const wide *qlo, const wide *qhi, int blocks, cons
 
 // KEY_GROUP keys' products -> the first `count` scores: scale * (q . k), soft-capped where
 // softcap > 0, into scores[0 .. count); returns `top` raised to their maximum (a NaN score
-// leaves it as it was). sum_each adds each key's lanes by the tree hsum(w_fold(.)) takes for
-// one key: the same bits as a reduction per key, without one.
+// leaves it as it was). sum_each adds each key's lanes by the key tree: the same bits as a
+// reduction per key, without one.
 INLINE __m256 finish_scores(const wide *acc, int count, float scale, float softcap, float *scores, __m256 top) {
     float sums[KEY_GROUP];
     sum_each(acc, sums);
@@ -288,7 +293,7 @@ INLINE void weigh_values(const uint16_t *v_head, paging pg, key_runs runs, int h
     for (int r = 0; r < heads * blocks; r++) alo[r] = ahi[r] = w_zero();
     run_cursor cursor = {-1, runs.first};
     for (int p, n, j0 = 0; next_run(runs, pg, &cursor, &p, &n); j0 += n) {
-        const uint16_t *values = v_head + (size_t)pg.table[p / pg.block_size] * pg.block_stride + (size_t)(p % pg.block_size) * D;
+        const uint16_t *values = at_position(v_head, pg, p, D);
         for (int i = 0; i < n; i++) {
             const uint16_t *val = values + (size_t)i * D;
             for (int b = 0; b < blocks; b++) {
@@ -328,6 +333,7 @@ static void weigh_heads(const uint16_t *v_head, paging pg, key_runs runs, int he
         }
     }
 }
+
 #define MAX_ITEM_HEADS 16  // query heads one item attends (a larger group is split)
 
 // `heads` query heads of one row that read the same key/value head: q [heads][D] bfloat16;
@@ -347,7 +353,7 @@ static void attend_heads(const uint16_t *q, int heads, const uint16_t *k_head, c
     int taken = 0, scored = 0;
     run_cursor cursor = {-1, runs.first};
     for (int p, n; next_run(runs, pg, &cursor, &p, &n);) {  // positions [p, p + n) in one block
-        const uint16_t *keys = k_head + (size_t)pg.table[p / pg.block_size] * pg.block_stride + (size_t)(p % pg.block_size) * D;
+        const uint16_t *keys = at_position(k_head, pg, p, D);
         for (int i = 0; i < n; i++) {
             key[taken++] = keys + (size_t)i * D;
             if (taken == chunk) {
