@@ -21,8 +21,9 @@ from speclane.models.mtp_store import MTPHeadError, load_head, save_head, target
 from speclane.models.toy import toy_config, toy_model, toy_tokenizer
 from speclane.request import SamplingParams
 from speclane.training.capture import generate_samples
+from speclane.training.objective import recursive_mask, recursive_outputs
 from speclane.training.prompts import training_prompts
-from speclane.training.train_mtp import recursive_mask, recursive_outputs, train_head
+from speclane.training.train_mtp import train_head
 
 VOCAB = 16
 # hidden 128 (head_dim 32): the smallest toy whose head our attention kernel takes.
@@ -443,3 +444,15 @@ def test_min_draft_prob_ends_a_round_at_the_first_unsure_draft(quantized):
                 break
             expected.append(token)
         assert run(floor) == expected, floor
+
+
+def test_training_follow_ups_and_prompts_are_not_in_the_drafts_set():
+    """The follow-up turns a GPU job asks (``FOLLOW_UPS``) and the training prompts are none
+    of the drafters' evaluation set's user turns, in either half."""
+    from speclane.bench import drafts_set
+    from speclane.training.prompts import FOLLOW_UPS
+
+    asked = {m["content"] for p in drafts_set.load() for m in p.messages if m["role"] == "user"}
+    assert len(asked) > 100
+    assert not set(FOLLOW_UPS) & asked
+    assert not set(training_prompts()) & asked

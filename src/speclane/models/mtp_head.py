@@ -148,7 +148,7 @@ class MTPHead(nn.Module):
         needed = int(positions.max()) + 1
         if self._cos_table is None or self._cos_table.shape[0] < needed:
             size = max(needed, 2 * (0 if self._cos_table is None else self._cos_table.shape[0]), 1024)
-            angles = self._angles(torch.arange(size))
+            angles = self._angles(torch.arange(size, device=positions.device))
             self._cos_table, self._sin_table = angles.cos(), angles.sin()
         return self._cos_table[positions].unsqueeze(-2), self._sin_table[positions].unsqueeze(-2)
 

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from speclane.models.llama import LlamaModel
 from speclane.models.mtp_head import MTPConfig, MTPHead
+
+if TYPE_CHECKING:  # a head is saved without the kernels (``training.torch_job`` runs on torch alone)
+    from speclane.models.llama import LlamaModel
 
 FORMAT = "speclane-mtp/1"
 WEIGHTS = "model.safetensors"

@@ -32,6 +32,14 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
                    help="the head's training matmuls: bf16 autocast (auto: where the CPU multiplies bfloat16 natively) or fp32")
     p.add_argument("--data-only", action="store_true", help="stop after generating the data")
+    p.add_argument("--export-job", action="store_true",
+                   help="train elsewhere (a GPU machine with torch and transformers): write OUT/job, the prompts as "
+                        "token ids, follow-up turns and the GGUF file, for `python -m speclane.training.torch_job`")
+    p.add_argument("--import-head", metavar="HEAD",
+                   help="a head torch_job trained from OUT/job: measure its acceptance on the job's held-out prompts "
+                        "with the engine and write it to OUT/mtp-head")
+    p.add_argument("--follow-up-tokens", type=int, default=256, help="tokens a job's follow-up answers may take")
+    p.add_argument("--follow-ups-per-answer", type=int, default=2, help="second turns a job asks after each answer")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -68,6 +76,16 @@ def run_train_mtp(args: argparse.Namespace, config: EngineConfig) -> int:
     texts = training_prompts(args.prompts, seed=args.seed)
     prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": t}]), add_special_tokens=False)
                for t in texts]
+    if args.export_job:
+        from speclane.training.job_files import export_job
+
+        export_job(engine, config.model.model, prompts, out / "job", args)
+        return 0
+    if args.import_head:
+        from speclane.training.job_files import import_head
+
+        import_head(engine, config.model.model, Path(args.import_head), out, args)
+        return 0
     samples = generate_samples(engine, prompts, out / "data", args.max_new_tokens, args.concurrency)
     data_s = time.perf_counter() - started
     print(f"[data] {len(samples)} samples, {sum(len(s.token_ids) - s.num_prompt_tokens for s in samples)} generated tokens "

@@ -14,7 +14,7 @@ import torch
 
 from speclane.drafters.mtp import catch_up_and_draft
 from speclane.models.mtp_head import MTPHead
-from speclane.training.capture import Sample
+from speclane.training.samples import Sample
 
 
 @torch.inference_mode()

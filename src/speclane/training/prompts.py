@@ -68,6 +68,29 @@ DOCSTRING_TEMPLATES = (
 )
 
 
+# A second user turn after the target's own answer (``torch_job``): answers that restate,
+# reformat or build on an earlier turn. The drafts benchmark's multi-turn follow-ups are
+# not among them (a test checks).
+FOLLOW_UPS = (
+    "Can you summarize that in two sentences?",
+    "Give me a concrete example of that.",
+    "Rewrite your answer as a bulleted list.",
+    "Tell me more about the first point you made.",
+    "Explain that again, more simply.",
+    "Write your answer again in a more formal tone.",
+    "What is the most important part of your answer?",
+    "Put the main points into a short table.",
+    "Go on.",
+    "Make your answer shorter, keeping its key sentences.",
+    "Restate the main idea in one paragraph.",
+    "List the key terms you used and define each one.",
+    "Thanks. Could you give me three tips based on that?",
+    "Write out your answer again with headings for each part.",
+    "What would someone who disagrees say?",
+    "Turn your answer into a few questions and answers.",
+)
+
+
 def instruction_prompts() -> list[str]:
     return [t.format(topic=topic) for topic in TOPICS for t in TEMPLATES]
 
