@@ -81,16 +81,37 @@ def test_noisy_table_reports_the_kept_fraction():
 
 
 def test_single_table_compares_http_and_engine_decode_rates_not_whole_requests():
-    arms = {name: vs.StreamArm("http://x", "m", 1, 64) for name in ("speclane, speculation off", "speclane, lane on")}
-    arms["speclane, speculation off"].decode_rates = [90.0, 95.0, 60.0]
-    single = {"speclane, speculation off": [70.0, 72.0, 71.0], "speclane, lane on": [150.0, 140.0, 160.0],
+    arms = {name: vs.StreamArm("http://x", "m", 1, 64) for name in (vs.SPEC_OFF, "speclane, lane on")}
+    arms[vs.SPEC_OFF].decode_rates = [90.0, 95.0, 60.0]
+    single = {vs.SPEC_OFF: [70.0, 72.0, 71.0], "speclane, lane on": [150.0, 140.0, 160.0],
               "llama.cpp llama-server": [100.0, 100.0, 100.0], vs.ENGINE_BESIDE_HTTP: [100.0, 100.0, 50.0]}
     table = vs._single_table({"speclane": [100.0, 90.0, 110.0], "llama.cpp": [200.0]}, single, arms, 64, 2, 3, 3)
     assert [row[1:] for row in table.rows] == [[100.0, 200.0, "0.50x"], [71.0, 100.0, "0.71x"], [150.0, 100.0, "1.50x"]]
     # the HTTP decode rate (after the first chunk) over the engine-alone run beside it in the
     # same alternation: 0.90, 0.95, 1.20 -> 0.95x; not the whole request's 71, nor the
     # medians of the two (90 / 100), nor the engine-alone phase's 100
-    assert "0.95x (range 0.90-1.20" in table.notes[0]
+    assert "speculation off: 0.95x (range 0.90-1.20" in table.notes[0]
+
+
+def test_single_table_has_the_light_client_and_paced_rows_each_against_its_own_client():
+    names = (vs.SPEC_OFF, vs.SPEC_OFF + vs.LIGHT, vs.PACED, vs.PACED + vs.LIGHT)
+    arms = {name: vs.StreamArm("http://x", "m", 1, 64) for name in names}
+    for name, rates in zip(names, ([80.0] * 3, [90.0] * 3, [95.0] * 3, [99.0] * 3), strict=True):
+        arms[name].decode_rates = rates
+    single = {vs.SPEC_OFF: [60.0] * 3, vs.SPEC_OFF + vs.LIGHT: [70.0] * 3, vs.PACED: [66.0] * 3,
+              vs.PACED + vs.LIGHT: [77.0] * 3, vs.REFERENCE: [30.0] * 3, vs.REFERENCE + vs.LIGHT: [35.0] * 3,
+              vs.ENGINE_BESIDE_HTTP: [100.0] * 3}
+    table = vs._single_table({"speclane": [100.0]}, single, arms, 64, 2, 3, 3)
+    rows = {row[0]: row[1:] for row in table.rows}
+    assert rows["one streamed chat completion over HTTP (speculation off, light client)"] == [70.0, 35.0, "2.00x"]
+    assert rows[f"one streamed chat completion over HTTP (speculation off, a chunk per {vs.PACED_MS} ms)"] == \
+        [66.0, 30.0, "2.20x"]
+    assert rows[f"one streamed chat completion over HTTP (speculation off, a chunk per {vs.PACED_MS} ms, light client)"] \
+        == [77.0, 35.0, "2.20x"]
+    for label, fraction in (("speculation off", "0.80x"), ("speculation off, light client", "0.90x"),
+                            (f"speculation off, a chunk per {vs.PACED_MS} ms", "0.95x"),
+                            (f"speculation off, a chunk per {vs.PACED_MS} ms, light client", "0.99x")):
+        assert f"{label}: {fraction}" in table.notes[0]
 
 
 def test_the_light_client_reads_a_servers_stream():
@@ -127,12 +148,12 @@ def test_the_light_client_reads_a_servers_stream():
 
 
 def test_a_light_client_row_compares_with_llama_servers_light_client_row():
-    names = ("speclane, speculation off", vs.REFERENCE, "speclane, speculation off" + vs.LIGHT, vs.REFERENCE + vs.LIGHT)
+    names = (vs.SPEC_OFF, vs.REFERENCE, vs.SPEC_OFF + vs.LIGHT, vs.REFERENCE + vs.LIGHT)
     arms = {8: {name: vs.StreamArm("http://x", "m", 8, 64, light_client=name.endswith(vs.LIGHT)) for name in names}}
     for arm, ttft in zip(arms[8].values(), (0.05, 0.2, 0.04, 0.08), strict=True):
         arm.ttfts.append(ttft)
     rates = {8: dict(zip(names, ([400.0], [200.0], [480.0], [160.0]), strict=True))}
     rows = {row[1]: row for row in vs._streams_table(arms, rates, 64, 1).rows}
-    assert rows["speclane, speculation off"][3] == "2.00x" and rows["speclane, speculation off"][5] == "0.25x"
-    assert rows["speclane, speculation off" + vs.LIGHT][3] == "3.00x" and rows["speclane, speculation off" + vs.LIGHT][5] == "0.50x"
+    assert rows[vs.SPEC_OFF][3] == "2.00x" and rows[vs.SPEC_OFF][5] == "0.25x"
+    assert rows[vs.SPEC_OFF + vs.LIGHT][3] == "3.00x" and rows[vs.SPEC_OFF + vs.LIGHT][5] == "0.50x"
     assert arms[8][vs.REFERENCE + vs.LIGHT].send is vs.light_streams and arms[8][vs.REFERENCE].send is vs.concurrent_streams

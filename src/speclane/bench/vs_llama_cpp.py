@@ -4,7 +4,9 @@ the default GGUF file, the same threads and the same client.
 - **One stream.** The engine alone (``speclane.LLM``, speculation off, the tokens after
   the first one) against ``llama-bench``'s ``tg`` test (no prompt); one streamed chat
   completion over HTTP (speculation off per request, and the default lane) against
-  ``llama-server``; speclane's HTTP decode rate as a fraction of its engine's. The engine
+  ``llama-server``, each also from the light client, and from a speclane server whose
+  streams send a chunk at most every ``PACED_MS`` (``--stream-interval-ms``); speclane's HTTP
+  decode rate as a fraction of its engine's, per client and pacing. The engine
   also with ``--matmul-inputs int8`` (the inputs of the quantized matmuls rounded to 8 bits,
   llama.cpp's arithmetic), here and in the noisy-neighbour runs.
 - **Streams.** 8 and 16 concurrent streamed chat completions: aggregate tok/s and mean
@@ -141,6 +143,12 @@ INT8_ENGINE = "speclane, int8 matmul inputs"  # the engine-alone and noisy-neigh
 INT8_SERVER = "speclane, int8 matmul inputs, speculation off"  # the concurrent streams' arm
 LIGHT = ", light client"  # a concurrent streams' arm with http_streams.light_streams, against llama-server's with it
 REFERENCE = "llama.cpp llama-server"
+SPEC_OFF = "speclane, speculation off"
+# A paced server's chunks come at most this often (40 a second, faster than text is read):
+# the tokens decoded meanwhile share one chunk, which is one wake-up of the server's event
+# loop and of the client instead of several, on the cores the engine decodes on.
+PACED_MS = 25
+PACED = f"speclane, speculation off, a chunk per {PACED_MS} ms"
 ENGINE_BESIDE_HTTP = "speclane engine alone"  # the one-stream HTTP alternation's in-process arm
 
 
@@ -170,6 +178,7 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
     with contextlib.ExitStack() as stack:
         ours = stack.enter_context(speclane_server(config)).url
         ours_int8 = stack.enter_context(speclane_server(config, ["--matmul-inputs", "int8"])).url
+        paced = stack.enter_context(speclane_server(config, ["--stream-interval-ms", str(PACED_MS)])).url
         mtp = stack.enter_context(speclane_server(config, ["--drafter", "mtp"])).url
         ngram = stack.enter_context(speclane_server(config, ["--drafter", "ngram"])).url
         theirs = None
@@ -177,24 +186,28 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
             slots = max(STREAM_LEVELS)
             theirs = stack.enter_context(llama_server(tools["llama-server"], gguf, threads, slots=slots,
                                                       context=slots * CONTEXT_PER_SLOT)).url
-        servers = {"speclane, speculation off": (ours, OFF), "speclane, lane on": (ours, None)}
+        servers = {SPEC_OFF: (ours, OFF), "speclane, lane on": (ours, None)}
         if theirs is not None:
             servers[REFERENCE] = (theirs, None)
         many = {**servers, INT8_SERVER: (ours_int8, OFF)}  # the concurrent streams' arms
         model = config.model.model
         for url, _ in many.values():
             concurrent_streams(url, model, prompts(1), 8)  # warm-up
-        for url in (mtp, ngram):
+        for url in (mtp, ngram, paced):
             concurrent_streams(url, model, prompts(1), 8)
         progress("vs-llama-cpp: one stream over HTTP")
         single_arms = {name: StreamArm(url, model, 1, tokens, extra, fresh_tenant=url != theirs)
-                       for name, (url, extra) in servers.items()}
+                       for name, (url, extra) in {**servers, PACED: (paced, OFF)}.items()}
+        single_arms.update({name + LIGHT: StreamArm(url, model, 1, tokens, extra, fresh_tenant=url != theirs,
+                                                    light_client=True)
+                            for name, (url, extra) in {SPEC_OFF: (ours, OFF), PACED: (paced, OFF),
+                                                       **({REFERENCE: (theirs, None)} if theirs else {})}.items()})
         # The engine alone in the same alternation: "HTTP / engine" pairs runs made side by side.
         single = alternate({**single_arms, ENGINE_BESIDE_HTTP: engine_arms["speclane"]}, spec_runs, warmup=False)  # type: ignore[dict-item]
         progress("vs-llama-cpp: concurrent streams")
         loads: dict[int, dict[str, StreamArm]] = {}
         rates: dict[int, dict[str, list[float]]] = {}
-        light = {name: many[name] for name in ("speclane, speculation off", REFERENCE) if name in many}
+        light = {name: many[name] for name in (SPEC_OFF, REFERENCE) if name in many}
         for n in STREAM_LEVELS:
             loads[n] = {name: StreamArm(url, model, n, tokens, extra, fresh_tenant=url != theirs)
                         for name, (url, extra) in many.items()}
@@ -248,19 +261,30 @@ def _single_table(engine: dict[str, list[float]], single: dict[str, list[float]]
     if INT8_ENGINE in engine:
         int8 = median(engine[INT8_ENGINE])
         table.add("engine alone, decode, --matmul-inputs int8", int8, theirs_engine or "not run", ratio(int8, theirs_engine))
-    theirs_http = median(single[REFERENCE]) if REFERENCE in single else None
-    for name in ("speclane, speculation off", "speclane, lane on"):
-        ours = median(single[name])
-        table.add(f"one streamed chat completion over HTTP ({name.split(', ')[1]})", ours, theirs_http or "not run",
-                  ratio(ours, theirs_http))
-    http_decode = single_arms["speclane, speculation off"].decode_rates
     beside = single[ENGINE_BESIDE_HTTP]
-    paired = sorted(h / e for h, e in zip(http_decode, beside, strict=True))
-    table.notes.append(f"speclane over HTTP (speculation off) / its engine alone, both decoding after the first token, "
-                       f"each HTTP run over the engine-alone run beside it in the same alternation: {median(paired):.2f}x "
-                       f"(range {paired[0]:.2f}-{paired[-1]:.2f}; medians {median(http_decode):.3g} / {median(beside):.3g} "
-                       "tok/s; target: at least 0.95x). HTTP rows: completion tokens per second from sending the request "
-                       "to the stream's end (prefill included), openai client, the same chat prompt for both servers.")
+    fractions = []
+    for name in (SPEC_OFF, "speclane, lane on", SPEC_OFF + LIGHT, PACED, PACED + LIGHT):
+        if name not in single:
+            continue
+        reference = REFERENCE + LIGHT if name.endswith(LIGHT) else REFERENCE  # the same client's
+        theirs_http = median(single[reference]) if reference in single else None
+        ours = median(single[name])
+        label = name.removeprefix("speclane, ").removesuffix(LIGHT) + (", light client" if name.endswith(LIGHT) else "")
+        table.add(f"one streamed chat completion over HTTP ({label})", ours, theirs_http or "not run",
+                  ratio(ours, theirs_http))
+        if name != "speclane, lane on":
+            http_decode = single_arms[name].decode_rates
+            paired = sorted(h / e for h, e in zip(http_decode, beside, strict=True))
+            fractions.append(f"{label}: {median(paired):.2f}x (range {paired[0]:.2f}-{paired[-1]:.2f}; medians "
+                             f"{median(http_decode):.3g} / {median(beside):.3g} tok/s)")
+    table.notes.append("speclane over HTTP / its engine alone, both decoding after the first token, each HTTP run over "
+                       "the engine-alone run beside it in the same alternation (target: at least 0.95x): "
+                       + "; ".join(fractions) + ". HTTP rows: completion tokens per second from sending the request "
+                       "to the stream's end (prefill included), the same chat prompt for both servers, each against "
+                       "llama-server with the same client (the openai SDK, or the light client). A paced server "
+                       f"(--stream-interval-ms {PACED_MS}) sends the tokens decoded within {PACED_MS} ms as one chunk "
+                       "(the first and the last chunk are never held back): fewer wake-ups of its event loop and of the client on "
+                       "the cores the engine decodes on.")
     table.notes.append(f"Engine alone: {tokens} tokens after the first one (the prompt's prefill and first token left out, "
                        f"as llama-bench's tg test has no prompt). Arms alternate, {repeats} runs each ({http_repeats} for one stream "
                        "over HTTP); medians. "
