@@ -206,8 +206,23 @@ def test_a_new_holder_probes_even_where_the_prior_says_no():
     est = AcceptanceEstimate()
     for _ in range(20):
         est.observe("old", 4, 1)  # engine-wide rate 0.25
-    assert choose([("new", 3)], 8, 8, BLOCKY, est) == {"new": 1}
-    assert choose([("old", 3)], 8, 8, BLOCKY, est) == {"old": 0}
+    # ROWWISE at 8 rows: one more row costs 6%, so drafts that are all accepted would pay.
+    assert choose([("new", 3)], 8, 8, ROWWISE, est) == {"new": 1}
+    assert choose([("old", 3)], 8, 8, ROWWISE, est) == {"old": 0}
+
+
+def test_no_probe_where_even_drafts_that_are_all_accepted_would_not_pay():
+    """BLOCKY at 8 rows: a ninth row costs 29% of the tick, more than a draft that is
+    surely accepted adds (1 token of 8): a probe would learn a rate no K could use."""
+    est = AcceptanceEstimate()
+    assert choose([("new", 3)], 8, 8, BLOCKY, est) == {"new": 0}
+    est.observe("idle", 2, 0)
+    for _ in range(PROBE_EVERY):
+        est.idle("idle")
+    assert est.due_for_probe("idle")
+    assert choose([("idle", 3)], 8, 8, BLOCKY, est) == {"idle": 0}
+    assert choose([("idle", 3)], 8, 8, ROWWISE, est) == {"idle": 1}  # where it could pay, the probe is due
+    assert choose([("new", 3)], 1, 1, BLOCKY, AcceptanceEstimate())["new"] >= 1  # a lone stream still probes
 
 
 def test_a_new_holder_probes_before_it_drafts_deep_in_a_shared_tick_even_where_the_prior_says_yes():
@@ -216,7 +231,7 @@ def test_a_new_holder_probes_before_it_drafts_deep_in_a_shared_tick_even_where_t
     est = estimate(0.98, "copy")
     assert choose([("copy", 4)], 4, 4, ROWWISE, est) == {"copy": 3}  # its evidence buys what the guard allows
     assert choose([("chat", 4)], 4, 4, ROWWISE, est) == {"chat": 1}
-    assert choose([("chat", 4)], 8, 8, BLOCKY, est) == {"chat": 1}
+    assert choose([("chat", 4)], 5, 5, ROWWISE, est) == {"chat": 1}
 
 
 def test_a_new_lone_holder_drafts_as_deep_as_the_prior_pays_and_backs_off_when_it_fails():

@@ -48,7 +48,10 @@ as many as the prior pays for (at least ``PROBE_K``), since a wrong guess costs 
 tick, once, and a right one saves a round (a copy request's first round: 5 tokens, not 2).
 A holder kept at K = 0 probes again after ``PROBE_EVERY`` held ticks without drafts: a
 stream whose text turns predictable is found again, at the price of one extra row now and
-then. Held ticks without drafts leave the counts alone (letting
+then. No probe where drafts would not pay even if every one were accepted: in a full batch
+whose step cost rises steeply with rows (16 streams here: one row more costs ~28%), a probe
+only taxes the tick, and at 16 streams the probes of each new holder cost ~7% of aggregate
+throughput. Held ticks without drafts leave the counts alone (letting
 them fade would pull a poor drafter back to an engine-wide prior that a copy stream can
 hold near 1, and it would draft and fail again every few ticks).
 """
@@ -247,10 +250,13 @@ def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, c
         stopping = best_k == 0 and not shared and k_max > 0 and acceptance.has_drafted(request_id)
         if stopping and _best_k(acceptance.optimistic_rate(request_id), k_max, best, tokens, rows, tick_ms):
             best_k = _best_k(rate, k_max, 0.0, tokens, rows, tick_ms)
-        if not acceptance.has_drafted(request_id):  # never drafted: probe (see Exploration)
+        # A probe learns a rate; in a tick where not even drafts that are all accepted would
+        # pay (a full batch on a step cost that rises steeply with rows), no rate could be used.
+        could_pay = _best_k(1.0, k_max, best, tokens, rows, tick_ms) > 0
+        if not acceptance.has_drafted(request_id) and could_pay:  # never drafted: probe (see Exploration)
             probe = min(k_max, PROBE_K)
             best_k = probe if shared else max(best_k, probe)
-        elif best_k == 0 and k_max > 0 and acceptance.due_for_probe(request_id):
+        elif best_k == 0 and k_max > 0 and could_pay and acceptance.due_for_probe(request_id):
             best_k = PROBE_K  # a periodic probe: has the text turned predictable?
         chosen[request_id] = best_k
         rows += best_k
