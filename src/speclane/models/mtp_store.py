@@ -30,11 +30,27 @@ class MTPHeadError(ValueError):
     """A head that cannot be used: missing, corrupt, or trained for another model."""
 
 
+FINGERPRINT_ROWS = 512  # the embedding's first rows, whose mean |w| identifies the weights
+
+
+def embedding_mean_abs(embedding: torch.Tensor) -> float:
+    """The fingerprint of an embedding table [vocab, hidden] (or its first rows): the mean
+    |w| of its first ``FINGERPRINT_ROWS`` rows, equal for the same weights in any dtype or
+    container (our loader's, transformers')."""
+    return round(float(embedding[:FINGERPRINT_ROWS].float().abs().mean()), 6)
+
+
+def same_embedding(expected: dict[str, object], mean_abs: float) -> bool:
+    """Whether ``mean_abs`` is a fingerprint's ``embed_mean_abs`` (2% apart at most)."""
+    recorded = float(expected.get("embed_mean_abs", 0.0))  # type: ignore[arg-type]
+    return abs(recorded - mean_abs) <= 0.02 * max(abs(recorded), 1e-6)
+
+
 def target_fingerprint(model: LlamaModel, model_name: str) -> dict[str, object]:
     cfg = model.config
     # Mean |w| of a fixed slice of the embedding: equal for the same weights in any
     # dtype or container, different for another checkpoint of the same shape.
-    embed_mean = float(model.embed.rows(torch.arange(min(512, model.config.vocab_size))).abs().mean())
+    embed_mean = embedding_mean_abs(model.embed.rows(torch.arange(min(FINGERPRINT_ROWS, model.config.vocab_size))))
     return {
         "model": model_name,
         "architecture": cfg.architecture,
@@ -43,7 +59,7 @@ def target_fingerprint(model: LlamaModel, model_name: str) -> dict[str, object]:
         "num_layers": cfg.num_layers,
         "num_heads": cfg.num_heads,
         "num_kv_heads": cfg.num_kv_heads,
-        "embed_mean_abs": round(embed_mean, 6),
+        "embed_mean_abs": embed_mean,
     }
 
 
@@ -63,8 +79,7 @@ def fingerprint_differences(expected: dict[str, object], model: LlamaModel) -> l
     actual = target_fingerprint(model, "")
     shape_keys = ("architecture", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads")
     wrong = [k for k in shape_keys if expected.get(k) != actual[k]]
-    mean_e, mean_a = float(expected.get("embed_mean_abs", 0.0)), float(actual["embed_mean_abs"])  # type: ignore[arg-type]
-    if not wrong and abs(mean_e - mean_a) > 0.02 * max(abs(mean_e), 1e-6):
+    if not wrong and not same_embedding(expected, float(actual["embed_mean_abs"])):  # type: ignore[arg-type]
         wrong.append("embedding fingerprint")
     return wrong
 

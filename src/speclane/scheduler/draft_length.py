@@ -250,14 +250,16 @@ def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, c
         stopping = best_k == 0 and not shared and k_max > 0 and acceptance.has_drafted(request_id)
         if stopping and _best_k(acceptance.optimistic_rate(request_id), k_max, best, tokens, rows, tick_ms):
             best_k = _best_k(rate, k_max, 0.0, tokens, rows, tick_ms)
+        first = not acceptance.has_drafted(request_id)  # never drafted: probe (see Exploration)
+        periodic = not first and best_k == 0 and k_max > 0 and acceptance.due_for_probe(request_id)
         # A probe learns a rate; in a tick where not even drafts that are all accepted would
         # pay (a full batch on a step cost that rises steeply with rows), no rate could be used.
-        could_pay = _best_k(1.0, k_max, best, tokens, rows, tick_ms) > 0
-        if not acceptance.has_drafted(request_id) and could_pay:  # never drafted: probe (see Exploration)
-            probe = min(k_max, PROBE_K)
-            best_k = probe if shared else max(best_k, probe)
-        elif best_k == 0 and k_max > 0 and could_pay and acceptance.due_for_probe(request_id):
-            best_k = PROBE_K  # a periodic probe: has the text turned predictable?
+        if (first or periodic) and _best_k(1.0, k_max, best, tokens, rows, tick_ms) > 0:
+            if first:
+                probe = min(k_max, PROBE_K)
+                best_k = probe if shared else max(best_k, probe)
+            else:
+                best_k = PROBE_K  # a periodic probe: has the text turned predictable?
         chosen[request_id] = best_k
         rows += best_k
         drafting += best_k * draft_ms_per_token + (draft_ms_per_round if best_k else 0.0)

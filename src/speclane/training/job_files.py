@@ -15,14 +15,11 @@ from speclane.models.mtp_store import CONFIG, load_head, save_head, target_finge
 from speclane.models.tokenizer import Tokenizer
 from speclane.training.capture import generate_samples
 from speclane.training.evaluate import acceptance_report
+from speclane.training.objective import log
 from speclane.training.prompts import FOLLOW_UPS
 from speclane.training.torch_job import JOB
 
 ANSWER_MARK = "<<speclane: the answer>>"
-
-
-def log(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def follow_up_ids(tokenizer: Tokenizer, text: str) -> list[int]:

@@ -16,6 +16,7 @@ transformers (``torch_job``).
 from __future__ import annotations
 
 import random
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -33,6 +34,11 @@ WINDOW = 256  # positions per training window (the head's attention window)
 PROMPT_CONTEXT = 48  # prompt positions kept before the generated part, as attention context
 
 Log = Callable[[str], None]
+
+
+def log(line: str) -> None:
+    """Training's progress lines, on stderr (stdout stays for a command's results)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)

@@ -23,13 +23,13 @@ import argparse
 import copy
 import json
 import math
-import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from speclane.models.mtp_store import save_head
+from speclane.models.mtp_store import embedding_mean_abs, same_embedding, save_head
 from speclane.training.objective import (
     IGNORE,
     FitSettings,
@@ -37,15 +37,12 @@ from speclane.training.objective import (
     fit,
     held_out_loss,
     initial_head,
+    log,
 )
 from speclane.training.torch_target import TorchTarget
 
 JOB = "job.json"
 PROBE_STEPS = 12
-
-
-def log(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def conversations(target: TorchTarget, job: dict, gen_batch: int, deadline: float) -> tuple[list[list[int]], list[int], list[int], int]:
@@ -81,10 +78,10 @@ def run(job_dir: Path, out: Path, device: str, train_minutes: float, gen_batch: 
     job = json.loads((job_dir / JOB).read_text())
     settings = job["settings"]
     target = TorchTarget.from_gguf(job_dir / job["model_file"], device)
-    expected = float(job["target"]["embed_mean_abs"])
-    actual = float(target.embedding_table()[:512].abs().mean())
-    if abs(actual - expected) > 0.02 * expected:
-        raise SystemExit(f"{job['model_file']}: embedding fingerprint {actual:.6f}, the job's target has {expected:.6f}")
+    actual = embedding_mean_abs(target.embedding_table())
+    if not same_embedding(job["target"], actual):
+        raise SystemExit(f"{job['model_file']}: embedding fingerprint {actual:.6f}, the job's target has "
+                         f"{job['target'].get('embed_mean_abs')}")
     texts, lengths, origin, second_turns = conversations(target, job, gen_batch, started + data_minutes * 60)
     samples = target.samples(texts, lengths, gen_batch)
     data_took = (time.perf_counter() - started) / 60
@@ -108,11 +105,10 @@ def run(job_dir: Path, out: Path, device: str, train_minutes: float, gen_batch: 
     # Passes over the data are capped as well as time: a GPU trains a one-block head for
     # tens of epochs in minutes, and beyond a few it memorises its training windows.
     epoch_steps = max_epochs * len(train_set) / settings["batch_size"]
-    steps = max(1, int(min(settings["steps"], train_minutes * 60 / per_step, epoch_steps)))
-    log(f"[train] {per_step * 1000:.0f} ms a step of {settings['batch_size']} windows: {steps} steps "
-        f"({steps * settings['batch_size'] / len(train_set):.1f} epochs)")
-    fit_settings = FitSettings(steps=steps, batch_size=settings["batch_size"], lr=settings["lr"],
-                               draft_steps=settings["draft_steps"], seed=settings["seed"], bf16=True)
+    fit_settings = replace(fit_settings, steps=max(1, int(min(settings["steps"], train_minutes * 60 / per_step, epoch_steps))))
+    epochs = fit_settings.steps * settings["batch_size"] / len(train_set)
+    log(f"[train] {per_step * 1000:.0f} ms a step of {settings['batch_size']} windows: {fit_settings.steps} steps "
+        f"({epochs:.1f} epochs)")
     fitted = fit(head, train_set, vocab_index, fit_settings, log, device)
     held_loss = held_out_loss(head, held_out, vocab_index, fit_settings, device) if held_out else []
     log(f"[train] held-out loss per draft step {' '.join(f'{x:.3f}' for x in held_loss)}")
@@ -123,8 +119,8 @@ def run(job_dir: Path, out: Path, device: str, train_minutes: float, gen_batch: 
         "held_out_samples": len(held_out),
         "generated_tokens": generated,
         "follow_up_turns": second_turns,
-        "steps": steps,
-        "epochs": round(steps * settings["batch_size"] / max(len(train_set), 1), 2),
+        "steps": fit_settings.steps,
+        "epochs": round(epochs, 2),
         "batch_size": settings["batch_size"],
         "draft_steps": settings["draft_steps"],
         "precision": "bf16",

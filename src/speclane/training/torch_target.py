@@ -51,6 +51,18 @@ class TorchTarget:
     def head_table(self) -> torch.Tensor:
         return self.model.get_output_embeddings().weight.detach().float()
 
+    def _padded(self, rows: Sequence[Sequence[int]], left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids [len(rows), longest] padded with ``pad_id`` on the left or the right, and
+        the attention mask (1 on a row's own tokens), on the device."""
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            span = slice(width - len(r), width) if left else slice(0, len(r))
+            ids[i, span] = torch.tensor(list(r), dtype=torch.long)
+            mask[i, span] = 1
+        return ids.to(self.device), mask.to(self.device)
+
     @torch.inference_mode()
     def answer(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: Sequence[int], batch_size: int,
                log: Log, deadline: float = math.inf) -> list[list[int]]:
@@ -64,13 +76,9 @@ class TorchTarget:
                 log(f"[data] out of time: {len(order) - at} prompts left unanswered")
                 break
             chunk = order[at : at + batch_size]
-            width = max(len(prompts[i]) for i in chunk)
-            ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
-            mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for row, i in enumerate(chunk):  # left padding: every row's next token is at the end
-                ids[row, width - len(prompts[i]) :] = torch.tensor(prompts[i])
-                mask[row, width - len(prompts[i]) :] = 1
-            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+            ids, mask = self._padded([prompts[i] for i in chunk], left=True)  # every row's next token at the end
+            width = ids.shape[1]
+            out = self.model.generate(input_ids=ids, attention_mask=mask,
                                       max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None,
                                       top_k=None, eos_token_id=list(stop_ids), pad_token_id=self.pad_id)
             for row, i in enumerate(chunk):
@@ -90,14 +98,9 @@ class TorchTarget:
         out: list[Sample | None] = [None] * len(texts)
         for at in range(0, len(order), batch_size):
             chunk = order[at : at + batch_size]
-            width = max(len(texts[i]) for i in chunk) - 1
-            ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
-            mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for row, i in enumerate(chunk):  # right padding: a causal position never sees what follows it
-                fed = texts[i][:-1]
-                ids[row, : len(fed)] = torch.tensor(fed)
-                mask[row, : len(fed)] = 1
-            hidden = self.model.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).last_hidden_state
+            # Right padding: a causal position never sees what follows it. The last token is never fed.
+            ids, mask = self._padded([texts[i][:-1] for i in chunk], left=False)
+            hidden = self.model.model(input_ids=ids, attention_mask=mask).last_hidden_state
             for row, i in enumerate(chunk):
                 n = len(texts[i]) - 1
                 out[i] = Sample(list(texts[i]), prompt_lengths[i], hidden[row, :n].to(torch.bfloat16).clone())

@@ -37,12 +37,9 @@ from speclane.training.objective import (
     choose_draft_vocab,
     fit,
     initial_head,
+    log,
 )
 from speclane.training.samples import Sample
-
-
-def log(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def mtp_config_of(model: LlamaModel, draft_vocab: int) -> MTPConfig:
