@@ -144,6 +144,7 @@ INT8_SERVER = "speclane, int8 matmul inputs, speculation off"  # the concurrent 
 LIGHT = ", light client"  # a concurrent streams' arm with http_streams.light_streams, against llama-server's with it
 REFERENCE = "llama.cpp llama-server"
 SPEC_OFF = "speclane, speculation off"
+LANE_ON = "speclane, lane on"
 # A paced server's chunks come at most this often (40 a second, faster than text is read):
 # the tokens decoded meanwhile share one chunk, which is one wake-up of the server's event
 # loop and of the client instead of several, on the cores the engine decodes on.
@@ -186,7 +187,7 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
             slots = max(STREAM_LEVELS)
             theirs = stack.enter_context(llama_server(tools["llama-server"], gguf, threads, slots=slots,
                                                       context=slots * CONTEXT_PER_SLOT)).url
-        servers = {SPEC_OFF: (ours, OFF), "speclane, lane on": (ours, None)}
+        servers = {SPEC_OFF: (ours, OFF), LANE_ON: (ours, None)}
         if theirs is not None:
             servers[REFERENCE] = (theirs, None)
         many = {**servers, INT8_SERVER: (ours_int8, OFF)}  # the concurrent streams' arms
@@ -238,6 +239,11 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
     return tables
 
 
+def same_client_reference(name: str) -> str:
+    """The llama-server arm an arm is compared with: the one driven by the same client."""
+    return REFERENCE + LIGHT if name.endswith(LIGHT) else REFERENCE
+
+
 def _noisy(arms: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
     """Per arm, the rate with a busy process beside it over the quiet rate just before."""
     kept: dict[str, list[float]] = {name: [] for name in arms}
@@ -263,16 +269,16 @@ def _single_table(engine: dict[str, list[float]], single: dict[str, list[float]]
         table.add("engine alone, decode, --matmul-inputs int8", int8, theirs_engine or "not run", ratio(int8, theirs_engine))
     beside = single[ENGINE_BESIDE_HTTP]
     fractions = []
-    for name in (SPEC_OFF, "speclane, lane on", SPEC_OFF + LIGHT, PACED, PACED + LIGHT):
+    for name in (SPEC_OFF, LANE_ON, SPEC_OFF + LIGHT, PACED, PACED + LIGHT):
         if name not in single:
             continue
-        reference = REFERENCE + LIGHT if name.endswith(LIGHT) else REFERENCE  # the same client's
+        reference = same_client_reference(name)
         theirs_http = median(single[reference]) if reference in single else None
         ours = median(single[name])
         label = name.removeprefix("speclane, ").removesuffix(LIGHT) + (", light client" if name.endswith(LIGHT) else "")
         table.add(f"one streamed chat completion over HTTP ({label})", ours, theirs_http or "not run",
                   ratio(ours, theirs_http))
-        if name != "speclane, lane on":
+        if name != LANE_ON:
             http_decode = single_arms[name].decode_rates
             paired = sorted(h / e for h, e in zip(http_decode, beside, strict=True))
             fractions.append(f"{label}: {median(paired):.2f}x (range {paired[0]:.2f}-{paired[-1]:.2f}; medians "
@@ -300,7 +306,7 @@ def _streams_table(arms: dict[int, dict[str, StreamArm]], rates: dict[int, dict[
                   "first token", ["streams", "server", "tok/s", "vs llama.cpp", "mean TTFT s", "TTFT vs llama.cpp"])
     for n, runs in rates.items():
         for name, values in runs.items():
-            reference = REFERENCE + LIGHT if name.endswith(LIGHT) else REFERENCE  # the same client's
+            reference = same_client_reference(name)
             ref_rate = median(runs[reference]) if reference in runs else None
             ref_ttft = median(arms[n][reference].ttfts) if reference in runs else None
             ttft = median(arms[n][name].ttfts)
