@@ -61,9 +61,10 @@ def test_decode_rate_counts_the_tokens_after_the_first_chunk():
     assert math.isnan(decode_rate(StreamResult(0.0, 3.0, 10, None)))
 
 
-def test_only_speclane_gets_the_tenant_and_the_prediction_and_the_best_pass_counts(monkeypatch):
+def test_only_speclane_gets_the_tenant_and_the_prediction_and_each_pass_is_kept_apart(monkeypatch):
     sent: list[tuple[str, dict | None]] = []
-    rates = iter([5.0, 1.0, 2.0, 3.0, 4.0, 10.0, 9.0, 1.0, 1.0, 1.0, 1.0, 1.0] * 2)
+    # Servers in _servers() order, pass by pass: off, ngram-simple, ngram-mod, speclane off, speclane auto.
+    rates = iter([5.0, 1.0, 2.0, 3.0, 4.0, 10.0, 9.0, 1.0, 1.0, 1.0, 6.0, 2.0, 8.0, 2.0, 7.0])
 
     def fake_stream(url, model, messages, max_tokens, extra=None):
         sent.append((url, extra))
@@ -73,18 +74,25 @@ def test_only_speclane_gets_the_tenant_and_the_prediction_and_the_best_pass_coun
     monkeypatch.setattr(vs, "stream_chat", fake_stream)
     urls = {name: name for name in vs._servers()}
     prompt = DraftPrompt("p1", "code-edit-prediction", "heldout", ({"role": "user", "content": "edit"},), "x = 1")
-    out, drafts = vs._measure(urls, "m", {"code-edit-prediction": [prompt]}, new_tokens=8, passes=2)
-    assert out["code-edit-prediction"] == {"llama.cpp off": [10.0], "llama.cpp ngram-simple": [9.0],
-                                           "llama.cpp ngram-mod": [2.0], "speclane off": [3.0], "speclane auto": [4.0]}
-    assert drafts == {"llama.cpp off": (8, 3), "llama.cpp ngram-simple": (8, 2), "llama.cpp ngram-mod": (8, 3),
-                      "speclane off": (8, 4), "speclane auto": (8, 1)}
+    by_pass, drafts = vs._measure(urls, "m", {"code-edit-prediction": [prompt]}, new_tokens=8, passes=3)
+    assert by_pass[0]["code-edit-prediction"] == {"llama.cpp off": [5.0], "llama.cpp ngram-simple": [1.0],
+                                                  "llama.cpp ngram-mod": [2.0], "speclane off": [3.0],
+                                                  "speclane auto": [4.0]}
+    # The later passes' best, apart from the first.
+    assert vs._best_later(by_pass)["code-edit-prediction"] == {
+        "llama.cpp off": [10.0], "llama.cpp ngram-simple": [9.0], "llama.cpp ngram-mod": [8.0], "speclane off": [2.0],
+        "speclane auto": [7.0]}
+    assert drafts[0] == {"llama.cpp off": (4, 1), "llama.cpp ngram-simple": (4, 1), "llama.cpp ngram-mod": (4, 2),
+                         "speclane off": (4, 3), "speclane auto": (4, 0)}
+    assert drafts[1]["llama.cpp ngram-mod"] == (8, 1 + 0) and drafts[1]["speclane auto"] == (8, 1 + 3)
     for url, extra in sent:
         if url.startswith("llama.cpp"):
             assert extra is None
         else:
             assert extra is not None and extra["prediction"] == {"type": "content", "content": "x = 1"}
-    assert [extra["user"] for url, extra in sent if url == "speclane auto"] == ["code-edit-prediction#0",
-                                                                               "code-edit-prediction#1"]
+    # One tenant in every pass: its suffix store holds the first pass's answer, as ngram-mod's pool does.
+    assert [extra["user"] for url, extra in sent if url == "speclane auto"] == ["code-edit-prediction"] * 3
+    assert vs._best_later(by_pass[:1]) == {}
 
 
 def test_speculation_counts_read_speclane_usage_or_llama_cpp_timings():
@@ -101,7 +109,7 @@ def test_without_llama_server_the_table_says_so_and_runs_nothing(monkeypatch):
 
     monkeypatch.setattr(vs, "find_llama_cpp_tool", lambda name: None)
     monkeypatch.setattr(vs, "speclane_server", no_server)
-    table = vs.vs_llama_table(EngineConfig(), {"open-chat": []}, new_tokens=8, passes=1)
+    table, = vs.vs_llama_table(EngineConfig(), {"open-chat": []}, new_tokens=8, passes=2)
     assert table.rows == []
     assert table.notes == ["Not run: llama.cpp's llama-server was not found (PATH or ~/.cache/speclane-anchors)."]
 

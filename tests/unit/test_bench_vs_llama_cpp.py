@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 import os
 
+import httpx
 import pytest
 
 from speclane.bench import vs_llama_cpp as vs
-from speclane.bench.http_streams import StreamResult
+from speclane.bench.http_streams import StreamResult, histogram_totals
 from speclane.engine.stats import EngineCounters
 
 
@@ -157,3 +158,32 @@ def test_a_light_client_row_compares_with_llama_servers_light_client_row():
     assert rows[vs.SPEC_OFF][3] == "2.00x" and rows[vs.SPEC_OFF][5] == "0.25x"
     assert rows[vs.SPEC_OFF + vs.LIGHT][3] == "3.00x" and rows[vs.SPEC_OFF + vs.LIGHT][5] == "0.50x"
     assert arms[8][vs.REFERENCE + vs.LIGHT].send is vs.light_streams and arms[8][vs.REFERENCE].send is vs.concurrent_streams
+
+
+def test_a_speclane_arm_records_the_engines_time_to_first_token_beside_the_clients(monkeypatch):
+    readings = iter([{vs.TTFT_METRIC: (1.0, 10)}, {vs.TTFT_METRIC: (1.4, 18)}])  # before and after the run
+    monkeypatch.setattr(vs, "histogram_totals", lambda url, names: next(readings))
+    ours = vs.StreamArm("http://x", "m", 8, 64)
+    results = [StreamResult(started=0.0, finished=1.0, completion_tokens=64, first_token=0.08) for _ in range(8)]
+    ours.send = lambda *args: results
+    ours()
+    assert ours.ttfts == [pytest.approx(0.08)] and ours.engine_ttfts == [pytest.approx(0.05)]  # 0.4 s over 8 requests
+    theirs = vs.StreamArm("http://y", "m", 8, 64, fresh_tenant=False)  # llama-server: no such metric
+    theirs.send = lambda *args: results
+    theirs()
+    assert theirs.engine_ttfts == []
+    rows = {row[1]: row for row in vs._streams_table({8: {vs.SPEC_OFF: ours, vs.REFERENCE: theirs}},
+                                                     {8: {vs.SPEC_OFF: [400.0], vs.REFERENCE: [200.0]}}, 64, 1).rows}
+    assert rows[vs.SPEC_OFF][6] == pytest.approx(0.05) and rows[vs.REFERENCE][6] == "-"
+
+
+def test_histogram_totals_reads_a_histograms_sum_and_count(monkeypatch):
+    text = ("# HELP speclane_time_to_first_token_seconds Arrival to first generated token.\n"
+            "# TYPE speclane_time_to_first_token_seconds histogram\n"
+            'speclane_time_to_first_token_seconds_bucket{le="0.1"} 3.0\n'
+            'speclane_time_to_first_token_seconds_bucket{le="+Inf"} 4.0\n'
+            "speclane_time_to_first_token_seconds_count 4.0\n"
+            "speclane_time_to_first_token_seconds_sum 0.25\n")
+    monkeypatch.setattr(httpx, "get", lambda url: httpx.Response(200, text=text))
+    assert histogram_totals("http://x", [vs.TTFT_METRIC]) == {vs.TTFT_METRIC: (0.25, 4)}
+    assert histogram_totals("http://x", ["speclane_other_seconds"]) == {}

@@ -135,8 +135,8 @@ def drafters(factory: EngineFactory, quick: bool = False, new_tokens: int = 64, 
     load = streams_table(factory, {c: [encoded[p.id] for p in ps[:STREAMS]] for c, ps in heldout.items()}, new_tokens,
                          repeats=1 if quick else 3)
     llama = vs_llama_table(factory.base, {c: ps[:2 if quick else 4] for c, ps in heldout.items()}, new_tokens,
-                           passes=repeats)
-    return [*tables, load, llama]
+                           passes=repeats + 1)  # the first pass, and the later ones' best
+    return [*tables, load, *llama]
 
 
 CEILING_KS = (4, 16)  # the ceilings' most drafts a round: the lane's default and its limit

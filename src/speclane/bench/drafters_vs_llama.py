@@ -6,15 +6,19 @@ without speculation, with ``--spec-type ngram-simple`` and with ``--spec-type ng
 (each type at llama.cpp's own n-gram sizes and draft lengths, as a user who names the type
 gets it), ``speclane serve --drafter auto`` and ``speclane serve --spec-mode off``. Every
 prompt goes to each server in turn as one greedy streamed chat completion over the same
-client; a server's rate on a prompt is its decode rate after the first token (the best
-pass of each, against load spikes on a shared machine). Each speculation's ratio is per
-prompt against its own server without speculation, so each engine's plain speed cancels;
-speclane's ``auto`` against llama.cpp's better n-gram type of the category compares rates.
+client, ``passes`` times; a server's rate on a prompt is its decode rate after the first
+token. Each speculation's ratio is per prompt against its own server without speculation,
+so each engine's plain speed cancels; speclane's ``auto`` against llama.cpp's better n-gram
+type of the category compares rates.
 
-speclane's requests carry the category as tenant (``user``, a new one each pass), as the
-single-stream table's do. The code-edit-prediction prompts' ``prediction`` goes to speclane
-only: llama.cpp's server has no such field, so that row compares speclane with the
-prediction against llama.cpp without it.
+Two tables, because both servers remember answers: ``ngram-mod`` keeps one n-gram pool for
+the server's lifetime, shared by every slot and request, and speclane's suffix drafter keeps
+each tenant's recent outputs (speclane's requests carry the category as tenant, ``user``,
+the same in every pass). The first pass measures answers neither server has written
+before; the later passes (their best, against load spikes) answers both wrote in the first:
+the same greedy text again, which a server-wide pool drafts from. The code-edit-prediction
+prompts' ``prediction`` goes to speclane only: llama.cpp's server has no such field, so that
+row compares speclane with the prediction against llama.cpp without it.
 """
 
 from __future__ import annotations
@@ -62,19 +66,19 @@ def vs_llama_rows(rates: Mapping[str, Mapping[str, list[float]]]) -> list[list[A
 
 
 def vs_llama_table(config: EngineConfig, groups: Mapping[str, list[DraftPrompt]], new_tokens: int,
-                   passes: int) -> Table:
-    """The table for ``groups`` (category -> the prompts to send), or a table saying why
-    llama.cpp did not run."""
-    table = Table(f"Held-out drafts set vs llama.cpp's server n-gram speculation: decode rate after the first token, "
-                  f"median per category (one stream over HTTP, greedy, up to {new_tokens} tokens, the same GGUF file)",
-                  COLUMNS)
+                   passes: int) -> list[Table]:
+    """The tables for ``groups`` (category -> the prompts to send): the first pass, and the
+    later passes where ``passes`` > 1; or one table saying why llama.cpp did not run."""
+    title = ("Held-out drafts set vs llama.cpp's server n-gram speculation{}: decode rate after the first token, "
+             f"median per category (one stream over HTTP, greedy, up to {new_tokens} tokens, the same GGUF file)")
+    first = Table(title.format(", answers neither server wrote before"), COLUMNS)
     binary = find_llama_cpp_tool("llama-server")
     gguf = _gguf(config.model.model)
     if binary is None or gguf is None:
-        table.notes.append("Not run: " + ("llama.cpp's llama-server was not found (PATH or ~/.cache/speclane-anchors)."
+        first.notes.append("Not run: " + ("llama.cpp's llama-server was not found (PATH or ~/.cache/speclane-anchors)."
                                           if binary is None else f"the model {config.model.model!r} is not a GGUF file, "
                                           "which llama.cpp needs."))
-        return table
+        return [first]
     threads = config.model.num_threads or 2
     load_before = os.getloadavg()[0]
     with contextlib.ExitStack() as stack:
@@ -88,50 +92,71 @@ def vs_llama_table(config: EngineConfig, groups: Mapping[str, list[DraftPrompt]]
         model = config.model.model
         for url in urls.values():
             stream_chat(url, model, "Hello!", 8)  # warm-up
-        rates, drafts = _measure(urls, model, groups, new_tokens, passes)
-    for row in vs_llama_rows(rates):
-        table.add(*row)
-    table.notes.append("Drafted tokens accepted, every prompt and pass (accepted / drafted, as each server reports it): "
-                       + ", ".join(f"{name} {accepted}/{drafted}" for name, (drafted, accepted) in drafts.items()
-                                   if name not in ("llama.cpp off", "speclane off")) + ".")
-    table.notes.append(f"Every prompt goes to each server in turn, {passes} pass(es); a server's rate on a prompt is its "
-                       "best pass (completion tokens after the first content chunk over their time). Each '/ off' is "
+        by_pass, drafts = _measure(urls, model, groups, new_tokens, passes)
+    tables = [first]
+    if passes > 1:
+        tables.append(Table(title.format(", answers both servers wrote in the first pass"), COLUMNS))
+    for table, rates in zip(tables, (by_pass[0], _best_later(by_pass)), strict=False):
+        for row in vs_llama_rows(rates):
+            table.add(*row)
+    for name, (drafted, accepted) in drafts[0].items():
+        if name not in ("llama.cpp off", "speclane off"):
+            first.notes.append(f"{name}: {accepted}/{drafted} drafted tokens accepted in the first pass"
+                               + (f", {drafts[1][name][1]}/{drafts[1][name][0]} in the later passes" if passes > 1 else "")
+                               + " (as each server reports it).")
+    first.notes.append(f"Every prompt goes to each server in turn, {passes} pass(es). This table: the first pass; "
+                       + ("the next: the best of the later passes. " if passes > 1 else "")
+                       + "A rate is completion tokens after the first content chunk over their time. Each '/ off' is "
                        "the median of per-prompt ratios against the same engine without speculation; the last column "
                        "compares speclane auto's rate with llama.cpp's better n-gram type in that category (named).")
-    table.notes.append(f"llama-server -t {threads} -c {CONTEXT} -np 1 --jinja, with --spec-type ngram-simple or ngram-mod "
+    first.notes.append("Both servers remember answers: ngram-mod's n-gram pool lives as long as the server and is "
+                       "shared by every request (every earlier prompt's answers, of every category, are in it); "
+                       "speclane's suffix drafter reads its tenant's recent outputs (the category's earlier answers: "
+                       "the category is the tenant, user, the same in every pass). So in the first pass neither has "
+                       "seen the prompt's answer; in the later passes both have, and both can draft the repeated "
+                       "greedy answer.")
+    first.notes.append(f"llama-server -t {threads} -c {CONTEXT} -np 1 --jinja, with --spec-type ngram-simple or ngram-mod "
                        "at llama.cpp's default n-gram sizes and draft lengths; speclane serve --drafter auto "
-                       "(adaptive K) and --spec-mode off. speclane's requests carry the category as tenant (user), a "
-                       "new one each pass.")
-    table.notes.append(f"{PREDICTION_CATEGORY}: the prediction goes to speclane only (llama.cpp's server has no "
+                       "(adaptive K) and --spec-mode off.")
+    first.notes.append(f"{PREDICTION_CATEGORY}: the prediction goes to speclane only (llama.cpp's server has no "
                        "prediction field), so its last column compares speclane with the prediction against llama.cpp "
                        "without it; it is part of the 'all prompts' row too.")
-    table.notes.append(load_note(load_before, os.getloadavg()[0], len(os.sched_getaffinity(0)), threads))
-    return table
+    tables[-1].notes.append(load_note(load_before, os.getloadavg()[0], len(os.sched_getaffinity(0)), threads))
+    return tables
+
+
+Rates = dict[str, dict[str, list[float]]]  # category -> server -> one rate per prompt
 
 
 def _measure(urls: Mapping[str, str], model: str, groups: Mapping[str, list[DraftPrompt]], new_tokens: int,
-             passes: int) -> tuple[dict[str, dict[str, list[float]]], dict[str, tuple[int, int]]]:
-    """Per category and server, each prompt's best decode rate over ``passes``; per server,
-    the drafted and accepted tokens of every request."""
-    rates: dict[str, dict[str, list[float]]] = {}
-    drafts = dict.fromkeys(urls, (0, 0))
+             passes: int) -> tuple[list[Rates], list[dict[str, tuple[int, int]]]]:
+    """Per pass, category and server, each prompt's decode rate; per server, the drafted and
+    accepted tokens of the first pass's requests and of the later passes'."""
+    by_pass: list[Rates] = [{c: {name: [] for name in urls} for c in groups} for _ in range(passes)]
+    drafts = [dict.fromkeys(urls, (0, 0)) for _ in range(2)]
     total = sum(len(ps) for ps in groups.values())
     done = 0
     for category, prompts in groups.items():
-        rates[category] = {name: [] for name in urls}
         for prompt in prompts:
             done += 1
             progress(f"drafters vs llama.cpp {category} {done}/{total}")
-            best = dict.fromkeys(urls, 0.0)
             for r in range(passes):
                 for name, url in urls.items():
-                    extra = _speclane_body(prompt, f"{category}#{r}") if name in SPECLANE else None
+                    extra = _speclane_body(prompt, category) if name in SPECLANE else None
                     result = stream_chat(url, model, prompt.messages, new_tokens, extra)
-                    best[name] = max(best[name], _or_zero(decode_rate(result)))
-                    drafts[name] = (drafts[name][0] + result.drafts[0], drafts[name][1] + result.drafts[1])
-            for name, rate in best.items():
-                rates[category][name].append(rate)
-    return rates, drafts
+                    by_pass[r][category][name].append(_or_zero(decode_rate(result)))
+                    counts = drafts[min(r, 1)]
+                    counts[name] = (counts[name][0] + result.drafts[0], counts[name][1] + result.drafts[1])
+    return by_pass, drafts
+
+
+def _best_later(by_pass: list[Rates]) -> Rates:
+    """Each prompt's best rate over the passes after the first."""
+    later = by_pass[1:]
+    if not later:
+        return {}
+    return {c: {name: [max(rates) for rates in zip(*(p[c][name] for p in later), strict=True)] for name in servers}
+            for c, servers in later[0].items()}
 
 
 def _speclane_body(prompt: DraftPrompt, tenant: str) -> dict[str, Any]:

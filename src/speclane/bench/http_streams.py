@@ -105,6 +105,20 @@ def new_tenant(extra: dict[str, Any] | None = None) -> dict[str, Any]:
     return {**(extra or {}), "user": run_tenant(), "cache_scope": "global"}
 
 
+def histogram_totals(url: str, names: Sequence[str]) -> dict[str, tuple[float, int]]:
+    """(sum, count) of each named histogram on a speclane server's ``/metrics`` (the names
+    it has; a difference of two readings is what happened between them)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        if family.name in names:
+            samples = {s.name.rsplit("_", 1)[-1]: s.value for s in family.samples if s.name.endswith(("_sum", "_count"))}
+            totals[family.name] = (samples["sum"], int(samples["count"]))
+    return totals
+
+
 def concurrent_streams(url: str, model: str, prompts: Sequence[str], max_tokens: int,
                        extra: dict[str, Any] | None = None) -> list[StreamResult]:
     """One stream per prompt, all sent at once, each on its own connection."""

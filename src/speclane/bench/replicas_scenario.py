@@ -30,7 +30,12 @@ import httpx
 
 from speclane.bench.common import Table, median
 from speclane.bench.driver import progress
-from speclane.bench.http_streams import aggregate_rate, concurrent_streams, new_tenant
+from speclane.bench.http_streams import (
+    aggregate_rate,
+    concurrent_streams,
+    histogram_totals,
+    new_tenant,
+)
 from speclane.bench.prompts import CHAT_PROMPTS
 from speclane.bench.servers import speclane_server
 from speclane.config import EngineConfig
@@ -54,17 +59,10 @@ def _one_token_ms(url: str, model: str, repeats: int) -> float:
     return median(times)
 
 
-def _front_seconds(url: str) -> dict[str, tuple[float, float]]:
+def _front_seconds(url: str) -> dict[str, tuple[float, int]]:
     """(sum, count) of the front's dispatch and delivery histograms."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out = {}
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
-        for kind in ("dispatch", "delivery"):
-            if family.name == f"speclane_cluster_{kind}_seconds":
-                samples = {s.name.rsplit("_", 1)[-1]: s.value for s in family.samples if s.name.endswith(("_sum", "_count"))}
-                out[kind] = (samples["sum"], samples["count"])
-    return out
+    totals = histogram_totals(url, [f"speclane_cluster_{kind}_seconds" for kind in ("dispatch", "delivery")])
+    return {name.removeprefix("speclane_cluster_").removesuffix("_seconds"): value for name, value in totals.items()}
 
 
 def replicas(config: EngineConfig, quick: bool = False) -> list[Table]:

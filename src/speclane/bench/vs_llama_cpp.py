@@ -55,6 +55,7 @@ from speclane.bench.http_streams import (
     StreamResult,
     aggregate_rate,
     concurrent_streams,
+    histogram_totals,
     light_streams,
     new_tenant,
 )
@@ -105,9 +106,14 @@ def mean_ttft(results: list[StreamResult]) -> float:
     return sum((r.first_token if r.first_token is not None else r.finished) - r.started for r in results) / len(results)
 
 
+TTFT_METRIC = "speclane_time_to_first_token_seconds"  # the engine's: arrival to first token
+
+
 class StreamArm:
     """One arm of a comparison: ``streams`` concurrent streams against a server; each call
-    returns their aggregate tok/s and records their mean time to first token.
+    returns their aggregate tok/s and records their mean time to first token, as the client
+    saw it and (speclane's servers) as the engine did: the rest is the HTTP path's (the
+    request's parsing and tokenizing, the first chunk's way back) and the client's.
 
     ``fresh_tenant`` (speclane's servers): each call's streams are a tenant of their own
     (``http_streams.new_tenant``), as a new application's traffic would be: the prompts
@@ -119,6 +125,7 @@ class StreamArm:
         self.fresh_tenant = fresh_tenant
         self.send = light_streams if light_client else concurrent_streams  # http_streams: the two clients
         self.ttfts: list[float] = []
+        self.engine_ttfts: list[float] = []  # speclane's servers only
         self.decode_rates: list[float] = []  # per call, the streams' mean rate after their first token
 
     def request_extra(self) -> dict[str, Any] | None:
@@ -128,8 +135,12 @@ class StreamArm:
         return new_tenant(self.extra)
 
     def __call__(self) -> float:
+        before = histogram_totals(self.url, [TTFT_METRIC]).get(TTFT_METRIC) if self.fresh_tenant else None
         results = self.send(self.url, self.model, prompts(self.streams), self.tokens, self.request_extra())
         self.ttfts.append(mean_ttft(results))
+        if before is not None:
+            (total, count), (total_before, count_before) = histogram_totals(self.url, [TTFT_METRIC])[TTFT_METRIC], before
+            self.engine_ttfts.append((total - total_before) / max(1, count - count_before))
         rates = [r for r in map(stream_decode_rate, results) if math.isfinite(r)]  # NaN: fewer than 2 tokens
         self.decode_rates.append(sum(rates) / len(rates) if rates else float("nan"))
         return aggregate_rate(results)
@@ -303,17 +314,22 @@ def _single_table(engine: dict[str, list[float]], single: dict[str, list[float]]
 def _streams_table(arms: dict[int, dict[str, StreamArm]], rates: dict[int, dict[str, list[float]]], tokens: int,
                    repeats: int) -> Table:
     table = Table(f"Concurrent streamed chat completions, {tokens} max tokens each: aggregate tok/s and time to "
-                  "first token", ["streams", "server", "tok/s", "vs llama.cpp", "mean TTFT s", "TTFT vs llama.cpp"])
+                  "first token", ["streams", "server", "tok/s", "vs llama.cpp", "mean TTFT s", "TTFT vs llama.cpp",
+                                  "engine's TTFT s"])
     for n, runs in rates.items():
         for name, values in runs.items():
             reference = same_client_reference(name)
             ref_rate = median(runs[reference]) if reference in runs else None
             ref_ttft = median(arms[n][reference].ttfts) if reference in runs else None
             ttft = median(arms[n][name].ttfts)
+            engine_ttfts = arms[n][name].engine_ttfts
             table.add(n, name, median(values), ratio(median(values), ref_rate), ttft,
-                      f"{ttft / ref_ttft:.2f}x" if ref_ttft else "-")
+                      f"{ttft / ref_ttft:.2f}x" if ref_ttft else "-", median(engine_ttfts) if engine_ttfts else "-")
     table.notes.append(f"Arms alternate, {repeats} runs each; medians. TTFT: sending to the first content chunk, "
-                       f"the mean over a run's streams. llama-server: -np {max(STREAM_LEVELS)} -c "
+                       "the mean over a run's streams. The engine's TTFT: a request's arrival in the engine to its "
+                       f"first token ({TTFT_METRIC} on /metrics, the run's mean); the rest of the client's is the "
+                       "HTTP path's (parsing, tokenizing, the first chunk's way back) and the client's own, "
+                       "on the same cores as the engine. llama-server: -np {max(STREAM_LEVELS)} -c "
                        f"{max(STREAM_LEVELS) * CONTEXT_PER_SLOT}. Targets: 16 streams at least 3x llama-server; "
                        "TTFT at 8 streams at most 0.25x.")
     table.notes.append(CLIENTS_NOTE)
