@@ -329,7 +329,7 @@ def _streams_table(arms: dict[int, dict[str, StreamArm]], rates: dict[int, dict[
                        "the mean over a run's streams. The engine's TTFT: a request's arrival in the engine to its "
                        f"first token ({TTFT_METRIC} on /metrics, the run's mean); the rest of the client's is the "
                        "HTTP path's (parsing, tokenizing, the first chunk's way back) and the client's own, "
-                       "on the same cores as the engine. llama-server: -np {max(STREAM_LEVELS)} -c "
+                       f"on the same cores as the engine. llama-server: -np {max(STREAM_LEVELS)} -c "
                        f"{max(STREAM_LEVELS) * CONTEXT_PER_SLOT}. Targets: 16 streams at least 3x llama-server; "
                        "TTFT at 8 streams at most 0.25x.")
     table.notes.append(CLIENTS_NOTE)
