@@ -17,23 +17,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 from speclane.bench import drafts_set
-from speclane.bench.driver import Job, drive
+from speclane.bench.drafters_scenario import answer_prompt, rate_of
 from speclane.bench.factory import EngineFactory
 from speclane.config import EngineConfig
 from speclane.drafters.ngram import NgramDrafter
-from speclane.request import SamplingParams
 
 
 def answer_rate(engine, ids: list[int], prediction: list[int], tenant: str, new_tokens: int) -> tuple[float, str]:
-    job = Job(f"c{time.perf_counter()}", ids, SamplingParams(max_tokens=new_tokens),
-              options={"tenant": tenant, "prediction_token_ids": prediction})
-    timelines, _ = drive(engine, [job])
-    run = next(iter(timelines.values()))
-    rate = run.decode_rate
-    return (rate if rate == rate else 0.0), run.text
+    run = answer_prompt(engine, ids, prediction, tenant, new_tokens)
+    return rate_of(run), run.text
 
 
 def main() -> int:
@@ -64,8 +58,7 @@ def main() -> int:
         answer_rate(engine, factory.chat_ids("Hello"), [], "warm-up", 8)
     for category, prompts in groups.items():
         for p in prompts:
-            ids = tok.encode(tok.apply_chat_template(list(p.messages)))
-            prediction = tok.encode(p.prediction) if p.prediction else []
+            ids, prediction = p.token_ids(tok)
             best: dict[str, float] = {}
             texts: dict[str, str] = {}
             for r in range(args.passes):

@@ -18,19 +18,14 @@ import statistics
 import time
 
 from speclane.bench import drafts_set
-from speclane.bench.driver import Job, drive
+from speclane.bench.drafters_scenario import answer_prompt, rate_of
 from speclane.bench.factory import EngineFactory
 from speclane.config import EngineConfig
 from speclane.engine.engine import LLMEngine
-from speclane.request import SamplingParams
 
 
 def decode_rate(engine: LLMEngine, ids: list[int], prediction: list[int], tenant: str, new_tokens: int) -> float:
-    job = Job(f"c{time.perf_counter()}", ids, SamplingParams(max_tokens=new_tokens),
-              options={"tenant": tenant, "prediction_token_ids": prediction})
-    timelines, _ = drive(engine, [job])
-    rate = next(iter(timelines.values())).decode_rate
-    return rate if rate == rate else 0.0  # NaN: fewer than two tokens
+    return rate_of(answer_prompt(engine, ids, prediction, tenant, new_tokens))
 
 
 def main() -> int:
@@ -50,8 +45,7 @@ def main() -> int:
     ratios = {c: {(arm, kind): [] for arm in arms for kind in ("first", "repeat")} for c in groups}
     for category, prompts in groups.items():
         for p in prompts:
-            ids = tok.encode(tok.apply_chat_template(list(p.messages)))
-            prediction = tok.encode(p.prediction) if p.prediction else []
+            ids, prediction = p.token_ids(tok)
             base = max(decode_rate(off, ids, prediction, f"off {time.perf_counter()}", args.max_tokens) for _ in range(2))
             for arm, engine in arms.items():
                 tenant = f"{arm} {category} {time.perf_counter()}"

@@ -67,8 +67,7 @@ def references(factory: EngineFactory, prompts: list[drafts_set.DraftPrompt], ma
     engine = factory.engine(spec_mode="off", max_num_seqs=16)
     out: dict[str, dict] = {}
     for p in prompts:
-        ids = factory.tokenizer.encode(factory.tokenizer.apply_chat_template(list(p.messages)))
-        prediction = factory.tokenizer.encode(p.prediction) if p.prediction else []
+        ids, prediction = p.token_ids(factory.tokenizer)
         out[p.id] = {"category": p.category, "prompt": ids, "prediction": prediction}
         engine.add_request(p.id, ids, SamplingParams(max_tokens=max_tokens))
     answers: dict[str, list[int]] = {p.id: [] for p in prompts}

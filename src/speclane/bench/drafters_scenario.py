@@ -38,7 +38,8 @@ TREE_BRANCHES = 3
 TREE_ARM = f"suffix, trees of {TREE_BRANCHES}"
 
 
-def _answer(engine, ids: list[int], prediction: list[int], tenant: str, new_tokens: int) -> Timeline:
+def answer_prompt(engine, ids: list[int], prediction: list[int], tenant: str, new_tokens: int) -> Timeline:
+    """One greedy answer of up to ``new_tokens`` through ``engine``, as ``tenant``."""
     job = Job(f"d{time.perf_counter()}", ids, SamplingParams(max_tokens=new_tokens),
               options={"tenant": tenant, "prediction_token_ids": prediction})
     timelines, _ = drive(engine, [job])
@@ -62,11 +63,10 @@ def drafters(factory: EngineFactory, quick: bool = False, new_tokens: int = 64, 
     heldout = drafts_set.by_category(drafts_set.load("heldout"))
     groups = {c: ps[:per_category] for c, ps in heldout.items()}
     tok = factory.tokenizer
-    encoded = {p.id: (tok.encode(tok.apply_chat_template(list(p.messages))), tok.encode(p.prediction) if p.prediction else [])
-               for ps in heldout.values() for p in ps}
+    encoded = {p.id: p.token_ids(tok) for ps in heldout.values() for p in ps}
     warm = next(iter(encoded.values()))
     for engine in engines.values():  # warm-up (a tenant of its own)
-        _answer(engine, warm[0], [], "warm-up", 8)
+        answer_prompt(engine, warm[0], [], "warm-up", 8)
     ratios: dict[str, dict[str, list[float]]] = {c: {a: [] for a in arms} for c in groups}
     counts: dict[str, dict[str, list[int]]] = {c: {a: [0, 0] for a in arms} for c in groups}  # drafted, accepted
     rates: dict[str, list[dict[str, float]]] = {c: [] for c in groups}  # per prompt: each arm's best rate
@@ -80,10 +80,10 @@ def drafters(factory: EngineFactory, quick: bool = False, new_tokens: int = 64, 
             progress(f"drafters {category} {done}/{total}")
             ids, prediction = encoded[p.id]
             # Each pass is a tenant of its own: a repeat never drafts from its own earlier answer.
-            passes = [{name: _answer(engine, ids, prediction, f"{category}#{r}", new_tokens)
+            passes = [{name: answer_prompt(engine, ids, prediction, f"{category}#{r}", new_tokens)
                        for name, engine in engines.items()} for r in range(repeats)]
             runs = passes[0]
-            rate = {name: max(_rate_of(run[name]) for run in passes) for name in engines}  # the least disturbed pass
+            rate = {name: max(rate_of(run[name]) for run in passes) for name in engines}  # the least disturbed pass
             off = runs["off"]
             answers[category].append((ids, prediction, off.token_ids))
             rates[category].append(rate)
@@ -193,7 +193,7 @@ def auto_vs_best(rates: list[dict[str, float]], ratios: dict[str, list[float]], 
     return f"{median(paired):.2f}x ({min(paired):.2f}-{max(paired):.2f}, {best})"
 
 
-def _rate_of(run: Timeline) -> float:
+def rate_of(run: Timeline) -> float:
     """Decode rate after the first token; 0 where there is none to measure."""
     rate = run.decode_rate
     return rate if rate == rate else 0.0  # NaN: fewer than two tokens

@@ -10,6 +10,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from speclane.models.tokenizer import Tokenizer
 
 PATH = Path(__file__).resolve().parent / "data" / "drafts.jsonl"
 CATEGORIES = ("verbatim-copy", "copy-edits", "code-edit-prediction", "code-edit", "multi-turn", "tool-call", "open-chat")
@@ -23,6 +27,12 @@ class DraftPrompt:
     split: str
     messages: tuple[dict[str, str], ...]
     prediction: str = ""
+
+    def token_ids(self, tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
+        """The prompt as the model sees it (its chat template, ready for the answer) and the
+        prediction ([] where there is none), as token ids."""
+        prompt = tokenizer.encode(tokenizer.apply_chat_template(list(self.messages)))
+        return prompt, tokenizer.encode(self.prediction) if self.prediction else []
 
 
 def load(split: str | None = None, path: Path = PATH) -> list[DraftPrompt]:

@@ -139,8 +139,8 @@ class StreamArm:
         results = self.send(self.url, self.model, prompts(self.streams), self.tokens, self.request_extra())
         self.ttfts.append(mean_ttft(results))
         if before is not None:
-            (total, count), (total_before, count_before) = histogram_totals(self.url, [TTFT_METRIC])[TTFT_METRIC], before
-            self.engine_ttfts.append((total - total_before) / max(1, count - count_before))
+            total, count = histogram_totals(self.url, [TTFT_METRIC])[TTFT_METRIC]
+            self.engine_ttfts.append((total - before[0]) / max(1, count - before[1]))
         rates = [r for r in map(stream_decode_rate, results) if math.isfinite(r)]  # NaN: fewer than 2 tokens
         self.decode_rates.append(sum(rates) / len(rates) if rates else float("nan"))
         return aggregate_rate(results)
