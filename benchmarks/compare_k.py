@@ -1,6 +1,7 @@
-"""The most drafts a round (``--num-draft-tokens``, K) for ``--drafter auto`` on the TUNING
-half of the drafts set, single stream, greedy: first answers and repeated ones. Made where
-no reported number comes from (``speclane bench drafters`` reports the held-out half).
+"""The most drafts a round of a lone stream (K: ``--lone-draft-tokens``, set here with
+``--num-draft-tokens`` alike) for ``--drafter auto`` on the TUNING half of the drafts set,
+single stream, greedy: first answers and repeated ones. Made where no reported number
+comes from (``speclane bench drafters`` reports the held-out half).
 
     .venv/bin/python benchmarks/compare_k.py [--k 4,8] [--per-category 5] [--max-tokens 64]
 
@@ -36,7 +37,7 @@ def main() -> int:
     args = parser.parse_args()
     factory = EngineFactory(EngineConfig.from_flat(num_threads=2))
     off = factory.engine(spec_mode="off")
-    arms = {f"K={k}": factory.engine(spec_mode="slice", drafter="auto", num_draft_tokens=int(k))
+    arms = {f"K={k}": factory.engine(spec_mode="slice", drafter="auto", num_draft_tokens=int(k), lone_draft_tokens=int(k))
             for k in args.k.split(",")}
     for engine in (off, *arms.values()):
         decode_rate(engine, factory.chat_ids("Hello"), [], "warm-up", 8)

@@ -106,6 +106,9 @@ class LaneConfig:
                 "auto (per round, the suffix drafter's proposal or the MTP head's where the model has one, whichever is "
                 "expected to give the most tokens per millisecond)"})
     num_draft_tokens: int = field(default=4, metadata={"help": "K, draft tokens per round"})
+    lone_draft_tokens: int = field(default=8, metadata={
+        "help": "with adaptive K, the most draft tokens per round of a stream alone in its tick (its extra rows delay "
+                "no one); never fewer than --num-draft-tokens"})
     spec_mode: str = field(default="slice", metadata={"help": "slice: one round per tick beside everyone's decode; burst: the holder runs alone until it finishes (a baseline); off"})
     spec_adaptive_k: bool = field(default=True, metadata={"help": "draft fewer than K (even 0) when the tick's expected goodput says so"})
     spec_slots: int = field(default=1, metadata={"help": "requests that may hold the lane at once"})
@@ -129,9 +132,10 @@ class LaneConfig:
         _choice("drafter", self.drafter, DRAFTERS)
         _choice("spec_mode", self.spec_mode, SPEC_MODES)
         _choice("fairness", self.fairness, FAIRNESS_MODES)
-        _at_least("num_draft_tokens", self.num_draft_tokens, 1)
-        if self.num_draft_tokens > 16:
-            raise ValueError(f"num_draft_tokens must be <= 16; got {self.num_draft_tokens}")
+        for name in ("num_draft_tokens", "lone_draft_tokens"):
+            _at_least(name, getattr(self, name), 1)
+            if getattr(self, name) > 16:
+                raise ValueError(f"{name} must be <= 16; got {getattr(self, name)}")
         _at_least("spec_slots", self.spec_slots, 1)
         _at_least("spec_grant_rounds", self.spec_grant_rounds, 0)
         _at_least("spec_grant_ms", self.spec_grant_ms, 0)
@@ -140,6 +144,11 @@ class LaneConfig:
         _at_least("suffix_tree_branches", self.suffix_tree_branches, 1)
         if not 0 <= self.mtp_min_draft_prob < 1:
             raise ValueError(f"mtp_min_draft_prob must be in [0, 1); got {self.mtp_min_draft_prob}")
+
+    @property
+    def max_draft_tokens(self) -> int:
+        """The most drafts any round takes: a lone stream's with adaptive K, else K."""
+        return max(self.num_draft_tokens, self.lone_draft_tokens) if self.spec_adaptive_k else self.num_draft_tokens
 
     @property
     def speculation_enabled(self) -> bool:

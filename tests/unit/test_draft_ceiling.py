@@ -53,13 +53,13 @@ def test_the_ceiling_table_bounds_each_category_between_plain_and_perfect():
     answers = {"verbatim": [([0, 10, 11, 12, 13, 14, 15, 16, 17], [], copy[2]), copy],
                "chat": [([1], [], [20, 21, 22, 23, 24, 25])]}
 
-    table = ceiling_table(answers, lambda rows: 10.0 + 2.0 * rows, k=4)
+    table = ceiling_table(answers, lambda rows: 10.0 + 2.0 * rows, k=8)
     rows = {row[0]: row[1:] for row in table.rows}
     verbatim = [float(cell.rstrip("x")) for cell in rows["verbatim"][:6]]
     chat = [float(cell.rstrip("x")) for cell in rows["chat"][:6]]
     assert chat[:4] == [1.0, 1.0, 1.0, 1.0]  # nothing to copy: the ceilings are plain decoding's
     assert all(v > 1.0 for v in verbatim[:4])  # the first prompt's answer is in its prompt, the second's earlier
-    # columns: K=4 anchor 2, K=16 anchor 2, K=4 any run, K=16 any run, perfect K=4, perfect K=16
+    # columns: K=8 anchor 2, K=16 anchor 2, K=8 any run, K=16 any run, perfect K=8, perfect K=16
     assert verbatim[4] >= max(verbatim[0], verbatim[2]) and verbatim[5] >= max(verbatim[1], verbatim[3])
     assert verbatim[2] >= verbatim[0] and verbatim[3] >= verbatim[1]  # an anchor only takes runs away
     assert rows["chat"][6] == "0%" and rows["verbatim"][6] != "0%"

@@ -28,6 +28,8 @@ from speclane.scheduler.scheduler import Scheduler
 BLOCKY = StepCost((30.0, 38.0, 42.0, 47.0, 67.0, 73.0, 78.0, 78.0, 101.0, 102.0, 111.0, 111.0, 122.0, 129.0, 140.0, 140.0))
 # Our own kernel's shape: every row costs its FMAs, a tenth of a one-row step here.
 ROWWISE = StepCost(tuple(30.0 + 3.0 * i for i in range(16)))
+# Dense-like: a row costs a sixtieth of a step, so depth is limited only by the caps.
+NEARLY_FLAT = StepCost(tuple(30.0 + 0.5 * i for i in range(24)))
 
 
 def estimate(rate: float, request_id: str = "a") -> AcceptanceEstimate:
@@ -155,6 +157,14 @@ def test_the_cap_is_respected_and_later_holders_see_the_rows_of_earlier_ones():
     assert choose([("b", 4)], 2, 2, BLOCKY, est) == {"b": 2}  # alone: fill the first block
     # After a's row b could only open the second block, over MAX_SLOWDOWN of the 2-row tick.
     assert choose([("a", 1), ("b", 4)], 2, 2, BLOCKY, est) == {"a": 1, "b": 1}
+
+
+def test_a_shared_tick_drafts_at_most_shared_k_max_and_a_lone_stream_its_own_most():
+    # On a nearly flat cost perfect drafts pay at any depth and the guard allows 8 more rows.
+    assert choose([("a", 8)], 1, 1, NEARLY_FLAT, estimate(1.0), shared_k_max=4) == {"a": 8}
+    assert choose([("a", 8)], 2, 2, NEARLY_FLAT, estimate(1.0), shared_k_max=4) == {"a": 4}
+    assert choose([("a", 8)], 2, 2, NEARLY_FLAT, estimate(1.0)) == {"a": 8}  # no cap given
+    assert choose([("a", 2)], 2, 2, NEARLY_FLAT, estimate(1.0), shared_k_max=4) == {"a": 2}  # the budget still binds
 
 
 # -- the scheduler ---------------------------------------------------------------------------
@@ -328,3 +338,28 @@ def test_without_a_step_cost_every_holder_drafts_its_full_budget():
         plans.append(plan)
         scheduler.update(plan, runner.execute(plan), t * 0.01)
     assert all(drafts(p) == 4 for p in plans[1:])
+
+
+def test_a_lone_stream_drafts_up_to_lone_draft_tokens_and_beside_another_up_to_num_draft_tokens():
+    lane = LaneConfig(spec_mode="slice", num_draft_tokens=4, lone_draft_tokens=8, spec_grant_rounds=0)
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=8), lane, 4096, step_cost=NEARLY_FLAT)
+    runner, plans = VerifyingRunner(accept=True), []
+
+    def tick(t: int) -> None:
+        plan = scheduler.schedule(t * 0.01)
+        plans.append(plan)
+        scheduler.update(plan, runner.execute(plan), t * 0.01)
+
+    sampling = SamplingParams(max_tokens=1000, ignore_eos=True)
+    scheduler.add_request(Request(request_id="a", prompt_token_ids=[1, 2, 3], sampling=sampling), 0.0)
+    for t in range(6):
+        tick(t)
+    assert [drafts(p) for p in plans[1:6]] == [8] * 5  # as deep as a lone round may go (the prior pays for it)
+    scheduler.add_request(Request(request_id="b", prompt_token_ids=[4, 5, 6], sampling=sampling), 0.06)
+    for t in range(6, 12):
+        tick(t)
+    assert [drafts(p) for p in plans[7:12]] == [4] * 5  # b decodes beside a: a shared tick
+    assert LaneConfig(num_draft_tokens=4, lone_draft_tokens=8, spec_adaptive_k=False).max_draft_tokens == 4
+    assert LaneConfig(num_draft_tokens=10, lone_draft_tokens=8).max_draft_tokens == 10  # never fewer than K
+    with pytest.raises(ValueError, match="lone_draft_tokens"):
+        LaneConfig(lone_draft_tokens=17)

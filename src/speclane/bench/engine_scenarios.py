@@ -97,7 +97,7 @@ def speedup(factory: EngineFactory, new_tokens: int = 128, repeats: int = 3, qui
         ids = factory.chat_ids(prompt)
         pred = factory.tokenizer.encode(prediction) if prediction else []
         table.add(task, *_speedup_row(factory, (on, off, hf), ids, pred, new_tokens, 1 if quick else repeats))
-    table.notes.append(f"speclane: default engine (bfloat16 activations, int4 GGUF weights, {factory.base.lane.drafter} drafter {'adaptive K up to ' if factory.base.lane.spec_adaptive_k else 'K='}{factory.base.lane.num_draft_tokens}, one round per tick). "
+    table.notes.append(f"speclane: default engine (bfloat16 activations, int4 GGUF weights, {factory.base.lane.drafter} drafter {'adaptive K up to ' if factory.base.lane.spec_adaptive_k else 'K='}{factory.base.lane.max_draft_tokens}, one round per tick). "
                        "transformers: bfloat16, generate() with prompt_lookup_num_tokens=4, same prompts; arms alternate A B C D after a warm-up. "
                        "Each run is a tenant of its own: no run drafts from an earlier run's answer to the same prompt.")
     table.notes.append("tok/s columns are end to end (prefill included, as for transformers); the decode-phase column times "
@@ -118,12 +118,13 @@ def _measured_median(values: list[float], runs: list[float]) -> float:
 
 
 def _draft_depth_table(factory: EngineFactory, off, new_tokens: int, repeats: int) -> Table:
-    """The copy task by --num-draft-tokens: what a deployment serving copy/edit traffic can
-    set (the default, 4, is the contract's). Its own alternation against the off arm."""
+    """The copy task (a lone stream) by the most drafts a round, --lone-draft-tokens and
+    --num-draft-tokens set alike (the defaults: 8 alone, 4 beside other streams). Its own
+    alternation against the off arm."""
     prompt, _ = SPEEDUP_TASKS["copy-heavy"]
     ids = factory.chat_ids(prompt)
     depths = (4, 8)
-    engines = {"off": off} | {f"K={k}": factory.engine(spec_mode="slice", num_draft_tokens=k) for k in depths}
+    engines = {"off": off} | {f"K={k}": factory.engine(spec_mode="slice", num_draft_tokens=k, lone_draft_tokens=k) for k in depths}
     decode: dict[str, list[float]] = {name: [] for name in engines}
     rounds: dict[str, dict] = {}
 

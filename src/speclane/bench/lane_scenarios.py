@@ -68,7 +68,7 @@ def fairness(factory: EngineFactory, quick: bool = False) -> tuple[list[Table], 
                        "request (where a fair lane owes each a third; B and C send short requests, so between them only A "
                        "and one other, or A alone, contend). "
                        "First grant: from a request's arrival to its first lane grant (requests that never got the lane count their whole life). "
-                       f"One slot, K={factory.base.lane.num_draft_tokens}, {factory.base.lane.drafter} drafter, grant budget 8 rounds.")
+                       f"One slot, K up to {factory.base.lane.num_draft_tokens} beside other streams, {factory.base.lane.drafter} drafter, grant budget 8 rounds.")
     return [table], raw
 
 

@@ -32,7 +32,7 @@ def mtp(factory: EngineFactory, new_tokens: int = 128, repeats: int = 2, quick: 
     prompts = CHAT_PROMPTS[:3] if quick else CHAT_PROMPTS
     new_tokens = 32 if quick else new_tokens
     repeats = 1 if quick else repeats
-    k = factory.base.lane.num_draft_tokens
+    k = factory.base.lane.max_draft_tokens  # one stream at a time: a lone stream's depth
     engines = {
         "off": factory.engine(spec_mode="off"),
         "ngram": factory.engine(spec_mode="slice", drafter="ngram"),
@@ -62,7 +62,7 @@ def mtp(factory: EngineFactory, new_tokens: int = 128, repeats: int = 2, quick: 
         for name in engines:
             rates[name].append(tokens[name] / wall[name])
     off = median(rates["off"])
-    table = Table(f"Held-out chat, greedy, {len(prompts)} prompts x up to {new_tokens} tokens, K={k}", [
+    table = Table(f"Held-out chat, greedy, {len(prompts)} prompts x up to {new_tokens} tokens, adaptive K up to {k}", [
         "drafter", "tok/s", "runs", "vs off", "acceptance", "accepted / round", "tokens / round", "drafting ms / round",
         "lookup rounds", "text == off"])
     positions = Table("Acceptance per draft position (slice rounds; position j counts rounds whose drafts 0..j-1 were accepted)",

@@ -166,8 +166,10 @@ class LLMEngine:
         lane = config.lane if self.drafter is not None else dataclasses.replace(config.lane, spec_mode="off")
         step_cost = None
         if self.drafter is not None and lane.spec_mode == "slice" and lane.spec_adaptive_k:
-            # Widest tick: every slot decoding plus every lane slot verifying K drafts.
-            max_rows = config.scheduler.max_num_seqs + lane.spec_slots * lane.num_draft_tokens
+            # Widest tick: every slot decoding plus every lane slot verifying K drafts, or
+            # a lone stream verifying its deeper round.
+            max_rows = max(config.scheduler.max_num_seqs + lane.spec_slots * lane.num_draft_tokens,
+                           1 + lane.max_draft_tokens)
             step_cost = calibration.step_cost(self.model, self.cache, max_rows)
             if isinstance(self.drafter, CostAware):  # auto scores its proposals per millisecond
                 self.drafter.use_step_cost(step_cost.ms)

@@ -29,6 +29,14 @@ co-batched stream wait for a tick twice as long (total tokens per ms still rise,
 are the holder's). When other rows share the tick, the drafts may lengthen it by at most
 ``MAX_SLOWDOWN`` x the tick without them; a lone stream has no such limit.
 
+Depth: a stream alone in its tick may draft up to ``--lone-draft-tokens`` (8), a holder
+beside other streams up to ``--num-draft-tokens`` (4; ``shared_k_max``). Alone, extra rows
+delay no one and a copy accepted whole pays for them (`benchmarks/compare_k.py`, tuning
+half: answers the tenant wrote before 4.1-4.3x over off at K = 8, 2.9-3.0x at K = 4). In a
+shared tick the head-of-line guard alone let K = 8 put the co-batched streams' p99 at 1.30x
+(`bench hol`; 1.24x at K = 4) and a closed batch of 8 streams at 0.93x of speculation off
+(0.97x at K = 4), so a shared tick keeps the K its guard was measured at.
+
 Stopping: K = 0 is the one choice that ends the evidence, so a lone holder takes it only
 when drafting would not pay even at an optimistic rate: the upper end, ``STOP_CONFIDENCE``
 standard errors up, of its own rounds' rate over a longer record (``STOP_DECAY``) than the
@@ -220,8 +228,9 @@ def expected_tokens(rate: float, k: int) -> float:
 
 def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, cost: StepCost,
            acceptance: AcceptanceEstimate, draft_ms_per_token: float = 0.0,
-           draft_ms_per_round: float = 0.0) -> dict[str, int]:
-    """K for each holder (id, most drafts allowed), holders in the given order.
+           draft_ms_per_round: float = 0.0, shared_k_max: int | None = None) -> dict[str, int]:
+    """K for each holder (id, most drafts allowed), holders in the given order; at most
+    ``shared_k_max`` in a tick shared with other streams (None: no such cap).
 
     ``base_rows``: rows of the tick without any drafts (every decode row, the holders' own
     included, plus prefill tokens); ``base_tokens``: tokens those rows produce;
@@ -242,6 +251,7 @@ def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, c
         rate = acceptance.rate(request_id)
         best = MIN_GAIN * tokens / tick_ms(rows, 0)  # what a K > 0 must beat
         if shared:
+            k_max = k_max if shared_k_max is None else min(k_max, shared_k_max)
             while k_max > 0 and tick_ms(rows + k_max, k_max) > ceiling:
                 k_max -= 1
         best_k = _best_k(rate, k_max, best, tokens, rows, tick_ms)

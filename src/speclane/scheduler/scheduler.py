@@ -50,7 +50,7 @@ from speclane.scheduler.plan import RunnerResult, ScheduledSeq, SchedulerPlan, S
 
 def default_kv_blocks(config: SchedulerConfig, lane_config: LaneConfig, max_model_len: int) -> int:
     """Room for ``max_num_seqs`` requests of ``max_model_len`` tokens and K draft positions."""
-    return config.max_num_seqs * -(-(max_model_len + lane_config.num_draft_tokens + 1) // KV_BLOCK_SIZE)
+    return config.max_num_seqs * -(-(max_model_len + lane_config.max_draft_tokens + 1) // KV_BLOCK_SIZE)
 
 
 class QueueFullError(RuntimeError):
@@ -188,23 +188,27 @@ class Scheduler:
     def _lane_active(self) -> bool:
         return self.lane_config.speculation_enabled
 
-    def _draft_budget(self, request: Request) -> int:
-        """Draft tokens worth proposing: never past max_tokens or the context."""
+    def _draft_budget(self, request: Request, most: int) -> int:
+        """Draft tokens worth proposing, at most ``most``: never past max_tokens or the context."""
         left = min(
             request.sampling.max_tokens - request.num_output_tokens,
             self.max_model_len - request.num_tokens,
         )
-        return max(0, min(self.lane_config.num_draft_tokens, left - 1))
+        return max(0, min(most, left - 1))
 
     def _draft_lengths(self, decoding: list[Request], holders: set[str]) -> dict[str, int]:
         """K of each holder decoding this tick: its budget, or with a step cost (adaptive K)
-        the K that maximises the tick's expected goodput (``draft_length.choose``)."""
-        caps = [(r.request_id, self._draft_budget(r)) for r in decoding if r.request_id in holders]
-        if self.step_cost is None or not self.lane_config.spec_adaptive_k:
+        the K that maximises the tick's expected goodput (``draft_length.choose``): up to
+        ``lone_draft_tokens`` for a stream alone in its tick, ``num_draft_tokens`` beside others."""
+        adaptive = self.step_cost is not None and self.lane_config.spec_adaptive_k
+        most = self.lane_config.max_draft_tokens if adaptive else self.lane_config.num_draft_tokens
+        caps = [(r.request_id, self._draft_budget(r, most)) for r in decoding if r.request_id in holders]
+        if not adaptive:
             return dict(caps)
         return draft_length.choose(caps, base_rows=len(decoding), base_tokens=len(decoding), cost=self.step_cost,
                                    acceptance=self.acceptance, draft_ms_per_token=self.draft_timing.ms_per_token,
-                                   draft_ms_per_round=self.draft_timing.ms_per_round)
+                                   draft_ms_per_round=self.draft_timing.ms_per_round,
+                                   shared_k_max=self.lane_config.num_draft_tokens)
 
     def take_released(self) -> tuple[str, ...]:
         """Requests that left since the last call (their drafter state can go)."""
@@ -296,7 +300,7 @@ class Scheduler:
         if self._burst_holder is None:
             return None
         request = self.running[self._burst_holder]
-        k = self._draft_budget(request)
+        k = self._draft_budget(request, self.lane_config.num_draft_tokens)  # K every round, alone
         if not self._reserve(request, request.num_tokens + k, now):
             return None  # preempted (its burst ended with it)
         return self._decode_seq(request, k)
