@@ -21,8 +21,8 @@ so no category is given up for another. The script prints every setting tried wi
 per-category estimates, then the one chosen; ``SuffixParams``' defaults are set from it.
 ``--trees`` tunes the draft-tree parameters with ``min_prob`` (``TREE_GRID``) on top of
 ``SuffixParams``' other defaults; a tree of n nodes costs the step of 1 + n rows, as a chain of n drafts does.
-``--k`` runs the grid at each of several most-drafts-per-round values (``--num-draft-tokens``;
-default: the lane's), so K is chosen on the same half and by the same score.
+``--k`` runs the grid at each of several most-drafts-per-round values (a lone stream's,
+``--lone-draft-tokens``; default: the lane's), so K is chosen on the same half and by the same score.
 """
 
 from __future__ import annotations
@@ -136,14 +136,14 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--references", type=Path, help="JSON cache of the greedy answers")
     parser.add_argument("--trees", action="store_true", help="tune the draft-tree parameters (TREE_GRID) only")
-    parser.add_argument("--k", default="", help="comma-separated K values to tune over (default: the lane's K)")
+    parser.add_argument("--k", default="", help="comma-separated K values to tune over (default: a lone stream's K)")
     args = parser.parse_args()
     grid = TREE_GRID if args.trees else GRID
     config = EngineConfig.from_flat(num_threads=2)
     factory = EngineFactory(config)
     prompts = drafts_set.load("tune")  # the tuning half only
     refs = references(factory, prompts, args.max_tokens, args.references)
-    ks = [int(v) for v in args.k.split(",")] if args.k else [config.lane.num_draft_tokens]
+    ks = [int(v) for v in args.k.split(",")] if args.k else [config.lane.max_draft_tokens]
     engine = factory.engine(spec_mode="off")
     step_ms = list(calibration.step_cost(engine.model, engine.cache, max(ks) + 1).ms_by_rows[: max(ks) + 1])
     print(f"{len(refs)} tuning prompts, K {', '.join(map(str, ks))}, step ms by rows 1..{max(ks) + 1}: "

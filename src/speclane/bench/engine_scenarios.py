@@ -135,7 +135,7 @@ def _draft_depth_table(factory: EngineFactory, off, new_tokens: int, repeats: in
         return rate
 
     runs = alternate({name: (lambda name=name: run(name)) for name in engines}, repeats)
-    table = Table("Copy-heavy task by draft depth (--num-draft-tokens), greedy",
+    table = Table("Copy-heavy task by draft depth (--lone-draft-tokens and --num-draft-tokens alike), greedy",
                   ["K", "tok/s", "vs off", "decode-phase vs off", "tokens/round"])
     off_rate, off_decode = median(runs["off"]), _measured_median(decode["off"], runs["off"])
     for name in engines:
