@@ -105,12 +105,15 @@ class LaneConfig:
         "help": "none; ngram (prompt lookup); suffix (the request's text and its tenant's recent outputs); mtp (the MTP head); "
                 "auto (per round, the suffix drafter's proposal or the MTP head's where the model has one, whichever is "
                 "expected to give the most tokens per millisecond)"})
-    num_draft_tokens: int = field(default=4, metadata={"help": "K, draft tokens per round"})
+    num_draft_tokens: int = field(default=4, metadata={
+        "help": "K, draft tokens per round (with adaptive K, the most beside other requests)"})
     lone_draft_tokens: int = field(default=8, metadata={
-        "help": "with adaptive K, the most draft tokens per round of a stream alone in its tick (its extra rows delay "
-                "no one); never fewer than --num-draft-tokens"})
+        "help": "with adaptive K, the most draft tokens per round of the engine's one request (nothing else decoding, "
+                "prefilling or waiting: its extra rows delay no one); never fewer than --num-draft-tokens"})
     spec_mode: str = field(default="slice", metadata={"help": "slice: one round per tick beside everyone's decode; burst: the holder runs alone until it finishes (a baseline); off"})
-    spec_adaptive_k: bool = field(default=True, metadata={"help": "draft fewer than K (even 0) when the tick's expected goodput says so"})
+    spec_adaptive_k: bool = field(default=True, metadata={
+        "help": "choose each round's drafts by the tick's expected goodput: fewer than K (even 0), or up to "
+                "--lone-draft-tokens for a lone request; off: K every round"})
     spec_slots: int = field(default=1, metadata={"help": "requests that may hold the lane at once"})
     spec_grant_rounds: int = field(default=8, metadata={"help": "rounds per grant; 0 = hold for the whole generation"})
     spec_grant_ms: float = field(default=0.0, metadata={"help": "wall-clock budget of a grant in ms; 0 = none"})
@@ -147,8 +150,10 @@ class LaneConfig:
 
     @property
     def max_draft_tokens(self) -> int:
-        """The most drafts any round takes: a lone stream's with adaptive K, else K."""
-        return max(self.num_draft_tokens, self.lone_draft_tokens) if self.spec_adaptive_k else self.num_draft_tokens
+        """The most drafts any round takes: a lone request's with adaptive K (slice mode), else K."""
+        if self.spec_adaptive_k and self.spec_mode == "slice":
+            return max(self.num_draft_tokens, self.lone_draft_tokens)
+        return self.num_draft_tokens
 
     @property
     def speculation_enabled(self) -> bool:

@@ -149,7 +149,7 @@ def _decode_and_speedup_tables() -> tuple[Table, Table]:
 
 def test_bench_report_carries_calibration_for_simulate(tmp_path):
     steps, speedup = _decode_and_speedup_tables()
-    config = EngineConfig()
+    config = EngineConfig.from_flat(lone_draft_tokens=4)  # the tables' rounds are of up to 4 drafts
     write_report(tmp_path / "decode", "speclane bench decode", [steps],
                  bench_cli._report_extra("decode", [steps], {}, config))
     write_report(tmp_path / "speedup", "speclane bench speedup", [speedup],
@@ -162,6 +162,16 @@ def test_bench_report_carries_calibration_for_simulate(tmp_path):
     assert cal.cost.base_ms == pytest.approx(10.0 - 0.6)  # the single-stream tick, less one token
     assert cal.cost.verify_row_ms > 0 and cal.acceptance_beta is not None
     assert bench_cli._report_extra("throughput", [], {}, config) == {}
+
+
+def test_the_speedup_calibration_records_a_lone_requests_depth():
+    """The speed-up runs one stream, so its rounds go as deep as a lone request's: simulate
+    must read them as such (a K of 4 would make each round's acceptance look like 4 drafts')."""
+    _, speedup = _decode_and_speedup_tables()
+    config = EngineConfig()
+    record = bench_cli._report_extra("speedup", [speedup], {}, config)["calibration"]
+    assert record["num_draft_tokens"] == config.lane.lone_draft_tokens == 8
+    assert config.lane.num_draft_tokens == 4
 
 
 def test_calibration_reads_reports_written_before_the_block_existed(tmp_path):

@@ -159,14 +159,6 @@ def test_the_cap_is_respected_and_later_holders_see_the_rows_of_earlier_ones():
     assert choose([("a", 1), ("b", 4)], 2, 2, BLOCKY, est) == {"a": 1, "b": 1}
 
 
-def test_a_shared_tick_drafts_at_most_shared_k_max_and_a_lone_stream_its_own_most():
-    # On a nearly flat cost perfect drafts pay at any depth and the guard allows 8 more rows.
-    assert choose([("a", 8)], 1, 1, NEARLY_FLAT, estimate(1.0), shared_k_max=4) == {"a": 8}
-    assert choose([("a", 8)], 2, 2, NEARLY_FLAT, estimate(1.0), shared_k_max=4) == {"a": 4}
-    assert choose([("a", 8)], 2, 2, NEARLY_FLAT, estimate(1.0)) == {"a": 8}  # no cap given
-    assert choose([("a", 2)], 2, 2, NEARLY_FLAT, estimate(1.0), shared_k_max=4) == {"a": 2}  # the budget still binds
-
-
 # -- the scheduler ---------------------------------------------------------------------------
 class VerifyingRunner:
     """Every draft is accepted (or rejected) as scripted; a round emits accepted + 1 tokens."""
@@ -340,26 +332,47 @@ def test_without_a_step_cost_every_holder_drafts_its_full_budget():
     assert all(drafts(p) == 4 for p in plans[1:])
 
 
-def test_a_lone_stream_drafts_up_to_lone_draft_tokens_and_beside_another_up_to_num_draft_tokens():
-    lane = LaneConfig(spec_mode="slice", num_draft_tokens=4, lone_draft_tokens=8, spec_grant_rounds=0)
+def lone_depth_run(ticks_alone: int, ticks_after: int, **lane_options) -> list[SchedulerPlan]:
+    """Request "a" alone for ``ticks_alone`` ticks, then "b" (a 40-token prompt, prefilled in
+    one tick) beside it; every draft accepted, on a step cost so flat that depth is limited
+    only by the caps."""
+    lane = LaneConfig(spec_mode="slice", spec_grant_rounds=0, **lane_options)
     scheduler = Scheduler(SchedulerConfig(max_num_seqs=8), lane, 4096, step_cost=NEARLY_FLAT)
     runner, plans = VerifyingRunner(accept=True), []
-
-    def tick(t: int) -> None:
+    sampling = SamplingParams(max_tokens=1000, ignore_eos=True)
+    scheduler.add_request(Request(request_id="a", prompt_token_ids=[1, 2, 3], sampling=sampling), 0.0)
+    for t in range(ticks_alone + ticks_after):
+        if t == ticks_alone:
+            scheduler.add_request(Request(request_id="b", prompt_token_ids=list(range(4, 44)), sampling=sampling), t * 0.01)
         plan = scheduler.schedule(t * 0.01)
         plans.append(plan)
         scheduler.update(plan, runner.execute(plan), t * 0.01)
+    return plans
 
-    sampling = SamplingParams(max_tokens=1000, ignore_eos=True)
-    scheduler.add_request(Request(request_id="a", prompt_token_ids=[1, 2, 3], sampling=sampling), 0.0)
-    for t in range(6):
-        tick(t)
-    assert [drafts(p) for p in plans[1:6]] == [8] * 5  # as deep as a lone round may go (the prior pays for it)
-    scheduler.add_request(Request(request_id="b", prompt_token_ids=[4, 5, 6], sampling=sampling), 0.06)
-    for t in range(6, 12):
-        tick(t)
-    assert [drafts(p) for p in plans[7:12]] == [4] * 5  # b decodes beside a: a shared tick
+
+def a_drafts(plan: SchedulerPlan) -> int:
+    return sum(seq.num_draft_tokens for seq in plan.seqs if seq.request_id == "a")
+
+
+def test_the_engines_one_request_drafts_up_to_lone_draft_tokens_and_beside_another_up_to_num_draft_tokens():
+    plans = lone_depth_run(6, 6, num_draft_tokens=4, lone_draft_tokens=8)
+    # Alone, as deep as a lone round may go (a new holder alone drafts what the prior pays for).
+    assert [a_drafts(p) for p in plans[1:6]] == [8] * 5
+    # Tick 6 prefills b beside a's round (b's first token waits for the tick): K, not 8.
+    assert {seq.request_id for seq in plans[6].seqs} == {"a", "b"}
+    assert a_drafts(plans[6]) == 4
+    assert [a_drafts(p) for p in plans[7:12]] == [4] * 5  # b decodes beside a
+    # Two lane slots: both holders share the tick, both at K.
+    two = lone_depth_run(0, 8, num_draft_tokens=4, lone_draft_tokens=8, spec_slots=2)
+    assert max(drafts(p) for p in two) == 8 and all(seq.num_draft_tokens <= 4 for p in two for seq in p.seqs)
+
+
+def test_the_lone_depth_is_for_adaptive_k_in_slice_mode_only():
+    assert LaneConfig(num_draft_tokens=4, lone_draft_tokens=8).max_draft_tokens == 8
     assert LaneConfig(num_draft_tokens=4, lone_draft_tokens=8, spec_adaptive_k=False).max_draft_tokens == 4
+    assert LaneConfig(num_draft_tokens=4, lone_draft_tokens=8, spec_mode="burst").max_draft_tokens == 4
     assert LaneConfig(num_draft_tokens=10, lone_draft_tokens=8).max_draft_tokens == 10  # never fewer than K
+    assert [a_drafts(p) for p in lone_depth_run(4, 0, num_draft_tokens=4, lone_draft_tokens=8, spec_adaptive_k=False)[1:]] \
+        == [4] * 3  # fixed K: K every round, alone too
     with pytest.raises(ValueError, match="lone_draft_tokens"):
         LaneConfig(lone_draft_tokens=17)

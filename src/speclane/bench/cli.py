@@ -69,7 +69,8 @@ def _report_extra(name: str, tables: list[Table], extra: dict, config: EngineCon
     from speclane.bench.calibration_record import calibration_record
 
     out: dict = {}
-    record = calibration_record(name, tables, num_draft_tokens=config.lane.num_draft_tokens)
+    # The calibrated scenarios (decode, speedup) run one stream: a lone request's depth.
+    record = calibration_record(name, tables, num_draft_tokens=config.lane.max_draft_tokens)
     if record:
         out["calibration"] = record
     if name == "hol" and extra:

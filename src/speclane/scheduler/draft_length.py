@@ -29,9 +29,10 @@ co-batched stream wait for a tick twice as long (total tokens per ms still rise,
 are the holder's). When other rows share the tick, the drafts may lengthen it by at most
 ``MAX_SLOWDOWN`` x the tick without them; a lone stream has no such limit.
 
-Depth: a stream alone in its tick may draft up to ``--lone-draft-tokens`` (8), a holder
-beside other streams up to ``--num-draft-tokens`` (4; ``shared_k_max``). Alone, extra rows
-delay no one and a copy accepted whole pays for them. Chosen on the drafts set's tuning
+Depth: the scheduler gives a holder up to ``--lone-draft-tokens`` (8) drafts when it is the
+engine's one request (no other stream decoding, nothing to prefill or admit), else up to
+``--num-draft-tokens`` (4). Alone, extra rows delay no one and a copy accepted whole pays
+for them. Chosen on the drafts set's tuning
 half: `benchmarks/compare_k.py` (the engine) gave answers the tenant wrote before 4.1-4.3x
 over off at K = 8, 2.9-3.0x at K = 4, and first answers within noise (1.31x / 1.26x against
 1.34x / 1.21x); `benchmarks/tune_drafters.py --k 4,8` (the suffix drafter's replay, its
@@ -57,7 +58,8 @@ Exploration: a holder at K = 0 learns nothing about its drafts. A holder that ha
 drafted probes first: in a shared tick with ``PROBE_K`` drafts, whatever the prior says (the
 prior alone never buys a deep round that every co-batched stream waits for); alone, with
 as many as the prior pays for (at least ``PROBE_K``), since a wrong guess costs only its own
-tick, once, and a right one saves a round (a copy request's first round: 5 tokens, not 2).
+tick, once, and a right one saves a round (a copy request's first round: up to 1 +
+``--lone-draft-tokens`` tokens, not 2).
 A holder kept at K = 0 probes again after ``PROBE_EVERY`` held ticks without drafts: a
 stream whose text turns predictable is found again, at the price of one extra row now and
 then. No probe where drafts would not pay even if every one were accepted: in a full batch
@@ -232,9 +234,8 @@ def expected_tokens(rate: float, k: int) -> float:
 
 def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, cost: StepCost,
            acceptance: AcceptanceEstimate, draft_ms_per_token: float = 0.0,
-           draft_ms_per_round: float = 0.0, shared_k_max: int | None = None) -> dict[str, int]:
-    """K for each holder (id, most drafts allowed), holders in the given order; at most
-    ``shared_k_max`` in a tick shared with other streams (None: no such cap).
+           draft_ms_per_round: float = 0.0) -> dict[str, int]:
+    """K for each holder (id, most drafts allowed), holders in the given order.
 
     ``base_rows``: rows of the tick without any drafts (every decode row, the holders' own
     included, plus prefill tokens); ``base_tokens``: tokens those rows produce;
@@ -255,7 +256,6 @@ def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, c
         rate = acceptance.rate(request_id)
         best = MIN_GAIN * tokens / tick_ms(rows, 0)  # what a K > 0 must beat
         if shared:
-            k_max = k_max if shared_k_max is None else min(k_max, shared_k_max)
             while k_max > 0 and tick_ms(rows + k_max, k_max) > ceiling:
                 k_max -= 1
         best_k = _best_k(rate, k_max, best, tokens, rows, tick_ms)

@@ -198,17 +198,20 @@ class Scheduler:
 
     def _draft_lengths(self, decoding: list[Request], holders: set[str]) -> dict[str, int]:
         """K of each holder decoding this tick: its budget, or with a step cost (adaptive K)
-        the K that maximises the tick's expected goodput (``draft_length.choose``): up to
-        ``lone_draft_tokens`` for a stream alone in its tick, ``num_draft_tokens`` beside others."""
+        the K that maximises the tick's expected goodput (``draft_length.choose``), up to
+        ``lone_draft_tokens`` for the one request the engine has (nothing to prefill or admit
+        beside it: its extra rows delay no one), ``num_draft_tokens`` otherwise (draft_length's
+        "Depth")."""
         adaptive = self.step_cost is not None and self.lane_config.spec_adaptive_k
-        most = self.lane_config.max_draft_tokens if adaptive else self.lane_config.num_draft_tokens
+        # A waiter that no slot can take this tick (max_num_seqs 1) shares nothing with it.
+        alone = len(self.running) == 1 and (not self.waiting or self.config.max_num_seqs == 1)
+        most = self.lane_config.max_draft_tokens if adaptive and alone else self.lane_config.num_draft_tokens
         caps = [(r.request_id, self._draft_budget(r, most)) for r in decoding if r.request_id in holders]
         if not adaptive:
             return dict(caps)
         return draft_length.choose(caps, base_rows=len(decoding), base_tokens=len(decoding), cost=self.step_cost,
                                    acceptance=self.acceptance, draft_ms_per_token=self.draft_timing.ms_per_token,
-                                   draft_ms_per_round=self.draft_timing.ms_per_round,
-                                   shared_k_max=self.lane_config.num_draft_tokens)
+                                   draft_ms_per_round=self.draft_timing.ms_per_round)
 
     def take_released(self) -> tuple[str, ...]:
         """Requests that left since the last call (their drafter state can go)."""
