@@ -32,15 +32,15 @@ are the holder's). When other rows share the tick, the drafts may lengthen it by
 Depth: the scheduler gives a holder up to ``--lone-draft-tokens`` (8) drafts when it is the
 engine's one request (no other stream decoding, nothing to prefill or admit), else up to
 ``--num-draft-tokens`` (4). Alone, extra rows delay no one and a copy accepted whole pays
-for them. Chosen on the drafts set's tuning
-half: `benchmarks/compare_k.py` (the engine) gave answers the tenant wrote before 4.1-4.3x
-over off at K = 8, 2.9-3.0x at K = 4, and first answers within noise (1.31x / 1.26x against
-1.34x / 1.21x); `benchmarks/tune_drafters.py --k 4,8` (the suffix drafter's replay, its
-whole grid at each K) chose K = 8 with the suffix drafter's parameters unchanged (estimated
-geomean over categories 1.46x against 1.44x at K = 4). In a
-shared tick the head-of-line guard alone let K = 8 put the co-batched streams' p99 at 1.30x
-(`bench hol`; 1.24x at K = 4) and a closed batch of 8 streams at 0.93x of speculation off
-(0.97x at K = 4), so a shared tick keeps the K its guard was measured at.
+for them. Chosen on the drafts set's tuning half: `benchmarks/compare_k.py` (the engine)
+gave answers the tenant wrote before 4.1-4.3x over off at K = 8, 2.9-3.0x at K = 4, and
+first answers within noise (1.31x / 1.26x against 1.34x / 1.21x);
+`benchmarks/tune_drafters.py --k 4,8` (the suffix drafter's replay, its whole grid at each
+K) chose K = 8 with the suffix drafter's parameters unchanged (estimated geomean over
+categories 1.46x against 1.44x at K = 4). In a shared tick the head-of-line guard alone let
+K = 8 put the co-batched streams' p99 at 1.30x (`bench hol`; 1.24x at K = 4) and a closed
+batch of 8 streams at 0.93x of speculation off (0.97x at K = 4), so a shared tick keeps the
+K its guard was measured at.
 
 Stopping: K = 0 is the one choice that ends the evidence, so a lone holder takes it only
 when drafting would not pay even at an optimistic rate: the upper end, ``STOP_CONFIDENCE``

@@ -49,7 +49,8 @@ from speclane.scheduler.plan import RunnerResult, ScheduledSeq, SchedulerPlan, S
 
 
 def default_kv_blocks(config: SchedulerConfig, lane_config: LaneConfig, max_model_len: int) -> int:
-    """Room for ``max_num_seqs`` requests of ``max_model_len`` tokens and K draft positions."""
+    """Room for ``max_num_seqs`` requests of ``max_model_len`` tokens and a round's most draft
+    positions (``LaneConfig.max_draft_tokens``)."""
     return config.max_num_seqs * -(-(max_model_len + lane_config.max_draft_tokens + 1) // KV_BLOCK_SIZE)
 
 
