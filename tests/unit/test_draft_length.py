@@ -18,6 +18,7 @@ from speclane.scheduler.draft_length import (
     PROBE_EVERY,
     AcceptanceEstimate,
     DraftTiming,
+    RoundOverhead,
     StepCost,
     choose,
     expected_tokens,
@@ -157,6 +158,43 @@ def test_the_cap_is_respected_and_later_holders_see_the_rows_of_earlier_ones():
     assert choose([("b", 4)], 2, 2, BLOCKY, est) == {"b": 2}  # alone: fill the first block
     # After a's row b could only open the second block, over MAX_SLOWDOWN of the 2-row tick.
     assert choose([("a", 1), ("b", 4)], 2, 2, BLOCKY, est) == {"a": 1, "b": 1}
+
+
+def test_round_overhead_is_a_rounds_time_beyond_the_table_and_the_plain_ticks():
+    overhead = RoundOverhead()
+    overhead.observe(8, 1, 1, 20.0, ROWWISE)  # no plain tick of 8 rows yet: nothing to compare with
+    for _ in range(3):
+        overhead.observe(8, 0, 0, 50.0, ROWWISE)
+    overhead.observe(1, 4, 1, 90.0, ROWWISE)  # a lone holder's tick delays no one: not counted
+    assert overhead.rounds == 0 and overhead.shared_round_ms() == 0.0
+    overhead.observe(8, 2, 1, 50.0 + 2 * 3.0 + 4.0, ROWWISE)  # the table's 2 rows (3 ms each), then 4 ms more
+    assert overhead.shared_round_ms() == pytest.approx(4.0)
+    overhead.observe(8, 1, 1, 50.0 + 3.0 + 14.0, ROWWISE)  # later rounds move the mean a tenth of the way
+    assert overhead.shared_round_ms() == pytest.approx(5.0)
+    cheap = RoundOverhead()
+    for _ in range(3):
+        cheap.observe(4, 0, 0, 50.0, ROWWISE)
+    cheap.observe(4, 1, 1, 50.0, ROWWISE)  # cheaper than the table says: the table stays the floor
+    assert cheap.ms_per_round < 0 and cheap.shared_round_ms() == 0.0
+
+
+def test_a_measured_round_overhead_stops_drafts_that_the_table_alone_would_buy():
+    est = estimate(0.7, "chat")
+    assert choose([("chat", 4)], 8, 8, NEARLY_FLAT, est) == {"chat": 4}  # the table: rows are nearly free
+    assert choose([("chat", 4)], 8, 8, NEARLY_FLAT, est, shared_round_ms=15.0) == {"chat": 0}
+    # A lone holder's rounds delay no one: its K is the table's (shared_round_ms is a shared tick's).
+    assert choose([("chat", 4)], 1, 1, NEARLY_FLAT, est, shared_round_ms=15.0) == {"chat": 4}
+
+
+def test_a_probe_in_a_shared_tick_must_pay_for_itself():
+    """A probe is PROBE_K drafts: beside other streams it happens only where those drafts,
+    accepted, repay the tick's extra time, even if a deeper round of certain drafts would
+    (its cost is every co-batched stream's; an MTP head's first round also seeds the head)."""
+    est = AcceptanceEstimate()
+    # 8 rows of ~33 ms: one certain draft adds 1/8 of the tokens (~4 ms' worth), four add 1/2.
+    assert choose([("new", 4)], 8, 8, NEARLY_FLAT, est, shared_round_ms=1.0) == {"new": 1}
+    assert choose([("new", 4)], 8, 8, NEARLY_FLAT, est, shared_round_ms=6.0) == {"new": 0}
+    assert choose([("new", 4)], 1, 1, NEARLY_FLAT, est, shared_round_ms=6.0)["new"] >= 1  # alone it probes
 
 
 # -- the scheduler ---------------------------------------------------------------------------
@@ -311,6 +349,47 @@ def test_a_holder_at_k0_probes_once_every_probe_every_held_ticks():
     # Tick 0 prefills; the first holder probes at tick 1, then again after PROBE_EVERY held ticks at K = 0.
     assert probe_ticks[:3] == [1, 1 + PROBE_EVERY + 1, 1 + 2 * (PROBE_EVERY + 1)]
     assert all(drafts(plans[t]) == 1 for t in probe_ticks)
+
+
+class CostlyRoundRunner:
+    """Ticks that take what the table says (ROWWISE) plus ``round_ms`` more for a tick with a
+    round: the verification and seeding the table does not time. A round of k drafts has
+    (k + 1) // 2 accepted."""
+
+    def __init__(self, round_ms: float):
+        self.round_ms = round_ms
+
+    def execute(self, plan: SchedulerPlan) -> RunnerResult:
+        results, rows, rounds = [], 0, 0
+        for seq in plan.seqs:
+            k = seq.num_draft_tokens
+            accepted = (k + 1) // 2
+            results.append(SeqResult(seq.request_id, (500,) * (accepted + 1 if seq.sample else 0), k))
+            rows += len(seq.token_ids) + k
+            rounds += seq.is_round and k > 0
+        return RunnerResult(tuple(results), elapsed_ms=ROWWISE.ms(rows) + self.round_ms * rounds)
+
+
+def test_the_scheduler_learns_a_rounds_overhead_from_its_ticks_and_stops_drafts_it_does_not_repay():
+    def shared_drafts(round_ms: float) -> tuple[int, Scheduler]:
+        lane = LaneConfig(spec_mode="slice", num_draft_tokens=4)
+        scheduler = Scheduler(SchedulerConfig(max_num_seqs=8), lane, 4096, step_cost=ROWWISE)
+        for i in range(8):
+            scheduler.add_request(Request(request_id=f"r{i}", prompt_token_ids=[1, 2, 3],
+                                          sampling=SamplingParams(max_tokens=1000, ignore_eos=True)), 0.0)
+        runner, total = CostlyRoundRunner(round_ms), 0
+        for t in range(200):
+            plan = scheduler.schedule(t * 0.01)
+            scheduler.update(plan, runner.execute(plan), t * 0.01)
+            total += drafts(plan) if t >= 100 else 0
+        return total, scheduler
+
+    as_timed, timed = shared_drafts(0.0)
+    assert timed.round_overhead.shared_round_ms() == pytest.approx(0.0, abs=1e-6)
+    assert as_timed >= 20  # on the table's cost, half-accepted rounds (and probes) go on
+    costly, learnt = shared_drafts(25.0)
+    assert learnt.round_overhead.shared_round_ms() == pytest.approx(25.0, rel=0.01)
+    assert costly == 0  # a round costs ~4 tokens' time more than the table says: not even a probe pays
 
 
 def test_a_holder_kept_at_k0_still_spends_its_grant_so_the_lane_rotates():

@@ -11,6 +11,9 @@ tick waits for them. Whether that pays depends on three things this module keeps
   per round (an MTP head's catch-up on the positions verified since its last round).
 * ``AcceptanceEstimate``: per request, the chance a draft token is accepted, from its
   recent rounds (counts decay, so it follows the text: a copy passage, then free prose).
+* ``RoundOverhead``: what a round beside other streams costs on top of those two,
+  measured on the engine's own ticks (its verification; an MTP head's first round, which
+  seeds the head on the prompt). The table times a forward, not a round.
 
 ``choose(...)`` then picks, for each holder in turn, the K in ``0..k_max`` that
 maximises the tick's expected goodput, tokens out per ms::
@@ -56,18 +59,26 @@ streams at K = 4 where DECAY 0.8 drafts 1, and puts their p99 at 1.4-1.9x agains
 
 Exploration: a holder at K = 0 learns nothing about its drafts. A holder that has never
 drafted probes first: in a shared tick with ``PROBE_K`` drafts, whatever the prior says (the
-prior alone never buys a deep round that every co-batched stream waits for); alone, with
-as many as the prior pays for (at least ``PROBE_K``), since a wrong guess costs only its own
-tick, once, and a right one saves a round (a copy request's first round: up to 1 +
-``--lone-draft-tokens`` tokens, not 2).
-A holder kept at K = 0 probes again after ``PROBE_EVERY`` held ticks without drafts: a
-stream whose text turns predictable is found again, at the price of one extra row now and
-then. No probe where drafts would not pay even if every one were accepted: in a full batch
-whose step cost rises steeply with rows (16 streams here: one row more costs ~28%), a probe
-only taxes the tick (16 streams through engines alone: 0.925x of speculation off with such
-probes, 0.948x without). Held ticks without drafts leave the counts alone (letting
-them fade would pull a poor drafter back to an engine-wide prior that a copy stream can
-hold near 1, and it would draft and fail again every few ticks).
+prior alone never buys a round that every co-batched stream waits for); alone, with as many
+as the prior pays for (at least ``PROBE_K``), since a wrong guess costs only its own tick,
+once, and a right one saves a round (a copy request's first round: up to 1 +
+``--lone-draft-tokens`` tokens, not 2). A holder kept at K = 0 probes again after
+``PROBE_EVERY`` held ticks without drafts: a stream whose text turns predictable is found
+again, at the price of one extra row now and then. A probe happens only where the rate it
+learns could be used. Alone: where some K would pay if every draft were accepted. Beside
+other streams: where the probe itself, accepted, repays the tick's extra time
+(``RoundOverhead`` included), since every co-batched stream pays for it. In a full batch
+whose step cost rises steeply with rows (16 streams here: one row more costs ~28%), a
+probe only taxes the tick (16 streams through engines alone: 0.925x of speculation off with
+such probes, 0.948x without). With the MTP drafter at 8 and 16 streams (the drafts set's
+tuning half, open chat and multi-turn; three runs of 5-7 batches) a round beside the others
+cost 1.3-2.2 ms more than the table and the head's timing said, and at 8 streams the first
+probes alone (34-46 a run, ~50% accepted, each seeding the head) cost more than they
+returned; with the overhead counted, shared ticks drafted 0-9 rounds a run instead of
+89-102. (The aggregate over speculation off stayed within those runs' noise either way:
+medians 0.93-1.00x.) Held ticks without drafts leave the counts
+alone (letting them fade would pull a poor drafter back to an engine-wide prior that a
+copy stream can hold near 1, and it would draft and fail again every few ticks).
 """
 
 from __future__ import annotations
@@ -95,6 +106,7 @@ MIN_GAIN = 1.05
 # kernels make the extra rows a large share of a tick); at 1.25, ~1.05x.
 MAX_SLOWDOWN = 1.3
 PRIOR_RATE = 0.7  # engine-wide prior before any round has been seen
+MIN_PLAIN_TICKS = 3  # plain ticks of a width before a round's residual is measured against them
 
 
 @dataclass(frozen=True)
@@ -222,6 +234,47 @@ class DraftTiming:
         self.ms_per_round = _mean(self.ms_per_round, catch_up_ms)
 
 
+@dataclass
+class RoundOverhead:
+    """What a round in a shared tick costs beyond the step cost table and ``DraftTiming``,
+    measured on the engine's own ticks: milliseconds per round.
+
+    The table times a forward of n positions of one sequence; a round in a tick of other
+    streams also verifies (logits and choices for its drafts, its kept hidden states for an
+    MTP head), and an MTP head's first round seeds the head on the whole prompt, which
+    ``DraftTiming`` leaves out (it is not a per-round cost). Here, 8 streams with the MTP
+    drafter: the table said a draft row beside 8 rows costs nothing, a tick with one round
+    took ~2 ms more than the drafting and a plain tick of 8 rows. So the scheduler times
+    every decode tick: a tick without drafts sets the plain time of its rows; a tick with
+    rounds, less its drafting, its plain rows' time and the table's step to its drafted
+    rows, leaves the residual, averaged per round. ``choose`` adds it to a shared tick's
+    round (a lone holder's rounds delay no one, and its K was tuned on the table alone)."""
+
+    plain_ms: dict[int, float] = field(default_factory=dict)  # rows -> a decode tick without drafts
+    plain_ticks: dict[int, int] = field(default_factory=dict)
+    ms_per_round: float = 0.0
+    rounds: int = 0
+
+    def observe(self, rows: int, drafted: int, rounds: int, forward_ms: float, cost: StepCost) -> None:
+        """A decode tick of ``rows`` sequences, ``drafted`` draft rows in ``rounds`` rounds,
+        ``forward_ms``: its time less its drafters' timed proposals."""
+        if rounds == 0:
+            if drafted == 0:
+                self.plain_ms[rows] = _mean(self.plain_ms.get(rows, 0.0), forward_ms)
+                self.plain_ticks[rows] = self.plain_ticks.get(rows, 0) + 1
+            return
+        if rows < 2 or self.plain_ticks.get(rows, 0) < MIN_PLAIN_TICKS:
+            return  # a lone holder's tick, or no plain tick of these rows to compare with yet
+        table_step = cost.ms(rows + drafted) - cost.ms(rows)
+        residual = (forward_ms - self.plain_ms[rows] - table_step) / rounds
+        self.ms_per_round = 0.9 * self.ms_per_round + 0.1 * residual if self.rounds else residual
+        self.rounds += 1
+
+    def shared_round_ms(self) -> float:
+        """The overhead ``choose`` adds to a round in a shared tick (never below the table)."""
+        return max(0.0, self.ms_per_round)
+
+
 def _mean(current: float, sample: float) -> float:
     """A running mean that follows the machine (the first sample sets it)."""
     return sample if current == 0.0 else 0.9 * current + 0.1 * sample
@@ -234,15 +287,19 @@ def expected_tokens(rate: float, k: int) -> float:
 
 def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, cost: StepCost,
            acceptance: AcceptanceEstimate, draft_ms_per_token: float = 0.0,
-           draft_ms_per_round: float = 0.0) -> dict[str, int]:
+           draft_ms_per_round: float = 0.0, shared_round_ms: float = 0.0) -> dict[str, int]:
     """K for each holder (id, most drafts allowed), holders in the given order.
 
     ``base_rows``: rows of the tick without any drafts (every decode row, the holders' own
     included, plus prefill tokens); ``base_tokens``: tokens those rows produce;
     ``draft_ms_per_token`` / ``draft_ms_per_round``: what proposing one draft token, and
-    one round whatever its K, costs (``DraftTiming``).
+    one round whatever its K, costs (``DraftTiming``); ``shared_round_ms``: what a round
+    beside other streams costs on top (``RoundOverhead``).
     """
     drafting = 0.0  # ms of the drafts chosen so far
+    shared = base_rows > 1  # other streams' rows wait for this tick too
+    if shared:
+        draft_ms_per_round += shared_round_ms
 
     def tick_ms(total_rows: int, extra_drafts: int) -> float:
         round_ms = draft_ms_per_round if extra_drafts else 0.0
@@ -250,7 +307,6 @@ def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, c
 
     rows, tokens = base_rows, base_tokens
     chosen: dict[str, int] = {}
-    shared = base_rows > 1  # other streams' rows wait for this tick too
     ceiling = MAX_SLOWDOWN * cost.ms(base_rows)
     for request_id, k_max in holders:
         rate = acceptance.rate(request_id)
@@ -266,14 +322,17 @@ def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, c
             best_k = _best_k(rate, k_max, 0.0, tokens, rows, tick_ms)
         first = not acceptance.has_drafted(request_id)  # never drafted: probe (see Exploration)
         periodic = not first and best_k == 0 and k_max > 0 and acceptance.due_for_probe(request_id)
-        # A probe learns a rate; in a tick where not even drafts that are all accepted would
-        # pay (a full batch on a step cost that rises steeply with rows), no rate could be used.
-        if (first or periodic) and _best_k(1.0, k_max, best, tokens, rows, tick_ms) > 0:
-            if first:
-                probe = min(k_max, PROBE_K)
-                best_k = probe if shared else max(best_k, probe)
-            else:
-                best_k = PROBE_K  # a periodic probe: has the text turned predictable?
+        probe = min(k_max, PROBE_K)
+        # A probe learns a rate; it happens only where a rate could be used: beside other
+        # streams, where its own drafts, all accepted, repay the tick's extra time; alone,
+        # where some K's would (a wrong guess costs only the stream's own tick).
+        pays = (first or periodic) and _best_k(1.0, probe if shared else k_max, best, tokens, rows, tick_ms) > 0
+        if first and shared:
+            best_k = probe if pays else 0  # the prior alone never buys a round beside others
+        elif first and pays:
+            best_k = max(best_k, probe)
+        elif periodic and pays:
+            best_k = PROBE_K  # a periodic probe: has the text turned predictable?
         chosen[request_id] = best_k
         rows += best_k
         drafting += best_k * draft_ms_per_token + (draft_ms_per_round if best_k else 0.0)

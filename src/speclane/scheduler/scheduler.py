@@ -91,6 +91,7 @@ class Scheduler:
         self._burst_ms = 0.0  # the wall time of its rounds so far
         self.acceptance = draft_length.AcceptanceEstimate()
         self.draft_timing = draft_length.DraftTiming()
+        self.round_overhead = draft_length.RoundOverhead()
         self._held_without_drafts: set[str] = set()  # holders given K = 0 in the current tick
 
     # -- requests in and out ------------------------------------------------------------
@@ -212,7 +213,8 @@ class Scheduler:
             return dict(caps)
         return draft_length.choose(caps, base_rows=len(decoding), base_tokens=len(decoding), cost=self.step_cost,
                                    acceptance=self.acceptance, draft_ms_per_token=self.draft_timing.ms_per_token,
-                                   draft_ms_per_round=self.draft_timing.ms_per_round)
+                                   draft_ms_per_round=self.draft_timing.ms_per_round,
+                                   shared_round_ms=self.round_overhead.shared_round_ms())
 
     def take_released(self) -> tuple[str, ...]:
         """Requests that left since the last call (their drafter state can go)."""
@@ -334,6 +336,16 @@ class Scheduler:
             sample=start + chunk == request.num_tokens,
         )
 
+    def _time_tick(self, plan: SchedulerPlan, result: RunnerResult) -> None:
+        """A decode tick's time for ``RoundOverhead`` (a tick with a prompt chunk has rows
+        without logits: not comparable)."""
+        if self.step_cost is None or not all(seq.sample and len(seq.token_ids) == 1 for seq in plan.seqs):
+            return
+        drafted = sum(res.num_draft_tokens for res in result.seqs)
+        rounds = sum(1 for seq in plan.seqs if seq.is_round)  # a round that proposed nothing still spent its drafter's time
+        drafting_ms = sum(ms + catch_up_ms for ms, _, catch_up_ms in result.draft_timings)
+        self.round_overhead.observe(len(plan.seqs), drafted, rounds, result.elapsed_ms - drafting_ms, self.step_cost)
+
     def update(self, plan: SchedulerPlan, result: RunnerResult, now: float) -> list[TokenEvent]:
         """Advance requests by what the runner chose for ``plan``; account the lane and
         speculation; finish what ended."""
@@ -342,6 +354,7 @@ class Scheduler:
         events: list[TokenEvent] = []
         for drafting_ms, tokens, catch_up_ms in result.draft_timings:
             self.draft_timing.observe(drafting_ms, tokens, catch_up_ms)
+        self._time_tick(plan, result)
         for seq, res in zip(plan.seqs, result.seqs, strict=True):
             if res.request_id != seq.request_id:
                 raise ValueError(f"the runner answered {res.request_id!r} for {seq.request_id!r}")
