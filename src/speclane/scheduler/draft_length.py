@@ -73,9 +73,9 @@ probe only taxes the tick (16 streams through engines alone: 0.925x of speculati
 such probes, 0.948x without). With the MTP drafter at 8 and 16 streams (the drafts set's
 tuning half, open chat and multi-turn; three runs of 5-7 batches) a round beside the others
 cost 1.3-2.2 ms more than the table and the head's timing said, and at 8 streams the first
-probes alone (34-46 a run, ~50% accepted, each seeding the head) cost more than they
-returned; with the overhead counted, shared ticks drafted 0-9 rounds a run instead of
-89-102. (The aggregate over speculation off stayed within those runs' noise either way:
+probes alone (34-46 a run of 5-7 batches, ~50% accepted, each seeding the head) cost
+more than they returned; with the overhead counted, shared ticks drafted 0-9 rounds in
+such a run instead of 89-102. (The aggregate over speculation off stayed within those runs' noise either way:
 medians 0.93-1.00x.) Held ticks without drafts leave the counts
 alone (letting them fade would pull a poor drafter back to an engine-wide prior that a
 copy stream can hold near 1, and it would draft and fail again every few ticks).
@@ -107,6 +107,8 @@ MIN_GAIN = 1.05
 MAX_SLOWDOWN = 1.3
 PRIOR_RATE = 0.7  # engine-wide prior before any round has been seen
 MIN_PLAIN_TICKS = 3  # plain ticks of a width before a round's residual is measured against them
+FOLLOW = 0.1  # RoundOverhead's means: each sample's weight once there are ten
+FADE = 0.995  # RoundOverhead per shared tick without a round: half its value in ~140 such ticks
 
 
 @dataclass(frozen=True)
@@ -236,19 +238,26 @@ class DraftTiming:
 
 @dataclass
 class RoundOverhead:
-    """What a round in a shared tick costs beyond the step cost table and ``DraftTiming``,
-    measured on the engine's own ticks: milliseconds per round.
+    """What a round beside other streams costs on top of the step cost table and
+    ``DraftTiming``, measured on the engine's own ticks: milliseconds per round.
 
-    The table times a forward of n positions of one sequence; a round in a tick of other
+    The table times a forward of n positions of one sequence. A round in a tick of other
     streams also verifies (logits and choices for its drafts, its kept hidden states for an
-    MTP head), and an MTP head's first round seeds the head on the whole prompt, which
-    ``DraftTiming`` leaves out (it is not a per-round cost). Here, 8 streams with the MTP
-    drafter: the table said a draft row beside 8 rows costs nothing, a tick with one round
-    took ~2 ms more than the drafting and a plain tick of 8 rows. So the scheduler times
-    every decode tick: a tick without drafts sets the plain time of its rows; a tick with
-    rounds, less its drafting, its plain rows' time and the table's step to its drafted
-    rows, leaves the residual, averaged per round. ``choose`` adds it to a shared tick's
-    round (a lone holder's rounds delay no one, and its K was tuned on the table alone)."""
+    MTP head), and some proposals are not in ``DraftTiming`` at all: an MTP head seeding on
+    up to its window of positions (a request's first round, or one after a long wait),
+    lookups. Here, 8 and 16 streams with the MTP drafter: the table said a draft row beside
+    them costs next to nothing, and a tick with a round took 1.3-2.2 ms more than its timed
+    drafting and a plain tick of as many rows. So the scheduler times every decode tick: a
+    tick without drafts sets the plain time of its rows; a tick with rounds, less its timed
+    drafting, its plain rows' time and the table's step to its drafted rows, leaves the
+    residual per round. Seeding is thereby spread over the rounds that follow it, which is
+    what it costs a workload on average. ``choose`` adds the mean to a round in a shared
+    tick (a lone holder's rounds delay no one, and its K was tuned on the table alone).
+
+    The mean fades while shared ticks go without rounds (``FADE`` a plain tick): once the
+    overhead stops shared drafting nothing measures it, and a value that one slow stretch
+    set would otherwise stop it for the engine's life; faded, probes come back and measure
+    it again."""
 
     plain_ms: dict[int, float] = field(default_factory=dict)  # rows -> a decode tick without drafts
     plain_ticks: dict[int, int] = field(default_factory=dict)
@@ -256,23 +265,31 @@ class RoundOverhead:
     rounds: int = 0
 
     def observe(self, rows: int, drafted: int, rounds: int, forward_ms: float, cost: StepCost) -> None:
-        """A decode tick of ``rows`` sequences, ``drafted`` draft rows in ``rounds`` rounds,
+        """A decode tick of ``rows`` sequences and ``drafted`` draft rows in ``rounds`` rounds;
         ``forward_ms``: its time less its drafters' timed proposals."""
         if rounds == 0:
-            if drafted == 0:
-                self.plain_ms[rows] = _mean(self.plain_ms.get(rows, 0.0), forward_ms)
-                self.plain_ticks[rows] = self.plain_ticks.get(rows, 0) + 1
+            seen = self.plain_ticks.get(rows, 0) + 1
+            self.plain_ticks[rows] = seen
+            self.plain_ms[rows] = _running_mean(self.plain_ms.get(rows, 0.0), forward_ms, seen)
+            if rows > 1:
+                self.ms_per_round *= FADE
             return
         if rows < 2 or self.plain_ticks.get(rows, 0) < MIN_PLAIN_TICKS:
             return  # a lone holder's tick, or no plain tick of these rows to compare with yet
         table_step = cost.ms(rows + drafted) - cost.ms(rows)
-        residual = (forward_ms - self.plain_ms[rows] - table_step) / rounds
-        self.ms_per_round = 0.9 * self.ms_per_round + 0.1 * residual if self.rounds else residual
+        bound = cost.ms(rows)  # one sample moves the mean at most a plain tick's worth (a pause, a collection)
+        residual = min(bound, max(-bound, (forward_ms - self.plain_ms[rows] - table_step) / rounds))
         self.rounds += 1
+        self.ms_per_round = _running_mean(self.ms_per_round, residual, self.rounds)
 
     def shared_round_ms(self) -> float:
-        """The overhead ``choose`` adds to a round in a shared tick (never below the table)."""
+        """The overhead ``choose`` adds to a round in a shared tick (the table is its floor)."""
         return max(0.0, self.ms_per_round)
+
+
+def _running_mean(current: float, sample: float, seen: int) -> float:
+    """The mean of the first samples, then one that follows the machine (``FOLLOW``)."""
+    return current + (sample - current) * max(FOLLOW, 1.0 / seen)
 
 
 def _mean(current: float, sample: float) -> float:
@@ -332,7 +349,7 @@ def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, c
         elif first and pays:
             best_k = max(best_k, probe)
         elif periodic and pays:
-            best_k = PROBE_K  # a periodic probe: has the text turned predictable?
+            best_k = probe  # a periodic probe: has the text turned predictable?
         chosen[request_id] = best_k
         rows += best_k
         drafting += best_k * draft_ms_per_token + (draft_ms_per_round if best_k else 0.0)

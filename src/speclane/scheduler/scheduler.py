@@ -337,14 +337,21 @@ class Scheduler:
         )
 
     def _time_tick(self, plan: SchedulerPlan, result: RunnerResult) -> None:
-        """A decode tick's time for ``RoundOverhead`` (a tick with a prompt chunk has rows
-        without logits: not comparable)."""
-        if self.step_cost is None or not all(seq.sample and len(seq.token_ids) == 1 for seq in plan.seqs):
+        """A decode tick's time for ``RoundOverhead``. Left out: ticks with a prompt chunk
+        or a KV copy (rows without logits, other work), and ticks with a constrained or
+        logprobs request (masking and log-softmax rows that other requests' rounds do not
+        pay), and a tick whose planned round proposed nothing (neither plain nor a round)."""
+        seqs = plan.seqs
+        if (plan.kv_copies or not self.lane_config.spec_adaptive_k
+                or not all(seq.sample and len(seq.token_ids) == 1 and seq.start >= seq.request.num_prompt_tokens
+                           and seq.request.grammar is None and seq.request.sampling.logprobs is None for seq in seqs)):
+            return
+        rounds = sum(1 for res in result.seqs if res.num_draft_tokens)
+        if rounds == 0 and any(seq.is_round for seq in seqs):
             return
         drafted = sum(res.num_draft_tokens for res in result.seqs)
-        rounds = sum(1 for seq in plan.seqs if seq.is_round)  # a round that proposed nothing still spent its drafter's time
         drafting_ms = sum(ms + catch_up_ms for ms, _, catch_up_ms in result.draft_timings)
-        self.round_overhead.observe(len(plan.seqs), drafted, rounds, result.elapsed_ms - drafting_ms, self.step_cost)
+        self.round_overhead.observe(len(seqs), drafted, rounds, result.elapsed_ms - drafting_ms, self.step_cost)
 
     def update(self, plan: SchedulerPlan, result: RunnerResult, now: float) -> list[TokenEvent]:
         """Advance requests by what the runner chose for ``plan``; account the lane and
@@ -354,7 +361,8 @@ class Scheduler:
         events: list[TokenEvent] = []
         for drafting_ms, tokens, catch_up_ms in result.draft_timings:
             self.draft_timing.observe(drafting_ms, tokens, catch_up_ms)
-        self._time_tick(plan, result)
+        if self.step_cost is not None:
+            self._time_tick(plan, result)
         for seq, res in zip(plan.seqs, result.seqs, strict=True):
             if res.request_id != seq.request_id:
                 raise ValueError(f"the runner answered {res.request_id!r} for {seq.request_id!r}")
