@@ -183,6 +183,29 @@ def test_round_overhead_is_a_rounds_time_beyond_the_table_and_the_plain_ticks():
     assert cheap.ms_per_round < 0 and cheap.shared_round_ms() == 0.0
 
 
+def test_round_overhead_keeps_a_requests_first_round_apart():
+    """A first round may seed an MTP head on the prompt, once: counted with the later rounds
+    it would make every later round look dear (and a cheap drafter's first look like a head's)."""
+    overhead = RoundOverhead()
+    for _ in range(MIN_PLAIN_TICKS):
+        overhead.observe(8, 0, 0, 50.0, ROWWISE)
+    overhead.observe(8, 1, 1, 50.0 + 3.0 + 30.0, ROWWISE, first=True)  # a seed
+    assert overhead.shared_round_ms(first=True) == pytest.approx(30.0) and overhead.shared_round_ms() == 0.0
+    overhead.observe(8, 1, 1, 50.0 + 3.0 + 2.0, ROWWISE)
+    assert overhead.shared_round_ms() == pytest.approx(2.0) and overhead.shared_round_ms(first=True) == pytest.approx(30.0)
+    overhead.observe(8, 2, 2, 50.0 + 6.0 + 2.0 + 32.0, ROWWISE, first=True)  # beside a later round, at its mean
+    assert overhead.shared_round_ms(first=True) == pytest.approx(31.0) and overhead.shared_round_ms() == pytest.approx(2.0)
+
+
+def test_a_first_round_is_charged_the_first_rounds_overhead_and_a_later_one_the_later_rounds():
+    est = estimate(0.98, "copy")  # has drafted; "new" has not
+    costs = {"shared_round_ms": 0.5, "shared_first_round_ms": 20.0}
+    assert choose([("copy", 4)], 8, 8, NEARLY_FLAT, est, **costs) == {"copy": 4}
+    assert choose([("new", 4)], 8, 8, NEARLY_FLAT, est, **costs) == {"new": 0}  # a probe that seeds does not pay
+    assert choose([("new", 4)], 8, 8, NEARLY_FLAT, est, shared_round_ms=20.0, shared_first_round_ms=0.5) == {"new": 1}
+    assert choose([("copy", 4)], 8, 8, NEARLY_FLAT, est, shared_round_ms=20.0, shared_first_round_ms=0.5) == {"copy": 0}
+
+
 def test_round_overhead_fades_while_shared_ticks_go_without_rounds():
     """Once the overhead stops shared drafting nothing measures it: it fades, so probes come
     back and measure it again, instead of one slow stretch stopping drafts for good."""
@@ -190,12 +213,14 @@ def test_round_overhead_fades_while_shared_ticks_go_without_rounds():
     for _ in range(MIN_PLAIN_TICKS):
         overhead.observe(8, 0, 0, 50.0, ROWWISE)
     overhead.observe(8, 1, 1, 50.0 + 3.0 + 20.0, ROWWISE)
+    overhead.observe(8, 1, 1, 50.0 + 3.0 + 40.0, ROWWISE, first=True)
     for _ in range(100):
         overhead.observe(1, 0, 0, 30.0, ROWWISE)  # a lone stream's ticks say nothing of shared rounds
-    assert overhead.shared_round_ms() == pytest.approx(20.0)
+    assert overhead.shared_round_ms() == pytest.approx(20.0) and overhead.shared_round_ms(first=True) == pytest.approx(40.0)
     for _ in range(140):
         overhead.observe(8, 0, 0, 50.0, ROWWISE)
     assert overhead.shared_round_ms() == pytest.approx(20.0 * FADE**140) and 9.0 < overhead.shared_round_ms() < 10.5
+    assert overhead.shared_round_ms(first=True) == pytest.approx(40.0 * FADE**140)
 
 
 def test_a_measured_round_overhead_stops_drafts_that_the_table_alone_would_buy():
@@ -421,6 +446,7 @@ def test_the_scheduler_learns_a_rounds_overhead_from_its_ticks_and_stops_drafts_
     assert as_timed >= 20  # on the table's cost, half-accepted rounds (and probes) go on
     costly, learnt, scheduler = shared_drafts(25.0)
     assert learnt and learnt[-1] == pytest.approx(25.0)  # less the timed drafting, exactly
+    assert scheduler.round_overhead.first_rounds > 0  # the first rounds' probes, apart
     assert costly == 0  # a round costs ~4 tokens' time more than the table says: not even a probe pays
     assert scheduler.round_overhead.shared_round_ms() < 25.0 * FADE**100  # fading since, toward the next probe
 

@@ -75,14 +75,17 @@ tuning half, open chat and multi-turn; three runs of 5-7 batches) a round beside
 cost 1.3-2.2 ms more than the table and the head's timing said, and at 8 streams the first
 probes alone (34-46 a run of 5-7 batches, ~50% accepted, each seeding the head) cost
 more than they returned; with the overhead counted, shared ticks drafted 0-9 rounds in
-such a run instead of 89-102. (The aggregate over speculation off stayed within those runs' noise either way:
-medians 0.93-1.00x.) Held ticks without drafts leave the counts
-alone (letting them fade would pull a poor drafter back to an engine-wide prior that a
+such a run instead of 89-102. (The aggregate over speculation off stayed within those runs'
+noise either way: medians 0.93-1.00x.) The price: a request that first holds the lane in a
+tick of 8 streams is found to be predictable only where its one-draft probe pays there, at
+the margin on this machine (one more token of 8 against the round's costs); in a tick of
+4-5 streams it is found (`bench hol`). Held ticks without drafts leave the counts alone (letting them fade would pull a poor drafter back to an engine-wide prior that a
 copy stream can hold near 1, and it would draft and fail again every few ticks).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -239,52 +242,67 @@ class DraftTiming:
 @dataclass
 class RoundOverhead:
     """What a round beside other streams costs on top of the step cost table and
-    ``DraftTiming``, measured on the engine's own ticks: milliseconds per round.
+    ``DraftTiming``, measured on the engine's own ticks: milliseconds per round, for a
+    request's first round and for its later ones apart.
 
     The table times a forward of n positions of one sequence. A round in a tick of other
     streams also verifies (logits and choices for its drafts, its kept hidden states for an
-    MTP head), and some proposals are not in ``DraftTiming`` at all: an MTP head seeding on
-    up to its window of positions (a request's first round, or one after a long wait),
-    lookups. Here, 8 and 16 streams with the MTP drafter: the table said a draft row beside
-    them costs next to nothing, and a tick with a round took 1.3-2.2 ms more than its timed
-    drafting and a plain tick of as many rows. So the scheduler times every decode tick: a
-    tick without drafts sets the plain time of its rows; a tick with rounds, less its timed
-    drafting, its plain rows' time and the table's step to its drafted rows, leaves the
-    residual per round. Seeding is thereby spread over the rounds that follow it, which is
-    what it costs a workload on average. ``choose`` adds the mean to a round in a shared
-    tick (a lone holder's rounds delay no one, and its K was tuned on the table alone).
+    MTP head), and a request's first round with an MTP head seeds the head on up to its
+    window of positions, which ``DraftTiming`` leaves out (a seed is once per request, not
+    per round). Here, 8 and 16 streams with the MTP drafter: the table said a draft row
+    beside them costs next to nothing, and a tick with a round took 1.3-2.2 ms more than
+    its timed drafting and a plain tick of as many rows. So the scheduler times every
+    decode tick: a tick without drafts sets the plain time of its rows; a tick with rounds,
+    less its timed drafting, its plain rows' time and the table's step to its drafted rows,
+    leaves the residual. A tick with a request's first round gives the first round's
+    residual (its other rounds, if any, at the later rounds' mean); any other, the later
+    rounds'. Apart, a first round's seed does not make every later round of a chat look
+    dear, nor a cheap drafter's first round (the suffix drafter seeds nothing) look like
+    a head's. ``choose`` adds them to a round in a shared tick (a lone holder's rounds
+    delay no one, and its K was tuned on the table alone).
 
-    The mean fades while shared ticks go without rounds (``FADE`` a plain tick): once the
+    The means fade while shared ticks go without rounds (``FADE`` a plain tick): once an
     overhead stops shared drafting nothing measures it, and a value that one slow stretch
     set would otherwise stop it for the engine's life; faded, probes come back and measure
     it again."""
 
     plain_ms: dict[int, float] = field(default_factory=dict)  # rows -> a decode tick without drafts
     plain_ticks: dict[int, int] = field(default_factory=dict)
-    ms_per_round: float = 0.0
+    ms_per_round: float = 0.0  # a request's later rounds
     rounds: int = 0
+    ms_first_round: float = 0.0  # a request's first round
+    first_rounds: int = 0
 
-    def observe(self, rows: int, drafted: int, rounds: int, forward_ms: float, cost: StepCost) -> None:
-        """A decode tick of ``rows`` sequences and ``drafted`` draft rows in ``rounds`` rounds;
-        ``forward_ms``: its time less its drafters' timed proposals."""
+    def observe(self, rows: int, drafted: int, rounds: int, forward_ms: float, cost: StepCost,
+                first: bool = False) -> None:
+        """A decode tick of ``rows`` sequences and ``drafted`` draft rows in ``rounds`` rounds,
+        ``first``: one of them a request's first; ``forward_ms``: its time less its drafters'
+        timed proposals."""
         if rounds == 0:
             seen = self.plain_ticks.get(rows, 0) + 1
             self.plain_ticks[rows] = seen
             self.plain_ms[rows] = _running_mean(self.plain_ms.get(rows, 0.0), forward_ms, seen)
             if rows > 1:
                 self.ms_per_round *= FADE
+                self.ms_first_round *= FADE
             return
         if rows < 2 or self.plain_ticks.get(rows, 0) < MIN_PLAIN_TICKS:
             return  # a lone holder's tick, or no plain tick of these rows to compare with yet
-        table_step = cost.ms(rows + drafted) - cost.ms(rows)
-        bound = cost.ms(rows)  # one sample moves the mean at most a plain tick's worth (a pause, a collection)
-        residual = min(bound, max(-bound, (forward_ms - self.plain_ms[rows] - table_step) / rounds))
-        self.rounds += 1
-        self.ms_per_round = _running_mean(self.ms_per_round, residual, self.rounds)
+        residual = forward_ms - self.plain_ms[rows] - (cost.ms(rows + drafted) - cost.ms(rows))
+        bound = cost.ms(rows)  # one sample moves a mean at most a plain tick's worth (a pause, a collection)
+        if first:
+            sample = min(bound, max(-bound, residual - (rounds - 1) * self.ms_per_round))
+            self.first_rounds += 1
+            self.ms_first_round = _running_mean(self.ms_first_round, sample, self.first_rounds)
+        else:
+            sample = min(bound, max(-bound, residual / rounds))
+            self.rounds += 1
+            self.ms_per_round = _running_mean(self.ms_per_round, sample, self.rounds)
 
-    def shared_round_ms(self) -> float:
-        """The overhead ``choose`` adds to a round in a shared tick (the table is its floor)."""
-        return max(0.0, self.ms_per_round)
+    def shared_round_ms(self, first: bool = False) -> float:
+        """What ``choose`` adds to a request's first (``first``) or later round in a shared
+        tick (the table is its floor)."""
+        return max(0.0, self.ms_first_round if first else self.ms_per_round)
 
 
 def _running_mean(current: float, sample: float, seen: int) -> float:
@@ -304,46 +322,48 @@ def expected_tokens(rate: float, k: int) -> float:
 
 def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, cost: StepCost,
            acceptance: AcceptanceEstimate, draft_ms_per_token: float = 0.0,
-           draft_ms_per_round: float = 0.0, shared_round_ms: float = 0.0) -> dict[str, int]:
+           draft_ms_per_round: float = 0.0, shared_round_ms: float = 0.0,
+           shared_first_round_ms: float | None = None) -> dict[str, int]:
     """K for each holder (id, most drafts allowed), holders in the given order.
 
     ``base_rows``: rows of the tick without any drafts (every decode row, the holders' own
     included, plus prefill tokens); ``base_tokens``: tokens those rows produce;
     ``draft_ms_per_token`` / ``draft_ms_per_round``: what proposing one draft token, and
-    one round whatever its K, costs (``DraftTiming``); ``shared_round_ms``: what a round
-    beside other streams costs on top (``RoundOverhead``).
+    one round whatever its K, costs (``DraftTiming``); ``shared_round_ms`` /
+    ``shared_first_round_ms``: what a request's later / first round beside other streams
+    costs on top (``RoundOverhead``; the first's default: the later's).
     """
     drafting = 0.0  # ms of the drafts chosen so far
     shared = base_rows > 1  # other streams' rows wait for this tick too
-    if shared:
-        draft_ms_per_round += shared_round_ms
+    first_round_ms = shared_round_ms if shared_first_round_ms is None else shared_first_round_ms
 
-    def tick_ms(total_rows: int, extra_drafts: int) -> float:
-        round_ms = draft_ms_per_round if extra_drafts else 0.0
-        return cost.ms(total_rows) + drafting + extra_drafts * draft_ms_per_token + round_ms
+    def tick_ms(total_rows: int, extra_drafts: int, round_ms: float) -> float:
+        return cost.ms(total_rows) + drafting + extra_drafts * draft_ms_per_token + (round_ms if extra_drafts else 0.0)
 
     rows, tokens = base_rows, base_tokens
     chosen: dict[str, int] = {}
     ceiling = MAX_SLOWDOWN * cost.ms(base_rows)
     for request_id, k_max in holders:
+        first = not acceptance.has_drafted(request_id)  # never drafted: probe (see Exploration)
+        round_ms = draft_ms_per_round + ((first_round_ms if first else shared_round_ms) if shared else 0.0)
+        holder_ms = functools.partial(tick_ms, round_ms=round_ms)
         rate = acceptance.rate(request_id)
-        best = MIN_GAIN * tokens / tick_ms(rows, 0)  # what a K > 0 must beat
+        best = MIN_GAIN * tokens / holder_ms(rows, 0)  # what a K > 0 must beat
         if shared:
-            while k_max > 0 and tick_ms(rows + k_max, k_max) > ceiling:
+            while k_max > 0 and holder_ms(rows + k_max, k_max) > ceiling:
                 k_max -= 1
-        best_k = _best_k(rate, k_max, best, tokens, rows, tick_ms)
+        best_k = _best_k(rate, k_max, best, tokens, rows, holder_ms)
         # A lone holder stops only when an optimistic rate agrees (see Stopping); else it
         # drafts the best K > 0 at its estimate.
         stopping = best_k == 0 and not shared and k_max > 0 and acceptance.has_drafted(request_id)
-        if stopping and _best_k(acceptance.optimistic_rate(request_id), k_max, best, tokens, rows, tick_ms):
-            best_k = _best_k(rate, k_max, 0.0, tokens, rows, tick_ms)
-        first = not acceptance.has_drafted(request_id)  # never drafted: probe (see Exploration)
+        if stopping and _best_k(acceptance.optimistic_rate(request_id), k_max, best, tokens, rows, holder_ms):
+            best_k = _best_k(rate, k_max, 0.0, tokens, rows, holder_ms)
         periodic = not first and best_k == 0 and k_max > 0 and acceptance.due_for_probe(request_id)
         probe = min(k_max, PROBE_K)
         # A probe learns a rate; it happens only where a rate could be used: beside other
         # streams, where its own drafts, all accepted, repay the tick's extra time; alone,
         # where some K's would (a wrong guess costs only the stream's own tick).
-        pays = (first or periodic) and _best_k(1.0, probe if shared else k_max, best, tokens, rows, tick_ms) > 0
+        pays = (first or periodic) and _best_k(1.0, probe if shared else k_max, best, tokens, rows, holder_ms) > 0
         if first and shared:
             best_k = probe if pays else 0  # the prior alone never buys a round beside others
         elif first and pays:
@@ -352,7 +372,7 @@ def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, c
             best_k = probe  # a periodic probe: has the text turned predictable?
         chosen[request_id] = best_k
         rows += best_k
-        drafting += best_k * draft_ms_per_token + (draft_ms_per_round if best_k else 0.0)
+        drafting += best_k * draft_ms_per_token + (round_ms if best_k else 0.0)
         tokens += expected_tokens(rate, best_k) - 1
     return chosen
 

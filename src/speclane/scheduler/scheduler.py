@@ -214,7 +214,8 @@ class Scheduler:
         return draft_length.choose(caps, base_rows=len(decoding), base_tokens=len(decoding), cost=self.step_cost,
                                    acceptance=self.acceptance, draft_ms_per_token=self.draft_timing.ms_per_token,
                                    draft_ms_per_round=self.draft_timing.ms_per_round,
-                                   shared_round_ms=self.round_overhead.shared_round_ms())
+                                   shared_round_ms=self.round_overhead.shared_round_ms(),
+                                   shared_first_round_ms=self.round_overhead.shared_round_ms(first=True))
 
     def take_released(self) -> tuple[str, ...]:
         """Requests that left since the last call (their drafter state can go)."""
@@ -351,7 +352,8 @@ class Scheduler:
             return
         drafted = sum(res.num_draft_tokens for res in result.seqs)
         drafting_ms = sum(ms + catch_up_ms for ms, _, catch_up_ms in result.draft_timings)
-        self.round_overhead.observe(len(seqs), drafted, rounds, result.elapsed_ms - drafting_ms, self.step_cost)
+        first = any(res.num_draft_tokens and not self.acceptance.has_drafted(res.request_id) for res in result.seqs)
+        self.round_overhead.observe(len(seqs), drafted, rounds, result.elapsed_ms - drafting_ms, self.step_cost, first=first)
 
     def update(self, plan: SchedulerPlan, result: RunnerResult, now: float) -> list[TokenEvent]:
         """Advance requests by what the runner chose for ``plan``; account the lane and
