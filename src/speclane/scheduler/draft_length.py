@@ -73,14 +73,16 @@ probe only taxes the tick (16 streams through engines alone: 0.925x of speculati
 such probes, 0.948x without). With the MTP drafter at 8 and 16 streams (the drafts set's
 tuning half, open chat and multi-turn; three runs of 5-7 batches) a round beside the others
 cost 1.3-2.2 ms more than the table and the head's timing said, and at 8 streams the first
-probes alone (34-46 a run of 5-7 batches, ~50% accepted, each seeding the head) cost
-more than they returned; with the overhead counted, shared ticks drafted 0-9 rounds in
-such a run instead of 89-102. (The aggregate over speculation off stayed within those runs'
-noise either way: medians 0.93-1.00x.) The price: a request that first holds the lane in a
-tick of 8 streams is found to be predictable only where its one-draft probe pays there, at
-the margin on this machine (one more token of 8 against the round's costs); in a tick of
-4-5 streams it is found (`bench hol`). Held ticks without drafts leave the counts alone (letting them fade would pull a poor drafter back to an engine-wide prior that a
-copy stream can hold near 1, and it would draft and fail again every few ticks).
+probes alone (34-46 a run of 5-7 batches, ~50% accepted) cost more than they returned. With
+``RoundOverhead`` counted, `bench vs-llama-cpp`'s 8 streams through engines alone drafted
++0.8% rows with the MTP drafter (47 drafted, 19 accepted) where they drafted +3.8% (229,
+84), and +1.8% with auto where +3.5%; the aggregate over speculation off moves more between
+runs than that work does (0.92-0.97x either way). The price: a request that first holds
+the lane in a tick of 8 streams is found to be predictable only where its one-draft probe
+pays there, at the margin on this machine (one more token of 8 against the round's costs);
+in a tick of 4-5 streams it is found (`bench hol`). Held ticks without drafts leave the
+counts alone (letting them fade would pull a poor drafter back to an engine-wide prior that
+a copy stream can hold near 1, and it would draft and fail again every few ticks).
 """
 
 from __future__ import annotations
