@@ -49,8 +49,9 @@ def test_step_cost_is_made_monotone_and_extends_past_its_table():
     cost = StepCost.from_measurements([10.0, 9.0, 14.0, 13.0])
     assert cost.ms_by_rows == (10.0, 10.0, 14.0, 14.0)
     assert cost.ms(6) == pytest.approx(14.0 + 2 * (14.0 - 10.0) / 3)
-    with pytest.raises(ValueError):
-        StepCost(())
+    for bad in ((), (10.0, float("nan")), (0.0,), (float("inf"),)):
+        with pytest.raises(ValueError):
+            StepCost(bad)
 
 
 def test_expected_tokens_of_a_round():
@@ -189,12 +190,14 @@ def test_round_overhead_keeps_a_requests_first_round_apart():
     overhead = RoundOverhead()
     for _ in range(MIN_PLAIN_TICKS):
         overhead.observe(8, 0, 0, 50.0, ROWWISE)
-    overhead.observe(8, 1, 1, 50.0 + 3.0 + 30.0, ROWWISE, first=True)  # a seed
+    overhead.observe(8, 1, 1, 50.0 + 3.0 + 30.0, ROWWISE, first=1)  # a seed
     assert overhead.shared_round_ms(first=True) == pytest.approx(30.0) and overhead.shared_round_ms() == 0.0
     overhead.observe(8, 1, 1, 50.0 + 3.0 + 2.0, ROWWISE)
     assert overhead.shared_round_ms() == pytest.approx(2.0) and overhead.shared_round_ms(first=True) == pytest.approx(30.0)
-    overhead.observe(8, 2, 2, 50.0 + 6.0 + 2.0 + 32.0, ROWWISE, first=True)  # beside a later round, at its mean
+    overhead.observe(8, 2, 2, 50.0 + 6.0 + 2.0 + 32.0, ROWWISE, first=1)  # beside a later round, at its mean
     assert overhead.shared_round_ms(first=True) == pytest.approx(31.0) and overhead.shared_round_ms() == pytest.approx(2.0)
+    overhead.observe(8, 3, 3, 50.0 + 9.0 + 2.0 + 2 * 34.0, ROWWISE, first=2)  # two first rounds: each its share
+    assert overhead.shared_round_ms(first=True) == pytest.approx((30.0 + 32.0 + 34.0) / 3)
 
 
 def test_a_first_round_is_charged_the_first_rounds_overhead_and_a_later_one_the_later_rounds():
@@ -213,7 +216,7 @@ def test_round_overhead_fades_while_shared_ticks_go_without_rounds():
     for _ in range(MIN_PLAIN_TICKS):
         overhead.observe(8, 0, 0, 50.0, ROWWISE)
     overhead.observe(8, 1, 1, 50.0 + 3.0 + 20.0, ROWWISE)
-    overhead.observe(8, 1, 1, 50.0 + 3.0 + 40.0, ROWWISE, first=True)
+    overhead.observe(8, 1, 1, 50.0 + 3.0 + 40.0, ROWWISE, first=1)
     for _ in range(100):
         overhead.observe(1, 0, 0, 30.0, ROWWISE)  # a lone stream's ticks say nothing of shared rounds
     assert overhead.shared_round_ms() == pytest.approx(20.0) and overhead.shared_round_ms(first=True) == pytest.approx(40.0)

@@ -88,6 +88,7 @@ a copy stream can hold near 1, and it would draft and fail again every few ticks
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -123,7 +124,7 @@ class StepCost:
     ms_by_rows: tuple[float, ...]  # ms_by_rows[n - 1] = a forward of n rows
 
     def __post_init__(self) -> None:
-        if not self.ms_by_rows or any(ms <= 0 for ms in self.ms_by_rows):
+        if not self.ms_by_rows or not all(0 < ms < math.inf for ms in self.ms_by_rows):
             raise ValueError("StepCost needs positive times for 1..n rows")
 
     @classmethod
@@ -256,7 +257,7 @@ class RoundOverhead:
     its timed drafting and a plain tick of as many rows. So the scheduler times every
     decode tick: a tick without drafts sets the plain time of its rows; a tick with rounds,
     less its timed drafting, its plain rows' time and the table's step to its drafted rows,
-    leaves the residual. A tick with a request's first round gives the first round's
+    leaves the residual. A tick with requests' first rounds gives the first rounds' mean
     residual (its other rounds, if any, at the later rounds' mean); any other, the later
     rounds'. Apart, a first round's seed does not make every later round of a chat look
     dear, nor a cheap drafter's first round (the suffix drafter seeds nothing) look like
@@ -276,9 +277,9 @@ class RoundOverhead:
     first_rounds: int = 0
 
     def observe(self, rows: int, drafted: int, rounds: int, forward_ms: float, cost: StepCost,
-                first: bool = False) -> None:
+                first: int = 0) -> None:
         """A decode tick of ``rows`` sequences and ``drafted`` draft rows in ``rounds`` rounds,
-        ``first``: one of them a request's first; ``forward_ms``: its time less its drafters'
+        ``first`` of them requests' first rounds; ``forward_ms``: its time less its drafters'
         timed proposals."""
         if rounds == 0:
             seen = self.plain_ticks.get(rows, 0) + 1
@@ -293,7 +294,7 @@ class RoundOverhead:
         residual = forward_ms - self.plain_ms[rows] - (cost.ms(rows + drafted) - cost.ms(rows))
         bound = cost.ms(rows)  # one sample moves a mean at most a plain tick's worth (a pause, a collection)
         if first:
-            sample = min(bound, max(-bound, residual - (rounds - 1) * self.ms_per_round))
+            sample = min(bound, max(-bound, (residual - (rounds - first) * self.ms_per_round) / first))
             self.first_rounds += 1
             self.ms_first_round = _running_mean(self.ms_first_round, sample, self.first_rounds)
         else:
@@ -329,7 +330,8 @@ def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, c
     """K for each holder (id, most drafts allowed), holders in the given order.
 
     ``base_rows``: rows of the tick without any drafts (every decode row, the holders' own
-    included, plus prefill tokens); ``base_tokens``: tokens those rows produce;
+    included; the scheduler does not count a prompt chunk here); ``base_tokens``: tokens
+    those rows produce;
     ``draft_ms_per_token`` / ``draft_ms_per_round``: what proposing one draft token, and
     one round whatever its K, costs (``DraftTiming``); ``shared_round_ms`` /
     ``shared_first_round_ms``: what a request's later / first round beside other streams

@@ -341,7 +341,7 @@ class Scheduler:
         """A decode tick's time for ``RoundOverhead``. Left out: ticks with a prompt chunk
         or a KV copy (rows without logits, other work), and ticks with a constrained or
         logprobs request (masking and log-softmax rows that other requests' rounds do not
-        pay), and a tick whose planned round proposed nothing (neither plain nor a round)."""
+        pay), and a tick whose planned rounds all proposed nothing (neither plain nor a round)."""
         seqs = plan.seqs
         if (plan.kv_copies or not self.lane_config.spec_adaptive_k
                 or not all(seq.sample and len(seq.token_ids) == 1 and seq.start >= seq.request.num_prompt_tokens
@@ -352,7 +352,7 @@ class Scheduler:
             return
         drafted = sum(res.num_draft_tokens for res in result.seqs)
         drafting_ms = sum(ms + catch_up_ms for ms, _, catch_up_ms in result.draft_timings)
-        first = any(res.num_draft_tokens and not self.acceptance.has_drafted(res.request_id) for res in result.seqs)
+        first = sum(1 for res in result.seqs if res.num_draft_tokens and not self.acceptance.has_drafted(res.request_id))
         self.round_overhead.observe(len(seqs), drafted, rounds, result.elapsed_ms - drafting_ms, self.step_cost, first=first)
 
     def update(self, plan: SchedulerPlan, result: RunnerResult, now: float) -> list[TokenEvent]:
