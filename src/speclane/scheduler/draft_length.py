@@ -359,7 +359,7 @@ def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, c
         best_k = _best_k(rate, k_max, best, tokens, rows, holder_ms)
         # A lone holder stops only when an optimistic rate agrees (see Stopping); else it
         # drafts the best K > 0 at its estimate.
-        stopping = best_k == 0 and not shared and k_max > 0 and acceptance.has_drafted(request_id)
+        stopping = best_k == 0 and not shared and k_max > 0 and not first
         if stopping and _best_k(acceptance.optimistic_rate(request_id), k_max, best, tokens, rows, holder_ms):
             best_k = _best_k(rate, k_max, 0.0, tokens, rows, holder_ms)
         periodic = not first and best_k == 0 and k_max > 0 and acceptance.due_for_probe(request_id)

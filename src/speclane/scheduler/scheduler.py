@@ -198,13 +198,18 @@ class Scheduler:
         )
         return max(0, min(most, left - 1))
 
+    @property
+    def _adaptive_k(self) -> bool:
+        """Adaptive K is on and has a step cost to decide by."""
+        return self.step_cost is not None and self.lane_config.spec_adaptive_k
+
     def _draft_lengths(self, decoding: list[Request], holders: set[str]) -> dict[str, int]:
         """K of each holder decoding this tick: its budget, or with a step cost (adaptive K)
         the K that maximises the tick's expected goodput (``draft_length.choose``), up to
         ``lone_draft_tokens`` for the one request the engine has (nothing to prefill or admit
         beside it: its extra rows delay no one), ``num_draft_tokens`` otherwise (draft_length's
         "Depth")."""
-        adaptive = self.step_cost is not None and self.lane_config.spec_adaptive_k
+        adaptive = self._adaptive_k
         # A waiter that no slot can take this tick (max_num_seqs 1) shares nothing with it.
         alone = len(self.running) == 1 and (not self.waiting or self.config.max_num_seqs == 1)
         most = self.lane_config.max_draft_tokens if adaptive and alone else self.lane_config.num_draft_tokens
@@ -343,16 +348,18 @@ class Scheduler:
         logprobs request (masking and log-softmax rows that other requests' rounds do not
         pay), and a tick whose planned rounds all proposed nothing (neither plain nor a round)."""
         seqs = plan.seqs
-        if (plan.kv_copies or not self.lane_config.spec_adaptive_k
-                or not all(seq.sample and len(seq.token_ids) == 1 and seq.start >= seq.request.num_prompt_tokens
-                           and seq.request.grammar is None and seq.request.sampling.logprobs is None for seq in seqs)):
+        if plan.kv_copies or not all(seq.sample and len(seq.token_ids) == 1 and seq.start >= seq.request.num_prompt_tokens
+                                     and seq.request.grammar is None and seq.request.sampling.logprobs is None for seq in seqs):
             return
-        rounds = sum(1 for res in result.seqs if res.num_draft_tokens)
+        rounds = drafted = first = 0
+        for res in result.seqs:
+            if res.num_draft_tokens:
+                rounds += 1
+                drafted += res.num_draft_tokens
+                first += not self.acceptance.has_drafted(res.request_id)
         if rounds == 0 and any(seq.is_round for seq in seqs):
             return
-        drafted = sum(res.num_draft_tokens for res in result.seqs)
         drafting_ms = sum(ms + catch_up_ms for ms, _, catch_up_ms in result.draft_timings)
-        first = sum(1 for res in result.seqs if res.num_draft_tokens and not self.acceptance.has_drafted(res.request_id))
         self.round_overhead.observe(len(seqs), drafted, rounds, result.elapsed_ms - drafting_ms, self.step_cost, first=first)
 
     def update(self, plan: SchedulerPlan, result: RunnerResult, now: float) -> list[TokenEvent]:
@@ -363,7 +370,7 @@ class Scheduler:
         events: list[TokenEvent] = []
         for drafting_ms, tokens, catch_up_ms in result.draft_timings:
             self.draft_timing.observe(drafting_ms, tokens, catch_up_ms)
-        if self.step_cost is not None:
+        if self._adaptive_k:
             self._time_tick(plan, result)
         for seq, res in zip(plan.seqs, result.seqs, strict=True):
             if res.request_id != seq.request_id:
