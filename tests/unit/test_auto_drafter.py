@@ -183,3 +183,28 @@ def test_a_seeding_head_round_is_left_out_of_the_heads_time():
     assert auto.propose(_request("a"), 4).token_ids == [40, 41, 42, 43] and auto.head_ms is None
     assert auto.propose(_request("b"), 4).token_ids == [40, 41, 42, 43]  # still expected to beat [7]
     assert auto.head_ms == pytest.approx(2.0)
+
+
+def test_a_call_in_which_the_suffix_drafter_or_the_head_seeded_reports_itself_seeded():
+    """Adaptive K keeps a seed apart (a request's first round's cost): whichever drafter's
+    draft the round takes, a call that seeded says so, and a later one does not."""
+
+    class SeedsOnce(Fixed):
+        def propose(self, request, k):
+            self.calls += 1
+            return Draft(self.tokens[:k], confidence=self.confidence[:k], catch_up_ms=None if self.calls == 1 else 0.0,
+                         seeded=self.calls == 1)
+
+    auto = AutoDrafter(SeedsOnce([7, 8], [0.9, 0.9]), Fixed([]), None)
+    first, later = auto.propose(_request("a"), 4), auto.propose(_request("a"), 4)
+    assert first.token_ids == [7, 8] and first.seeded and first.catch_up_ms is None
+    assert later.token_ids == [7, 8] and not later.seeded
+
+    class HeadSeedsOnce(Fixed):
+        def propose(self, request, k):
+            self.calls += 1
+            return Draft(self.tokens[:k], catch_up_ms=None if self.calls == 1 else 0.5, seeded=self.calls == 1)
+
+    auto = AutoDrafter(Fixed([]), Fixed([]), HeadSeedsOnce([40, 41]))
+    first, later = auto.propose(_request("a"), 2), auto.propose(_request("a"), 2)
+    assert first.token_ids == [40, 41] and first.seeded and not later.seeded and later.catch_up_ms == 0.5

@@ -42,10 +42,12 @@ def test_speculation_table_gives_median_and_range_of_paired_ratios():
     spec = {8: {"off": [100.0, 200.0, 100.0], "auto": [120.0, 200.0, 100.0], "ngram": [110.0, 180.0, 130.0],
                 "mtp": [100.0, 200.0, 100.0]}}
     alone = {16: {"off": [50.0, 60.0, 40.0], "auto": [50.0, 66.0, 36.0], "ngram": [55.0, 60.0, 40.0],
-                  "mtp": [45.0, 60.0, 44.0]}}
+                  "mtp": [45.0, 60.0, 44.0], vs.OFF_AGAIN: [49.0, 63.0, 40.0]}}
     table = vs._spec_table(spec, alone, tokens=64, runs=3)
-    assert table.rows == [[8, "HTTP, openai client", 100.0, "1.00x (1.00-1.20)", "1.10x (0.90-1.30)", "1.00x (1.00-1.00)"],
-                          [16, "engines alone", 50.0, "1.00x (0.90-1.10)", "1.00x (1.00-1.10)", "1.00x (0.90-1.10)"]]
+    # The HTTP path has no A/A arm; engines alone do: a second off engine against the first.
+    assert table.rows == [[8, "HTTP, openai client", 100.0, "1.00x (1.00-1.20)", "1.10x (0.90-1.30)", "1.00x (1.00-1.00)", "-"],
+                          [16, "engines alone", 50.0, "1.00x (0.90-1.10)", "1.00x (1.00-1.10)", "1.00x (0.90-1.10)",
+                           "1.00x (0.98-1.05)"]]
 
 
 def test_sustained_clients_get_rows_of_their_own_and_a_note():
@@ -53,7 +55,7 @@ def test_sustained_clients_get_rows_of_their_own_and_a_note():
     sustained = {8: {"off": [100.0, 90.0], "auto": [105.0, 99.0], "ngram": [100.0, 81.0], "mtp": [95.0, 90.0]}}
     table = vs._spec_table({}, alone, tokens=64, runs=2, sustained=sustained, sustain_s=2.0)
     assert table.rows[-1] == [8, "engines alone, sustained clients", 95.0, "1.08x (1.05-1.10)", "0.95x (0.90-1.00)",
-                              "0.97x (0.95-1.00)"]
+                              "0.97x (0.95-1.00)", "-"]
     assert any(note.startswith("Sustained clients:") and "clients for 2 s each run" in note for note in table.notes)
     assert not any("sustained" in row[1] for row in vs._spec_table({}, alone, tokens=64, runs=1).rows)
 
@@ -73,7 +75,7 @@ def test_lane_work_counts_the_rows_drafts_add_from_the_engine_counters():
     alone = {16: dict.fromkeys(("off", "auto", "ngram", "mtp"), [50.0])}
     table = vs._spec_table({}, alone, tokens=64, runs=1, work={16: {"off": off, "auto": work, "ngram": off, "mtp": work}})
     assert table.rows[-1] == [16, "engines alone: the work (all runs)", "-", "+0.5% rows, 10/20 accepted, ticks 1.03x",
-                              "+0.0% rows, 0/0 accepted, ticks 1.00x", "+0.5% rows, 10/20 accepted, ticks 1.03x"]
+                              "+0.0% rows, 0/0 accepted, ticks 1.00x", "+0.5% rows, 10/20 accepted, ticks 1.03x", "-"]
 
 
 def test_noisy_table_reports_the_kept_fraction():

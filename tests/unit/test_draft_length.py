@@ -184,29 +184,28 @@ def test_round_overhead_is_a_rounds_time_beyond_the_table_and_the_plain_ticks():
     assert cheap.ms_per_round < 0 and cheap.shared_round_ms() == 0.0
 
 
-def test_round_overhead_keeps_a_requests_first_round_apart():
-    """A first round may seed an MTP head on the prompt, once: counted with the later rounds
-    it would make every later round look dear (and a cheap drafter's first look like a head's)."""
-    overhead = RoundOverhead()
-    for _ in range(MIN_PLAIN_TICKS):
-        overhead.observe(8, 0, 0, 50.0, ROWWISE)
-    overhead.observe(8, 1, 1, 50.0 + 3.0 + 30.0, ROWWISE, first=1)  # a seed
-    assert overhead.shared_round_ms(first=True) == pytest.approx(30.0) and overhead.shared_round_ms() == 0.0
-    overhead.observe(8, 1, 1, 50.0 + 3.0 + 2.0, ROWWISE)
-    assert overhead.shared_round_ms() == pytest.approx(2.0) and overhead.shared_round_ms(first=True) == pytest.approx(30.0)
-    overhead.observe(8, 2, 2, 50.0 + 6.0 + 2.0 + 32.0, ROWWISE, first=1)  # beside a later round, at its mean
-    assert overhead.shared_round_ms(first=True) == pytest.approx(31.0) and overhead.shared_round_ms() == pytest.approx(2.0)
-    overhead.observe(8, 3, 3, 50.0 + 9.0 + 2.0 + 2 * 34.0, ROWWISE, first=2)  # two first rounds: each its share
-    assert overhead.shared_round_ms(first=True) == pytest.approx((30.0 + 32.0 + 34.0) / 3)
+def test_a_first_rounds_seed_is_kept_apart_from_a_rounds_catch_up():
+    """A request's first round may seed its drafter (an MTP head's pass over the prompt),
+    once: averaged into the catch-up it would make every later round look dear; its own
+    mean counts first rounds that seeded nothing (a prompt lookup's) as 0."""
+    timing = DraftTiming()
+    timing.observe(0.6, 2, catch_up_ms=0.5)
+    timing.observe_first_round(3.0)
+    timing.observe_first_round(0.0)
+    assert timing.ms_first_round == pytest.approx(1.5) and timing.first_rounds == 2
+    assert (timing.ms_per_token, timing.ms_per_round) == pytest.approx((0.3, 0.5))
 
 
-def test_a_first_round_is_charged_the_first_rounds_overhead_and_a_later_one_the_later_rounds():
+def test_a_first_round_beside_others_is_charged_its_seed_and_alone_a_rounds_catch_up():
     est = estimate(0.98, "copy")  # has drafted; "new" has not
-    costs = {"shared_round_ms": 0.5, "shared_first_round_ms": 20.0}
+    costs = {"shared_round_ms": 0.5, "draft_ms_per_round": 0.5, "draft_ms_first_round": 20.0}
     assert choose([("copy", 4)], 8, 8, NEARLY_FLAT, est, **costs) == {"copy": 4}
     assert choose([("new", 4)], 8, 8, NEARLY_FLAT, est, **costs) == {"new": 0}  # a probe that seeds does not pay
-    assert choose([("new", 4)], 8, 8, NEARLY_FLAT, est, shared_round_ms=20.0, shared_first_round_ms=0.5) == {"new": 1}
-    assert choose([("copy", 4)], 8, 8, NEARLY_FLAT, est, shared_round_ms=20.0, shared_first_round_ms=0.5) == {"copy": 0}
+    assert choose([("new", 4)], 8, 8, NEARLY_FLAT, est, **{**costs, "draft_ms_first_round": 0.5}) == {"new": 1}
+    assert choose([("copy", 4)], 8, 8, NEARLY_FLAT, est, **{**costs, "draft_ms_per_round": 20.0}) == {"copy": 0}
+    # Alone the seed delays no one: the lone first round is priced as any round.
+    alone = choose([("new", 8)], 1, 1, NEARLY_FLAT, est, draft_ms_per_round=0.5, draft_ms_first_round=1000.0)
+    assert alone == choose([("new", 8)], 1, 1, NEARLY_FLAT, est, draft_ms_per_round=0.5) and alone["new"] >= 1
 
 
 def test_round_overhead_fades_while_shared_ticks_go_without_rounds():
@@ -216,14 +215,12 @@ def test_round_overhead_fades_while_shared_ticks_go_without_rounds():
     for _ in range(MIN_PLAIN_TICKS):
         overhead.observe(8, 0, 0, 50.0, ROWWISE)
     overhead.observe(8, 1, 1, 50.0 + 3.0 + 20.0, ROWWISE)
-    overhead.observe(8, 1, 1, 50.0 + 3.0 + 40.0, ROWWISE, first=1)
     for _ in range(100):
         overhead.observe(1, 0, 0, 30.0, ROWWISE)  # a lone stream's ticks say nothing of shared rounds
-    assert overhead.shared_round_ms() == pytest.approx(20.0) and overhead.shared_round_ms(first=True) == pytest.approx(40.0)
+    assert overhead.shared_round_ms() == pytest.approx(20.0)
     for _ in range(140):
         overhead.observe(8, 0, 0, 50.0, ROWWISE)
     assert overhead.shared_round_ms() == pytest.approx(20.0 * FADE**140) and 9.0 < overhead.shared_round_ms() < 10.5
-    assert overhead.shared_round_ms(first=True) == pytest.approx(40.0 * FADE**140)
 
 
 def test_a_measured_round_overhead_stops_drafts_that_the_table_alone_would_buy():
@@ -406,36 +403,51 @@ def test_a_holder_at_k0_probes_once_every_probe_every_held_ticks():
 
 class CostlyRoundRunner:
     """Ticks that take what the table says (ROWWISE), a round's timed drafting (0.02 ms a draft
-    and 0.05 ms catching up, reported as the runner does) and ``round_ms`` more: the
-    verification and seeding the table and the drafter's timing leave out. A round of k
+    and 0.05 ms catching up, reported as the runner does), ``round_ms`` more (the
+    verification the table and the drafter's timing leave out), and on a request's first
+    round a seed of ``seed_ms`` instead of the catch-up, reported as a seed. A round of k
     drafts has (k + 1) // 2 accepted."""
 
-    def __init__(self, round_ms: float):
-        self.round_ms = round_ms
+    def __init__(self, round_ms: float, seed_ms: float = 0.0):
+        self.round_ms, self.seed_ms = round_ms, seed_ms
+        self.seeded: set[str] = set()
 
     def execute(self, plan: SchedulerPlan) -> RunnerResult:
-        results, rows, timings = [], 0, []
+        results, rows, timings, seeds = [], 0, [], []
         for seq in plan.seqs:
             k = seq.num_draft_tokens
             accepted = (k + 1) // 2
             results.append(SeqResult(seq.request_id, (500,) * (accepted + 1 if seq.sample else 0), k))
             rows += len(seq.token_ids) + k
-            if k:
+            if k and self.seed_ms and seq.request_id not in self.seeded:
+                self.seeded.add(seq.request_id)
+                seeds.append((seq.request_id, self.seed_ms + 0.02 * k))
+            elif k:
                 timings.append((0.02 * k, k, 0.05))
-        drafting = sum(ms + catch_up for ms, _, catch_up in timings)
-        return RunnerResult(tuple(results), elapsed_ms=ROWWISE.ms(rows) + drafting + self.round_ms * len(timings),
-                            draft_timings=tuple(timings))
+        drafting = sum(ms + catch_up for ms, _, catch_up in timings) + sum(ms for _, ms in seeds)
+        return RunnerResult(tuple(results), elapsed_ms=ROWWISE.ms(rows) + drafting + self.round_ms * (len(timings) + len(seeds)),
+                            draft_timings=tuple(timings), seed_timings=tuple(seeds))
+
+
+def eight_streams(runner: CostlyRoundRunner, ticks: int) -> tuple[Scheduler, list[SchedulerPlan]]:
+    lane = LaneConfig(spec_mode="slice", num_draft_tokens=4)
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=8), lane, 4096, step_cost=ROWWISE)
+    for i in range(8):
+        scheduler.add_request(Request(request_id=f"r{i}", prompt_token_ids=[1, 2, 3],
+                                      sampling=SamplingParams(max_tokens=1000, ignore_eos=True)), 0.0)
+    plans = []
+    for t in range(ticks):
+        plan = scheduler.schedule(t * 0.01)
+        plans.append(plan)
+        scheduler.update(plan, runner.execute(plan), t * 0.01)
+    return scheduler, plans
 
 
 def test_the_scheduler_learns_a_rounds_overhead_from_its_ticks_and_stops_drafts_it_does_not_repay():
     def shared_drafts(round_ms: float) -> tuple[int, list[float], Scheduler]:
         """Drafts in ticks 100-199 of 8 streams, and the overhead after each tick with a round."""
-        lane = LaneConfig(spec_mode="slice", num_draft_tokens=4)
-        scheduler = Scheduler(SchedulerConfig(max_num_seqs=8), lane, 4096, step_cost=ROWWISE)
-        for i in range(8):
-            scheduler.add_request(Request(request_id=f"r{i}", prompt_token_ids=[1, 2, 3],
-                                          sampling=SamplingParams(max_tokens=1000, ignore_eos=True)), 0.0)
         runner, total, learnt = CostlyRoundRunner(round_ms), 0, []
+        scheduler, plans = eight_streams(runner, 0)
         for t in range(200):
             plan = scheduler.schedule(t * 0.01)
             scheduler.update(plan, runner.execute(plan), t * 0.01)
@@ -449,9 +461,24 @@ def test_the_scheduler_learns_a_rounds_overhead_from_its_ticks_and_stops_drafts_
     assert as_timed >= 20  # on the table's cost, half-accepted rounds (and probes) go on
     costly, learnt, scheduler = shared_drafts(25.0)
     assert learnt and learnt[-1] == pytest.approx(25.0)  # less the timed drafting, exactly
-    assert scheduler.round_overhead.first_rounds > 0  # the first rounds' probes, apart
     assert costly == 0  # a round costs ~4 tokens' time more than the table says: not even a probe pays
     assert scheduler.round_overhead.shared_round_ms() < 25.0 * FADE**100  # fading since, toward the next probe
+
+
+def test_a_seed_measured_on_one_first_round_stops_the_first_probes_it_does_not_repay():
+    """8 streams of ROWWISE ticks (51 ms): one certain draft repays 3.6 ms, its row costs 3.
+    A first round that seeds for 20 ms is found dear on the first request that pays it; the
+    other seven, which have never drafted, then never probe. The seed is the drafter's, not
+    the round's: the overhead of later rounds stays 0."""
+    scheduler, plans = eight_streams(CostlyRoundRunner(0.0, seed_ms=20.0), 120)
+    first_rounds = {seq.request_id for plan in plans for seq in plan.seqs if seq.is_round}
+    assert len(first_rounds) == 1 and scheduler.lane.events  # the lane rotated; one request probed
+    assert scheduler.draft_timing.ms_first_round == pytest.approx(20.02)
+    assert scheduler.round_overhead.ms_per_round == pytest.approx(0.0, abs=1e-9)
+    granted = {e.request_id for e in scheduler.lane.events if e.kind == "grant"}
+    assert len(granted) == 8
+    _, cheap = eight_streams(CostlyRoundRunner(0.0, seed_ms=0.1), 120)  # a cheap seed: each probes
+    assert len({seq.request_id for plan in cheap for seq in plan.seqs if seq.is_round}) == 8
 
 
 def test_a_holder_kept_at_k0_still_spends_its_grant_so_the_lane_rotates():

@@ -29,6 +29,16 @@ def test_a_copy_drafts_what_followed_its_longest_matching_suffix():
     assert SuffixDrafter(LONG).propose(request, 4).token_ids == [15, 16, 17, 18]
 
 
+def test_a_requests_first_round_reports_its_index_as_a_seed_and_later_rounds_do_not():
+    drafter = SuffixDrafter(LONG)
+    request = _request([1] + SOURCE + [2], output=[12, 13, 14])
+    first = drafter.propose(request, 4)
+    assert first.seeded and first.catch_up_ms is None
+    request.output_token_ids.append(15)
+    later = drafter.propose(request, 4)
+    assert later.token_ids == [16, 17, 18, 19] and not later.seeded and later.catch_up_ms == 0.0
+
+
 def test_the_longest_suffix_wins_over_a_more_recent_shorter_match():
     # "5 6 7" is followed by 8 once; the more recent "6 7" by 99. The context ends in 5 6 7.
     index = SuffixIndex([5, 6, 7, 8, 0, 6, 7, 99, 0])

@@ -367,13 +367,14 @@ class LaneWork:
 
 def _engine_spec_arms(config: EngineConfig, tokens: int, seconds: float
                       ) -> tuple[dict[str, Callable[[int], float]], dict[str, Callable[[int], float]], dict[int, dict[str, LaneWork]]]:
-    """Per drafter (and off), an engine in this process, warmed up, as two arms: the
+    """Per drafter (and off, twice: ``OFF_AGAIN``), an engine in this process, warmed up, as two arms: the
     aggregate tok/s of n concurrent greedy requests of ``prompts(n)`` (chat, up to ``tokens``
     each), and of n closed-loop clients sending those prompts for ``seconds``
     (``drive_clients``); and, per n and arm, the ``LaneWork`` of its batch runs (the
     warm-up's included)."""
     engines = {"off": LLM(config=config.replace(spec_mode="off")), "auto": LLM(config=config),
-               "ngram": LLM(config=config.replace(drafter="ngram")), "mtp": LLM(config=config.replace(drafter="mtp"))}
+               "ngram": LLM(config=config.replace(drafter="ngram")), "mtp": LLM(config=config.replace(drafter="mtp")),
+               OFF_AGAIN: LLM(config=config.replace(spec_mode="off"))}
     encoded = [next(iter(engines.values())).encode_prompt(p, chat=True) for p in prompts(max(STREAM_LEVELS))]
     runs = [0]
     work: dict[int, dict[str, LaneWork]] = {}
@@ -398,27 +399,37 @@ def _engine_spec_arms(config: EngineConfig, tokens: int, seconds: float
             work)
 
 
+# A second speculation-off engine beside the first (an A/A arm): how far two engines that do
+# the same work read apart in this process, the noise the drafters' ratios are read against.
+OFF_AGAIN = "off again"
+SPEC_ARMS = ("auto", "ngram", "mtp", OFF_AGAIN)
+
+
 def _spec_table(spec: dict[int, dict[str, list[float]]], alone: dict[int, dict[str, list[float]]], tokens: int,
                 runs: int, work: dict[int, dict[str, LaneWork]] | None = None,
                 sustained: dict[int, dict[str, list[float]]] | None = None, sustain_s: float = SUSTAIN_SECONDS) -> Table:
     table = Table("Speculation under load: aggregate tok/s with each drafter over speculation off",
                   ["streams", "path", "off tok/s", "auto (default) / off (median, range)", "ngram / off (median, range)",
-                   "mtp / off (median, range)"])
+                   "mtp / off (median, range)", "off again / off (A/A, median, range)"])
     paths = [("HTTP, openai client", spec), ("engines alone", alone)]
     if sustained:
         paths.append(("engines alone, sustained clients", sustained))
     for path, measured in paths:
         for n, arms in measured.items():
             row: list[Any] = [n, path, median(arms["off"])]
-            for drafter in ("auto", "ngram", "mtp"):
+            for drafter in SPEC_ARMS:
+                if drafter not in arms:
+                    row.append("-")
+                    continue
                 ratios = [a / b for a, b in zip(arms[drafter], arms["off"], strict=True)]
                 row.append(f"{median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
             table.add(*row)
     for n, arms_work in (work or {}).items():
         table.add(n, "engines alone: the work (all runs)", "-",
-                  *(arms_work[drafter].summary(arms_work["off"]) for drafter in ("auto", "ngram", "mtp")))
+                  *(arms_work[drafter].summary(arms_work["off"]) if drafter in arms_work else "-" for drafter in SPEC_ARMS))
     table.notes.append(f"{runs} alternated runs per arm, each run's ratio against the off run beside it; {tokens} max "
-                       "tokens per stream, greedy. Target: at least 1.0x for each drafter at 8 and 16 streams.")
+                       "tokens per stream, greedy. Target: at least 1.0x for each drafter at 8 and 16 streams. Off again: "
+                       "a second speculation-off engine (engines alone), the noise between two engines doing the same work.")
     table.notes.append("HTTP: speclane serve (the default server, a request's speculation off per request for the off arm; "
                        "servers with --drafter ngram / mtp), the streams' clients on the same cores. Engines alone: the "
                        "same prompts through one speclane.LLM per arm in the benchmark's process (a warm-up run each), "

@@ -36,7 +36,8 @@ round's start, compared with what was drafted.
 The head's hidden-state catch-up is the MTP drafter's: ``observe`` goes to it every forward,
 and a round that the head skips leaves its positions pending for the next head round.
 Adaptive K times only head rounds (the others report ``catch_up_ms=None``), as the MTP
-drafter does for its lookup rounds. Every proposal is deterministic, so the output is
+drafter does for its lookup rounds; a call in which the suffix drafter or the head seeded
+reports itself seeded (``Draft.seeded``), its time a request's first round's. Every proposal is deterministic, so the output is
 unchanged whichever drafter a round takes.
 """
 
@@ -141,13 +142,16 @@ class AutoDrafter:
         # An empty proposal never wins over one that drafts: whether a round drafts at all
         # is adaptive K's to decide (k), not this comparison's.
         worth, source, draft = max(options, key=lambda option: (bool(option[2].token_ids), option[0]))
+        head = Draft([])
         if self.head is not None:
             head_worth = self._worth(geometric(self.rate(state, "mtp"), k), k, self.head_ms or 0.0)
-            head = self._run_head(request, k) if head_worth > worth else Draft([])
+            head = self._run_head(request, k) if head_worth > worth else head
             if head.token_ids:
                 source, draft = "mtp", head
             else:  # adaptive K times head rounds only
                 draft = replace(draft, catch_up_ms=None)
+        if suffix.seeded or head.seeded:  # the call's time is a seed's, whichever draft it gives
+            draft = replace(draft, catch_up_ms=None, seeded=True)
         if draft.token_ids:
             self.chosen[source] += 1
             predicted = sum(suffix.confidence) if source == "suffix" else 0.0

@@ -27,10 +27,13 @@ class Draft:
     probs: torch.Tensor | None = None
     # Of the call's time, the ms spent catching up on positions verified since the
     # request's last round: paid once per round whatever k (n-gram: 0). None when the call
-    # (re)built the request's drafter state from its whole context, a one-off whose time
-    # says nothing about the next rounds, or drafted the round another way than its
-    # costly one (the MTP drafter's prompt lookup): adaptive K leaves it out of its timing.
+    # seeded (below) or drafted the round another way than its costly one (the MTP
+    # drafter's prompt lookup): adaptive K leaves it out of its per-round timing.
     catch_up_ms: float | None = 0.0
+    # The call (re)built the request's drafter state from its whole context (an MTP head's
+    # pass over it, the suffix drafter's index): a one-off whose time says nothing about
+    # the next rounds; adaptive K keeps it apart, as what a request's first round costs.
+    seeded: bool = False
     # The drafter's estimate, per token, that verification keeps the draft up to and
     # including it (non-increasing); empty when it has none. ``--drafter auto`` compares
     # drafters by the sum, the expected accepted tokens.
@@ -55,7 +58,7 @@ class Draft:
         if self.parents is None:
             return self
         path = draft_tree.first_chain(self.parents)
-        return Draft([self.token_ids[j] for j in path], catch_up_ms=self.catch_up_ms,
+        return Draft([self.token_ids[j] for j in path], catch_up_ms=self.catch_up_ms, seeded=self.seeded,
                      confidence=tuple(self.confidence[j] for j in path) if self.confidence else ())
 
 

@@ -198,10 +198,10 @@ class MTPDrafter:
         run = catch_up_and_draft(self.head, state.cache, hidden, tokens, k, self.min_draft_prob, temperature, self.generator)
         catch_up_ms = None if seeding else run.catch_up_ms  # a seed's catch-up is the whole context, once
         if run.probs is None:
-            return Draft(run.token_ids, catch_up_ms=catch_up_ms)
+            return Draft(run.token_ids, catch_up_ms=catch_up_ms, seeded=seeding)
         full = torch.zeros(run.probs.shape[0], self.vocab_size)
         full[:, self.head.vocab_ids] = run.probs
-        return Draft(run.token_ids, full, catch_up_ms=catch_up_ms)
+        return Draft(run.token_ids, full, catch_up_ms=catch_up_ms, seeded=seeding)
 
     def finish(self, request: Request) -> None:  # learns nothing from finished requests
         return None

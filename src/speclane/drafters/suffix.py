@@ -20,7 +20,8 @@ from what stays, down to three quarters of the bound, so rebuilds are rare). At 
 
 Per request, the context's index grows by the tokens added since its last round; the
 first round of a request indexes its whole prompt (~1 ms per 2,000 tokens here), a
-one-off that reports ``catch_up_ms=None`` so adaptive K leaves it out of its timing.
+one-off that reports itself (``Draft.seeded``) so adaptive K counts it as what a
+request's first round costs, not as any round's.
 Deterministic: drafts are one-hot, verified by exact match, so output is unchanged.
 """
 
@@ -103,7 +104,7 @@ class SuffixDrafter:
             self.tenants.move_to_end(request.tenant)
             occurrences += alignments(store.index, context, params)
         tokens, probs, parents = vote(occurrences, k, params)
-        return Draft(tokens, confidence=tuple(probs), catch_up_ms=None if seeding else 0.0,
+        return Draft(tokens, confidence=tuple(probs), catch_up_ms=None if seeding else 0.0, seeded=seeding,
                      parents=None if draft_tree.is_chain(parents) else tuple(parents))
 
     def finish(self, request: Request) -> None:

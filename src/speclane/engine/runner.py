@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 class ModelRunner:
     def __init__(self, model: LlamaModel, cache: KVCache, drafter: Drafter | None):
         self._draft_timings: list[tuple[float, int, float]] = []  # its proposals' (RunnerResult.draft_timings)
+        self._seed_timings: list[tuple[str, float]] = []  # its seeding proposals' (RunnerResult.seed_timings)
         self.model = model
         self.cache = cache
         self.drafter = drafter
@@ -65,12 +66,12 @@ class ModelRunner:
 
     def execute(self, plan: SchedulerPlan) -> RunnerResult:
         started = time.perf_counter()
-        self._draft_timings = []
+        self._draft_timings, self._seed_timings = [], []
         self.release(plan.preempted_request_ids, preempted=True)
         self.cache.copy_blocks(plan.kv_copies)  # cached K/V that admitted prompts start from
         seqs = self._step(list(plan.seqs)) if plan.seqs else []
         return RunnerResult(seqs=tuple(seqs), elapsed_ms=(time.perf_counter() - started) * 1000,
-                            draft_timings=tuple(self._draft_timings))
+                            draft_timings=tuple(self._draft_timings), seed_timings=tuple(self._seed_timings))
 
     def release(self, request_ids: tuple[str, ...], *, preempted: bool = False) -> None:
         """Forget the per-request state (sampling stream, grammar matcher, drafter state) of
@@ -115,7 +116,9 @@ class ModelRunner:
                 started = time.perf_counter()
                 draft = self.drafter.propose(seq.request, seq.num_draft_tokens)
                 elapsed = (time.perf_counter() - started) * 1000
-                if draft.catch_up_ms is not None:  # not a (re)seeding call
+                if draft.seeded:
+                    self._seed_timings.append((seq.request_id, elapsed))
+                elif draft.catch_up_ms is not None:  # drafted its costly way (not a lookup)
                     self._draft_timings.append((elapsed - draft.catch_up_ms, len(draft.token_ids), draft.catch_up_ms))
                 draft = draft.cut(seq.num_draft_tokens)
                 matcher = self._matcher(seq.request)

@@ -7,13 +7,14 @@ tick waits for them. Whether that pays depends on three things this module keeps
   machine by the runner, ``engine/calibration.py``). On a CPU with weight-only int4
   kernels it is far from flat: every row costs its FMAs (5 positions ~1.5x one here,
   9 ~2.6x), and a full batch plus a verify costs more than the batch alone.
-* ``DraftTiming``: what drafting costs per token (an MTP head pass each; n-gram ~0) and
-  per round (an MTP head's catch-up on the positions verified since its last round).
+* ``DraftTiming``: what drafting costs per token (an MTP head pass each; n-gram ~0), per
+  round (an MTP head's catch-up on the positions verified since its last round) and on a
+  request's first round (its seed: an MTP head's pass over the prompt).
 * ``AcceptanceEstimate``: per request, the chance a draft token is accepted, from its
   recent rounds (counts decay, so it follows the text: a copy passage, then free prose).
 * ``RoundOverhead``: what a round beside other streams costs on top of those two,
-  measured on the engine's own ticks (its verification; an MTP head's first round, which
-  seeds the head on the prompt). The table times a forward, not a round.
+  measured on the engine's own ticks (its verification). The table times a forward, not
+  a round.
 
 ``choose(...)`` then picks, for each holder in turn, the K in ``0..k_max`` that
 maximises the tick's expected goodput, tokens out per ms::
@@ -76,8 +77,13 @@ cost 1.3-2.2 ms more than the table and the head's timing said, and at 8 streams
 probes alone (34-46 a run of 5-7 batches, ~50% accepted) cost more than they returned. With
 ``RoundOverhead`` counted, `bench vs-llama-cpp`'s 8 streams through engines alone drafted
 +0.8% rows with the MTP drafter (47 drafted, 19 accepted) where they drafted +3.8% (229,
-84), and +1.8% with auto where +3.5%; the aggregate over speculation off moves more between
-runs than that work does (0.92-0.97x either way). The price: a request that first holds
+84), and +1.8% with auto where +3.5%. What was left were first probes: a request's first
+round seeds an MTP head on its prompt (~2 ms on those 46-token prompts, beside a plain tick
+of ~11 ms), which a faded mean of tick residuals priced at 0.2-0.9 ms, so each request of
+each batch probed once and paid ~1.2 ms of tick for it (the MTP engine 0.97x of itself with
+speculation off per request, two runs of 7 batches). Timed by the drafter instead
+(``Draft.seeded``, ``DraftTiming.ms_first_round``), no first probe beside 7 streams pays:
+the same runs drafted nothing and read 0.99x (auto 1.00x). The price: a request that first holds
 the lane in a tick of 8 streams is found to be predictable only where its one-draft probe
 pays there, at the margin on this machine (one more token of 8 against the round's costs);
 in a tick of 4-5 streams it is found (`bench hol`). Held ticks without drafts leave the
@@ -223,16 +229,23 @@ class AcceptanceEstimate:
 @dataclass
 class DraftTiming:
     """What drafting costs, learnt from the drafter's proposals: milliseconds per proposed
-    token (an MTP head costs a pass per token; the n-gram drafter next to nothing) and per
+    token (an MTP head costs a pass per token; the n-gram drafter next to nothing), per
     round (an MTP head first catches up on the positions verified since its last round,
-    whatever K). Both are part of the round's time.
+    whatever K), and per request's first round (what its seed costs: an MTP head's pass
+    over the prompt, the suffix drafter's index of it; 0 where it seeds nothing, as a
+    prompt lookup). All are part of the round's time.
 
     Kept apart because they scale differently: charged per token, one catch-up makes a
     one-draft round look twice its per-token cost, adaptive K then drafts less, and every
-    round catches up on more positions (`bench mtp`)."""
+    round catches up on more positions (`bench mtp`). A seed, once per request, is several
+    later rounds' catch-up (an MTP head here: ~2 ms on a 46-token prompt against ~0.4 ms),
+    so it is neither: averaged into the catch-up it made every later round look dear, left
+    out it made a first probe beside other streams look cheap (``choose``)."""
 
     ms_per_token: float = 0.0
     ms_per_round: float = 0.0
+    ms_first_round: float = 0.0
+    first_rounds: int = 0
 
     def observe(self, draft_ms: float, tokens: int, catch_up_ms: float = 0.0) -> None:
         """One proposal: ``draft_ms`` drafting its ``tokens``, ``catch_up_ms`` catching up."""
@@ -241,71 +254,58 @@ class DraftTiming:
         self.ms_per_token = _mean(self.ms_per_token, draft_ms / tokens)
         self.ms_per_round = _mean(self.ms_per_round, catch_up_ms)
 
+    def observe_first_round(self, seed_ms: float) -> None:
+        """A request's first round: ``seed_ms`` its drafter spent seeding (0: none)."""
+        self.first_rounds += 1
+        self.ms_first_round = _running_mean(self.ms_first_round, seed_ms, self.first_rounds)
+
 
 @dataclass
 class RoundOverhead:
     """What a round beside other streams costs on top of the step cost table and
-    ``DraftTiming``, measured on the engine's own ticks: milliseconds per round, for a
-    request's first round and for its later ones apart.
+    ``DraftTiming``, measured on the engine's own ticks: milliseconds per round.
 
     The table times a forward of n positions of one sequence. A round in a tick of other
-    streams also verifies (logits and choices for its drafts, its kept hidden states for an
-    MTP head), and a request's first round with an MTP head seeds the head on up to its
-    window of positions, which ``DraftTiming`` leaves out (a seed is once per request, not
-    per round). Here, 8 and 16 streams with the MTP drafter: the table said a draft row
-    beside them costs next to nothing, and a tick with a round took 1.3-2.2 ms more than
-    its timed drafting and a plain tick of as many rows. So the scheduler times every
-    decode tick: a tick without drafts sets the plain time of its rows; a tick with rounds,
-    less its timed drafting, its plain rows' time and the table's step to its drafted rows,
-    leaves the residual. A tick with requests' first rounds gives the first rounds' mean
-    residual (its other rounds, if any, at the later rounds' mean); any other, the later
-    rounds'. Apart, a first round's seed does not make every later round of a chat look
-    dear, nor a cheap drafter's first round (the suffix drafter seeds nothing) look like
-    a head's. ``choose`` adds them to a round in a shared tick (a lone holder's rounds
-    delay no one, and its K was tuned on the table alone).
+    streams also verifies: logits and choices for its drafts, its kept hidden states for
+    an MTP head. Here, 8 and 16 streams with the MTP drafter: the table said a draft row
+    beside them costs next to nothing, and a tick with a round took more than its timed
+    drafting and a plain tick of as many rows. So the scheduler times every decode tick:
+    a tick without drafts sets the plain time of its rows; a tick with rounds, less its
+    timed drafting (seeds included), its plain rows' time and the table's step to its
+    drafted rows, leaves the residual, each round its share. ``choose`` adds it to a round
+    in a shared tick (a lone holder's rounds delay no one, and its K was tuned on the table
+    alone).
 
-    The means fade while shared ticks go without rounds (``FADE`` a plain tick): once an
+    The mean fades while shared ticks go without rounds (``FADE`` a plain tick): once an
     overhead stops shared drafting nothing measures it, and a value that one slow stretch
     set would otherwise stop it for the engine's life; faded, probes come back and measure
     it again."""
 
     plain_ms: dict[int, float] = field(default_factory=dict)  # rows -> a decode tick without drafts
     plain_ticks: dict[int, int] = field(default_factory=dict)
-    ms_per_round: float = 0.0  # a request's later rounds
+    ms_per_round: float = 0.0
     rounds: int = 0
-    ms_first_round: float = 0.0  # a request's first round
-    first_rounds: int = 0
 
-    def observe(self, rows: int, drafted: int, rounds: int, forward_ms: float, cost: StepCost,
-                first: int = 0) -> None:
-        """A decode tick of ``rows`` sequences and ``drafted`` draft rows in ``rounds`` rounds,
-        ``first`` of them requests' first rounds; ``forward_ms``: its time less its drafters'
-        timed proposals."""
+    def observe(self, rows: int, drafted: int, rounds: int, forward_ms: float, cost: StepCost) -> None:
+        """A decode tick of ``rows`` sequences and ``drafted`` draft rows in ``rounds`` rounds;
+        ``forward_ms``: its time less its drafters' timed proposals and seeds."""
         if rounds == 0:
             seen = self.plain_ticks.get(rows, 0) + 1
             self.plain_ticks[rows] = seen
             self.plain_ms[rows] = _running_mean(self.plain_ms.get(rows, 0.0), forward_ms, seen)
             if rows > 1:
                 self.ms_per_round *= FADE
-                self.ms_first_round *= FADE
             return
         if rows < 2 or self.plain_ticks.get(rows, 0) < MIN_PLAIN_TICKS:
             return  # a lone holder's tick, or no plain tick of these rows to compare with yet
         residual = forward_ms - self.plain_ms[rows] - (cost.ms(rows + drafted) - cost.ms(rows))
-        bound = cost.ms(rows)  # one sample moves a mean at most a plain tick's worth (a pause, a collection)
-        if first:
-            sample = min(bound, max(-bound, (residual - (rounds - first) * self.ms_per_round) / first))
-            self.first_rounds += 1
-            self.ms_first_round = _running_mean(self.ms_first_round, sample, self.first_rounds)
-        else:
-            sample = min(bound, max(-bound, residual / rounds))
-            self.rounds += 1
-            self.ms_per_round = _running_mean(self.ms_per_round, sample, self.rounds)
+        bound = cost.ms(rows)  # one sample moves the mean at most a plain tick's worth (a pause, a collection)
+        self.rounds += 1
+        self.ms_per_round = _running_mean(self.ms_per_round, min(bound, max(-bound, residual / rounds)), self.rounds)
 
-    def shared_round_ms(self, first: bool = False) -> float:
-        """What ``choose`` adds to a request's first (``first``) or later round in a shared
-        tick (the table is its floor)."""
-        return max(0.0, self.ms_first_round if first else self.ms_per_round)
+    def shared_round_ms(self) -> float:
+        """What ``choose`` adds to a round in a shared tick (the table is its floor)."""
+        return max(0.0, self.ms_per_round)
 
 
 def _running_mean(current: float, sample: float, seen: int) -> float:
@@ -326,20 +326,22 @@ def expected_tokens(rate: float, k: int) -> float:
 def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, cost: StepCost,
            acceptance: AcceptanceEstimate, draft_ms_per_token: float = 0.0,
            draft_ms_per_round: float = 0.0, shared_round_ms: float = 0.0,
-           shared_first_round_ms: float | None = None) -> dict[str, int]:
+           draft_ms_first_round: float | None = None) -> dict[str, int]:
     """K for each holder (id, most drafts allowed), holders in the given order.
 
     ``base_rows``: rows of the tick without any drafts (every decode row, the holders' own
     included; the scheduler does not count a prompt chunk here); ``base_tokens``: tokens
     those rows produce;
-    ``draft_ms_per_token`` / ``draft_ms_per_round``: what proposing one draft token, and
-    one round whatever its K, costs (``DraftTiming``); ``shared_round_ms`` /
-    ``shared_first_round_ms``: what a request's later / first round beside other streams
-    costs on top (``RoundOverhead``; the first's default: the later's).
+    ``draft_ms_per_token`` / ``draft_ms_per_round`` / ``draft_ms_first_round``: what
+    proposing one draft token, one round whatever its K, and a request's first round
+    (its seed, instead of a round's catch-up) cost (``DraftTiming``; the first's
+    default: a round's); ``shared_round_ms``: what a round beside other streams costs on
+    top (``RoundOverhead``). A lone holder's first round is priced as any round: its seed
+    delays no one and is paid once, whenever the request first drafts.
     """
     drafting = 0.0  # ms of the drafts chosen so far
     shared = base_rows > 1  # other streams' rows wait for this tick too
-    first_round_ms = shared_round_ms if shared_first_round_ms is None else shared_first_round_ms
+    first_round_ms = draft_ms_per_round if draft_ms_first_round is None or not shared else draft_ms_first_round
 
     def tick_ms(total_rows: int, extra_drafts: int, round_ms: float) -> float:
         return cost.ms(total_rows) + drafting + extra_drafts * draft_ms_per_token + (round_ms if extra_drafts else 0.0)
@@ -349,7 +351,7 @@ def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, c
     ceiling = MAX_SLOWDOWN * cost.ms(base_rows)
     for request_id, k_max in holders:
         first = not acceptance.has_drafted(request_id)  # never drafted: probe (see Exploration)
-        round_ms = draft_ms_per_round + ((first_round_ms if first else shared_round_ms) if shared else 0.0)
+        round_ms = (first_round_ms if first else draft_ms_per_round) + (shared_round_ms if shared else 0.0)
         holder_ms = functools.partial(tick_ms, round_ms=round_ms)
         rate = acceptance.rate(request_id)
         best = MIN_GAIN * tokens / holder_ms(rows, 0)  # what a K > 0 must beat

@@ -87,3 +87,5 @@ class RunnerResult:
     elapsed_ms: float = 0.0  # wall time of the tick's execution (forward, drafting, sampling)
     # Per proposal that adaptive K learns from: (ms drafting tokens, tokens, ms catching up).
     draft_timings: tuple[tuple[float, int, float], ...] = field(default_factory=tuple)
+    # Per proposal that seeded its request's drafter state (``Draft.seeded``): (request id, ms).
+    seed_timings: tuple[tuple[str, float], ...] = field(default_factory=tuple)

@@ -219,8 +219,8 @@ class Scheduler:
         return draft_length.choose(caps, base_rows=len(decoding), base_tokens=len(decoding), cost=self.step_cost,
                                    acceptance=self.acceptance, draft_ms_per_token=self.draft_timing.ms_per_token,
                                    draft_ms_per_round=self.draft_timing.ms_per_round,
-                                   shared_round_ms=self.round_overhead.shared_round_ms(),
-                                   shared_first_round_ms=self.round_overhead.shared_round_ms(first=True))
+                                   draft_ms_first_round=self.draft_timing.ms_first_round,
+                                   shared_round_ms=self.round_overhead.shared_round_ms())
 
     def take_released(self) -> tuple[str, ...]:
         """Requests that left since the last call (their drafter state can go)."""
@@ -351,16 +351,26 @@ class Scheduler:
         if plan.kv_copies or not all(seq.sample and len(seq.token_ids) == 1 and seq.start >= seq.request.num_prompt_tokens
                                      and seq.request.grammar is None and seq.request.sampling.logprobs is None for seq in seqs):
             return
-        rounds = drafted = first = 0
+        rounds = drafted = 0
         for res in result.seqs:
             if res.num_draft_tokens:
                 rounds += 1
                 drafted += res.num_draft_tokens
-                first += not self.acceptance.has_drafted(res.request_id)
         if rounds == 0 and any(seq.is_round for seq in seqs):
             return
-        drafting_ms = sum(ms + catch_up_ms for ms, _, catch_up_ms in result.draft_timings)
-        self.round_overhead.observe(len(seqs), drafted, rounds, result.elapsed_ms - drafting_ms, self.step_cost, first=first)
+        drafting_ms = (sum(ms + catch_up_ms for ms, _, catch_up_ms in result.draft_timings)
+                       + sum(ms for _, ms in result.seed_timings))
+        self.round_overhead.observe(len(seqs), drafted, rounds, result.elapsed_ms - drafting_ms, self.step_cost)
+
+    def _time_first_rounds(self, plan: SchedulerPlan, result: RunnerResult) -> None:
+        """What requests' first rounds cost their drafter, seeds and all (``DraftTiming``): a
+        round that seeded gives its seed's time, one that drafted without seeding 0 (a
+        prompt lookup's), one that neither seeded nor drafted nothing (it tries again)."""
+        seeds = dict(result.seed_timings)
+        for seq, res in zip(plan.seqs, result.seqs, strict=True):
+            rid = seq.request_id
+            if seq.is_round and not self.acceptance.has_drafted(rid) and (rid in seeds or res.num_draft_tokens):
+                self.draft_timing.observe_first_round(seeds.get(rid, 0.0))
 
     def update(self, plan: SchedulerPlan, result: RunnerResult, now: float) -> list[TokenEvent]:
         """Advance requests by what the runner chose for ``plan``; account the lane and
@@ -372,6 +382,7 @@ class Scheduler:
             self.draft_timing.observe(drafting_ms, tokens, catch_up_ms)
         if self._adaptive_k:
             self._time_tick(plan, result)
+            self._time_first_rounds(plan, result)
         for seq, res in zip(plan.seqs, result.seqs, strict=True):
             if res.request_id != seq.request_id:
                 raise ValueError(f"the runner answered {res.request_id!r} for {seq.request_id!r}")
