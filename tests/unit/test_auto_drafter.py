@@ -167,15 +167,15 @@ def test_a_proposal_that_drafts_wins_over_an_empty_one_whatever_the_step_cost():
 
 
 def test_a_seeding_head_round_is_left_out_of_the_heads_time():
-    """The head's first round on a request (catch_up_ms None) catches up on its whole
-    context, once: counted, it would keep the head out of every later round."""
+    """The head's first round on a request (seeded) catches up on its whole context, once:
+    counted, it would keep the head out of every later round."""
     now = [0.0]
 
     class Seeding(Fixed):
         def propose(self, request, k):
             self.calls += 1
             now[0] += 0.050 if self.calls == 1 else 0.002  # a 50 ms seed, then 2 ms rounds
-            return Draft(self.tokens[:k], catch_up_ms=None if self.calls == 1 else 0.5)
+            return Draft(self.tokens[:k], catch_up_ms=48.0 if self.calls == 1 else 0.5, seeded=self.calls == 1)
 
     head = Seeding([40, 41, 42, 43])
     auto = AutoDrafter(Fixed([7], [0.9]), Fixed([]), head, clock=lambda: now[0])
@@ -187,24 +187,27 @@ def test_a_seeding_head_round_is_left_out_of_the_heads_time():
 
 def test_a_call_in_which_the_suffix_drafter_or_the_head_seeded_reports_itself_seeded():
     """Adaptive K keeps a seed apart (a request's first round's cost): whichever drafter's
-    draft the round takes, a call that seeded says so, and a later one does not."""
+    draft the round takes, a call that seeded says so (its time unsplit, catch_up_ms None,
+    unless the draft is the seeding head's own, which split it), and a later one does not."""
 
     class SeedsOnce(Fixed):
         def propose(self, request, k):
             self.calls += 1
-            return Draft(self.tokens[:k], confidence=self.confidence[:k], catch_up_ms=None if self.calls == 1 else 0.0,
-                         seeded=self.calls == 1)
+            seeding = self.calls == 1
+            return Draft(self.tokens[:k], confidence=self.confidence[:k], catch_up_ms=3.0 if seeding else 0.5,
+                         seeded=seeding)
 
-    auto = AutoDrafter(SeedsOnce([7, 8], [0.9, 0.9]), Fixed([]), None)
-    first, later = auto.propose(_request("a"), 4), auto.propose(_request("a"), 4)
-    assert first.token_ids == [7, 8] and first.seeded and first.catch_up_ms is None
-    assert later.token_ids == [7, 8] and not later.seeded
-
-    class HeadSeedsOnce(Fixed):
-        def propose(self, request, k):
-            self.calls += 1
-            return Draft(self.tokens[:k], catch_up_ms=None if self.calls == 1 else 0.5, seeded=self.calls == 1)
-
-    auto = AutoDrafter(Fixed([]), Fixed([]), HeadSeedsOnce([40, 41]))
+    # The suffix seeds, the head's draft wins: the call is still a seed.
+    auto = AutoDrafter(SeedsOnce([7], [0.2]), Fixed([]), Fixed([40, 41]))
     first, later = auto.propose(_request("a"), 2), auto.propose(_request("a"), 2)
-    assert first.token_ids == [40, 41] and first.seeded and not later.seeded and later.catch_up_ms == 0.5
+    assert first.token_ids == [40, 41] and first.seeded and first.catch_up_ms is None
+    assert later.token_ids == [40, 41] and not later.seeded
+    # The head seeds and gives nothing, the suffix's draft is taken: a seed too.
+    auto = AutoDrafter(Fixed([7, 8], [0.2, 0.2]), Fixed([]), SeedsOnce([]))
+    first = auto.propose(_request("a"), 2)
+    assert first.token_ids == [7, 8] and first.seeded and first.catch_up_ms is None
+    # The head seeds and its draft is taken: its own split (the seed's catch-up) stands.
+    auto = AutoDrafter(Fixed([]), Fixed([]), SeedsOnce([40, 41]))
+    first, later = auto.propose(_request("a"), 2), auto.propose(_request("a"), 2)
+    assert first.token_ids == [40, 41] and first.seeded and first.catch_up_ms == 3.0
+    assert not later.seeded and later.catch_up_ms == 0.5

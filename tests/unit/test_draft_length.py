@@ -203,6 +203,10 @@ def test_a_first_round_beside_others_is_charged_its_seed_and_alone_a_rounds_catc
     assert choose([("new", 4)], 8, 8, NEARLY_FLAT, est, **costs) == {"new": 0}  # a probe that seeds does not pay
     assert choose([("new", 4)], 8, 8, NEARLY_FLAT, est, **{**costs, "draft_ms_first_round": 0.5}) == {"new": 1}
     assert choose([("copy", 4)], 8, 8, NEARLY_FLAT, est, **{**costs, "draft_ms_per_round": 20.0}) == {"copy": 0}
+    # Whose next round seeds is the scheduler's to say: a preempted request that has drafted
+    # seeds again; one that seeded but proposed nothing has paid its seed.
+    assert choose([("copy", 4)], 8, 8, NEARLY_FLAT, est, **costs, first_rounds={"copy"}) == {"copy": 0}
+    assert choose([("new", 4)], 8, 8, NEARLY_FLAT, est, **costs, first_rounds=set()) == {"new": 1}
     # Alone the seed delays no one: the lone first round is priced as any round.
     alone = choose([("new", 8)], 1, 1, NEARLY_FLAT, est, draft_ms_per_round=0.5, draft_ms_first_round=1000.0)
     assert alone == choose([("new", 8)], 1, 1, NEARLY_FLAT, est, draft_ms_per_round=0.5) and alone["new"] >= 1
@@ -239,7 +243,7 @@ def test_a_measured_round_overhead_stops_drafts_that_the_table_alone_would_buy()
 def test_a_probe_in_a_shared_tick_must_pay_for_itself():
     """A probe is PROBE_K drafts: beside other streams it happens only where those drafts,
     accepted, repay the tick's extra time, even if a deeper round of certain drafts would
-    (its cost is every co-batched stream's; an MTP head's first round also seeds the head)."""
+    (its cost is every co-batched stream's)."""
     est = AcceptanceEstimate()
     # 8 rows of ~33 ms: one certain draft adds 1/8 of the tokens (~4 ms' worth), four add 1/2.
     assert choose([("new", 4)], 8, 8, NEARLY_FLAT, est, shared_round_ms=1.0) == {"new": 1}
@@ -421,11 +425,12 @@ class CostlyRoundRunner:
             rows += len(seq.token_ids) + k
             if k and self.seed_ms and seq.request_id not in self.seeded:
                 self.seeded.add(seq.request_id)
-                seeds.append((seq.request_id, self.seed_ms + 0.02 * k))
+                seeds.append((seq.request_id, self.seed_ms))
+                timings.append((0.02 * k, k, None))
             elif k:
                 timings.append((0.02 * k, k, 0.05))
-        drafting = sum(ms + catch_up for ms, _, catch_up in timings) + sum(ms for _, ms in seeds)
-        return RunnerResult(tuple(results), elapsed_ms=ROWWISE.ms(rows) + drafting + self.round_ms * (len(timings) + len(seeds)),
+        drafting = sum(ms + (catch_up or 0.0) for ms, _, catch_up in timings) + sum(ms for _, ms in seeds)
+        return RunnerResult(tuple(results), elapsed_ms=ROWWISE.ms(rows) + drafting + self.round_ms * len(timings),
                             draft_timings=tuple(timings), seed_timings=tuple(seeds))
 
 
@@ -473,12 +478,53 @@ def test_a_seed_measured_on_one_first_round_stops_the_first_probes_it_does_not_r
     scheduler, plans = eight_streams(CostlyRoundRunner(0.0, seed_ms=20.0), 120)
     first_rounds = {seq.request_id for plan in plans for seq in plan.seqs if seq.is_round}
     assert len(first_rounds) == 1 and scheduler.lane.events  # the lane rotated; one request probed
-    assert scheduler.draft_timing.ms_first_round == pytest.approx(20.02)
+    assert scheduler.draft_timing.ms_first_round == pytest.approx(20.0)
     assert scheduler.round_overhead.ms_per_round == pytest.approx(0.0, abs=1e-9)
     granted = {e.request_id for e in scheduler.lane.events if e.kind == "grant"}
     assert len(granted) == 8
-    _, cheap = eight_streams(CostlyRoundRunner(0.0, seed_ms=0.1), 120)  # a cheap seed: each probes
-    assert len({seq.request_id for plan in cheap for seq in plan.seqs if seq.is_round}) == 8
+    # A cheap seed: each probes, and the rounds after the plain ticks measure no overhead,
+    # since their seeds are the drafter's time, not the round's.
+    cheap, plans = eight_streams(CostlyRoundRunner(0.0, seed_ms=0.5), 120)
+    assert len({seq.request_id for plan in plans for seq in plan.seqs if seq.is_round}) == 8
+    assert cheap.round_overhead.rounds > 0 and cheap.round_overhead.ms_per_round == pytest.approx(0.0, abs=1e-9)
+    assert cheap.draft_timing.ms_first_round == pytest.approx(0.5)
+
+
+class SeedsThenProposes:
+    """A drafter whose first call on a request seeds (``seed_ms``) and proposes nothing (no
+    match yet), and whose later calls propose every draft, all accepted."""
+
+    def __init__(self, seed_ms: float):
+        self.seed_ms, self.seeded = seed_ms, set()
+
+    def execute(self, plan: SchedulerPlan) -> RunnerResult:
+        results, seeds, timings = [], [], []
+        for seq in plan.seqs:
+            k = seq.num_draft_tokens
+            if k and seq.request_id not in self.seeded:
+                self.seeded.add(seq.request_id)
+                seeds.append((seq.request_id, self.seed_ms))
+                k = 0
+            elif k:
+                timings.append((0.0, k, 0.0))
+            results.append(SeqResult(seq.request_id, (500,) * (k + 1 if seq.sample else 0), k))
+        return RunnerResult(tuple(results), elapsed_ms=10.0, draft_timings=tuple(timings), seed_timings=tuple(seeds))
+
+
+def test_a_first_round_that_seeded_but_proposed_nothing_is_its_one_first_round():
+    """Its seed is paid: the round that first proposes is an ordinary one, neither a second
+    sample of the first round's cost (at 0, halving the seed) nor charged the seed again."""
+    lane = LaneConfig(spec_mode="slice", num_draft_tokens=4)
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=8), lane, 4096, step_cost=StepCost((10.0,)))
+    scheduler.add_request(Request(request_id="a", prompt_token_ids=[1, 2, 3],
+                                  sampling=SamplingParams(max_tokens=1000, ignore_eos=True)), 0.0)
+    runner, rounds = SeedsThenProposes(6.0), []
+    for t in range(6):
+        plan = scheduler.schedule(t * 0.01)
+        rounds.append(drafts(plan))
+        scheduler.update(plan, runner.execute(plan), t * 0.01)
+    assert rounds[1] > 0 and rounds[2] > 0  # it seeded (nothing proposed), then drafted
+    assert scheduler.draft_timing.first_rounds == 1 and scheduler.draft_timing.ms_first_round == pytest.approx(6.0)
 
 
 def test_a_holder_kept_at_k0_still_spends_its_grant_so_the_lane_rotates():

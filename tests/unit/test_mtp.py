@@ -298,8 +298,8 @@ def test_drafter_catch_up_uses_only_the_last_window_positions():
 
 def test_a_seeding_proposal_reports_no_catch_up_time_and_a_later_one_does():
     """Adaptive K learns a round's catch-up from the drafter's own split of its time; the
-    first round catches up on the whole context once: it reports itself seeded, its time a
-    first round's, not a round's catch-up (Draft.catch_up_ms, Draft.seeded)."""
+    first round catches up on the whole context once: it reports itself seeded, the
+    catch-up its seed's time, a first round's cost rather than a round's (Draft.seeded)."""
     from speclane.request import Request
 
     model = toy_model(toy_config(vocab_size=VOCAB))
@@ -311,7 +311,7 @@ def test_a_seeding_proposal_reports_no_catch_up_time_and_a_later_one_does():
     hidden = torch.randn(22, model.config.hidden_size, generator=gen)
     drafter.observe(request, 0, hidden[:20])
     seeded = drafter.propose(request, 2)
-    assert len(seeded.token_ids) == 2 and seeded.catch_up_ms is None and seeded.seeded
+    assert len(seeded.token_ids) == 2 and seeded.seeded and seeded.catch_up_ms > 0
     request.output_token_ids.append(4)  # the round verified position 20 (and the token after it)
     drafter.observe(request, 20, hidden[20:21])
     later = drafter.propose(request, 2)

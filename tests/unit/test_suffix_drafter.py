@@ -33,7 +33,7 @@ def test_a_requests_first_round_reports_its_index_as_a_seed_and_later_rounds_do_
     drafter = SuffixDrafter(LONG)
     request = _request([1] + SOURCE + [2], output=[12, 13, 14])
     first = drafter.propose(request, 4)
-    assert first.seeded and first.catch_up_ms is None
+    assert first.seeded and first.catch_up_ms > 0  # the index's time: the seed's
     request.output_token_ids.append(15)
     later = drafter.propose(request, 4)
     assert later.token_ids == [16, 17, 18, 19] and not later.seeded and later.catch_up_ms == 0.0

@@ -150,8 +150,8 @@ class AutoDrafter:
                 source, draft = "mtp", head
             else:  # adaptive K times head rounds only
                 draft = replace(draft, catch_up_ms=None)
-        if suffix.seeded or head.seeded:  # the call's time is a seed's, whichever draft it gives
-            draft = replace(draft, catch_up_ms=None, seeded=True)
+        if (suffix.seeded or head.seeded) and not (draft is head and head.seeded):
+            draft = replace(draft, catch_up_ms=None, seeded=True)  # the call's time is a seed's, unsplit
         if draft.token_ids:
             self.chosen[source] += 1
             predicted = sum(suffix.confidence) if source == "suffix" else 0.0
@@ -162,10 +162,10 @@ class AutoDrafter:
         start = self.clock()
         head = self.head.propose(request, k)
         ms = (self.clock() - start) * 1000.0
-        # A seeding round (catch_up_ms None) runs the head over the request's whole context,
-        # once: timed into head_ms, that one cost made the head look too dear to run again,
-        # and a head that never runs never corrects it.
-        if head.catch_up_ms is not None:
+        # A seeding round runs the head over the request's whole context, once: timed into
+        # head_ms, that one cost made the head look too dear to run again, and a head that
+        # never runs never corrects it.
+        if not head.seeded and head.catch_up_ms is not None:
             self.head_ms = ms if self.head_ms is None else DECAY * self.head_ms + (1 - DECAY) * ms
         return head
 

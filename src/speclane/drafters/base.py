@@ -26,9 +26,10 @@ class Draft:
     # the drafter is deterministic (q one-hot), as n-gram lookup is.
     probs: torch.Tensor | None = None
     # Of the call's time, the ms spent catching up on positions verified since the
-    # request's last round: paid once per round whatever k (n-gram: 0). None when the call
-    # seeded (below) or drafted the round another way than its costly one (the MTP
-    # drafter's prompt lookup): adaptive K leaves it out of its per-round timing.
+    # request's last round: paid once per round whatever k (n-gram: 0); in a call that
+    # seeded (below), the seed's. None when the call drafted the round another way than
+    # its costly one (the MTP drafter's prompt lookup), or seeded without splitting its
+    # time: adaptive K leaves it out of its per-round timing.
     catch_up_ms: float | None = 0.0
     # The call (re)built the request's drafter state from its whole context (an MTP head's
     # pass over it, the suffix drafter's index): a one-off whose time says nothing about

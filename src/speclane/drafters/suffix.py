@@ -27,6 +27,7 @@ Deterministic: drafts are one-hot, verified by exact match, so output is unchang
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -87,6 +88,7 @@ class SuffixDrafter:
     def propose(self, request: Request, k: int) -> Draft:
         if k <= 0:
             return Draft([])
+        started = time.perf_counter()
         state = self.states.get(request.request_id)
         seeding = state is None or len(state.own) > request.num_tokens
         if seeding:
@@ -95,6 +97,7 @@ class SuffixDrafter:
                 state.prediction = SuffixIndex(request.prediction_token_ids)
         assert state is not None
         state.own.extend(request.tokens_between(len(state.own), request.num_tokens))
+        indexed_ms = (time.perf_counter() - started) * 1000
         context = state.own.tokens
         params = self.params
         occurrences = alignments(state.prediction, context, params) if state.prediction is not None else []
@@ -104,7 +107,7 @@ class SuffixDrafter:
             self.tenants.move_to_end(request.tenant)
             occurrences += alignments(store.index, context, params)
         tokens, probs, parents = vote(occurrences, k, params)
-        return Draft(tokens, confidence=tuple(probs), catch_up_ms=None if seeding else 0.0, seeded=seeding,
+        return Draft(tokens, confidence=tuple(probs), catch_up_ms=indexed_ms if seeding else 0.0, seeded=seeding,
                      parents=None if draft_tree.is_chain(parents) else tuple(parents))
 
     def finish(self, request: Request) -> None:

@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, cache: KVCache, drafter: Drafter | None):
-        self._draft_timings: list[tuple[float, int, float]] = []  # its proposals' (RunnerResult.draft_timings)
+        self._draft_timings: list[tuple[float, int, float | None]] = []  # its proposals' (RunnerResult.draft_timings)
         self._seed_timings: list[tuple[str, float]] = []  # its seeding proposals' (RunnerResult.seed_timings)
         self.model = model
         self.cache = cache
@@ -116,8 +116,11 @@ class ModelRunner:
                 started = time.perf_counter()
                 draft = self.drafter.propose(seq.request, seq.num_draft_tokens)
                 elapsed = (time.perf_counter() - started) * 1000
-                if draft.seeded:
-                    self._seed_timings.append((seq.request_id, elapsed))
+                if draft.seeded:  # the seed apart; its drafting, where the drafter split it off, as any
+                    seed_ms = elapsed if draft.catch_up_ms is None else draft.catch_up_ms
+                    self._seed_timings.append((seq.request_id, seed_ms))
+                    if draft.catch_up_ms is not None:
+                        self._draft_timings.append((elapsed - seed_ms, len(draft.token_ids), None))
                 elif draft.catch_up_ms is not None:  # drafted its costly way (not a lookup)
                     self._draft_timings.append((elapsed - draft.catch_up_ms, len(draft.token_ids), draft.catch_up_ms))
                 draft = draft.cut(seq.num_draft_tokens)

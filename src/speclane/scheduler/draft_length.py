@@ -95,7 +95,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 
 PRIOR_WEIGHT = 1.0  # the prior counts as this many tried positions: one failed round outweighs it
@@ -232,27 +232,31 @@ class DraftTiming:
     token (an MTP head costs a pass per token; the n-gram drafter next to nothing), per
     round (an MTP head first catches up on the positions verified since its last round,
     whatever K), and per request's first round (what its seed costs: an MTP head's pass
-    over the prompt, the suffix drafter's index of it; 0 where it seeds nothing, as a
-    prompt lookup). All are part of the round's time.
+    over the prompt, the suffix drafter's index of it; 0 where the first round drafts
+    without seeding, by prompt lookup, and a head behind the lookup seeds at a later
+    round, priced as a round). All are part of the round's time.
 
     Kept apart because they scale differently: charged per token, one catch-up makes a
     one-draft round look twice its per-token cost, adaptive K then drafts less, and every
     round catches up on more positions (`bench mtp`). A seed, once per request, is several
     later rounds' catch-up (an MTP head here: ~2 ms on a 46-token prompt against ~0.4 ms),
     so it is neither: averaged into the catch-up it made every later round look dear, left
-    out it made a first probe beside other streams look cheap (``choose``)."""
+    out it made a first probe beside other streams look cheap (``choose``). Until a first
+    round is measured it is 0: the engine's first probe measures it."""
 
     ms_per_token: float = 0.0
     ms_per_round: float = 0.0
     ms_first_round: float = 0.0
     first_rounds: int = 0
 
-    def observe(self, draft_ms: float, tokens: int, catch_up_ms: float = 0.0) -> None:
-        """One proposal: ``draft_ms`` drafting its ``tokens``, ``catch_up_ms`` catching up."""
+    def observe(self, draft_ms: float, tokens: int, catch_up_ms: float | None = 0.0) -> None:
+        """One proposal: ``draft_ms`` drafting its ``tokens``, ``catch_up_ms`` catching up
+        (None: it seeded instead, ``observe_first_round``)."""
         if tokens <= 0:
             return  # nothing proposed (no n-gram match): says nothing about the next round
         self.ms_per_token = _mean(self.ms_per_token, draft_ms / tokens)
-        self.ms_per_round = _mean(self.ms_per_round, catch_up_ms)
+        if catch_up_ms is not None:
+            self.ms_per_round = _mean(self.ms_per_round, catch_up_ms)
 
     def observe_first_round(self, seed_ms: float) -> None:
         """A request's first round: ``seed_ms`` its drafter spent seeding (0: none)."""
@@ -326,7 +330,7 @@ def expected_tokens(rate: float, k: int) -> float:
 def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, cost: StepCost,
            acceptance: AcceptanceEstimate, draft_ms_per_token: float = 0.0,
            draft_ms_per_round: float = 0.0, shared_round_ms: float = 0.0,
-           draft_ms_first_round: float | None = None) -> dict[str, int]:
+           draft_ms_first_round: float | None = None, first_rounds: Container[str] | None = None) -> dict[str, int]:
     """K for each holder (id, most drafts allowed), holders in the given order.
 
     ``base_rows``: rows of the tick without any drafts (every decode row, the holders' own
@@ -336,8 +340,10 @@ def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, c
     proposing one draft token, one round whatever its K, and a request's first round
     (its seed, instead of a round's catch-up) cost (``DraftTiming``; the first's
     default: a round's); ``shared_round_ms``: what a round beside other streams costs on
-    top (``RoundOverhead``). A lone holder's first round is priced as any round: its seed
-    delays no one and is paid once, whenever the request first drafts.
+    top (``RoundOverhead``). ``first_rounds``: the holders whose next round is their
+    drafter's first (default: those that have never drafted; the scheduler also counts a
+    request whose drafter state a preemption dropped). A lone holder's first round is
+    priced as any round: its seed delays no one and is paid once, whenever it first drafts.
     """
     drafting = 0.0  # ms of the drafts chosen so far
     shared = base_rows > 1  # other streams' rows wait for this tick too
@@ -351,7 +357,8 @@ def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, c
     ceiling = MAX_SLOWDOWN * cost.ms(base_rows)
     for request_id, k_max in holders:
         first = not acceptance.has_drafted(request_id)  # never drafted: probe (see Exploration)
-        round_ms = (first_round_ms if first else draft_ms_per_round) + (shared_round_ms if shared else 0.0)
+        seeds = first if first_rounds is None else request_id in first_rounds
+        round_ms = (first_round_ms if seeds else draft_ms_per_round) + (shared_round_ms if shared else 0.0)
         holder_ms = functools.partial(tick_ms, round_ms=round_ms)
         rate = acceptance.rate(request_id)
         best = MIN_GAIN * tokens / holder_ms(rows, 0)  # what a K > 0 must beat

@@ -85,7 +85,8 @@ class SeqResult:
 class RunnerResult:
     seqs: tuple[SeqResult, ...] = ()  # one per plan sequence, in the plan's order
     elapsed_ms: float = 0.0  # wall time of the tick's execution (forward, drafting, sampling)
-    # Per proposal that adaptive K learns from: (ms drafting tokens, tokens, ms catching up).
-    draft_timings: tuple[tuple[float, int, float], ...] = field(default_factory=tuple)
+    # Per proposal that adaptive K learns from: (ms drafting tokens, tokens, ms catching up;
+    # None where the proposal seeded instead, below).
+    draft_timings: tuple[tuple[float, int, float | None], ...] = field(default_factory=tuple)
     # Per proposal that seeded its request's drafter state (``Draft.seeded``): (request id, ms).
     seed_timings: tuple[tuple[str, float], ...] = field(default_factory=tuple)

@@ -92,6 +92,9 @@ class Scheduler:
         self.acceptance = draft_length.AcceptanceEstimate()
         self.draft_timing = draft_length.DraftTiming()
         self.round_overhead = draft_length.RoundOverhead()
+        # Requests whose drafter state has had its first round (seeded or drafted) since it
+        # was made: a round of any other is priced as a first round (DraftTiming.ms_first_round).
+        self._drafter_started: set[str] = set()
         self._held_without_drafts: set[str] = set()  # holders given K = 0 in the current tick
 
     # -- requests in and out ------------------------------------------------------------
@@ -165,6 +168,7 @@ class Scheduler:
         self._leave_lane(rid, now)
         self._released.append(rid)
         self.acceptance.forget(rid)
+        self._drafter_started.discard(rid)
         return request
 
     def _preempt(self, request_id: str, now: float) -> None:
@@ -175,6 +179,7 @@ class Scheduler:
         request.num_computed_tokens = 0
         self._leave_lane(request_id, now)
         self._preempted.append(request_id)
+        self._drafter_started.discard(request_id)  # the runner drops its drafter state: it seeds again
         self.waiting[request_id] = request
 
     def _leave_lane(self, rid: str, now: float) -> None:
@@ -220,6 +225,7 @@ class Scheduler:
                                    acceptance=self.acceptance, draft_ms_per_token=self.draft_timing.ms_per_token,
                                    draft_ms_per_round=self.draft_timing.ms_per_round,
                                    draft_ms_first_round=self.draft_timing.ms_first_round,
+                                   first_rounds={rid for rid, _ in caps if rid not in self._drafter_started},
                                    shared_round_ms=self.round_overhead.shared_round_ms())
 
     def take_released(self) -> tuple[str, ...]:
@@ -358,19 +364,22 @@ class Scheduler:
                 drafted += res.num_draft_tokens
         if rounds == 0 and any(seq.is_round for seq in seqs):
             return
-        drafting_ms = (sum(ms + catch_up_ms for ms, _, catch_up_ms in result.draft_timings)
+        drafting_ms = (sum(ms + (catch_up_ms or 0.0) for ms, _, catch_up_ms in result.draft_timings)
                        + sum(ms for _, ms in result.seed_timings))
         self.round_overhead.observe(len(seqs), drafted, rounds, result.elapsed_ms - drafting_ms, self.step_cost)
 
     def _time_first_rounds(self, plan: SchedulerPlan, result: RunnerResult) -> None:
-        """What requests' first rounds cost their drafter, seeds and all (``DraftTiming``): a
-        round that seeded gives its seed's time, one that drafted without seeding 0 (a
-        prompt lookup's), one that neither seeded nor drafted nothing (it tries again)."""
+        """What a request's first round costs its drafter (``DraftTiming``), once per drafter
+        state: the seed's time where the round seeded, 0 where it drafted without seeding (a
+        prompt lookup's); a round that did neither is not one (the next round tries again).
+        A request preempted loses its drafter state and seeds again; one that waited past an
+        MTP head's window (256 positions) re-seeds unpriced, rarely."""
         seeds = dict(result.seed_timings)
         for seq, res in zip(plan.seqs, result.seqs, strict=True):
             rid = seq.request_id
-            if seq.is_round and not self.acceptance.has_drafted(rid) and (rid in seeds or res.num_draft_tokens):
+            if seq.is_round and rid not in self._drafter_started and (rid in seeds or res.num_draft_tokens):
                 self.draft_timing.observe_first_round(seeds.get(rid, 0.0))
+                self._drafter_started.add(rid)
 
     def update(self, plan: SchedulerPlan, result: RunnerResult, now: float) -> list[TokenEvent]:
         """Advance requests by what the runner chose for ``plan``; account the lane and
