@@ -111,7 +111,9 @@ class ModelRunner:
     # -- one ragged forward -------------------------------------------------------------
     def _step(self, seqs: list[ScheduledSeq]) -> list[SeqResult]:
         drafts: list[Draft] = []
+        shadows: list[int | None] = []  # per sequence: its shadow's token (ScheduledSeq.shadow)
         for seq in seqs:
+            shadows.append(self.drafter.shadow(seq.request) if seq.shadow and self.drafter is not None else None)
             if seq.num_draft_tokens > 0 and self.drafter is not None:
                 started = time.perf_counter()
                 draft = self.drafter.propose(seq.request, seq.num_draft_tokens)
@@ -170,7 +172,7 @@ class ModelRunner:
         results: list[SeqResult] = []
         kept: list[list[int] | int] = []  # per sequence: its rows that stay in the cache (a count: the first ones)
         cursor = 0
-        for seq, tokens, draft in zip(seqs, fed, drafts, strict=True):
+        for seq, tokens, draft, shadow in zip(seqs, fed, drafts, shadows, strict=True):
             if not seq.sample:  # a chunk in the middle of a prompt
                 results.append(SeqResult(seq.request_id))
                 kept.append(len(tokens))
@@ -190,7 +192,8 @@ class ModelRunner:
             num_top = seq.request.sampling.logprobs
             path_rows = [0] + [j + 1 for j in verdict.path]  # the rows the kept tokens were chosen from
             logprobs = token_logprobs(raw[seq.request_id][path_rows], verdict.token_ids, num_top) if num_top is not None else ()
-            results.append(SeqResult(seq.request_id, tuple(verdict.token_ids), len(proposed), logprobs))
+            results.append(SeqResult(seq.request_id, tuple(verdict.token_ids), len(proposed), logprobs,
+                                     shadow_hit=None if shadow is None else verdict.token_ids[0] == shadow))
             # Keep the fed tokens and the accepted drafts; the rejected ones lie past the
             # verified length, which the scheduler's next plan starts from.
             fed_count = len(seq.token_ids)

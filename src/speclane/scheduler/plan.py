@@ -25,6 +25,9 @@ class ScheduledSeq:
     token_ids: tuple[int, ...]  # fed this tick: a prefill chunk, or the last sampled token
     sample: bool  # sample after the last fed token (prompt complete, or decoding)
     num_draft_tokens: int = 0  # > 0: this sequence holds the lane: draft up to K, verify K + 1
+    # A lane holder kept at K = 0: the runner compares the drafter's first token
+    # (``Drafter.shadow``) with the token it chooses, a one-draft probe without a row.
+    shadow: bool = False
 
     @property
     def request_id(self) -> str:
@@ -75,6 +78,7 @@ class SeqResult:
     token_ids: tuple[int, ...] = ()
     num_draft_tokens: int = 0
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token_ids entry when the request asks for them
+    shadow_hit: bool | None = None  # a shadow (ScheduledSeq.shadow): its token was chosen; None: none proposed
 
     @property
     def num_accepted_tokens(self) -> int:

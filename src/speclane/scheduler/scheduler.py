@@ -253,8 +253,11 @@ class Scheduler:
         self._held_without_drafts = {rid for rid, k in draft_lengths.items() if k == 0}
         for request in decoding:
             k = draft_lengths.get(request.request_id, 0)
+            # A holder kept at K = 0 learns its drafts' rate from a shadow (draft_length's
+            # Exploration); a constrained one's drafts are the grammar's, not the drafter's.
+            shadow = request.request_id in self._held_without_drafts and self._adaptive_k and request.grammar is None
             if request.request_id in self.running and self._reserve(request, request.num_tokens + k, now):
-                seqs.append(self._decode_seq(request, k))
+                seqs.append(self._decode_seq(request, k, shadow))
         seqs = [seq for seq in seqs if seq.request_id in self.running]  # not preempted by a later one
         budget -= sum(len(seq.token_ids) + seq.num_draft_tokens for seq in seqs)
         for request in list(self.running.values()):
@@ -323,7 +326,7 @@ class Scheduler:
             return None  # preempted (its burst ended with it)
         return self._decode_seq(request, k)
 
-    def _decode_seq(self, request: Request, num_draft_tokens: int) -> ScheduledSeq:
+    def _decode_seq(self, request: Request, num_draft_tokens: int, shadow: bool = False) -> ScheduledSeq:
         start = request.num_computed_tokens
         return ScheduledSeq(
             request=request,
@@ -332,6 +335,7 @@ class Scheduler:
             token_ids=tuple(request.tokens_between(start, request.num_tokens)),
             sample=True,
             num_draft_tokens=num_draft_tokens,
+            shadow=shadow,
         )
 
     def _prefill_seq(self, request: Request, budget: int) -> ScheduledSeq:
@@ -413,6 +417,8 @@ class Scheduler:
             if seq.is_round or burst:
                 drafted, accepted = self._account_round(request, res, appended, burst=burst)
                 self.acceptance.observe(rid, drafted, accepted)
+            elif held and res.shadow_hit is not None:  # its shadow: one draft position tried
+                self.acceptance.observe(rid, 1, int(res.shadow_hit))
             elif held:
                 self.acceptance.idle(rid)
             if burst:
