@@ -20,9 +20,6 @@ class Fixed:
         self.calls += 1
         return Draft(self.tokens[:k], confidence=self.confidence[:k])
 
-    def shadow(self, request: Request) -> int | None:
-        return self.tokens[0] if self.tokens else None
-
     def finish(self, request: Request) -> None:
         pass
 
@@ -42,19 +39,6 @@ def test_the_proposal_with_more_expected_accepted_tokens_wins():
     assert sure.propose(_request(), 4).token_ids == [7, 8, 9]
     doubtful = AutoDrafter(Fixed([7, 8, 9], [0.2, 0.1, 0.05]), Fixed([5, 6]), None)  # 0.35 vs 0.75
     assert doubtful.propose(_request(), 4).token_ids == [5, 6]
-
-
-def test_a_shadow_is_the_cheap_drafters_first_token_and_leaves_rounds_alone():
-    """Drafter.shadow: the suffix drafter's first token, else lookup's, never the head's
-    (a pass); and no round recorded for scoring (the next round's outcome is read against
-    the round, not against a shadow)."""
-    head = Fixed([40, 41])
-    request = _request()
-    auto = AutoDrafter(Fixed([7, 8], [0.9, 0.9]), Fixed([5]), head)
-    assert auto.shadow(request) == 7
-    assert AutoDrafter(Fixed([]), Fixed([5, 6]), head).shadow(request) == 5
-    assert AutoDrafter(Fixed([]), None, head).shadow(request) is None
-    assert head.calls == 0 and all(state.last is None for state in auto.states.values())
 
 
 def test_the_head_runs_only_when_it_is_expected_to_beat_the_cheap_proposals():

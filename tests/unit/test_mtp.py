@@ -218,23 +218,6 @@ def test_greedy_with_mtp_equals_classic_including_forced_yields(trained, grant_r
         assert 0 < drafter.lookup_proposals < drafter.proposals
 
 
-def test_a_shadow_is_lookups_first_token_and_never_the_heads():
-    """A shadow (Drafter.shadow) costs no pass: with prompt lookup its first token, without
-    it nothing, and the head's state is untouched either way."""
-    from speclane.request import Request
-
-    model = toy_model(toy_config(vocab_size=VOCAB))
-    head = random_head(model)
-    request = Request(request_id="a", prompt_token_ids=[1, 2, 3, 4, 5, 6], sampling=SamplingParams(max_tokens=8))
-    request.output_token_ids.extend([9, 1, 2])  # "1 2" was followed by 3
-    hidden = torch.randn(8, model.config.hidden_size, generator=torch.Generator().manual_seed(5))
-    for lookup, expected in ((NgramDrafter(), 3), (None, None)):
-        drafter = MTPDrafter(head, VOCAB, lookup=lookup)
-        drafter.observe(request, 0, hidden)
-        assert drafter.shadow(request) == expected
-        assert drafter.states["a"].cache is None and drafter.proposals == 0  # not seeded, not a proposal
-
-
 def test_lookup_drafts_a_repeated_ngram_and_the_head_catches_up_after():
     """A round whose last tokens appeared before is drafted by lookup: what followed them,
     with the head not run (its positions stay pending; no timing for adaptive K). The next

@@ -39,8 +39,3 @@ def test_a_short_match_before_the_new_token_does_not_resync():
     # Only two tokens (14 15) match before the new one: chance in free text, no proposal.
     request = _request([1] + SOURCE + [2], output=[7, 14, 15, 99])
     assert NgramDrafter().propose(request, 3).token_ids == []
-
-
-def test_a_shadow_is_a_rounds_first_token_or_none():
-    assert NgramDrafter().shadow(_request([1] + SOURCE + [2], output=[12, 13, 14])) == 15
-    assert NgramDrafter().shadow(_request([1, 2, 3, 4, 5], output=[9, 3])) is None

@@ -39,15 +39,6 @@ def test_a_requests_first_round_reports_its_index_as_a_seed_and_later_rounds_do_
     assert later.token_ids == [16, 17, 18, 19] and not later.seeded and later.catch_up_ms == 0.0
 
 
-def test_a_shadow_is_a_rounds_first_token_and_changes_no_later_round():
-    request = _request([1] + SOURCE + [2], output=[12, 13, 14])
-    asked, plain = SuffixDrafter(LONG), SuffixDrafter(LONG)
-    assert asked.shadow(request) == 15
-    request.output_token_ids.append(15)
-    after, alone = asked.propose(request, 4), plain.propose(request, 4)
-    assert (after.token_ids, after.confidence) == (alone.token_ids, alone.confidence) == ([16, 17, 18, 19], after.confidence)
-
-
 def test_the_longest_suffix_wins_over_a_more_recent_shorter_match():
     # "5 6 7" is followed by 8 once; the more recent "6 7" by 99. The context ends in 5 6 7.
     index = SuffixIndex([5, 6, 7, 8, 0, 6, 7, 99, 0])

@@ -185,14 +185,6 @@ class AutoDrafter:
         state.rates[last.source].add(hits, tries)
         self.rates[last.source].add(hits, tries)
 
-    def shadow(self, request: Request) -> int | None:
-        """The suffix drafter's first token, else prompt lookup's; never the head's (a pass),
-        and nothing recorded for the scoring of rounds (``_score_last``)."""
-        first = self.suffix.shadow(request)
-        if first is None and self.lookup is not None:
-            first = self.lookup.shadow(request)
-        return first
-
     def finish(self, request: Request) -> None:
         self.suffix.finish(request)
 

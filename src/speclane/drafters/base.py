@@ -54,11 +54,6 @@ class Draft:
         return replace(self, token_ids=self.token_ids[:k], probs=None if self.probs is None else self.probs[:k],
                        confidence=self.confidence[:k], parents=None if self.parents is None else self.parents[:k])
 
-    @property
-    def first_token(self) -> int | None:
-        """The token the draft proposes first (a tree's first root), or None."""
-        return self.token_ids[0] if self.token_ids else None
-
     def chain(self) -> Draft:
         """The draft as a chain: a tree's first chain (``draft_tree.first_chain``)."""
         if self.parents is None:
@@ -82,19 +77,12 @@ class Drafter(Protocol):
       shape another tenant's drafts; the others do nothing.
     - ``release(request_id)`` forgets any per-request state (the request finished,
       was aborted, or lost the lane and will be re-seeded on its next grant).
-    - ``shadow(request)``: the first token a round would draft now from the drafter's
-      cheap sources (the request's own text, its prediction, its tenant's outputs; never a
-      model pass), or None. The runner asks it for a lane holder kept at K = 0 and compares
-      it with the token the tick chooses: a one-draft probe without a verified row. It must
-      not change what later rounds propose or how a drafter scores them.
     """
 
     name: str
     needs_hidden_states: bool
 
     def propose(self, request: Request, k: int) -> Draft: ...
-
-    def shadow(self, request: Request) -> int | None: ...
 
     def finish(self, request: Request) -> None: ...
 

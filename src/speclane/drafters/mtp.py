@@ -203,10 +203,6 @@ class MTPDrafter:
         full[:, self.head.vocab_ids] = run.probs
         return Draft(run.token_ids, full, catch_up_ms=catch_up_ms, seeded=seeding)
 
-    def shadow(self, request: Request) -> int | None:
-        """Its prompt lookup's first token, where it has one: the head's costs a pass."""
-        return self.lookup.shadow(request) if self.lookup is not None else None
-
     def finish(self, request: Request) -> None:  # learns nothing from finished requests
         return None
 

@@ -53,9 +53,6 @@ class NgramDrafter:
                 return Draft(found)
         return Draft([])
 
-    def shadow(self, request: Request) -> int | None:
-        return self.propose(request, 1).first_token  # a lookup is its only source, and stateless
-
     def finish(self, request: Request) -> None:  # learns nothing from finished requests
         return None
 

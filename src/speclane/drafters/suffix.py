@@ -110,11 +110,6 @@ class SuffixDrafter:
         return Draft(tokens, confidence=tuple(probs), catch_up_ms=indexed_ms if seeding else 0.0, seeded=seeding,
                      parents=None if draft_tree.is_chain(parents) else tuple(parents))
 
-    def shadow(self, request: Request) -> int | None:
-        """A round's first token (``Drafter.shadow``): the index it extends is the one every
-        round reads, so asking does not change a later proposal."""
-        return self.propose(request, 1).first_token
-
     def finish(self, request: Request) -> None:
         """Keep the finished request's output in its tenant's store (module docstring)."""
         if self.cache_tokens == 0 or not request.output_token_ids:

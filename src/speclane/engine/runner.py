@@ -47,8 +47,8 @@ logger = logging.getLogger(__name__)
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, cache: KVCache, drafter: Drafter | None):
-        self._draft_timings: list[tuple[float, int, float | None]] = []  # its proposals' (RunnerResult.draft_timings)
-        self._seed_timings: list[tuple[str, float]] = []  # its seeding proposals' (RunnerResult.seed_timings)
+        self._draft_timings: list[tuple[float, int, float]] = []  # its proposals' (RunnerResult.draft_timings)
+        self._seed_timings: list[tuple[str, float, float]] = []  # its seeding proposals' (RunnerResult.seed_timings)
         self.model = model
         self.cache = cache
         self.drafter = drafter
@@ -111,18 +111,15 @@ class ModelRunner:
     # -- one ragged forward -------------------------------------------------------------
     def _step(self, seqs: list[ScheduledSeq]) -> list[SeqResult]:
         drafts: list[Draft] = []
-        shadows: list[int | None] = []  # per sequence: its shadow's token (ScheduledSeq.shadow)
         for seq in seqs:
-            shadows.append(self.drafter.shadow(seq.request) if seq.shadow and self.drafter is not None else None)
             if seq.num_draft_tokens > 0 and self.drafter is not None:
                 started = time.perf_counter()
                 draft = self.drafter.propose(seq.request, seq.num_draft_tokens)
                 elapsed = (time.perf_counter() - started) * 1000
-                if draft.seeded:  # the seed apart; its drafting, where the drafter split it off, as any
+                if draft.seeded:  # the seed's own time where the drafter split it off; its drafts,
+                    # the first passes of a fresh state, say nothing of a round's per token
                     seed_ms = elapsed if draft.catch_up_ms is None else draft.catch_up_ms
-                    self._seed_timings.append((seq.request_id, seed_ms))
-                    if draft.catch_up_ms is not None:
-                        self._draft_timings.append((elapsed - seed_ms, len(draft.token_ids), None))
+                    self._seed_timings.append((seq.request_id, seed_ms, elapsed))
                 elif draft.catch_up_ms is not None:  # drafted its costly way (not a lookup)
                     self._draft_timings.append((elapsed - draft.catch_up_ms, len(draft.token_ids), draft.catch_up_ms))
                 draft = draft.cut(seq.num_draft_tokens)
@@ -172,7 +169,7 @@ class ModelRunner:
         results: list[SeqResult] = []
         kept: list[list[int] | int] = []  # per sequence: its rows that stay in the cache (a count: the first ones)
         cursor = 0
-        for seq, tokens, draft, shadow in zip(seqs, fed, drafts, shadows, strict=True):
+        for seq, tokens, draft in zip(seqs, fed, drafts, strict=True):
             if not seq.sample:  # a chunk in the middle of a prompt
                 results.append(SeqResult(seq.request_id))
                 kept.append(len(tokens))
@@ -192,8 +189,7 @@ class ModelRunner:
             num_top = seq.request.sampling.logprobs
             path_rows = [0] + [j + 1 for j in verdict.path]  # the rows the kept tokens were chosen from
             logprobs = token_logprobs(raw[seq.request_id][path_rows], verdict.token_ids, num_top) if num_top is not None else ()
-            results.append(SeqResult(seq.request_id, tuple(verdict.token_ids), len(proposed), logprobs,
-                                     shadow_hit=None if shadow is None else verdict.token_ids[0] == shadow))
+            results.append(SeqResult(seq.request_id, tuple(verdict.token_ids), len(proposed), logprobs))
             # Keep the fed tokens and the accepted drafts; the rejected ones lie past the
             # verified length, which the scheduler's next plan starts from.
             fed_count = len(seq.token_ids)

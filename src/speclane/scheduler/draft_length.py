@@ -65,14 +65,7 @@ as the prior pays for (at least ``PROBE_K``), since a wrong guess costs only its
 once, and a right one saves a round (a copy request's first round: up to 1 +
 ``--lone-draft-tokens`` tokens, not 2). A holder kept at K = 0 probes again after
 ``PROBE_EVERY`` held ticks without drafts: a stream whose text turns predictable is found
-again, at the price of one extra row now and then. Every tick it holds at K = 0 it also
-shadows: the runner compares its drafter's first token from its cheap sources
-(``Drafter.shadow``: the suffix drafter, prompt lookup; never a model pass) with the token
-the tick chooses, one tried draft position without a verified row, counted as a round of
-one draft (``Scheduler.update``). Where no probe pays, a shadow still learns: a copy stream
-beside seven classic ones (8 streams, `--drafter auto`) that diverged for a few tokens and
-went to K = 0 drafted again a few ticks later where without shadows it stayed at K = 0 for
-the rest of the copy. A probe happens only where the rate it
+again, at the price of one extra row now and then. A probe happens only where the rate it
 learns could be used. Alone: where some K would pay if every draft were accepted. Beside
 other streams: where the probe itself, accepted, repays the tick's extra time
 (``RoundOverhead`` included), since every co-batched stream pays for it. In a full batch
@@ -90,10 +83,11 @@ of ~11 ms), which a faded mean of tick residuals priced at 0.2-0.9 ms, so each r
 each batch probed once and paid ~1.2 ms of tick for it (the MTP engine 0.97x of itself with
 speculation off per request, two runs of 7 batches). Timed by the drafter instead
 (``Draft.seeded``, ``DraftTiming.ms_first_round``), no first probe beside 7 streams pays:
-the same runs drafted nothing and read 0.99x (auto 1.00x). The price: a request whose
-first round seeds a head is found to be predictable beside 7 others only by its shadows
-(prompt lookup's, the suffix drafter's), not by a probe. Held ticks without drafts or a
-shadow's token leave the counts alone (letting them fade would pull a poor drafter back to an engine-wide prior that
+the same runs drafted nothing and read 0.99x (auto 1.00x). The price: a request that first holds
+the lane in a tick of 8 streams is found to be predictable only where its one-draft probe
+pays there, at the margin on this machine (one more token of 8 against the round's costs);
+in a tick of 4-5 streams it is found (`bench hol`). Held ticks without drafts leave the
+counts alone (letting them fade would pull a poor drafter back to an engine-wide prior that
 a copy stream can hold near 1, and it would draft and fail again every few ticks).
 """
 
@@ -255,14 +249,12 @@ class DraftTiming:
     ms_first_round: float = 0.0
     first_rounds: int = 0
 
-    def observe(self, draft_ms: float, tokens: int, catch_up_ms: float | None = 0.0) -> None:
-        """One proposal: ``draft_ms`` drafting its ``tokens``, ``catch_up_ms`` catching up
-        (None: it seeded instead, ``observe_first_round``)."""
+    def observe(self, draft_ms: float, tokens: int, catch_up_ms: float = 0.0) -> None:
+        """One proposal: ``draft_ms`` drafting its ``tokens``, ``catch_up_ms`` catching up."""
         if tokens <= 0:
             return  # nothing proposed (no n-gram match): says nothing about the next round
         self.ms_per_token = _mean(self.ms_per_token, draft_ms / tokens)
-        if catch_up_ms is not None:
-            self.ms_per_round = _mean(self.ms_per_round, catch_up_ms)
+        self.ms_per_round = _mean(self.ms_per_round, catch_up_ms)
 
     def observe_first_round(self, seed_ms: float) -> None:
         """A request's first round: ``seed_ms`` its drafter spent seeding (0: none)."""

@@ -25,9 +25,6 @@ class ScheduledSeq:
     token_ids: tuple[int, ...]  # fed this tick: a prefill chunk, or the last sampled token
     sample: bool  # sample after the last fed token (prompt complete, or decoding)
     num_draft_tokens: int = 0  # > 0: this sequence holds the lane: draft up to K, verify K + 1
-    # A lane holder kept at K = 0: the runner compares the drafter's first token
-    # (``Drafter.shadow``) with the token it chooses, a one-draft probe without a row.
-    shadow: bool = False
 
     @property
     def request_id(self) -> str:
@@ -78,7 +75,6 @@ class SeqResult:
     token_ids: tuple[int, ...] = ()
     num_draft_tokens: int = 0
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token_ids entry when the request asks for them
-    shadow_hit: bool | None = None  # a shadow (ScheduledSeq.shadow): its token was chosen; None: none proposed
 
     @property
     def num_accepted_tokens(self) -> int:
@@ -89,8 +85,8 @@ class SeqResult:
 class RunnerResult:
     seqs: tuple[SeqResult, ...] = ()  # one per plan sequence, in the plan's order
     elapsed_ms: float = 0.0  # wall time of the tick's execution (forward, drafting, sampling)
-    # Per proposal that adaptive K learns from: (ms drafting tokens, tokens, ms catching up;
-    # None where the proposal seeded instead, below).
-    draft_timings: tuple[tuple[float, int, float | None], ...] = field(default_factory=tuple)
-    # Per proposal that seeded its request's drafter state (``Draft.seeded``): (request id, ms).
-    seed_timings: tuple[tuple[str, float], ...] = field(default_factory=tuple)
+    # Per proposal that adaptive K learns from: (ms drafting tokens, tokens, ms catching up).
+    draft_timings: tuple[tuple[float, int, float], ...] = field(default_factory=tuple)
+    # Per proposal that seeded its request's drafter state (``Draft.seeded``): (request id,
+    # ms seeding, ms of the whole call).
+    seed_timings: tuple[tuple[str, float, float], ...] = field(default_factory=tuple)

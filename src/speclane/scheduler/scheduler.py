@@ -253,11 +253,8 @@ class Scheduler:
         self._held_without_drafts = {rid for rid, k in draft_lengths.items() if k == 0}
         for request in decoding:
             k = draft_lengths.get(request.request_id, 0)
-            # A holder kept at K = 0 learns its drafts' rate from a shadow (draft_length's
-            # Exploration); a constrained one's drafts are the grammar's, not the drafter's.
-            shadow = request.request_id in self._held_without_drafts and self._adaptive_k and request.grammar is None
             if request.request_id in self.running and self._reserve(request, request.num_tokens + k, now):
-                seqs.append(self._decode_seq(request, k, shadow))
+                seqs.append(self._decode_seq(request, k))
         seqs = [seq for seq in seqs if seq.request_id in self.running]  # not preempted by a later one
         budget -= sum(len(seq.token_ids) + seq.num_draft_tokens for seq in seqs)
         for request in list(self.running.values()):
@@ -326,7 +323,7 @@ class Scheduler:
             return None  # preempted (its burst ended with it)
         return self._decode_seq(request, k)
 
-    def _decode_seq(self, request: Request, num_draft_tokens: int, shadow: bool = False) -> ScheduledSeq:
+    def _decode_seq(self, request: Request, num_draft_tokens: int) -> ScheduledSeq:
         start = request.num_computed_tokens
         return ScheduledSeq(
             request=request,
@@ -335,7 +332,6 @@ class Scheduler:
             token_ids=tuple(request.tokens_between(start, request.num_tokens)),
             sample=True,
             num_draft_tokens=num_draft_tokens,
-            shadow=shadow,
         )
 
     def _prefill_seq(self, request: Request, budget: int) -> ScheduledSeq:
@@ -368,8 +364,8 @@ class Scheduler:
                 drafted += res.num_draft_tokens
         if rounds == 0 and any(seq.is_round for seq in seqs):
             return
-        drafting_ms = (sum(ms + (catch_up_ms or 0.0) for ms, _, catch_up_ms in result.draft_timings)
-                       + sum(ms for _, ms in result.seed_timings))
+        drafting_ms = (sum(ms + catch_up_ms for ms, _, catch_up_ms in result.draft_timings)
+                       + sum(call_ms for _, _, call_ms in result.seed_timings))
         self.round_overhead.observe(len(seqs), drafted, rounds, result.elapsed_ms - drafting_ms, self.step_cost)
 
     def _time_first_rounds(self, plan: SchedulerPlan, result: RunnerResult) -> None:
@@ -378,7 +374,7 @@ class Scheduler:
         prompt lookup's); a round that did neither is not one (the next round tries again).
         A request preempted loses its drafter state and seeds again; one that waited past an
         MTP head's window (256 positions) re-seeds unpriced, rarely."""
-        seeds = dict(result.seed_timings)
+        seeds = {rid: seed_ms for rid, seed_ms, _ in result.seed_timings}
         for seq, res in zip(plan.seqs, result.seqs, strict=True):
             rid = seq.request_id
             if seq.is_round and rid not in self._drafter_started and (rid in seeds or res.num_draft_tokens):
@@ -417,8 +413,6 @@ class Scheduler:
             if seq.is_round or burst:
                 drafted, accepted = self._account_round(request, res, appended, burst=burst)
                 self.acceptance.observe(rid, drafted, accepted)
-            elif held and res.shadow_hit is not None:  # its shadow: one draft position tried
-                self.acceptance.observe(rid, 1, int(res.shadow_hit))
             elif held:
                 self.acceptance.idle(rid)
             if burst:

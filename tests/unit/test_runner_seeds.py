@@ -1,0 +1,32 @@
+"""The runner's timing of drafter proposals (``RunnerResult``): a proposal that seeded its
+request's drafter state goes to ``seed_timings`` (the seed's time and the call's), not to
+the per-round timings; later proposals time their drafting and catch-up. A toy model, the
+suffix drafter."""
+
+from __future__ import annotations
+
+from speclane.config import EngineConfig
+from speclane.engine.engine import LLMEngine
+from speclane.models.toy import toy_config, toy_model, toy_tokenizer
+from speclane.request import SamplingParams
+from speclane.scheduler.plan import RunnerResult
+
+VOCAB = 16
+
+
+def test_a_seeding_proposal_is_timed_as_a_seed_and_later_ones_as_rounds():
+    config = EngineConfig().replace(dtype="float32", quantization="none", max_model_len=256, num_threads=1,
+                                    spec_mode="slice", drafter="suffix", spec_adaptive_k=False)
+    engine = LLMEngine.from_parts(config, toy_model(toy_config(vocab_size=VOCAB), seed=2), toy_tokenizer(VOCAB))
+    results: list[RunnerResult] = []
+    execute = engine.runner.execute
+    engine.runner.execute = lambda plan: results.append(execute(plan)) or results[-1]
+    engine.add_request("a", [1, 2, 3, 4, 5, 6, 7, 1, 2, 3], SamplingParams(max_tokens=12, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    proposals = [r for r in results if r.seed_timings or r.draft_timings]
+    first, later = proposals[0], proposals[1:]
+    ((rid, seed_ms, call_ms),) = first.seed_timings
+    assert rid == "a" and 0 < seed_ms <= call_ms
+    assert not first.draft_timings  # a fresh state's first drafts say nothing of a round's per token
+    assert later and all(not r.seed_timings and r.draft_timings for r in later)
