@@ -83,7 +83,8 @@ of ~11 ms), which a faded mean of tick residuals priced at 0.2-0.9 ms, so each r
 each batch probed once and paid ~1.2 ms of tick for it (the MTP engine 0.97x of itself with
 speculation off per request, two runs of 7 batches). Timed by the drafter instead
 (``Draft.seeded``, ``DraftTiming.ms_first_round``), no first probe beside 7 streams pays:
-the same runs drafted nothing and read 0.99x (auto 1.00x). The price: a request that first holds
+the same runs drafted nothing and read 0.99x and 0.98x (auto 1.00x and 0.98x; the rest is
+per-tick Python: the scheduler's, the head's hand-off of hidden states). The price: a request that first holds
 the lane in a tick of 8 streams is found to be predictable only where its one-draft probe
 pays there, at the margin on this machine (one more token of 8 against the round's costs);
 in a tick of 4-5 streams it is found (`bench hol`). Held ticks without drafts leave the
