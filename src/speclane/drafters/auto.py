@@ -37,8 +37,8 @@ The head's hidden-state catch-up is the MTP drafter's: ``observe`` goes to it ev
 and a round that the head skips leaves its positions pending for the next head round.
 Adaptive K times only head rounds (the others report ``catch_up_ms=None``), as the MTP
 drafter does for its lookup rounds; a call in which the suffix drafter or the head seeded
-reports itself seeded (``Draft.seeded``), its time a request's first round's. Every proposal is deterministic, so the output is
-unchanged whichever drafter a round takes.
+reports itself seeded (``Draft.seeded``), its time a request's first round's. Every
+proposal is deterministic, so the output is unchanged whichever drafter a round takes.
 """
 
 from __future__ import annotations

@@ -196,12 +196,12 @@ class MTPDrafter:
         sp = request.sampling
         temperature = sp.temperature if self.sample_drafts and not sp.greedy else 0.0
         run = catch_up_and_draft(self.head, state.cache, hidden, tokens, k, self.min_draft_prob, temperature, self.generator)
-        catch_up_ms = run.catch_up_ms  # a seed's: the whole context, once (seeded)
+        # A seed's catch-up is the whole context, once: reported as such (seeded).
         if run.probs is None:
-            return Draft(run.token_ids, catch_up_ms=catch_up_ms, seeded=seeding)
+            return Draft(run.token_ids, catch_up_ms=run.catch_up_ms, seeded=seeding)
         full = torch.zeros(run.probs.shape[0], self.vocab_size)
         full[:, self.head.vocab_ids] = run.probs
-        return Draft(run.token_ids, full, catch_up_ms=catch_up_ms, seeded=seeding)
+        return Draft(run.token_ids, full, catch_up_ms=run.catch_up_ms, seeded=seeding)
 
     def finish(self, request: Request) -> None:  # learns nothing from finished requests
         return None

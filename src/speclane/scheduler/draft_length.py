@@ -84,10 +84,10 @@ each batch probed once and paid ~1.2 ms of tick for it (the MTP engine 0.97x of 
 speculation off per request, two runs of 7 batches). Timed by the drafter instead
 (``Draft.seeded``, ``DraftTiming.ms_first_round``), no first probe beside 7 streams pays:
 the same runs drafted nothing and read 0.99x and 0.98x (auto 1.00x and 0.98x; the rest is
-per-tick Python: the scheduler's, the head's hand-off of hidden states). The price: a request that first holds
-the lane in a tick of 8 streams is found to be predictable only where its one-draft probe
-pays there, at the margin on this machine (one more token of 8 against the round's costs);
-in a tick of 4-5 streams it is found (`bench hol`). Held ticks without drafts leave the
+per-tick Python: the scheduler's, the head's hand-off of hidden states). The price: a
+request that first holds the lane in a tick of 8 streams is found to be predictable only
+where its one-draft probe pays there, at the margin on this machine (one more token of 8
+against the round's costs); in a tick of 4-5 streams it is found (`bench hol`). Held ticks without drafts leave the
 counts alone (letting them fade would pull a poor drafter back to an engine-wide prior that
 a copy stream can hold near 1, and it would draft and fail again every few ticks).
 """
@@ -346,7 +346,8 @@ def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, c
     """
     drafting = 0.0  # ms of the drafts chosen so far
     shared = base_rows > 1  # other streams' rows wait for this tick too
-    first_round_ms = draft_ms_per_round if draft_ms_first_round is None or not shared else draft_ms_first_round
+    # A first round's drafting beside others is its seed; alone, or unmeasured, any round's.
+    first_round_ms = draft_ms_first_round if shared and draft_ms_first_round is not None else draft_ms_per_round
 
     def tick_ms(total_rows: int, extra_drafts: int, round_ms: float) -> float:
         return cost.ms(total_rows) + drafting + extra_drafts * draft_ms_per_token + (round_ms if extra_drafts else 0.0)
@@ -356,8 +357,8 @@ def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, c
     ceiling = MAX_SLOWDOWN * cost.ms(base_rows)
     for request_id, k_max in holders:
         first = not acceptance.has_drafted(request_id)  # never drafted: probe (see Exploration)
-        seeds = first if first_rounds is None else request_id in first_rounds
-        round_ms = (first_round_ms if seeds else draft_ms_per_round) + (shared_round_ms if shared else 0.0)
+        seeding = first if first_rounds is None else request_id in first_rounds
+        round_ms = (first_round_ms if seeding else draft_ms_per_round) + (shared_round_ms if shared else 0.0)
         holder_ms = functools.partial(tick_ms, round_ms=round_ms)
         rate = acceptance.rate(request_id)
         best = MIN_GAIN * tokens / holder_ms(rows, 0)  # what a K > 0 must beat
