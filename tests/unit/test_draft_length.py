@@ -212,6 +212,71 @@ def test_a_first_round_beside_others_is_charged_its_seed_and_alone_a_rounds_catc
     assert alone == choose([("new", 8)], 1, 1, NEARLY_FLAT, est, draft_ms_per_round=0.5) and alone["new"] >= 1
 
 
+def test_a_requests_own_rounds_price_its_rounds_whichever_way_its_drafter_drafted_them():
+    """``--drafter auto`` times its head's rounds engine-wide; a request whose rounds are
+    the suffix drafter's (``catch_up_ms`` None: the call whole) is priced by its own."""
+    timing = DraftTiming()
+    timing.observe(0.9, 3, catch_up_ms=0.6, request_id="chat")  # head rounds: 0.3 ms a token, 0.6 a round
+    timing.observe(0.05, 8, catch_up_ms=None, request_id="copy")  # a suffix round: 0.05 ms the call
+    assert (timing.ms_per_token, timing.ms_per_round) == pytest.approx((0.3, 0.6))  # the cheap way left out
+    assert timing.own_costs(["chat", "copy", "new"]) == {"chat": pytest.approx((0.3, 0.6)), "copy": pytest.approx((0.0, 0.05))}
+    timing.observe(0.0, 0, catch_up_ms=None, request_id="new")  # nothing proposed says nothing
+    timing.observe(0.6, 2, catch_up_ms=0.5, request_id="copy")  # the way follows the text, decayed
+    token_ms, round_ms = timing.own_costs(["copy"])["copy"]
+    assert 0.0 < token_ms < 0.3 and 0.05 < round_ms < 0.5
+    timing.forget("copy")
+    assert timing.own_costs(["copy"]) == {}
+    # Priced by its own rounds, a near-certain copy drafts as deep as the table pays for;
+    # at the engine-wide (the head's) costs, less.
+    flat = StepCost((10.0, 10.5, 11.0, 11.5, 12.0, 12.5, 13.0, 13.5, 14.0))
+    est = estimate(0.8, "copy")
+    head_costs = {"draft_ms_per_token": 1.5, "draft_ms_per_round": 2.0}
+    priced_as_head = choose([("copy", 8)], 1, 1, flat, est, **head_costs)["copy"]
+    own = choose([("copy", 8)], 1, 1, flat, est, **head_costs, own_draft_ms={"copy": (0.0, 0.05)})["copy"]
+    assert own == choose([("copy", 8)], 1, 1, flat, est)["copy"] and priced_as_head < own
+
+
+class CheapAndCostlyRunner:
+    """Request "copy" drafts the cheap way (0.05 ms a call, reported without a catch-up),
+    every draft accepted; the others' rounds are a head's (1.5 ms a token, 2 ms a round),
+    half accepted. Ticks take ``flat`` per row plus the reported drafting."""
+
+    def __init__(self, cost: StepCost):
+        self.cost = cost
+
+    def execute(self, plan: SchedulerPlan) -> RunnerResult:
+        results, timings, rows = [], [], 0
+        for seq in plan.seqs:
+            k = seq.num_draft_tokens
+            cheap = seq.request_id == "copy"
+            accepted = k if cheap else k // 2
+            results.append(SeqResult(seq.request_id, (500,) * (accepted + 1 if seq.sample else 0), k))
+            rows += len(seq.token_ids) + k
+            if k:
+                timings.append((seq.request_id, 0.05, k, None) if cheap else (seq.request_id, 1.5 * k, k, 2.0))
+        drafting = sum(ms + (catch_up or 0.0) for _, ms, _, catch_up in timings)
+        return RunnerResult(tuple(results), elapsed_ms=self.cost.ms(rows) + drafting, draft_timings=tuple(timings))
+
+
+def test_a_lone_copy_stream_after_head_rounds_drafts_as_deep_as_its_own_rounds_pay():
+    flat = StepCost(tuple(10.0 + 0.5 * i for i in range(16)))
+    lane = LaneConfig(spec_mode="slice", num_draft_tokens=4, lone_draft_tokens=8)
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=1), lane, 4096, step_cost=flat)
+    runner = CheapAndCostlyRunner(flat)
+    ks: dict[str, list[int]] = {"chat": [], "copy": []}
+    for t, rid in enumerate(["chat", "copy"]):
+        scheduler.add_request(Request(request_id=rid, prompt_token_ids=[1, 2, 3],
+                                      sampling=SamplingParams(max_tokens=200, ignore_eos=True)), float(t))
+        while scheduler.has_unfinished():
+            plan = scheduler.schedule(float(t))
+            ks[rid] += [seq.num_draft_tokens for seq in plan.seqs if seq.is_round]
+            scheduler.update(plan, runner.execute(plan), float(t))
+    assert scheduler.draft_timing.ms_per_token == pytest.approx(1.5)  # the chat stream's head rounds set these
+    assert max(ks["chat"]) < 8
+    # The copy stream's first round is priced at the head's costs; its own cheap rounds then.
+    assert ks["copy"][1:] and all(k == 8 for k in ks["copy"][1:-1])
+
+
 def test_round_overhead_fades_while_shared_ticks_go_without_rounds():
     """Once the overhead stops shared drafting nothing measures it: it fades, so probes come
     back and measure it again, instead of one slow stretch stopping drafts for good."""
@@ -427,8 +492,8 @@ class CostlyRoundRunner:
                 self.seeded.add(seq.request_id)
                 seeds.append((seq.request_id, self.seed_ms, self.seed_ms + 0.02 * k))  # the seed, then its drafts
             elif k:
-                timings.append((0.02 * k, k, 0.05))
-        drafting = sum(ms + catch_up for ms, _, catch_up in timings) + sum(call for _, _, call in seeds)
+                timings.append((seq.request_id, 0.02 * k, k, 0.05))
+        drafting = sum(ms + catch_up for _, ms, _, catch_up in timings) + sum(call for _, _, call in seeds)
         return RunnerResult(tuple(results), elapsed_ms=ROWWISE.ms(rows) + drafting + self.round_ms * (len(timings) + len(seeds)),
                             draft_timings=tuple(timings), seed_timings=tuple(seeds))
 
@@ -505,7 +570,7 @@ class SeedsThenProposes:
                 seeds.append((seq.request_id, self.seed_ms, self.seed_ms))
                 k = 0
             elif k:
-                timings.append((0.0, k, 0.0))
+                timings.append((seq.request_id, 0.0, k, 0.0))
             results.append(SeqResult(seq.request_id, (500,) * (k + 1 if seq.sample else 0), k))
         return RunnerResult(tuple(results), elapsed_ms=10.0, draft_timings=tuple(timings), seed_timings=tuple(seeds))
 

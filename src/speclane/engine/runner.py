@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, cache: KVCache, drafter: Drafter | None):
-        self._draft_timings: list[tuple[float, int, float]] = []  # its proposals' (RunnerResult.draft_timings)
+        self._draft_timings: list[tuple[str, float, int, float | None]] = []  # its proposals' (RunnerResult.draft_timings)
         self._seed_timings: list[tuple[str, float, float]] = []  # its seeding proposals' (RunnerResult.seed_timings)
         self.model = model
         self.cache = cache
@@ -120,8 +120,10 @@ class ModelRunner:
                     # the first passes of a fresh state, say nothing of a round's per token
                     seed_ms = elapsed if draft.catch_up_ms is None else draft.catch_up_ms
                     self._seed_timings.append((seq.request_id, seed_ms, elapsed))
-                elif draft.catch_up_ms is not None:  # drafted its costly way (not a lookup)
-                    self._draft_timings.append((elapsed - draft.catch_up_ms, len(draft.token_ids), draft.catch_up_ms))
+                else:
+                    catch_up = draft.catch_up_ms
+                    drafting = elapsed - (catch_up or 0.0)
+                    self._draft_timings.append((seq.request_id, drafting, len(draft.token_ids), catch_up))
                 draft = draft.cut(seq.num_draft_tokens)
                 matcher = self._matcher(seq.request)
                 if matcher is not None:  # what the grammar allows, then what it forces; exact-match verify

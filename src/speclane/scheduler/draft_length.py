@@ -96,7 +96,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Container, Iterable
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 
 PRIOR_WEIGHT = 1.0  # the prior counts as this many tried positions: one failed round outweighs it
@@ -249,13 +249,41 @@ class DraftTiming:
     ms_per_round: float = 0.0
     ms_first_round: float = 0.0
     first_rounds: int = 0
+    # id -> decayed (rounds, sum of ms per token, sum of ms per round) of the request's own
+    # rounds, whichever way its drafter drafted them (``own_costs``).
+    own: dict[str, tuple[float, float, float]] = field(default_factory=dict)
 
-    def observe(self, draft_ms: float, tokens: int, catch_up_ms: float = 0.0) -> None:
-        """One proposal: ``draft_ms`` drafting its ``tokens``, ``catch_up_ms`` catching up."""
+    def observe(self, draft_ms: float, tokens: int, catch_up_ms: float | None = 0.0,
+                request_id: str | None = None) -> None:
+        """One proposal: ``draft_ms`` drafting its ``tokens``, ``catch_up_ms`` catching up
+        (None: drafted its cheap way, a lookup; ``draft_ms`` is then the whole call's)."""
         if tokens <= 0:
             return  # nothing proposed (no n-gram match): says nothing about the next round
-        self.ms_per_token = _mean(self.ms_per_token, draft_ms / tokens)
-        self.ms_per_round = _mean(self.ms_per_round, catch_up_ms)
+        if catch_up_ms is not None:  # the engine-wide costs are the drafter's costly way's
+            self.ms_per_token = _mean(self.ms_per_token, draft_ms / tokens)
+            self.ms_per_round = _mean(self.ms_per_round, catch_up_ms)
+        if request_id is not None:
+            per_token, per_round = (draft_ms / tokens, catch_up_ms) if catch_up_ms is not None else (0.0, draft_ms)
+            rounds, token_sum, round_sum = self.own.get(request_id, (0.0, 0.0, 0.0))
+            self.own[request_id] = (rounds * DECAY + 1.0, token_sum * DECAY + per_token, round_sum * DECAY + per_round)
+
+    def own_costs(self, request_ids: Iterable[str]) -> dict[str, tuple[float, float]]:
+        """(ms per token, ms per round) of each request's own rounds, for those that have
+        drafted since their seed: what its drafter's way of drafting costs it. ``--drafter
+        auto`` times its head's rounds engine-wide, and a stream whose rounds are the suffix
+        drafter's (~0.05 ms a call) priced at the head's (~0.3 ms a token and ~0.7 ms a
+        round here) drafted K = 5 alone where the suffix drafter drafts 8. Decayed as its
+        acceptance is (``DECAY``): the way follows the text."""
+        costs = {}
+        for request_id in request_ids:
+            own = self.own.get(request_id)
+            if own is not None:
+                rounds, token_sum, round_sum = own
+                costs[request_id] = (token_sum / rounds, round_sum / rounds)
+        return costs
+
+    def forget(self, request_id: str) -> None:
+        self.own.pop(request_id, None)
 
     def observe_first_round(self, seed_ms: float) -> None:
         """A request's first round: ``seed_ms`` its drafter spent seeding (0: none)."""
@@ -329,7 +357,8 @@ def expected_tokens(rate: float, k: int) -> float:
 def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, cost: StepCost,
            acceptance: AcceptanceEstimate, draft_ms_per_token: float = 0.0,
            draft_ms_per_round: float = 0.0, shared_round_ms: float = 0.0,
-           draft_ms_first_round: float | None = None, first_rounds: Container[str] | None = None) -> dict[str, int]:
+           draft_ms_first_round: float | None = None, first_rounds: Container[str] | None = None,
+           own_draft_ms: Mapping[str, tuple[float, float]] | None = None) -> dict[str, int]:
     """K for each holder (id, most drafts allowed), holders in the given order.
 
     ``base_rows``: rows of the tick without any drafts (every decode row, the holders' own
@@ -343,23 +372,28 @@ def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, c
     drafter's first (default: those that have never drafted; the scheduler also counts a
     request whose drafter state a preemption dropped). A lone holder's first round is
     priced as any round: its seed delays no one and is paid once, whenever it first drafts.
+    ``own_draft_ms``: (ms per token, ms per round) of the holders whose own rounds are
+    measured (``DraftTiming.own_costs``), in place of the engine-wide two for their rounds
+    after the first.
     """
     drafting = 0.0  # ms of the drafts chosen so far
     shared = base_rows > 1  # other streams' rows wait for this tick too
     # A first round's drafting beside others is its seed; alone, or unmeasured, any round's.
     first_round_ms = draft_ms_first_round if shared and draft_ms_first_round is not None else draft_ms_per_round
 
-    def tick_ms(total_rows: int, extra_drafts: int, round_ms: float) -> float:
-        return cost.ms(total_rows) + drafting + extra_drafts * draft_ms_per_token + (round_ms if extra_drafts else 0.0)
+    def tick_ms(total_rows: int, extra_drafts: int, per_token_ms: float, round_ms: float) -> float:
+        return cost.ms(total_rows) + drafting + extra_drafts * per_token_ms + (round_ms if extra_drafts else 0.0)
 
     rows, tokens = base_rows, base_tokens
     chosen: dict[str, int] = {}
     ceiling = MAX_SLOWDOWN * cost.ms(base_rows)
+    own = own_draft_ms or {}
     for request_id, k_max in holders:
         first = not acceptance.has_drafted(request_id)  # never drafted: probe (see Exploration)
         seeding = first if first_rounds is None else request_id in first_rounds
-        round_ms = (first_round_ms if seeding else draft_ms_per_round) + (shared_round_ms if shared else 0.0)
-        holder_ms = functools.partial(tick_ms, round_ms=round_ms)
+        per_token_ms, per_round_ms = own.get(request_id, (draft_ms_per_token, draft_ms_per_round))
+        round_ms = (first_round_ms if seeding else per_round_ms) + (shared_round_ms if shared else 0.0)
+        holder_ms = functools.partial(tick_ms, per_token_ms=per_token_ms, round_ms=round_ms)
         rate = acceptance.rate(request_id)
         best = MIN_GAIN * tokens / holder_ms(rows, 0)  # what a K > 0 must beat
         if shared:
@@ -385,7 +419,7 @@ def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, c
             best_k = probe  # a periodic probe: has the text turned predictable?
         chosen[request_id] = best_k
         rows += best_k
-        drafting += best_k * draft_ms_per_token + (round_ms if best_k else 0.0)
+        drafting += best_k * per_token_ms + (round_ms if best_k else 0.0)
         tokens += expected_tokens(rate, best_k) - 1
     return chosen
 

@@ -85,8 +85,10 @@ class SeqResult:
 class RunnerResult:
     seqs: tuple[SeqResult, ...] = ()  # one per plan sequence, in the plan's order
     elapsed_ms: float = 0.0  # wall time of the tick's execution (forward, drafting, sampling)
-    # Per proposal that adaptive K learns from: (ms drafting tokens, tokens, ms catching up).
-    draft_timings: tuple[tuple[float, int, float], ...] = field(default_factory=tuple)
+    # Per proposal that did not seed: (request id, ms drafting its tokens, tokens, ms
+    # catching up; None where the drafter drafted the round its cheap way, a lookup or
+    # the suffix drafter under auto, whose whole call is then the ms drafting).
+    draft_timings: tuple[tuple[str, float, int, float | None], ...] = field(default_factory=tuple)
     # Per proposal that seeded its request's drafter state (``Draft.seeded``): (request id,
     # ms seeding, ms of the whole call).
     seed_timings: tuple[tuple[str, float, float], ...] = field(default_factory=tuple)

@@ -168,6 +168,7 @@ class Scheduler:
         self._leave_lane(rid, now)
         self._released.append(rid)
         self.acceptance.forget(rid)
+        self.draft_timing.forget(rid)
         self._drafter_started.discard(rid)
         return request
 
@@ -226,6 +227,7 @@ class Scheduler:
                                    draft_ms_per_round=self.draft_timing.ms_per_round,
                                    draft_ms_first_round=self.draft_timing.ms_first_round,
                                    first_rounds={rid for rid, _ in caps if rid not in self._drafter_started},
+                                   own_draft_ms=self.draft_timing.own_costs(rid for rid, _ in caps),
                                    shared_round_ms=self.round_overhead.shared_round_ms())
 
     def take_released(self) -> tuple[str, ...]:
@@ -364,7 +366,7 @@ class Scheduler:
                 drafted += res.num_draft_tokens
         if rounds == 0 and any(seq.is_round for seq in seqs):
             return
-        drafting_ms = (sum(ms + catch_up_ms for ms, _, catch_up_ms in result.draft_timings)
+        drafting_ms = (sum(ms + (catch_up_ms or 0.0) for _, ms, _, catch_up_ms in result.draft_timings)
                        + sum(call_ms for _, _, call_ms in result.seed_timings))
         self.round_overhead.observe(len(seqs), drafted, rounds, result.elapsed_ms - drafting_ms, self.step_cost)
 
@@ -387,8 +389,8 @@ class Scheduler:
         if len(result.seqs) != len(plan.seqs):
             raise ValueError(f"the runner answered {len(result.seqs)} sequences of a plan of {len(plan.seqs)}")
         events: list[TokenEvent] = []
-        for drafting_ms, tokens, catch_up_ms in result.draft_timings:
-            self.draft_timing.observe(drafting_ms, tokens, catch_up_ms)
+        for rid, drafting_ms, tokens, catch_up_ms in result.draft_timings:
+            self.draft_timing.observe(drafting_ms, tokens, catch_up_ms, request_id=rid)
         if self._adaptive_k:
             self._time_tick(plan, result)
             self._time_first_rounds(plan, result)
