@@ -9,7 +9,8 @@ script writes ``run.json`` (the command, when it started, how long it took, its 
 status and the git commit). The page is then written from the out folder alone, so
 ``--from DIR`` rebuilds it from an earlier run without running anything. The page holds
 every scenario whose report is in the out folder (``--only`` reruns some of them into it,
-and the others keep their sections): a header (how to regenerate it, the machine, torch, the date,
+and the others keep their sections; into a folder of its own, the others keep the sections
+of the page it replaces, named in the header): a header (how to regenerate it, the machine, torch, the date,
 the commit), then per scenario its command, date, duration and tables. The plots a
 scenario writes (``*.png``) are copied into ``img/`` beside the page and linked from it.
 """
@@ -211,17 +212,48 @@ def _header(runs: list[dict[str, Any]], reports: list[dict[str, Any]], missing: 
     return "\n".join(lines) + "\n"
 
 
-def write_page(out: Path, docs: Path, quick: bool, names: list[str] = ORDER, commit: str | None = None) -> list[str]:
-    """Write ``docs`` from the reports under ``out``; return the scenarios it covers."""
+def _image_scenario(image: Path, names: list[str]) -> str | None:
+    """The scenario whose plot ``image`` (``img/NAME-plot.png``) is, or None."""
+    return next((name for name in sorted(names, key=len, reverse=True) if image.name.startswith(f"{name}-")), None)
+
+
+def _page_sections(page: str) -> dict[str, str]:
+    """An earlier page's scenario sections by name (from its ``## name`` line to the next)."""
+    sections: dict[str, str] = {}
+    for chunk in page.split("\n## ")[1:]:
+        name = chunk.split("\n", 1)[0].strip()
+        if name in ORDER:
+            sections[name] = ("## " + chunk).rstrip() + "\n"
+    return sections
+
+
+def _page_commit(page: str) -> str:
+    return next((line.split("|")[2].strip() for line in page.splitlines() if line.startswith("| commit |")), "unknown")
+
+
+def write_page(out: Path, docs: Path, quick: bool, names: list[str] = ORDER, commit: str | None = None,
+               keep_earlier: bool = False) -> list[str]:
+    """Write ``docs`` from the reports under ``out``; return the scenarios it covers.
+
+    ``keep_earlier``: a scenario with no report under ``out`` keeps its section (and plots)
+    from the page being replaced, and the header names it as kept, with that page's commit
+    (``--only`` run into a folder of its own)."""
     docs_dir = docs.resolve().parent
     img_dir = docs_dir / "img"
-    for old in img_dir.glob("*.png") if img_dir.is_dir() else ():
-        if old.name.split("-", 1)[0] in names:
-            old.unlink()  # this page's images are rewritten below; others are not ours
-    sections, covered, missing, runs, reports = [], [], [], [], []
+    earlier = docs.read_text() if keep_earlier and docs.is_file() else ""
+    kept_sections = _page_sections(earlier)
+    sections, covered, missing, kept, runs, reports = [], [], [], [], [], []
+    rewritten = [name for name in names if (out / name).is_dir()]
+    for image in img_dir.glob("*.png") if img_dir.is_dir() else ():
+        if _image_scenario(image, names) in rewritten:
+            image.unlink()  # these scenarios' plots are written again below; others stay
     for name in names:
         folder = out / name
         section = _section(name, folder, quick, img_dir, docs_dir) if folder.is_dir() else None
+        if section is None and name in kept_sections:
+            kept.append(name)
+            sections.append(kept_sections[name])
+            continue
         if section is None:
             missing.append(name)
             continue
@@ -229,7 +261,11 @@ def write_page(out: Path, docs: Path, quick: bool, names: list[str] = ORDER, com
         sections.append(section)
         runs.append(_read_json(folder / "run.json") or {})
         reports.append(_read_json(folder / "report.json") or {})
-    page = _header(runs, reports, missing, quick, commit) + "\n" + "\n".join(sections)
+    header = _header(runs, reports, missing, quick, commit)
+    if kept:
+        header += ("\nKept from the page this one replaced (their own runs, each section dated; that page's "
+                   f"commit: {_page_commit(earlier)}): " + ", ".join(f"`{k}`" for k in kept) + ".\n")
+    page = header + "\n" + "\n".join(sections)
     docs.parent.mkdir(parents=True, exist_ok=True)
     docs.write_text(page)
     return covered
@@ -261,7 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     # The page holds every scenario whose report is in ``out``, not only those --only named:
     # rerunning one scenario into a folder that holds the others' reports updates its section
     # and keeps theirs.
-    covered = write_page(out, Path(args.docs), args.quick, commit=args.commit)
+    # With --only, a scenario whose report is not in ``out`` (a folder of its own) keeps its
+    # section of the page being replaced rather than dropping out of it.
+    covered = write_page(out, Path(args.docs), args.quick, commit=args.commit, keep_earlier=bool(args.only))
     print(f"wrote {args.docs} ({', '.join(covered) or 'no scenario'})")
     return 0
 

@@ -63,3 +63,27 @@ def test_a_rerun_of_one_scenario_keeps_the_others_sections(tmp_path, monkeypatch
     page = docs.read_text()
     assert ran == ["gguf"]
     assert "## decode" in page and "## gguf" in page
+
+
+def test_a_rerun_into_a_folder_of_its_own_keeps_the_pages_other_sections_and_their_plots(tmp_path, monkeypatch):
+    """``--only gguf --out NEW``: the page's other sections (and plots) stay, named in the
+    header as kept from the page it replaced, with that page's commit."""
+    run_all = _run_all()
+    first = tmp_path / "first"
+    for name in ("vs-llama-cpp", "gguf"):
+        write_report(first / name, f"speclane bench {name}", [Table(f"{name} table", ["arm", "x"], [["old", 1.0]])])
+        (first / name / "run.json").write_text(json.dumps({"command": f"speclane bench {name}", "commit": "old1234"}))
+    (first / "vs-llama-cpp" / "rates.png").write_bytes(b"vs plot")
+    docs = tmp_path / "docs" / "benchmarks.md"
+    run_all.write_page(first, docs, quick=False)
+    assert (docs.parent / "img" / "vs-llama-cpp-rates.png").exists()
+    rerun = tmp_path / "rerun"
+    write_report(rerun / "gguf", "speclane bench gguf", [Table("gguf table", ["arm", "x"], [["new", 2.0]])])
+    monkeypatch.setattr(run_all, "run_scenarios", lambda names, folder, quick: None)
+    assert run_all.main(["--only", "gguf", "--out", str(rerun), "--docs", str(docs)]) == 0
+    page = docs.read_text()
+    assert "| new | 2 |" in page and "| old | 1 |" not in page.split("## gguf")[1]
+    assert "## vs-llama-cpp" in page and "![vs-llama-cpp: rates](img/vs-llama-cpp-rates.png)" in page
+    assert (docs.parent / "img" / "vs-llama-cpp-rates.png").read_bytes() == b"vs plot"
+    assert "Kept from the page this one replaced" in page and "old1234" in page and "`vs-llama-cpp`" in page
+    assert page.index("## vs-llama-cpp") < page.index("## gguf")
