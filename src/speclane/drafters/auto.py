@@ -33,7 +33,7 @@ over after a few rounds (a copy's lookup is worth more than a chat's). A round's
 is read at the request's next round (or when it finishes): the tokens that followed the
 round's start, compared with what was drafted.
 
-The head's hidden-state catch-up is the MTP drafter's: ``observe`` goes to it every forward,
+The head's hidden-state catch-up is the MTP drafter's: ``observe_tick`` goes to it every forward,
 and a round that the head skips leaves its positions pending for the next head round.
 Adaptive K times only head rounds (the others report ``catch_up_ms=None``), as the MTP
 drafter does for its lookup rounds; a call in which the suffix drafter or the head seeded
@@ -44,13 +44,13 @@ proposal is deterministic, so the output is unchanged whichever drafter a round 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from speclane import draft_tree
-from speclane.drafters.base import Draft
+from speclane.drafters.base import Draft, HiddenSpan
 from speclane.drafters.mtp import MTPDrafter
 from speclane.drafters.ngram import NgramDrafter
 from speclane.drafters.suffix import SuffixDrafter
@@ -110,9 +110,9 @@ class AutoDrafter:
         self.states: dict[str, _RequestState] = {}
         self.chosen = dict.fromkeys(SOURCES, 0)  # rounds each drafter won (for benchmarks)
 
-    def observe(self, request: Request, start: int, hidden: torch.Tensor) -> None:
+    def observe_tick(self, spans: Sequence[HiddenSpan], hidden: torch.Tensor) -> None:
         if self.head is not None:
-            self.head.observe(request, start, hidden)
+            self.head.observe_tick(spans, hidden)
 
     def use_step_cost(self, step_ms: Callable[[int], float]) -> None:
         """Score proposals per millisecond: ``step_ms(rows)`` is a forward of that many rows."""

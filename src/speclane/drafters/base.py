@@ -9,7 +9,7 @@ produced (see ``engine/sampling.py``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
@@ -68,8 +68,8 @@ class Drafter(Protocol):
 
     - ``propose(request, k)`` returns a ``Draft`` of at most ``k`` tokens continuing
       ``request.token_ids()``. It must not mutate the request.
-    - ``needs_hidden_states``: when True the runner also calls ``observe`` (the
-      ``HiddenObserver`` contract) after every forward, for every request, so the
+    - ``needs_hidden_states``: when True the runner also calls ``observe_tick`` (the
+      ``HiddenObserver`` contract) after every forward, with every request's rows, so the
       drafter can catch up on positions decoded while the request did not hold the lane.
     - ``finish(request)``: the request finished (stopped, hit a limit, or was aborted);
       called once, before ``release``, with its final output. A drafter that learns from
@@ -98,14 +98,19 @@ class CostAware(Protocol):
     def use_step_cost(self, step_ms: Callable[[int], float]) -> None: ...
 
 
+HiddenSpan = tuple[Request, int, int, int]  # (request, its first position, first row in the tick's hidden, rows)
+
+
 class HiddenObserver(Protocol):
     """Receives the target's final hidden states of the positions kept after a forward.
 
-    ``observe(request, start, hidden)``: ``hidden`` [n, hidden_size] float32 belongs to
-    positions ``start .. start + n - 1`` of ``request`` (prompt chunks, decode steps and
-    accepted draft positions; rejected drafts are never shown). The tensor is a view
-    of the forward's output: copy what you keep.
+    ``observe_tick(spans, hidden)``, once per forward: ``hidden`` [n, hidden_size] float32
+    holds the tick's kept positions (prompt chunks, decode steps and accepted draft
+    positions; rejected drafts are never shown); each span ``(request, start, row, rows)``
+    says that rows ``row .. row + rows - 1`` are ``request``'s positions ``start ..
+    start + rows - 1``. Nothing writes ``hidden`` again: an observer may keep views of it
+    (a view keeps the whole tensor alive) or copy what it keeps.
     """
 
-    def observe(self, request: Request, start: int, hidden: torch.Tensor) -> None: ...
+    def observe_tick(self, spans: Sequence[HiddenSpan], hidden: torch.Tensor) -> None: ...
 

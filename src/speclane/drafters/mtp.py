@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from speclane.drafters.base import Draft
+from speclane.drafters.base import Draft, HiddenSpan
 from speclane.drafters.ngram import NgramDrafter
 from speclane.models.llama import LlamaModel
 from speclane.models.mtp_head import MTPCache, MTPHead, StepOutput
@@ -50,12 +50,17 @@ from speclane.request import Request
 
 HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"  # heads shipped with the package
 DEFAULT_MIN_DRAFT_PROB = 0.0
+# A tick's hidden states of at most this many kept rows (decode rows and accepted drafts of
+# up to ~64 streams) are shared by the requests' pending views; past it (a prompt chunk in
+# the tick) each request copies its rows.
+SHARED_TICK_ROWS = 256
 
 
 @dataclass
 class _RequestState:
     cache: MTPCache | KernelCache | None = None
-    pending: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (first position, hidden rows)
+    # (first position, a tick's hidden states, first row, rows): the rows are views taken at catch-up
+    pending: list[tuple[int, torch.Tensor, int, int]] = field(default_factory=list)
     pending_rows: int = 0
 
 
@@ -146,21 +151,41 @@ class MTPDrafter:
         self.propose_seconds = 0.0  # drafting time (catch-up + recursive drafts), for benchmarks
         self.proposals = 0
         self.lookup_proposals = 0  # of the proposals, rounds drafted by prompt lookup
+        self._window = head.config.window
 
     @property
     def window(self) -> int:
         return self.head.config.window
 
     def observe(self, request: Request, start: int, hidden: torch.Tensor) -> None:
-        if not request.speculative or hidden.shape[0] == 0:
-            return
-        state = self.states.setdefault(request.request_id, _RequestState())
-        rows = hidden[-self.window :]
-        state.pending.append((start + hidden.shape[0] - rows.shape[0], rows.clone()))
-        state.pending_rows += rows.shape[0]
-        # A request that waits long keeps only the last `window` positions to catch up on.
-        while state.pending_rows - state.pending[0][1].shape[0] >= self.window:
-            state.pending_rows -= state.pending.pop(0)[1].shape[0]
+        """One request's rows: ``observe_tick`` with one span (``hidden`` is not written again)."""
+        self.observe_tick([(request, start, 0, hidden.shape[0])], hidden)
+
+    def observe_tick(self, spans: Sequence[HiddenSpan], hidden: torch.Tensor) -> None:
+        # Called after every forward with every request's rows, drafting or not: at 16
+        # streams that draft nothing it is the drafter's whole cost of a tick, so a request's
+        # rows stay a view of the tick's tensor until its catch-up. Where the tensor is large
+        # (a prompt chunk's rows) a view would keep all of it alive for the window's ticks:
+        # each request copies its own rows.
+        share = hidden.shape[0] <= SHARED_TICK_ROWS
+        window, states = self._window, self.states
+        for request, start, row, rows in spans:
+            if rows == 0 or not request.speculative:
+                continue
+            state = states.get(request.request_id)
+            if state is None:
+                state = states[request.request_id] = _RequestState()
+            if rows > window:
+                start, row, rows = start + rows - window, row + rows - window, window
+            pending = state.pending
+            if share:
+                pending.append((start, hidden, row, rows))
+            else:
+                pending.append((start, hidden[row : row + rows].clone(), 0, rows))
+            state.pending_rows += rows
+            # A request that waits long keeps only the last `window` positions to catch up on.
+            while state.pending_rows - pending[0][3] >= window:
+                state.pending_rows -= pending.pop(0)[3]
 
     def propose(self, request: Request, k: int) -> Draft:
         started = time.perf_counter()
@@ -185,7 +210,7 @@ class MTPDrafter:
         tokens = request.token_ids()
         last = len(tokens) - 2  # the last position the target has computed
         first = state.pending[0][0]
-        hidden = torch.cat([rows for _, rows in state.pending])
+        hidden = torch.cat([tick[row : row + rows] for _, tick, row, rows in state.pending])
         state.pending, state.pending_rows = [], 0
         if first + hidden.shape[0] - 1 != last:
             state.cache = None  # out of step (should not happen): re-seed at the next round

@@ -228,17 +228,23 @@ class ModelRunner:
 
     def _share_hidden(self, seqs: list[ScheduledSeq], fed: list[list[int]], kept: list[list[int] | int],
                       hidden: torch.Tensor) -> None:
-        """Hand each observer the hidden states of the positions that stay in the cache."""
+        """Hand the observers the hidden states of the positions that stay in the cache, in
+        one call per tick: per request a slice and a call cost ~10 us, a tick's worth of
+        them ~1% of a tick of 16 streams that draft nothing."""
+        spans: list[tuple[Request, int, int, int]] = []
+        rows: list[int] = []  # the kept rows of ``hidden``, in order
         offset = 0
         for seq, tokens, rows_kept in zip(seqs, fed, kept, strict=True):
             # Rejected draft positions are dropped; a tree's kept rows are its accepted path.
-            if isinstance(rows_kept, int):
-                rows = hidden[offset : offset + rows_kept]
-            else:
-                rows = hidden[[offset + r for r in rows_kept]]
-            for observer in self.hidden_observers:
-                observer.observe(seq.request, seq.start, rows)
+            kept_rows = range(offset, offset + rows_kept) if isinstance(rows_kept, int) else [offset + r for r in rows_kept]
+            spans.append((seq.request, seq.start, len(rows), len(kept_rows)))
+            rows.extend(kept_rows)
             offset += len(tokens)
+        # The forward's output is fresh and nothing writes it after this: the observers may
+        # keep views of it. Where drafts were rejected, a new tensor of the kept rows.
+        tick = hidden if len(rows) == hidden.shape[0] else hidden[rows]
+        for observer in self.hidden_observers:
+            observer.observe_tick(spans, tick)
 
     def _choose(self, request: Request, logits: torch.Tensor, draft: list[int], draft_probs: torch.Tensor | None,
                 first_position: int, argmax: list[int] | None = None, parents: tuple[int, ...] | None = None):

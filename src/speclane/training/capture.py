@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from speclane.drafters.base import HiddenSpan
 from speclane.engine.engine import LLMEngine
-from speclane.request import Request, SamplingParams
+from speclane.request import SamplingParams
 from speclane.training.samples import Sample
 
 
@@ -30,13 +32,14 @@ class HiddenRecorder:
         self.rows: dict[str, list[torch.Tensor]] = {}
         self.next_position: dict[str, int] = {}
 
-    def observe(self, request: Request, start: int, hidden: torch.Tensor) -> None:
-        rid = request.request_id
-        expected = self.next_position.get(rid, 0)
-        if start != expected:
-            raise AssertionError(f"{rid}: hidden states for position {start}, expected {expected}")
-        self.rows.setdefault(rid, []).append(hidden.to(torch.bfloat16).clone())
-        self.next_position[rid] = start + hidden.shape[0]
+    def observe_tick(self, spans: Sequence[HiddenSpan], hidden: torch.Tensor) -> None:
+        for request, start, row, rows in spans:
+            rid = request.request_id
+            expected = self.next_position.get(rid, 0)
+            if start != expected:
+                raise AssertionError(f"{rid}: hidden states for position {start}, expected {expected}")
+            self.rows.setdefault(rid, []).append(hidden[row : row + rows].to(torch.bfloat16).clone())
+            self.next_position[rid] = start + rows
 
     def pop(self, request_id: str) -> torch.Tensor:
         self.next_position.pop(request_id, None)
