@@ -120,7 +120,8 @@ MIN_GAIN = 1.05
 MAX_SLOWDOWN = 1.3
 PRIOR_RATE = 0.7  # engine-wide prior before any round has been seen
 MIN_PLAIN_TICKS = 3  # plain ticks of a width before a round's residual is measured against them
-FOLLOW = 0.1  # RoundOverhead's means: each sample's weight once there are ten
+FOLLOW = 0.1  # the drafting and overhead means: each sample's weight once there are ten
+OWN_FOLLOW = 1.0 - DECAY  # a request's own drafting costs follow its rounds as its acceptance does
 FADE = 0.995  # RoundOverhead per shared tick without a round: half its value in ~140 such ticks
 
 
@@ -249,9 +250,10 @@ class DraftTiming:
     ms_per_round: float = 0.0
     ms_first_round: float = 0.0
     first_rounds: int = 0
-    # id -> decayed (rounds, sum of ms per token, sum of ms per round) of the request's own
-    # rounds, whichever way its drafter drafted them (``own_costs``).
-    own: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    timed_rounds: int = 0  # rounds behind ms_per_token and ms_per_round
+    # id -> (rounds, ms per token, ms per round) of the request's own rounds, whichever way
+    # its drafter drafted them (``own_costs``).
+    own: dict[str, tuple[int, float, float]] = field(default_factory=dict)
 
     def observe(self, draft_ms: float, tokens: int, catch_up_ms: float | None = 0.0,
                 request_id: str | None = None) -> None:
@@ -260,26 +262,28 @@ class DraftTiming:
         if tokens <= 0:
             return  # nothing proposed (no n-gram match): says nothing about the next round
         if catch_up_ms is not None:  # the engine-wide costs are the drafter's costly way's
-            self.ms_per_token = _mean(self.ms_per_token, draft_ms / tokens)
-            self.ms_per_round = _mean(self.ms_per_round, catch_up_ms)
+            self.timed_rounds += 1
+            self.ms_per_token = _running_mean(self.ms_per_token, draft_ms / tokens, self.timed_rounds)
+            self.ms_per_round = _running_mean(self.ms_per_round, catch_up_ms, self.timed_rounds)
         if request_id is not None:
             per_token, per_round = (draft_ms / tokens, catch_up_ms) if catch_up_ms is not None else (0.0, draft_ms)
-            rounds, token_sum, round_sum = self.own.get(request_id, (0.0, 0.0, 0.0))
-            self.own[request_id] = (rounds * DECAY + 1.0, token_sum * DECAY + per_token, round_sum * DECAY + per_round)
+            rounds, token_ms, round_ms = self.own.get(request_id, (0, 0.0, 0.0))
+            rounds += 1
+            self.own[request_id] = (rounds, _running_mean(token_ms, per_token, rounds, OWN_FOLLOW),
+                                    _running_mean(round_ms, per_round, rounds, OWN_FOLLOW))
 
     def own_costs(self, request_ids: Iterable[str]) -> dict[str, tuple[float, float]]:
         """(ms per token, ms per round) of each request's own rounds, for those that have
         drafted since their seed: what its drafter's way of drafting costs it. ``--drafter
         auto`` times its head's rounds engine-wide, and a stream whose rounds are the suffix
         drafter's (~0.05 ms a call) priced at the head's (~0.3 ms a token and ~0.7 ms a
-        round here) drafted K = 5 alone where the suffix drafter drafts 8. Decayed as its
-        acceptance is (``DECAY``): the way follows the text."""
+        round here) drafted K = 5 alone where the suffix drafter drafts 8. Following its
+        rounds as its acceptance does (``OWN_FOLLOW``): the way follows the text."""
         costs = {}
         for request_id in request_ids:
             own = self.own.get(request_id)
             if own is not None:
-                rounds, token_sum, round_sum = own
-                costs[request_id] = (token_sum / rounds, round_sum / rounds)
+                costs[request_id] = own[1:]
         return costs
 
     def forget(self, request_id: str) -> None:
@@ -339,14 +343,10 @@ class RoundOverhead:
         return max(0.0, self.ms_per_round)
 
 
-def _running_mean(current: float, sample: float, seen: int) -> float:
-    """The mean of the first samples, then one that follows the machine (``FOLLOW``)."""
-    return current + (sample - current) * max(FOLLOW, 1.0 / seen)
-
-
-def _mean(current: float, sample: float) -> float:
-    """A running mean that follows the machine (the first sample sets it)."""
-    return sample if current == 0.0 else 0.9 * current + 0.1 * sample
+def _running_mean(current: float, sample: float, seen: int, follow: float = FOLLOW) -> float:
+    """The mean of the first samples (``seen`` counts this one), then a mean that follows
+    the machine, each new sample weighing ``follow``."""
+    return current + (sample - current) * max(follow, 1.0 / seen)
 
 
 def expected_tokens(rate: float, k: int) -> float:
