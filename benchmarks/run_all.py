@@ -146,7 +146,8 @@ def _section(name: str, folder: Path, quick: bool, img_dir: Path, docs_dir: Path
     description = _description(name)
     if description:
         lines += [description[0].upper() + description[1:] + ".", ""]
-    lines += [f"`{command}`: {date}, {duration}.", ""]
+    measured = f", commit {run['commit']}" if run.get("commit") else ""
+    lines += [f"`{command}`: {date}, {duration}{measured}.", ""]
     if run.get("returncode", 0) != 0 or tables is None:
         lines += [f"The run failed (exit status {run.get('returncode', '?')}); it wrote no tables.", ""]
         return "\n".join(lines)
@@ -218,17 +219,21 @@ def _image_scenario(image: Path, names: list[str]) -> str | None:
 
 
 def _page_sections(page: str) -> dict[str, str]:
-    """An earlier page's scenario sections by name (from its ``## name`` line to the next)."""
-    sections: dict[str, str] = {}
-    for chunk in page.split("\n## ")[1:]:
-        name = chunk.split("\n", 1)[0].strip()
-        if name in ORDER:
-            sections[name] = ("## " + chunk).rstrip() + "\n"
-    return sections
+    """An earlier page's scenario sections by name: from a ``## NAME`` line (NAME a
+    scenario) to the next such line; any other line belongs to the section it is in."""
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in page.splitlines():
+        if line.startswith("## ") and line[3:].strip() in ORDER:
+            current = sections[line[3:].strip()] = [line]
+        elif current is not None:
+            current.append(line)
+    return {name: "\n".join(lines).rstrip() + "\n" for name, lines in sections.items()}
 
 
-def _page_commit(page: str) -> str:
-    return next((line.split("|")[2].strip() for line in page.splitlines() if line.startswith("| commit |")), "unknown")
+def _will_have_section(folder: Path) -> bool:
+    """``_section`` writes one for this folder (a run record or tables)."""
+    return folder.is_dir() and ((folder / "run.json").is_file() or _tables_markdown(folder) is not None)
 
 
 def write_page(out: Path, docs: Path, quick: bool, names: list[str] = ORDER, commit: str | None = None,
@@ -236,17 +241,20 @@ def write_page(out: Path, docs: Path, quick: bool, names: list[str] = ORDER, com
     """Write ``docs`` from the reports under ``out``; return the scenarios it covers.
 
     ``keep_earlier``: a scenario with no report under ``out`` keeps its section (and plots)
-    from the page being replaced, and the header names it as kept, with that page's commit
-    (``--only`` run into a folder of its own)."""
+    from the page being replaced (each section names its own run's date and commit), and
+    the header names it as kept (``--only`` run into a folder of its own)."""
     docs_dir = docs.resolve().parent
     img_dir = docs_dir / "img"
     earlier = docs.read_text() if keep_earlier and docs.is_file() else ""
     kept_sections = _page_sections(earlier)
     sections, covered, missing, kept, runs, reports = [], [], [], [], [], []
-    rewritten = [name for name in names if (out / name).is_dir()]
+    # Plots of the scenarios written again here go; so do those of every scenario unless
+    # the earlier page's sections are kept (their plots with them).
+    rewritten = {name for name in names if _will_have_section(out / name)}
     for image in img_dir.glob("*.png") if img_dir.is_dir() else ():
-        if _image_scenario(image, names) in rewritten:
-            image.unlink()  # these scenarios' plots are written again below; others stay
+        scenario = _image_scenario(image, names)
+        if scenario in rewritten or (scenario is not None and not keep_earlier):
+            image.unlink()
     for name in names:
         folder = out / name
         section = _section(name, folder, quick, img_dir, docs_dir) if folder.is_dir() else None
@@ -263,8 +271,8 @@ def write_page(out: Path, docs: Path, quick: bool, names: list[str] = ORDER, com
         reports.append(_read_json(folder / "report.json") or {})
     header = _header(runs, reports, missing, quick, commit)
     if kept:
-        header += ("\nKept from the page this one replaced (their own runs, each section dated; that page's "
-                   f"commit: {_page_commit(earlier)}): " + ", ".join(f"`{k}`" for k in kept) + ".\n")
+        header += ("\nKept from the page this one replaced (their own runs; each section gives its date and, "
+                   "where recorded, its commit): " + ", ".join(f"`{k}`" for k in kept) + ".\n")
     page = header + "\n" + "\n".join(sections)
     docs.parent.mkdir(parents=True, exist_ok=True)
     docs.write_text(page)

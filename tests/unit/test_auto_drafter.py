@@ -26,9 +26,6 @@ class Fixed:
     def release(self, request_id: str) -> None:
         pass
 
-    def observe(self, request, start, hidden) -> None:
-        pass
-
 
 def _request(rid="r") -> Request:
     return Request(request_id=rid, prompt_token_ids=[1, 2, 3], sampling=SamplingParams(max_tokens=100))

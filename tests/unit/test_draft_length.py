@@ -212,18 +212,21 @@ def test_a_first_round_beside_others_is_charged_its_seed_and_alone_a_rounds_catc
     assert alone == choose([("new", 8)], 1, 1, NEARLY_FLAT, est, draft_ms_per_round=0.5) and alone["new"] >= 1
 
 
-def test_a_requests_own_rounds_price_its_rounds_whichever_way_its_drafter_drafted_them():
-    """``--drafter auto`` times its head's rounds engine-wide; a request whose rounds are
-    the suffix drafter's (``catch_up_ms`` None: the call whole) is priced by its own."""
+def test_a_run_of_cheap_rounds_prices_a_requests_rounds_until_it_drafts_the_costly_way():
+    """``--drafter auto`` times its head's rounds engine-wide; a request whose last rounds
+    were the suffix drafter's (``catch_up_ms`` None: the call whole) is priced by them,
+    until a round of it is the head's again."""
     timing = DraftTiming()
     timing.observe(0.9, 3, catch_up_ms=0.6, request_id="chat")  # head rounds: 0.3 ms a token, 0.6 a round
     timing.observe(0.05, 8, catch_up_ms=None, request_id="copy")  # a suffix round: 0.05 ms the call
     assert (timing.ms_per_token, timing.ms_per_round) == pytest.approx((0.3, 0.6))  # the cheap way left out
-    assert timing.own_costs(["chat", "copy", "new"]) == {"chat": pytest.approx((0.3, 0.6)), "copy": pytest.approx((0.0, 0.05))}
+    assert timing.own_costs(["chat", "copy", "new"]) == {"copy": pytest.approx((0.0, 0.05))}
     timing.observe(0.0, 0, catch_up_ms=None, request_id="new")  # nothing proposed says nothing
-    timing.observe(0.6, 2, catch_up_ms=0.5, request_id="copy")  # the way follows the text, decayed
-    token_ms, round_ms = timing.own_costs(["copy"])["copy"]
-    assert 0.0 < token_ms < 0.3 and 0.05 < round_ms < 0.5
+    timing.observe(0.15, 8, catch_up_ms=None, request_id="copy")
+    assert timing.own_costs(["copy", "new"]) == {"copy": pytest.approx((0.0, 0.1))}  # the run's mean call
+    timing.observe(0.6, 2, catch_up_ms=0.5, request_id="copy")  # the text stopped matching: the head drafted
+    assert timing.own_costs(["copy"]) == {}  # the head's price again, from the next round
+    timing.observe(0.05, 8, catch_up_ms=None, request_id="copy")
     timing.forget("copy")
     assert timing.own_costs(["copy"]) == {}
     # Priced by its own rounds, a near-certain copy drafts as deep as the table pays for;

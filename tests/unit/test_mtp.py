@@ -296,13 +296,13 @@ def test_drafter_catch_up_uses_only_the_last_window_positions():
     assert draft.token_ids == draft_recursively(head, cache, out, 99, 3).token_ids
 
 
-def test_a_ticks_rows_stay_views_of_it_and_a_prompt_chunks_are_copied_with_the_same_drafts():
+def test_a_decode_ticks_rows_stay_views_of_it_and_a_tick_with_a_prompt_chunk_is_copied():
     """The runner hands the drafter one tensor per tick (``observe_tick``). A decode tick's
-    rows stay views of it until the catch-up (no copy per request and tick); a tick of
-    more than SHARED_TICK_ROWS rows (a prompt chunk) is copied per request, its last
-    window's rows only, so a view does not keep the chunk alive. The drafts are those of a
-    drafter fed each request's rows one by one."""
-    from speclane.drafters.mtp import SHARED_TICK_ROWS
+    rows stay views of it until the catch-up (no copy per request and tick); a tick with a
+    prompt chunk (a span over SHARED_SPAN_ROWS rows) is copied per request, the window's
+    rows only, so that no view keeps the chunk alive. The drafts are those of a drafter fed
+    each request's rows one by one."""
+    from speclane.drafters.mtp import SHARED_SPAN_ROWS
     from speclane.request import Request
 
     model = toy_model(toy_config(vocab_size=VOCAB))
@@ -310,29 +310,41 @@ def test_a_ticks_rows_stay_views_of_it_and_a_prompt_chunks_are_copied_with_the_s
     shared, one_by_one = MTPDrafter(head, VOCAB), MTPDrafter(head, VOCAB)
     gen = torch.Generator().manual_seed(5)
     size = model.config.hidden_size
-    prompt_len = SHARED_TICK_ROWS + 20
+    prompt_len = 100
     requests = {rid: Request(request_id=rid, prompt_token_ids=torch.randint(1, VOCAB, (prompt_len,), generator=gen).tolist(),
-                             sampling=SamplingParams(max_tokens=8, temperature=0)) for rid in ("a", "b")}
+                             sampling=SamplingParams(max_tokens=8, temperature=0)) for rid in ("a", "b", "c")}
+
+    def tick_of(spans, tick):
+        shared.observe_tick(spans, tick)
+        for request, start, row, rows in spans:
+            one_by_one.observe(request, start, tick[row : row + rows].clone())
+
     chunk = torch.randn(2 * prompt_len, size, generator=gen)  # both prompts in one prefill tick
-    shared.observe_tick([(requests["a"], 0, 0, prompt_len), (requests["b"], 0, prompt_len, prompt_len)], chunk)
-    for i, rid in enumerate(("a", "b")):
-        one_by_one.observe(requests[rid], 0, chunk[i * prompt_len : (i + 1) * prompt_len].clone())
+    tick_of([(requests["a"], 0, 0, prompt_len), (requests["b"], 0, prompt_len, prompt_len)], chunk)
+    for rid in ("a", "b"):
         (start, rows_of, row, rows), = shared.states[rid].pending
         assert (start, row, rows) == (prompt_len - 64, 0, 64) and rows_of.shape[0] == 64  # a copy of its window
         assert rows_of.untyped_storage().data_ptr() != chunk.untyped_storage().data_ptr()
     for step in range(3):  # decode ticks of both requests: one row each
-        tick = torch.randn(2, size, generator=gen)
         for rid in ("a", "b"):
             requests[rid].output_token_ids.append(int(torch.randint(1, VOCAB, (1,), generator=gen)))
-        shared.observe_tick([(requests["a"], prompt_len + step, 0, 1), (requests["b"], prompt_len + step, 1, 1)], tick)
-        for i, rid in enumerate(("a", "b")):
-            one_by_one.observe(requests[rid], prompt_len + step, tick[i : i + 1].clone())
-            assert shared.states[rid].pending[-1][1] is tick  # a view of the tick's tensor, no copy
+        tick = torch.randn(2, size, generator=gen)
+        tick_of([(requests["a"], prompt_len + step, 0, 1), (requests["b"], prompt_len + step, 1, 1)], tick)
+        assert all(shared.states[rid].pending[-1][1] is tick for rid in ("a", "b"))  # views, no copy
+    # A decode tick beside a prompt chunk (request c's first SHARED_SPAN_ROWS + 1 tokens):
+    # every request copies its rows.
+    for rid in ("a", "b"):
+        requests[rid].output_token_ids.append(int(torch.randint(1, VOCAB, (1,), generator=gen)))
+    mixed = torch.randn(2 + SHARED_SPAN_ROWS + 1, size, generator=gen)
+    tick_of([(requests["a"], prompt_len + 3, 0, 1), (requests["b"], prompt_len + 3, 1, 1),
+             (requests["c"], 0, 2, SHARED_SPAN_ROWS + 1)], mixed)
+    assert all(shared.states[rid].pending[-1][1].untyped_storage().data_ptr() != mixed.untyped_storage().data_ptr()
+               for rid in ("a", "b", "c"))
     for rid in ("a", "b"):
         requests[rid].output_token_ids.append(3)  # the token after the last decoded position
         a, b = shared.propose(requests[rid], 3), one_by_one.propose(requests[rid], 3)
         assert a.token_ids == b.token_ids and len(a.token_ids) == 3
-        assert shared.states[rid].cache.end == one_by_one.states[rid].cache.end == prompt_len + 3
+        assert shared.states[rid].cache.end == one_by_one.states[rid].cache.end == prompt_len + 4
 
 
 def test_a_seeding_proposal_reports_no_catch_up_time_and_a_later_one_does():

@@ -2,8 +2,8 @@
 
 Per-request state lives here and survives between rounds:
 - the head's KV cache of *true* entries (built from target hidden states);
-- the target hidden states of positions computed since the last round (``observe``
-  is called for every request after every forward, lane holder or not).
+- the target hidden states of positions computed since the last round (``observe_tick``
+  is called after every forward with every request's rows, lane holder or not).
 
 At a round, the drafter first catches up — one batched head call over the positions
 verified (or decoded classically while the request waited) since its last round —
@@ -50,10 +50,11 @@ from speclane.request import Request
 
 HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"  # heads shipped with the package
 DEFAULT_MIN_DRAFT_PROB = 0.0
-# A tick's hidden states of at most this many kept rows (decode rows and accepted drafts of
-# up to ~64 streams) are shared by the requests' pending views; past it (a prompt chunk in
-# the tick) each request copies its rows.
-SHARED_TICK_ROWS = 256
+# A tick whose every request kept at most this many rows (a decode row and its accepted
+# drafts) leaves its hidden states shared by the requests' pending views; a tick with a
+# longer span (a prompt chunk) is copied per request, so that a view does not keep the
+# chunk alive for the window's ticks.
+SHARED_SPAN_ROWS = 32
 
 
 @dataclass
@@ -163,11 +164,11 @@ class MTPDrafter:
 
     def observe_tick(self, spans: Sequence[HiddenSpan], hidden: torch.Tensor) -> None:
         # Called after every forward with every request's rows, drafting or not: at 16
-        # streams that draft nothing it is the drafter's whole cost of a tick, so a request's
-        # rows stay a view of the tick's tensor until its catch-up. Where the tensor is large
-        # (a prompt chunk's rows) a view would keep all of it alive for the window's ticks:
-        # each request copies its own rows.
-        share = hidden.shape[0] <= SHARED_TICK_ROWS
+        # streams that draft nothing it is the drafter's whole cost of a tick, so a decode
+        # tick's rows stay views of its tensor until the request's catch-up (the views of the
+        # tick's requests keep what their copies would). A tick with a prompt chunk is
+        # copied per request: a view would keep the chunk alive for the window's ticks.
+        share = all(rows <= SHARED_SPAN_ROWS for _, _, _, rows in spans)
         window, states = self._window, self.states
         for request, start, row, rows in spans:
             if rows == 0 or not request.speculative:

@@ -265,7 +265,7 @@ class FusedStep:
     def __init__(self, head: KernelHead, lib: ctypes.CDLL):
         cfg = head.config
         self.lib, self.config = lib, cfg
-        self.max_rows = 2 * cfg.window  # a catch-up holds at most ~2 windows (MTPDrafter.observe); more: the calls one by one
+        self.max_rows = 2 * cfg.window  # a catch-up holds at most ~2 windows (MTPDrafter.observe_tick); more: the calls one by one
         weights = {name: head.linears[name].quantized for name in MATMULS}
         if {w.library for w in weights.values()} != {head.kernels.int4_library}:
             raise ValueError("FusedStep: every matmul of the head must run on the kernels' int4 build")

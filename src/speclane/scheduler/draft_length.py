@@ -121,7 +121,6 @@ MAX_SLOWDOWN = 1.3
 PRIOR_RATE = 0.7  # engine-wide prior before any round has been seen
 MIN_PLAIN_TICKS = 3  # plain ticks of a width before a round's residual is measured against them
 FOLLOW = 0.1  # the drafting and overhead means: each sample's weight once there are ten
-OWN_FOLLOW = 1.0 - DECAY  # a request's own drafting costs follow its rounds as its acceptance does
 FADE = 0.995  # RoundOverhead per shared tick without a round: half its value in ~140 such ticks
 
 
@@ -251,9 +250,8 @@ class DraftTiming:
     ms_first_round: float = 0.0
     first_rounds: int = 0
     timed_rounds: int = 0  # rounds behind ms_per_token and ms_per_round
-    # id -> (rounds, ms per token, ms per round) of the request's own rounds, whichever way
-    # its drafter drafted them (``own_costs``).
-    own: dict[str, tuple[int, float, float]] = field(default_factory=dict)
+    # id -> (its rounds in a row drafted the cheap way, their mean ms a call) (``own_costs``)
+    cheap_runs: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     def observe(self, draft_ms: float, tokens: int, catch_up_ms: float | None = 0.0,
                 request_id: str | None = None) -> None:
@@ -265,29 +263,27 @@ class DraftTiming:
             self.timed_rounds += 1
             self.ms_per_token = _running_mean(self.ms_per_token, draft_ms / tokens, self.timed_rounds)
             self.ms_per_round = _running_mean(self.ms_per_round, catch_up_ms, self.timed_rounds)
-        if request_id is not None:
-            per_token, per_round = (draft_ms / tokens, catch_up_ms) if catch_up_ms is not None else (0.0, draft_ms)
-            rounds, token_ms, round_ms = self.own.get(request_id, (0, 0.0, 0.0))
-            rounds += 1
-            self.own[request_id] = (rounds, _running_mean(token_ms, per_token, rounds, OWN_FOLLOW),
-                                    _running_mean(round_ms, per_round, rounds, OWN_FOLLOW))
+            if request_id is not None:
+                self.cheap_runs.pop(request_id, None)  # drafted the costly way: priced so again
+        elif request_id is not None:
+            rounds, call_ms = self.cheap_runs.get(request_id, (0, 0.0))
+            self.cheap_runs[request_id] = (rounds + 1, _running_mean(call_ms, draft_ms, rounds + 1))
 
     def own_costs(self, request_ids: Iterable[str]) -> dict[str, tuple[float, float]]:
-        """(ms per token, ms per round) of each request's own rounds, for those that have
-        drafted since their seed: what its drafter's way of drafting costs it. ``--drafter
-        auto`` times its head's rounds engine-wide, and a stream whose rounds are the suffix
-        drafter's (~0.05 ms a call) priced at the head's (~0.3 ms a token and ~0.7 ms a
-        round here) drafted K = 5 alone where the suffix drafter drafts 8. Following its
-        rounds as its acceptance does (``OWN_FOLLOW``): the way follows the text."""
-        costs = {}
-        for request_id in request_ids:
-            own = self.own.get(request_id)
-            if own is not None:
-                costs[request_id] = own[1:]
-        return costs
+        """(ms per token, ms per round) of each request whose last round was drafted the
+        cheap way (prompt lookup, auto's suffix drafter): that way's cost, the call a
+        round, until a round of the request is drafted the costly way again. ``--drafter
+        auto`` times its head's rounds engine-wide, and a stream whose rounds are the
+        suffix drafter's (~0.05 ms a call) priced at the head's (~0.3 ms a token and ~0.7
+        ms a round here) drafted K = 5 alone where the suffix drafter drafts 8. Only a run
+        of cheap rounds: the drafter picks its way after K is chosen, so when the text
+        stops matching, the head drafts one round at the cheap price, and the next is the
+        head's again (a mean over both ways would price it low for several rounds, past the
+        head-of-line guard's reckoning)."""
+        return {rid: (0.0, self.cheap_runs[rid][1]) for rid in request_ids if rid in self.cheap_runs}
 
     def forget(self, request_id: str) -> None:
-        self.own.pop(request_id, None)
+        self.cheap_runs.pop(request_id, None)
 
     def observe_first_round(self, seed_ms: float) -> None:
         """A request's first round: ``seed_ms`` its drafter spent seeding (0: none)."""
@@ -372,9 +368,9 @@ def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, c
     drafter's first (default: those that have never drafted; the scheduler also counts a
     request whose drafter state a preemption dropped). A lone holder's first round is
     priced as any round: its seed delays no one and is paid once, whenever it first drafts.
-    ``own_draft_ms``: (ms per token, ms per round) of the holders whose own rounds are
-    measured (``DraftTiming.own_costs``), in place of the engine-wide two for their rounds
-    after the first.
+    ``own_draft_ms``: (ms per token, ms per round) of the holders whose last rounds were
+    drafted the drafter's cheap way (``DraftTiming.own_costs``), in place of the
+    engine-wide two (a first round's seed is still ``draft_ms_first_round``).
     """
     drafting = 0.0  # ms of the drafts chosen so far
     shared = base_rows > 1  # other streams' rows wait for this tick too

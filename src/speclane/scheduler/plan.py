@@ -87,7 +87,8 @@ class RunnerResult:
     elapsed_ms: float = 0.0  # wall time of the tick's execution (forward, drafting, sampling)
     # Per proposal that did not seed: (request id, ms drafting its tokens, tokens, ms
     # catching up; None where the drafter drafted the round its cheap way, a lookup or
-    # the suffix drafter under auto, whose whole call is then the ms drafting).
+    # the suffix drafter under auto, whose whole call is then the ms drafting, a head
+    # pass that proposed nothing included).
     draft_timings: tuple[tuple[str, float, int, float | None], ...] = field(default_factory=tuple)
     # Per proposal that seeded its request's drafter state (``Draft.seeded``): (request id,
     # ms seeding, ms of the whole call).
