@@ -53,3 +53,27 @@ def test_every_kept_position_once_in_order_in_one_call_per_forward():
         # prompt and the output but its last token.
         assert spec[rid].shape[0] == off[rid].shape[0] == len(prompt) + 12 - 1
         torch.testing.assert_close(spec[rid], off[rid], atol=2e-2, rtol=0)  # bfloat16 copies of the same states
+
+
+def test_a_trees_kept_branch_and_a_chains_accepted_prefix_are_the_rows_handed_on():
+    """``_share_hidden`` alone: a chain keeps its fed token and accepted drafts (a prefix of
+    its rows), a draft tree its fed token and the accepted branch's nodes (rows by index);
+    the observer gets one tensor of those rows, in order, and each request's span."""
+    from types import SimpleNamespace
+
+    from speclane.engine.runner import ModelRunner
+
+    seen = []
+    runner = ModelRunner.__new__(ModelRunner)
+    runner.hidden_observers = [SimpleNamespace(observe_tick=lambda spans, hidden: seen.append((spans, hidden)))]
+    a, b, c = (SimpleNamespace(request=SimpleNamespace(request_id=rid), start=start) for rid, start in
+               (("a", 10), ("b", 20), ("c", 0)))
+    hidden = torch.arange(11.0).unsqueeze(1).repeat(1, 3)  # row i holds i
+    # a: 1 fed + 3 drafts, 2 accepted; b: 1 fed + a tree of 4 nodes, branch 0 -> 2 kept; c: a 3-token chunk
+    runner._share_hidden([a, b, c], [[5, 6, 7, 8], [1, 2, 3, 4, 5], [1, 2]], [3, [0, 1, 3], 2], hidden)
+    ((spans, tick),) = seen
+    assert [(s[0].request_id, s[1], s[2], s[3]) for s in spans] == [("a", 10, 0, 3), ("b", 20, 3, 3), ("c", 0, 6, 2)]
+    assert tick[:, 0].tolist() == [0, 1, 2, 4, 5, 7, 9, 10]
+    seen.clear()
+    runner._share_hidden([c], [[1, 2, 3]], [3], hidden[:3])  # every row kept: the forward's own tensor
+    assert seen[0][1].data_ptr() == hidden.data_ptr()  # no gather
