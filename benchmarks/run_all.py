@@ -139,6 +139,9 @@ def _section(name: str, folder: Path, quick: bool, img_dir: Path, docs_dir: Path
     tables = _tables_markdown(folder)
     if tables is None and not run:
         return None
+    for old in img_dir.glob(f"{name}-*.png") if img_dir.is_dir() else ():
+        if _image_scenario(old, ORDER) == name:
+            old.unlink()  # this scenario's plots are written again below, or are gone
     command = run.get("command") or f"speclane bench {name}" + (" --quick" if quick else "")
     date = run.get("started") or report.get("env", {}).get("date", "date not recorded")
     duration = _minutes(run["duration_s"]) if "duration_s" in run else "duration not recorded"
@@ -231,11 +234,6 @@ def _page_sections(page: str) -> dict[str, str]:
     return {name: "\n".join(lines).rstrip() + "\n" for name, lines in sections.items()}
 
 
-def _will_have_section(folder: Path) -> bool:
-    """``_section`` writes one for this folder (a run record or tables)."""
-    return folder.is_dir() and ((folder / "run.json").is_file() or _tables_markdown(folder) is not None)
-
-
 def write_page(out: Path, docs: Path, quick: bool, names: list[str] = ORDER, commit: str | None = None,
                keep_earlier: bool = False) -> list[str]:
     """Write ``docs`` from the reports under ``out``; return the scenarios it covers.
@@ -248,13 +246,6 @@ def write_page(out: Path, docs: Path, quick: bool, names: list[str] = ORDER, com
     earlier = docs.read_text() if keep_earlier and docs.is_file() else ""
     kept_sections = _page_sections(earlier)
     sections, covered, missing, kept, runs, reports = [], [], [], [], [], []
-    # Plots of the scenarios written again here go; so do those of every scenario unless
-    # the earlier page's sections are kept (their plots with them).
-    rewritten = {name for name in names if _will_have_section(out / name)}
-    for image in img_dir.glob("*.png") if img_dir.is_dir() else ():
-        scenario = _image_scenario(image, names)
-        if scenario in rewritten or (scenario is not None and not keep_earlier):
-            image.unlink()
     for name in names:
         folder = out / name
         section = _section(name, folder, quick, img_dir, docs_dir) if folder.is_dir() else None
@@ -273,6 +264,11 @@ def write_page(out: Path, docs: Path, quick: bool, names: list[str] = ORDER, com
     if kept:
         header += ("\nKept from the page this one replaced (their own runs; each section gives its date and, "
                    "where recorded, its commit): " + ", ".join(f"`{k}`" for k in kept) + ".\n")
+    # A rewritten section replaced its own plots (``_section``); a scenario without one,
+    # neither rewritten nor kept, leaves none behind.
+    for image in img_dir.glob("*.png") if img_dir.is_dir() else ():
+        if _image_scenario(image, names) in missing:
+            image.unlink()
     page = header + "\n" + "\n".join(sections)
     docs.parent.mkdir(parents=True, exist_ok=True)
     docs.write_text(page)

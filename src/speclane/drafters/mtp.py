@@ -152,11 +152,7 @@ class MTPDrafter:
         self.propose_seconds = 0.0  # drafting time (catch-up + recursive drafts), for benchmarks
         self.proposals = 0
         self.lookup_proposals = 0  # of the proposals, rounds drafted by prompt lookup
-        self._window = head.config.window
-
-    @property
-    def window(self) -> int:
-        return self.head.config.window
+        self.window = head.config.window  # the head's attention window: positions kept to catch up on
 
     def observe(self, request: Request, start: int, hidden: torch.Tensor) -> None:
         """One request's rows: ``observe_tick`` with one span (``hidden`` is not written again)."""
@@ -169,7 +165,7 @@ class MTPDrafter:
         # tick's requests keep what their copies would). A tick with a prompt chunk is
         # copied per request: a view would keep the chunk alive for the window's ticks.
         share = all(rows <= SHARED_SPAN_ROWS for _, _, _, rows in spans)
-        window, states = self._window, self.states
+        window, states = self.window, self.states
         for request, start, row, rows in spans:
             if rows == 0 or not request.speculative:
                 continue
