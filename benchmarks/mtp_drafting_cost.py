@@ -31,10 +31,10 @@ def timed_drafter(engine) -> list[float]:
     drafter, times = engine.drafter, []
     propose = drafter._propose
 
-    def wrapped(request, k):
+    def wrapped(request, k, may_seed):
         started = time.perf_counter()
         try:
-            return propose(request, k)
+            return propose(request, k, may_seed)
         finally:
             times.append((time.perf_counter() - started) * 1000)
 

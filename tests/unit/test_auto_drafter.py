@@ -208,3 +208,28 @@ def test_a_call_in_which_the_suffix_drafter_or_the_head_seeded_reports_itself_se
     first, later = auto.propose(_request("a"), 2), auto.propose(_request("a"), 2)
     assert first.token_ids == [40, 41] and first.seeded and first.catch_up_ms == 3.0
     assert not later.seeded and later.catch_up_ms == 0.5
+
+
+def test_a_round_that_may_not_seed_leaves_a_head_without_its_seed_alone():
+    """The scheduler priced the round without the head's seed (``may_seed`` False): the
+    cheap proposal is the round's, timed as one (no catch-up); once the head has seeded
+    (a round that may), it competes in such rounds again."""
+
+    class Head(Fixed):
+        def __init__(self, tokens):
+            super().__init__(tokens)
+            self.seeded_ids: set[str] = set()
+
+        def needs_seed(self, request_id: str) -> bool:
+            return request_id not in self.seeded_ids
+
+        def propose(self, request, k):
+            self.seeded_ids.add(request.request_id)
+            return super().propose(request, k)
+
+    head = Head([40, 41, 42, 43])
+    auto = AutoDrafter(Fixed([7], [0.2]), Fixed([]), head)  # the head is expected to beat 0.2
+    cheap = auto.propose(_request("a"), 4, may_seed=False)
+    assert cheap.token_ids == [7] and cheap.catch_up_ms is None and head.calls == 0
+    assert auto.propose(_request("a"), 4).token_ids == [40, 41, 42, 43] and head.calls == 1
+    assert auto.propose(_request("a"), 4, may_seed=False).token_ids == [40, 41, 42, 43] and head.calls == 2

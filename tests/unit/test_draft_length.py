@@ -477,11 +477,13 @@ class CostlyRoundRunner:
     """Ticks that take what the table says (ROWWISE), a round's timed drafting (0.02 ms a draft
     and 0.05 ms catching up, reported as the runner does), ``round_ms`` more (the
     verification the table and the drafter's timing leave out), and on a request's first
-    round a seed of ``seed_ms`` instead of the catch-up, reported as a seed. A round of k
-    drafts has (k + 1) // 2 accepted."""
+    round a seed of ``seed_ms`` instead of the catch-up, reported as a seed (``cheap_seed_ms``
+    where the round may not seed the costly state; default the same: a drafter with one way).
+    A round of k drafts has (k + 1) // 2 accepted."""
 
-    def __init__(self, round_ms: float, seed_ms: float = 0.0):
+    def __init__(self, round_ms: float, seed_ms: float = 0.0, cheap_seed_ms: float | None = None):
         self.round_ms, self.seed_ms = round_ms, seed_ms
+        self.cheap_seed_ms = seed_ms if cheap_seed_ms is None else cheap_seed_ms
         self.seeded: set[str] = set()
 
     def execute(self, plan: SchedulerPlan) -> RunnerResult:
@@ -491,9 +493,10 @@ class CostlyRoundRunner:
             accepted = (k + 1) // 2
             results.append(SeqResult(seq.request_id, (500,) * (accepted + 1 if seq.sample else 0), k))
             rows += len(seq.token_ids) + k
-            if k and self.seed_ms and seq.request_id not in self.seeded:
+            seed_ms = self.seed_ms if seq.may_seed else self.cheap_seed_ms
+            if k and seed_ms and seq.request_id not in self.seeded:
                 self.seeded.add(seq.request_id)
-                seeds.append((seq.request_id, self.seed_ms, self.seed_ms + 0.02 * k))  # the seed, then its drafts
+                seeds.append((seq.request_id, seed_ms, seed_ms + 0.02 * k))  # the seed, then its drafts
             elif k:
                 timings.append((seq.request_id, 0.02 * k, k, 0.05))
         drafting = sum(ms + catch_up for _, ms, _, catch_up in timings) + sum(call for _, _, call in seeds)
@@ -537,18 +540,38 @@ def test_the_scheduler_learns_a_rounds_overhead_from_its_ticks_and_stops_drafts_
     assert scheduler.round_overhead.shared_round_ms() < 25.0 * FADE**100  # fading since, toward the next probe
 
 
+def rounds_by_may_seed(plans: list[SchedulerPlan]) -> tuple[set[str], set[str]]:
+    """The requests that had a round that could seed, and those that had one that could not."""
+    rounds = [seq for plan in plans for seq in plan.seqs if seq.is_round]
+    return {seq.request_id for seq in rounds if seq.may_seed}, {seq.request_id for seq in rounds if not seq.may_seed}
+
+
 def test_a_seed_measured_on_one_first_round_stops_the_first_probes_it_does_not_repay():
     """8 streams of ROWWISE ticks (51 ms): one certain draft repays 3.6 ms, its row costs 3.
     A first round that seeds for 20 ms is found dear on the first request that pays it; the
-    other seven, which have never drafted, then never probe. The seed is the drafter's, not
-    the round's: the overhead of later rounds stays 0."""
+    others are then offered rounds that may not seed, whose first (the cheap way's price,
+    unmeasured) finds that way dear too, and the six left never probe. The seed is the
+    drafter's, not the round's: the overhead of later rounds stays 0."""
     scheduler, plans = eight_streams(CostlyRoundRunner(0.0, seed_ms=20.0), 120)
-    first_rounds = {seq.request_id for plan in plans for seq in plan.seqs if seq.is_round}
-    assert len(first_rounds) == 1 and scheduler.lane.events  # the lane rotated; one request probed
+    seeding, cheap = rounds_by_may_seed(plans)
+    assert len(seeding) == 1 and len(cheap) == 1 and scheduler.lane.events  # the lane rotated; two probed
     assert scheduler.draft_timing.ms_first_round == pytest.approx(20.0)
+    assert scheduler.draft_timing.ms_cheap_first_round == pytest.approx(20.0)
     assert scheduler.round_overhead.ms_per_round == pytest.approx(0.0, abs=1e-9)
     granted = {e.request_id for e in scheduler.lane.events if e.kind == "grant"}
     assert len(granted) == 8
+
+
+def test_beside_others_a_request_whose_seed_does_not_pay_drafts_the_cheap_way():
+    """The costly seed (20 ms: an MTP head's pass) measured on the first request, the seven
+    others start the cheap way (an index of the prompt, 0.5 ms), and stay there: beside
+    the others the costly seed never pays."""
+    scheduler, plans = eight_streams(CostlyRoundRunner(0.0, seed_ms=20.0, cheap_seed_ms=0.5), 120)
+    seeding, cheap = rounds_by_may_seed(plans)
+    assert len(seeding) == 1 and len(cheap) == 7 and not seeding & cheap
+    assert scheduler.draft_timing.ms_first_round == pytest.approx(20.0)
+    assert scheduler.draft_timing.ms_cheap_first_round == pytest.approx(0.5)
+    assert scheduler.draft_timing.cheap_first_rounds == 7
     # A cheap seed: each probes, and the rounds after the plain ticks measure no overhead,
     # since their seeds are the drafter's time, not the round's.
     cheap, plans = eight_streams(CostlyRoundRunner(0.0, seed_ms=0.5), 120)
@@ -598,6 +621,42 @@ def test_a_holder_kept_at_k0_still_spends_its_grant_so_the_lane_rotates():
     scheduler, _ = run_batch(accept=False, ticks=60, grant_rounds=4)
     granted = {e.request_id for e in scheduler.lane.events if e.kind == "grant"}
     assert len(granted) == 8  # every request got the lane although drafts stopped paying
+
+
+class AcceptsFor(VerifyingRunner):
+    """Accepts every draft of the requests in ``accepting``, none of the others'."""
+
+    def __init__(self, accepting: set[str]):
+        super().__init__(accept=True)
+        self.accepting = accepting
+
+    def execute(self, plan: SchedulerPlan) -> RunnerResult:
+        results = []
+        for seq in plan.seqs:
+            accepted = seq.num_draft_tokens if seq.request_id in self.accepting else 0
+            results.append(SeqResult(seq.request_id, (500,) * (accepted + 1 if seq.sample else 0), seq.num_draft_tokens))
+        return RunnerResult(tuple(results), elapsed_ms=10.0)
+
+
+def test_a_holder_that_drafts_nothing_ends_its_grant_so_a_waiter_whose_drafts_pay_gets_the_lane():
+    """Seven requests whose drafts fail and, admitted last, one whose drafts are accepted
+    (a copy stream beside chat streams), grants of 8 rounds: each of the seven hands the
+    lane on at the first tick it drafts nothing, so the eighth holds it within a few ticks
+    each lap, not after 7 x 8 ticks, and keeps it for its whole budget."""
+    lane = LaneConfig(spec_mode="slice", num_draft_tokens=4, spec_grant_rounds=8)
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=8), lane, 4096, step_cost=NEARLY_FLAT)
+    for i in range(8):
+        scheduler.add_request(Request(request_id=f"r{i}", prompt_token_ids=[1, 2, 3],
+                                      sampling=SamplingParams(max_tokens=1000, ignore_eos=True)), 0.0)
+    runner, copy_rounds = AcceptsFor({"r7"}), []
+    for t in range(80):
+        plan = scheduler.schedule(t * 0.01)
+        copy_rounds += [(t, seq.num_draft_tokens) for seq in plan.seqs if seq.request_id == "r7" and seq.is_round]
+        scheduler.update(plan, runner.execute(plan), t * 0.01)
+    assert copy_rounds[0][0] <= 1 + 7 * 2  # each of the seven: a probe, then a tick at K = 0 (not 1 + 7 x 8)
+    assert len(copy_rounds) >= 30 and sum(k for _, k in copy_rounds) >= 100  # ~8 ticks of every 15, at K = 4
+    grants = [e for e in scheduler.lane.events if e.kind == "grant" and e.request_id == "r7"]
+    assert len(grants) >= 4
 
 
 def test_without_a_step_cost_every_holder_drafts_its_full_budget():

@@ -85,6 +85,46 @@ def test_after_a_renewal_a_newcomer_waits_at_most_one_budget():
     assert clock.holder_sequence() == "a a a a a a b b"
 
 
+def test_an_ended_grant_yields_at_the_round_boundary_to_a_waiter_and_alone_renews():
+    clock = Clock(make_lane(spec_grant_rounds=3))
+    a, b = clock.add("a"), clock.add("b")
+    clock.tick(1)
+    clock.lane.end_grant("a")  # its drafts do not pay: the next boundary hands the lane on
+    clock.tick(4)
+    clock.lane.end_grant("b")
+    clock.tick(1)
+    assert clock.holder_sequence() == "a b b b a a"
+    assert (a.grants, a.yields, b.grants, b.yields) == (2, 1, 1, 1)
+    clock.lane.remove("b", clock.now)
+    clock.lane.end_grant("a")  # alone: its grant renews, the whole budget again
+    clock.tick(3)
+    assert clock.holder_sequence().endswith("a a a a") and a.yields == 1
+    clock.lane.end_grant("nobody")  # an unknown id, or a waiter's, is ignored
+
+
+def test_an_ended_grant_gives_its_unused_rounds_back_to_its_tenant():
+    """Tenant "x" ends each of its grants after one round: charged one round a grant, not
+    three, it is granted again while its service is below "y"'s (x after y's grant, and
+    again after its own), and once level the lane goes back to y (FIFO)."""
+    clock = Clock(make_lane(spec_grant_rounds=3))
+    clock.add("x", tenant="x"), clock.add("y", tenant="y")
+    for _ in range(8):
+        holders = clock.tick(1)
+        if holders == ["x"]:
+            clock.lane.end_grant("x")
+    assert clock.holder_sequence() == "x y y y x x y y"
+    assert clock.rounds() == {"x": 3, "y": 5}
+
+
+def test_without_a_budget_ending_a_grant_does_nothing():
+    clock = Clock(make_lane(spec_grant_rounds=0))  # the legacy whole-generation hold
+    clock.add("a"), clock.add("b")
+    clock.tick(1)
+    clock.lane.end_grant("a")
+    clock.tick(3)
+    assert clock.holder_sequence() == "a a a a"
+
+
 def test_grant_ms_budget_counts_round_wall_time():
     clock = Clock(make_lane(spec_grant_rounds=0, spec_grant_ms=25.0))
     clock.add("a"), clock.add("b")

@@ -398,11 +398,11 @@ def test_the_chat_questions_avoid_the_held_out_prompts_subjects():
 class SlowDrafter(MTPDrafter):
     """The MTP drafter made slow (40 ms per proposal), to see drafting time reach the lane."""
 
-    def propose(self, request, k):
+    def propose(self, request, k, may_seed=True):
         import time
 
         time.sleep(0.04)
-        return super().propose(request, k)
+        return super().propose(request, k, may_seed)
 
 
 def test_drafting_time_counts_against_the_grant_ms_budget():
@@ -508,3 +508,32 @@ def test_training_follow_ups_and_prompts_are_not_in_the_drafts_set():
     assert len(asked) > 100
     assert not set(FOLLOW_UPS) & asked
     assert not set(training_prompts()) & asked
+
+
+def test_a_round_that_may_not_seed_drafts_by_lookup_or_not_at_all_and_keeps_the_positions():
+    """``may_seed`` False (the scheduler priced the round without the head's seed): no head
+    pass over the context; a lookup still drafts; the pending positions wait, and the next
+    round that may seed drafts what a head seeded at once would have."""
+    from speclane.request import Request
+
+    model = toy_model(toy_config(vocab_size=VOCAB))
+    head = random_head(model)
+    gen = torch.Generator().manual_seed(5)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    hidden = torch.randn(12, model.config.hidden_size, generator=gen)  # positions 0..11: all but the last token
+    drafters, requests = {}, {}
+    for name in ("waited", "at_once"):
+        drafters[name] = MTPDrafter(head, VOCAB, lookup=NgramDrafter())
+        requests[name] = Request(request_id=name, prompt_token_ids=prompt, sampling=SamplingParams(max_tokens=16, temperature=0))
+        requests[name].output_token_ids.extend([11, 12, 13])  # "12 13": nowhere before, no lookup match
+        drafters[name].observe(requests[name], 0, hidden)
+    waited = drafters["waited"]
+    assert waited.needs_seed("waited")
+    assert waited.propose(requests["waited"], 3, may_seed=False).token_ids == []
+    assert waited.states["waited"].cache is None and waited.states["waited"].pending_rows == 12
+    lookup_request = Request(request_id="l", prompt_token_ids=prompt, sampling=SamplingParams(max_tokens=16, temperature=0))
+    lookup_request.output_token_ids.extend([1, 2])  # "1 2": the prompt's start
+    assert waited.propose(lookup_request, 3, may_seed=False).token_ids == [3, 4, 5]
+    seeded, at_once = waited.propose(requests["waited"], 3), drafters["at_once"].propose(requests["at_once"], 3)
+    assert seeded.seeded and len(seeded.token_ids) == 3 and seeded.token_ids == at_once.token_ids
+    assert waited.states["waited"].cache.end == 12 and not waited.states["waited"].pending

@@ -212,8 +212,8 @@ def test_engine_drafts_with_the_kernel_step_and_keeps_greedy_output(grant_rounds
     caches: list[object] = []
     propose = drafter._propose
 
-    def spy(request, k):
-        draft = propose(request, k)
+    def spy(request, k, may_seed):
+        draft = propose(request, k, may_seed)
         state = drafter.states.get(request.request_id)
         if state is not None and state.cache is not None:
             caches.append(state.cache)

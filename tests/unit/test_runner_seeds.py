@@ -50,8 +50,8 @@ def test_a_round_drafted_the_cheap_way_is_timed_whole_for_its_request():
     drafter = engine.runner.drafter
     propose = drafter.propose
 
-    def cheap(request, k):
-        draft = propose(request, k)
+    def cheap(request, k, may_seed=True):
+        draft = propose(request, k, may_seed)
         return draft if draft.seeded else replace(draft, catch_up_ms=None)
 
     drafter.propose = cheap

@@ -97,7 +97,7 @@ class ScriptedDrafter:
         self.script = script
         self.rounds: dict[str, int] = {}
 
-    def propose(self, request: Request, k: int) -> Draft:
+    def propose(self, request: Request, k: int, may_seed: bool = True) -> Draft:
         rid = request.request_id
         i = self.rounds.get(rid, 0)
         self.rounds[rid] = i + 1

@@ -35,7 +35,7 @@ class WrongDrafter:
     def __init__(self, seed: int = 0):
         self.rng = random.Random(seed)
 
-    def propose(self, request: Request, k: int) -> Draft:
+    def propose(self, request: Request, k: int, may_seed: bool = True) -> Draft:
         return Draft([self.rng.randrange(VOCAB) for _ in range(k)])
 
     def finish(self, request: Request) -> None:
@@ -50,7 +50,7 @@ class WrongTreeDrafter(WrongDrafter):
 
     name = "wrong-tree"
 
-    def propose(self, request: Request, k: int) -> Draft:
+    def propose(self, request: Request, k: int, may_seed: bool = True) -> Draft:
         parents = tuple(self.rng.randrange(-1, j) for j in range(k))
         return Draft([self.rng.randrange(VOCAB) for _ in range(k)], parents=parents)
 
@@ -66,7 +66,7 @@ class RandomQDrafter:
         q = torch.tensor([0.4, 0.05, 0.2, 0.05, 0.2, 0.1])
         self.q = q / q.sum()
 
-    def propose(self, request: Request, k: int) -> Draft:
+    def propose(self, request: Request, k: int, may_seed: bool = True) -> Draft:
         tokens = torch.multinomial(self.q, k, replacement=True, generator=self.rng).tolist()
         return Draft(tokens, self.q.expand(k, VOCAB).clone())
 

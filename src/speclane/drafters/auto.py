@@ -128,7 +128,7 @@ class AutoDrafter:
         own, engine = state.rates[source], self.rates[source]
         return (own.hits + PRIOR_WEIGHT * engine.hits / engine.tries) / (own.tries + PRIOR_WEIGHT)
 
-    def propose(self, request: Request, k: int) -> Draft:
+    def propose(self, request: Request, k: int, may_seed: bool = True) -> Draft:
         state = self.states.setdefault(request.request_id, _RequestState())
         self._score_last(request, state)
         if k <= 0:
@@ -144,8 +144,11 @@ class AutoDrafter:
         worth, source, draft = max(options, key=lambda option: (bool(option[2].token_ids), option[0]))
         head = Draft([])
         if self.head is not None:
-            head_worth = self._worth(geometric(self.rate(state, "mtp"), k), k, self.head_ms or 0.0)
-            head = self._run_head(request, k) if head_worth > worth else head
+            # A round that may not seed leaves a head without its seed alone (the scheduler
+            # priced the round without it).
+            if may_seed or not self.head.needs_seed(request.request_id):
+                head_worth = self._worth(geometric(self.rate(state, "mtp"), k), k, self.head_ms or 0.0)
+                head = self._run_head(request, k) if head_worth > worth else head
             if head.token_ids:
                 source, draft = "mtp", head
             else:  # adaptive K times head rounds only

@@ -66,8 +66,11 @@ class Draft:
 class Drafter(Protocol):
     """Contract:
 
-    - ``propose(request, k)`` returns a ``Draft`` of at most ``k`` tokens continuing
-      ``request.token_ids()``. It must not mutate the request.
+    - ``propose(request, k, may_seed=True)`` returns a ``Draft`` of at most ``k`` tokens
+      continuing ``request.token_ids()``. It must not mutate the request. With
+      ``may_seed`` False it builds no costly per-request state (an MTP head's pass over
+      the context): it drafts another way or proposes nothing. A drafter whose state is
+      cheap to build (an index, a lookup) may ignore it.
     - ``needs_hidden_states``: when True the runner also calls ``observe_tick`` (the
       ``HiddenObserver`` contract) after every forward, with every request's rows, so the
       drafter can catch up on positions decoded while the request did not hold the lane.
@@ -82,7 +85,7 @@ class Drafter(Protocol):
     name: str
     needs_hidden_states: bool
 
-    def propose(self, request: Request, k: int) -> Draft: ...
+    def propose(self, request: Request, k: int, may_seed: bool = True) -> Draft: ...
 
     def finish(self, request: Request) -> None: ...
 

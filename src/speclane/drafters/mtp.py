@@ -184,15 +184,21 @@ class MTPDrafter:
             while state.pending_rows - pending[0][3] >= window:
                 state.pending_rows -= pending.pop(0)[3]
 
-    def propose(self, request: Request, k: int) -> Draft:
+    def propose(self, request: Request, k: int, may_seed: bool = True) -> Draft:
         started = time.perf_counter()
         try:
-            return self._propose(request, k)
+            return self._propose(request, k, may_seed)
         finally:
             self.propose_seconds += time.perf_counter() - started
             self.proposals += 1
 
-    def _propose(self, request: Request, k: int) -> Draft:
+    def needs_seed(self, request_id: str) -> bool:
+        """The request's next head round would seed: run the head over its whole context
+        (its first, or one after waiting past the window), not catch up on a few positions."""
+        state = self.states.get(request_id)
+        return state is None or not state.pending or state.cache is None or state.cache.end != state.pending[0][0]
+
+    def _propose(self, request: Request, k: int, may_seed: bool) -> Draft:
         if k <= 0:
             return Draft([])
         if self.lookup is not None:
@@ -202,8 +208,8 @@ class MTPDrafter:
                 # catch_up_ms None: adaptive K's drafting cost is the head's; a lookup costs ~0.
                 return Draft(found.token_ids, catch_up_ms=None)
         state = self.states.get(request.request_id)
-        if state is None or not state.pending:
-            return Draft([])
+        if state is None or not state.pending or (not may_seed and self.needs_seed(request.request_id)):
+            return Draft([])  # its positions wait for a round that may seed
         tokens = request.token_ids()
         last = len(tokens) - 2  # the last position the target has computed
         first = state.pending[0][0]

@@ -34,7 +34,7 @@ class NgramDrafter:
         self.min_ngram = min_ngram
         self.search_window = search_window  # bound the per-round cost on long contexts
 
-    def propose(self, request: Request, k: int) -> Draft:
+    def propose(self, request: Request, k: int, may_seed: bool = True) -> Draft:  # its state is cheap
         if k <= 0:
             return Draft([])
         tokens = request.token_ids()[-self.search_window :]

@@ -85,7 +85,7 @@ class SuffixDrafter:
         self.states: dict[str, _RequestState] = {}
         self.tenants: OrderedDict[str, _TenantStore] = OrderedDict()
 
-    def propose(self, request: Request, k: int) -> Draft:
+    def propose(self, request: Request, k: int, may_seed: bool = True) -> Draft:  # its state is cheap
         if k <= 0:
             return Draft([])
         started = time.perf_counter()

@@ -114,7 +114,7 @@ class ModelRunner:
         for seq in seqs:
             if seq.num_draft_tokens > 0 and self.drafter is not None:
                 started = time.perf_counter()
-                draft = self.drafter.propose(seq.request, seq.num_draft_tokens)
+                draft = self.drafter.propose(seq.request, seq.num_draft_tokens, may_seed=seq.may_seed)
                 elapsed = (time.perf_counter() - started) * 1000
                 if draft.seeded:  # the seed's own time where the drafter split it off; its drafts,
                     # the first passes of a fresh state, say nothing of a round's per token

@@ -10,6 +10,8 @@ in this order:
    generation, the legacy behaviour). A spent holder yields (event "yield") and rejoins
    the waiters at the back (FIFO time = now) only if someone waits; alone, its grant
    silently renews. A yielded holder may be granted again at once if the order says so.
+   A holder whose grant the scheduler ended (``end_grant``: its drafts do not pay where
+   it is) counts as spent, under a budget of either kind.
 2. **Fill.** Free slots go to waiters in the *order of granting* below, so after
    ``schedule`` the lane holds ``min(spec_slots, eligible)`` requests (work-conserving).
 3. **Preemption** (``spec_preempt``). While the next waiter in that order is strictly more
@@ -91,6 +93,7 @@ class _Member:
     protected: bool = False  # granted by the skip cap: not preempted during this grant
     rounds: int = 0  # rounds run in the current grant
     ms: float = 0.0  # wall time of those rounds
+    ended: bool = False  # the scheduler ended the grant early (end_grant)
     reserved: int = 0  # rounds of this grant charged to its tenant ahead of running them
 
 
@@ -295,15 +298,28 @@ class SpecLane:
         if reserved:
             m.reserved -= 1
 
+    def end_grant(self, request_id: str) -> None:
+        """End a holder's grant at this round boundary, whatever budget it has left: the
+        next ``schedule`` yields it if someone waits (else the grant renews). The
+        scheduler ends the grant of a holder to which adaptive K gave no drafts: its drafts
+        do not pay where it is, and held on, the lane would pass it by for the rest of its
+        budget while a waiter whose drafts pay waits (a copy stream behind seven chat
+        streams, with a budget of 8 rounds: 56 ticks). Unused rounds go back to its tenant,
+        as for any grant that ends early. Without a budget (``spec_grant_rounds`` and
+        ``spec_grant_ms`` 0, the legacy whole-generation hold) it does nothing."""
+        m = self._members.get(request_id)
+        if m is not None and m.holding:
+            m.ended = True
+
     # -- rules ----------------------------------------------------------------------
     def _spent(self, m: _Member) -> bool:
         rounds, ms = self.config.spec_grant_rounds, self.config.spec_grant_ms
-        return (rounds > 0 and m.rounds >= rounds) or (ms > 0 and m.ms >= ms)
+        return (rounds > 0 and (m.rounds >= rounds or m.ended)) or (ms > 0 and (m.ms >= ms or m.ended))
 
     def _yield_spent(self, now: float) -> None:
         for m in [h for h in self._holders if self._spent(h)]:
             if self._num_waiters == 0:  # alone: the grant renews
-                m.rounds, m.ms, m.protected = 0, 0.0, False
+                m.rounds, m.ms, m.protected, m.ended = 0, 0.0, False, False
                 self._reserve(m)
                 continue
             self._release(m)
@@ -330,7 +346,7 @@ class SpecLane:
     # -- state changes --------------------------------------------------------------
     def _grant(self, m: _Member, now: float, *, protected: bool) -> None:
         self._dequeue(m, now)
-        m.holding, m.protected, m.rounds, m.ms = True, protected, 0, 0.0
+        m.holding, m.protected, m.rounds, m.ms, m.ended = True, protected, 0, 0.0, False
         self._holders.append(m)
         self._reserve(m)
         m.stats.grants += 1

@@ -25,6 +25,9 @@ class ScheduledSeq:
     token_ids: tuple[int, ...]  # fed this tick: a prefill chunk, or the last sampled token
     sample: bool  # sample after the last fed token (prompt complete, or decoding)
     num_draft_tokens: int = 0  # > 0: this sequence holds the lane: draft up to K, verify K + 1
+    # False: the round must not seed the drafter's costly state (an MTP head's pass over the
+    # whole context): it drafts the cheap way (the suffix drafter, a lookup) or not at all.
+    may_seed: bool = True
 
     @property
     def request_id(self) -> str:

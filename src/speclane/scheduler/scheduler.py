@@ -95,6 +95,10 @@ class Scheduler:
         # Requests whose drafter state has had its first round (seeded or drafted) since it
         # was made: a round of any other is priced as a first round (DraftTiming.ms_first_round).
         self._drafter_started: set[str] = set()
+        # Of those, the ones that have had a round that could seed their drafter's costly
+        # state (``ScheduledSeq.may_seed``); the others started the cheap way (``choose``'s
+        # ``unseeded``) and are priced at the costly seed until they have.
+        self._seed_offered: set[str] = set()
         self._held_without_drafts: set[str] = set()  # holders given K = 0 in the current tick
 
     # -- requests in and out ------------------------------------------------------------
@@ -170,6 +174,7 @@ class Scheduler:
         self.acceptance.forget(rid)
         self.draft_timing.forget(rid)
         self._drafter_started.discard(rid)
+        self._seed_offered.discard(rid)
         return request
 
     def _preempt(self, request_id: str, now: float) -> None:
@@ -181,6 +186,7 @@ class Scheduler:
         self._leave_lane(request_id, now)
         self._preempted.append(request_id)
         self._drafter_started.discard(request_id)  # the runner drops its drafter state: it seeds again
+        self._seed_offered.discard(request_id)
         self.waiting[request_id] = request
 
     def _leave_lane(self, rid: str, now: float) -> None:
@@ -209,7 +215,7 @@ class Scheduler:
         """Adaptive K is on and has a step cost to decide by."""
         return self.step_cost is not None and self.lane_config.spec_adaptive_k
 
-    def _draft_lengths(self, decoding: list[Request], holders: set[str]) -> dict[str, int]:
+    def _draft_lengths(self, decoding: list[Request], holders: set[str]) -> draft_length.DraftLengths:
         """K of each holder decoding this tick: its budget, or with a step cost (adaptive K)
         the K that maximises the tick's expected goodput (``draft_length.choose``), up to
         ``lone_draft_tokens`` for the one request the engine has (nothing to prefill or admit
@@ -221,14 +227,17 @@ class Scheduler:
         most = self.lane_config.max_draft_tokens if adaptive and alone else self.lane_config.num_draft_tokens
         caps = [(r.request_id, self._draft_budget(r, most)) for r in decoding if r.request_id in holders]
         if not adaptive:
-            return dict(caps)
+            return draft_length.DraftLengths(dict(caps))
+        timing = self.draft_timing
         return draft_length.choose(caps, base_rows=len(decoding), base_tokens=len(decoding), cost=self.step_cost,
-                                   acceptance=self.acceptance, draft_ms_per_token=self.draft_timing.ms_per_token,
-                                   draft_ms_per_round=self.draft_timing.ms_per_round,
-                                   draft_ms_first_round=self.draft_timing.ms_first_round,
+                                   acceptance=self.acceptance, draft_ms_per_token=timing.ms_per_token,
+                                   draft_ms_per_round=timing.ms_per_round, draft_ms_first_round=timing.ms_first_round,
                                    first_rounds={rid for rid, _ in caps if rid not in self._drafter_started},
-                                   own_draft_ms=self.draft_timing.own_costs(rid for rid, _ in caps),
-                                   shared_round_ms=self.round_overhead.shared_round_ms())
+                                   own_draft_ms=timing.own_costs(rid for rid, _ in caps),
+                                   shared_round_ms=self.round_overhead.shared_round_ms(),
+                                   unseeded={rid for rid, _ in caps if rid not in self._seed_offered},
+                                   draft_ms_cheap_round=timing.ms_cheap_round,
+                                   draft_ms_cheap_first_round=timing.ms_cheap_first_round)
 
     def take_released(self) -> tuple[str, ...]:
         """Requests that left since the last call (their drafter state can go)."""
@@ -256,7 +265,7 @@ class Scheduler:
         for request in decoding:
             k = draft_lengths.get(request.request_id, 0)
             if request.request_id in self.running and self._reserve(request, request.num_tokens + k, now):
-                seqs.append(self._decode_seq(request, k))
+                seqs.append(self._decode_seq(request, k, may_seed=request.request_id not in draft_lengths.without_seed))
         seqs = [seq for seq in seqs if seq.request_id in self.running]  # not preempted by a later one
         budget -= sum(len(seq.token_ids) + seq.num_draft_tokens for seq in seqs)
         for request in list(self.running.values()):
@@ -325,7 +334,7 @@ class Scheduler:
             return None  # preempted (its burst ended with it)
         return self._decode_seq(request, k)
 
-    def _decode_seq(self, request: Request, num_draft_tokens: int) -> ScheduledSeq:
+    def _decode_seq(self, request: Request, num_draft_tokens: int, may_seed: bool = True) -> ScheduledSeq:
         start = request.num_computed_tokens
         return ScheduledSeq(
             request=request,
@@ -334,6 +343,7 @@ class Scheduler:
             token_ids=tuple(request.tokens_between(start, request.num_tokens)),
             sample=True,
             num_draft_tokens=num_draft_tokens,
+            may_seed=may_seed,
         )
 
     def _prefill_seq(self, request: Request, budget: int) -> ScheduledSeq:
@@ -374,14 +384,27 @@ class Scheduler:
         """What a request's first round costs its drafter (``DraftTiming``), once per drafter
         state: the seed's time where the round seeded, 0 where it drafted without seeding (a
         prompt lookup's); a round that did neither is not one (the next round tries again).
+        Timed apart: a first round that could not seed the costly state (``may_seed``
+        False), and the first that could. A request that started the cheap way has had its
+        first round: a later round that may seed is timed only if it seeded (a round in
+        which auto left its head out, as its suffix drafter's draft was worth more, says
+        nothing of a seed's cost, and counted at 0 it made the head's seed look cheap
+        beside other streams); until then it is priced at the seed.
         A request preempted loses its drafter state and seeds again; one that waited past an
         MTP head's window (256 positions) re-seeds unpriced, rarely."""
         seeds = {rid: seed_ms for rid, seed_ms, _ in result.seed_timings}
         for seq, res in zip(plan.seqs, result.seqs, strict=True):
             rid = seq.request_id
-            if seq.is_round and rid not in self._drafter_started and (rid in seeds or res.num_draft_tokens):
+            if not seq.is_round or not (rid in seeds or res.num_draft_tokens):
+                continue
+            started = rid in self._drafter_started
+            if not seq.may_seed:
+                if not started:
+                    self.draft_timing.observe_first_round(seeds.get(rid, 0.0), may_seed=False)
+            elif rid not in self._seed_offered and (not started or rid in seeds):
                 self.draft_timing.observe_first_round(seeds.get(rid, 0.0))
-                self._drafter_started.add(rid)
+                self._seed_offered.add(rid)
+            self._drafter_started.add(rid)
 
     def update(self, plan: SchedulerPlan, result: RunnerResult, now: float) -> list[TokenEvent]:
         """Advance requests by what the runner chose for ``plan``; account the lane and
@@ -420,9 +443,12 @@ class Scheduler:
             if burst:
                 self._burst_ms += result.elapsed_ms  # charged to its grant when it ends (_finish)
             elif (seq.is_round or held) and rid in self._in_lane:
-                # A holder that drafted nothing this tick still spent a tick of its grant:
-                # otherwise a holder kept at K = 0 would hold the lane for ever.
+                # A holder that drafted nothing this tick (adaptive K gave it none, or its
+                # drafter found none) spent a tick of its grant, and ends it: its drafts do
+                # not pay here, or there are none, and a waiter's may (``SpecLane.end_grant``).
                 self.lane.round_done(rid, elapsed_ms=result.elapsed_ms, now=now)
+                if res.num_draft_tokens == 0:
+                    self.lane.end_grant(rid)
             if status is not None:
                 self._finish(request, status, now)
             elif (request.prefill_done and request.speculative and self._lane_active()
