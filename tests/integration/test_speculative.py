@@ -40,12 +40,13 @@ CASES = [
 
 MODES = {
     "off": dict(spec_mode="off"),
-    # The default adaptive K (a holder may draft 0..K, ticks at K = 0 still spend its grant).
+    # The default adaptive K (a holder may draft 0..K; a tick without drafts ends its grant).
     "slice-rotating": dict(spec_mode="slice", spec_slots=1, spec_grant_rounds=2, spec_adaptive_k=True),
     "slice-everyone": dict(spec_mode="slice", spec_slots=len(CASES), spec_grant_rounds=0),
     "burst": dict(spec_mode="burst"),
     # The MTP drafter (the head shipped for the default model): its per-request state must
-    # be re-seeded after every yield (grant of 2 rounds, one slot, 12 requests rotating).
+    # catch up on the positions decoded while it waited, after every yield (grant of 2
+    # rounds, one slot, 12 requests rotating).
     "mtp-rotating": dict(spec_mode="slice", drafter="mtp", num_draft_tokens=3, spec_slots=1, spec_grant_rounds=2),
     "mtp-everyone": dict(spec_mode="slice", drafter="mtp", num_draft_tokens=3, spec_slots=len(CASES), spec_grant_rounds=0),
 }

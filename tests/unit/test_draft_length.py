@@ -25,7 +25,7 @@ from speclane.scheduler.draft_length import (
     choose,
     expected_tokens,
 )
-from speclane.scheduler.plan import RunnerResult, SchedulerPlan, SeqResult
+from speclane.scheduler.plan import RunnerResult, ScheduledSeq, SchedulerPlan, SeqResult
 from speclane.scheduler.scheduler import Scheduler
 
 BLOCKY = StepCost((30.0, 38.0, 42.0, 47.0, 67.0, 73.0, 78.0, 78.0, 101.0, 102.0, 111.0, 111.0, 122.0, 129.0, 140.0, 140.0))
@@ -504,9 +504,9 @@ class CostlyRoundRunner:
                             draft_timings=tuple(timings), seed_timings=tuple(seeds))
 
 
-def eight_streams(runner: CostlyRoundRunner, ticks: int) -> tuple[Scheduler, list[SchedulerPlan]]:
+def eight_streams(runner: CostlyRoundRunner, ticks: int, cheap_starts: bool = False) -> tuple[Scheduler, list[SchedulerPlan]]:
     lane = LaneConfig(spec_mode="slice", num_draft_tokens=4)
-    scheduler = Scheduler(SchedulerConfig(max_num_seqs=8), lane, 4096, step_cost=ROWWISE)
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=8), lane, 4096, step_cost=ROWWISE, cheap_starts=cheap_starts)
     for i in range(8):
         scheduler.add_request(Request(request_id=f"r{i}", prompt_token_ids=[1, 2, 3],
                                       sampling=SamplingParams(max_tokens=1000, ignore_eos=True)), 0.0)
@@ -549,14 +549,13 @@ def rounds_by_may_seed(plans: list[SchedulerPlan]) -> tuple[set[str], set[str]]:
 def test_a_seed_measured_on_one_first_round_stops_the_first_probes_it_does_not_repay():
     """8 streams of ROWWISE ticks (51 ms): one certain draft repays 3.6 ms, its row costs 3.
     A first round that seeds for 20 ms is found dear on the first request that pays it; the
-    others are then offered rounds that may not seed, whose first (the cheap way's price,
-    unmeasured) finds that way dear too, and the six left never probe. The seed is the
-    drafter's, not the round's: the overhead of later rounds stays 0."""
+    other seven, which have never drafted, then never probe (a drafter with one way: no
+    cheap starts). The seed is the drafter's, not the round's: the overhead of later rounds
+    stays 0."""
     scheduler, plans = eight_streams(CostlyRoundRunner(0.0, seed_ms=20.0), 120)
     seeding, cheap = rounds_by_may_seed(plans)
-    assert len(seeding) == 1 and len(cheap) == 1 and scheduler.lane.events  # the lane rotated; two probed
+    assert len(seeding) == 1 and not cheap and scheduler.lane.events  # the lane rotated; one request probed
     assert scheduler.draft_timing.ms_first_round == pytest.approx(20.0)
-    assert scheduler.draft_timing.ms_cheap_first_round == pytest.approx(20.0)
     assert scheduler.round_overhead.ms_per_round == pytest.approx(0.0, abs=1e-9)
     granted = {e.request_id for e in scheduler.lane.events if e.kind == "grant"}
     assert len(granted) == 8
@@ -566,12 +565,19 @@ def test_beside_others_a_request_whose_seed_does_not_pay_drafts_the_cheap_way():
     """The costly seed (20 ms: an MTP head's pass) measured on the first request, the seven
     others start the cheap way (an index of the prompt, 0.5 ms), and stay there: beside
     the others the costly seed never pays."""
-    scheduler, plans = eight_streams(CostlyRoundRunner(0.0, seed_ms=20.0, cheap_seed_ms=0.5), 120)
+    runner = CostlyRoundRunner(0.0, seed_ms=20.0, cheap_seed_ms=0.5)
+    scheduler, plans = eight_streams(runner, 120, cheap_starts=True)
     seeding, cheap = rounds_by_may_seed(plans)
     assert len(seeding) == 1 and len(cheap) == 7 and not seeding & cheap
     assert scheduler.draft_timing.ms_first_round == pytest.approx(20.0)
     assert scheduler.draft_timing.ms_cheap_first_round == pytest.approx(0.5)
     assert scheduler.draft_timing.cheap_first_rounds == 7
+    # Where the cheap way seeds dearly too, the first cheap start measures it: one more
+    # request probes, and the six left never do.
+    scheduler, plans = eight_streams(CostlyRoundRunner(0.0, seed_ms=20.0), 120, cheap_starts=True)
+    seeding, cheap = rounds_by_may_seed(plans)
+    assert len(seeding) == 1 and len(cheap) == 1
+    assert scheduler.draft_timing.ms_cheap_first_round == pytest.approx(20.0)
     # A cheap seed: each probes, and the rounds after the plain ticks measure no overhead,
     # since their seeds are the drafter's time, not the round's.
     cheap, plans = eight_streams(CostlyRoundRunner(0.0, seed_ms=0.5), 120)
@@ -716,3 +722,32 @@ def test_the_lone_depth_is_for_adaptive_k_in_slice_mode_only():
         == [4] * 3  # fixed K: K every round, alone too
     with pytest.raises(ValueError, match="lone_draft_tokens"):
         LaneConfig(lone_draft_tokens=17)
+
+
+def test_a_cheap_started_request_is_priced_at_the_seed_until_a_round_that_may_seed_has_run():
+    """Its first round could not seed (timed as a cheap first round); its first round that
+    could is timed only if it seeded, and either way ends the seed's price: a round in which
+    auto left the head out (no seed) says nothing of a seed's cost."""
+    scheduler = Scheduler(SchedulerConfig(), LaneConfig(spec_mode="slice"), 4096, step_cost=ROWWISE, cheap_starts=True)
+    request = Request(request_id="a", prompt_token_ids=[1, 2, 3], sampling=SamplingParams(max_tokens=100))
+
+    def round_of(may_seed: bool, seeded_ms: float | None) -> None:
+        plan = SchedulerPlan((ScheduledSeq(request, (0,), 3, (4,), True, num_draft_tokens=2, may_seed=may_seed),))
+        seeds = (("a", seeded_ms, seeded_ms),) if seeded_ms is not None else ()
+        scheduler._time_first_rounds(plan, RunnerResult((SeqResult("a", (4, 5), 2),), seed_timings=seeds))
+
+    round_of(may_seed=False, seeded_ms=0.1)
+    timing = scheduler.draft_timing
+    assert (timing.cheap_first_rounds, timing.first_rounds) == (1, 0) and "a" not in scheduler._seed_offered
+    round_of(may_seed=True, seeded_ms=None)  # auto took the suffix drafter's draft: no head seed
+    assert timing.first_rounds == 0 and "a" in scheduler._seed_offered
+
+
+def test_alone_a_cheap_started_request_is_priced_at_its_own_rounds_not_a_seed():
+    est = AcceptanceEstimate()
+    for _ in range(5):
+        est.observe("copy", 8, 8)
+    flat = StepCost((10.0,) * 9)
+    costs = dict(draft_ms_per_token=0.3, draft_ms_per_round=0.7, draft_ms_first_round=2.0,
+                 own_draft_ms={"copy": (0.0, 0.05)}, first_rounds=set())
+    assert choose([("copy", 8)], 1, 1, flat, est, **costs, unseeded={"copy"}) == choose([("copy", 8)], 1, 1, flat, est, **costs)

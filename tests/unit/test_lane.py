@@ -114,6 +114,22 @@ def test_an_ended_grant_gives_its_unused_rounds_back_to_its_tenant():
             clock.lane.end_grant("x")
     assert clock.holder_sequence() == "x y y y x x y y"
     assert clock.rounds() == {"x": 3, "y": 5}
+    # At tick 5 x, its unused rounds handed back, would still come first: it kept its grant.
+    assert [kind for kind, rid in kinds(clock.lane) if rid == "x"] == ["grant", "yield", "grant", "yield"]
+
+
+def test_an_ended_grant_is_kept_where_the_lane_would_give_it_straight_back():
+    """Only less urgent waiters: yielding, the holder would take the lane back at the next
+    boundary (preempting, or first in order), and count a pass against their priority."""
+    clock = Clock(make_lane(spec_grant_rounds=3))
+    clock.add("urgent", priority=-1)
+    clock.tick(1)
+    clock.add("low", priority=1)
+    for _ in range(2):
+        clock.lane.end_grant("urgent")
+        clock.tick(1)
+    assert clock.holder_sequence() == "urgent urgent urgent"
+    assert kinds(clock.lane) == [("grant", "urgent")]
 
 
 def test_without_a_budget_ending_a_grant_does_nothing():

@@ -62,6 +62,7 @@ class _Req:
     rounds: int = 0
     ms: float = 0.0
     reserved: int = 0
+    ended: bool = False
 
 
 class ReferenceLane:
@@ -120,11 +121,29 @@ class ReferenceLane:
         if not any(x["eligible"] for x in self.tenants.values()):
             self.floor = max(self.floor, self.counter(r.tenant))
 
+    def end_grant(self, rid) -> None:
+        r = self.reqs.get(rid)
+        if r is not None and r in self.holders:
+            r.ended = True
+
+    def _first_again(self, h: _Req) -> bool:
+        """An ended holder that would be the next waiter granted keeps its grant."""
+        nxt, overdue = self._next()
+        if nxt.priority != h.priority:
+            return nxt.priority > h.priority and not overdue
+        if self.c.fairness != "tenant" or any(w.priority == h.priority and w.tenant == h.tenant for w in self.waiters()):
+            return False
+        t = self.tenants[h.tenant]
+        return t["base"] + (t["rounds"] + t["reserved"] - h.reserved) / t["weight"] < self.key(nxt.tenant)
+
     def schedule(self, now) -> list[str]:
         for h in [h for h in self.holders if self._spent(h)]:
             if not self.waiters():
-                h.rounds, h.ms, h.protected = 0, 0.0, False
+                h.rounds, h.ms, h.protected, h.ended = 0, 0.0, False, False
                 self._reserve(h)
+                continue
+            if not self._budget_spent(h) and self._first_again(h):
+                h.ended = False
                 continue
             self._release(h)
             h.stats.yields += 1
@@ -146,7 +165,7 @@ class ReferenceLane:
                 self.events.append((now, "preempt", victim.rid, victim.tenant, victim.priority))
                 self._enqueue(victim, now, keep_order=True)
             self._dequeue(nxt, now)
-            nxt.protected, nxt.rounds, nxt.ms = overdue, 0, 0.0
+            nxt.protected, nxt.rounds, nxt.ms, nxt.ended = overdue, 0, 0.0, False
             self.holders.append(nxt)
             self._reserve(nxt)
             nxt.stats.grants += 1
@@ -182,9 +201,12 @@ class ReferenceLane:
         return min((w for w in waiters if w.priority == top),
                    key=lambda w: (self.key(w.tenant) if fair else 0.0, w.order_key)), bool(overdue)
 
-    def _spent(self, h: _Req) -> bool:
+    def _budget_spent(self, h: _Req) -> bool:
         rounds, ms = self.c.spec_grant_rounds, self.c.spec_grant_ms
         return (rounds > 0 and h.rounds >= rounds) or (ms > 0 and h.ms >= ms)
+
+    def _spent(self, h: _Req) -> bool:
+        return self._budget_spent(h) or (h.ended and (self.c.spec_grant_rounds > 0 or self.c.spec_grant_ms > 0))
 
     def _reserve(self, h: _Req) -> None:
         full = self.c.spec_grant_rounds or 1
@@ -225,14 +247,15 @@ ROUND_MS = (1.0, 5.0, 10.0, 20.0)
 
 def _op(code: int) -> tuple:
     """One random operation from one integer (cheap for hypothesis to draw and shrink):
-    add 2/6, remove 1/6, tick 3/6 (a round wall time, and a bit mask of holders that
-    skip their round, as when the scheduler has no draft budget left for one)."""
+    add 2/6, remove 1/6, tick 3/6 (a round wall time, a bit mask of holders that skip
+    their round, as when the scheduler has no draft budget left for one, and a bit mask of
+    holders whose round drafted nothing, which ends their grant)."""
     kind, code = code % 6, code // 6
     if kind < 2:
         return ("add", TENANTS[code % 4], code // 4 % 3, WEIGHTS[code // 12 % 5])
     if kind == 2:
         return ("remove", code)
-    return ("tick", ROUND_MS[code % 4], code // 4 % 8)
+    return ("tick", ROUND_MS[code % 4], code // 4 % 8, code // 32 % 8)
 
 
 ops = st.lists(st.integers(0, 2**20).map(_op), min_size=40, max_size=200)
@@ -252,6 +275,7 @@ class Driver:
         self.priority: dict[str, int] = {}
         self.budget_rounds: dict[str, int] = {}  # rounds since grant or renewal
         self.budget_ms: dict[str, float] = {}
+        self.ended: set[str] = set()  # holders whose grant the last tick ended (end_grant)
         self.class_passes: dict[int, int] = {}  # priority with waiters -> passes since served
         self.new_events: list = []  # the lane's events during the last op
 
@@ -273,7 +297,7 @@ class Driver:
             if present:
                 self.remove(present[op[1] % len(present)])
         else:
-            self.tick(op[1], op[2])
+            self.tick(*op[1:])
         if self.ref:
             self.compare()
 
@@ -284,7 +308,7 @@ class Driver:
         if self.ref:
             self.ref.remove(rid, self.now)
 
-    def tick(self, round_ms: float = 10.0, skip_mask: int = 0) -> list[str]:
+    def tick(self, round_ms: float = 10.0, skip_mask: int = 0, end_mask: int = 0) -> list[str]:
         waiting_before = set(self.lane.waiters)
         eligible = self.lane.num_waiters + self.lane.num_holders
         holders = self.lane.schedule(self.now)
@@ -301,6 +325,11 @@ class Driver:
                 self.ref.round_done(rid, round_ms)
             self.budget_rounds[rid] += 1
             self.budget_ms[rid] += round_ms
+            if end_mask >> i & 1:  # it drafted nothing: the scheduler ends its grant
+                self.lane.end_grant(rid)
+                self.ended.add(rid)
+                if self.ref:
+                    self.ref.end_grant(rid)
         return holders
 
     def _sync_classes(self, waiting: set[str]) -> None:
@@ -329,10 +358,12 @@ class Driver:
                 waiting.add(rid)
             self._sync_classes(waiting)
         assert waiting == set(lane.waiters)
-        if not had_waiters:  # holders alone at the boundary: spent grants renewed
+        if not had_waiters:  # holders alone at the boundary: spent (or ended) grants renewed
+            budget = c.spec_grant_rounds > 0 or c.spec_grant_ms > 0
             for rid in holders:
-                if self._spent(rid):
+                if self._spent(rid) or (rid in self.ended and budget):
                     self.budget_rounds[rid], self.budget_ms[rid] = 0, 0.0
+        self.ended.clear()  # yielded, renewed, or kept where the lane would grant it again
         if lane.num_waiters:  # nobody starts a round with its budget spent while others wait
             assert not any(self._spent(rid) for rid in holders)
         if c.spec_preempt and c.spec_skip_cap > 10**6 and lane.num_waiters:

@@ -121,7 +121,9 @@ def priority(factory: EngineFactory, quick: bool = False) -> list[Table]:
 
     The urgent request arrives once the holder has run ``HELD_ROUNDS`` rounds of its grant
     (not at a wall-clock time, which a fast machine outruns): preemption hands it the lane
-    at the next round boundary; without it, it waits out the rest of the grant."""
+    at the next round boundary; without it, it waits until the holder's grant ends: the
+    rest of its rounds, or the first tick in which the holder drafts nothing (its suffix
+    drafter finds no match; the grant ends there, ``SpecLane.end_grant``)."""
     copy = factory.chat_ids(f"Repeat the following paragraph exactly:\n\n{PARAGRAPH}")
     grant_rounds = GRANT_ROUNDS // 4 if quick else GRANT_ROUNDS
     table = Table("Priority: an urgent request (priority -1) arrives while a priority-0 stream holds the lane",
@@ -157,7 +159,9 @@ def priority(factory: EngineFactory, quick: bool = False) -> list[Table]:
                   engine.counters.lane_preemptions)
     table.notes.append(f"The urgent request arrives after the holder's first {HELD_ROUNDS} lane rounds of a "
                        f"{grant_rounds}-round grant. Eligible: the tick its prompt finished (its first token). "
-                       "Holding: the first tick it runs a round. A grant at the very next tick boundary reads as 1 tick.")
+                       "Holding: the first tick it runs a round. A grant at the very next tick boundary reads as 1 tick. "
+                       "Without preemption the urgent request waits for the holder's grant to end: its rounds spent, "
+                       "or a tick in which the holder drafts nothing (that ends a grant).")
     return [table]
 
 

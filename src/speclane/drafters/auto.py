@@ -106,6 +106,7 @@ class AutoDrafter:
         self.step_ms: Callable[[int], float] | None = None  # ms of a forward of n rows (use_step_cost)
         self.head_ms: float | None = None  # decayed mean wall ms of a head proposal, seeds left out (None: none yet)
         self.needs_hidden_states = head is not None
+        self.cheap_starts = head is not None  # a round that may not seed the head drafts from the others
         self.rates = {s: _Rate(INITIAL[s] * PRIOR_WEIGHT, PRIOR_WEIGHT) for s in SOURCES}
         self.states: dict[str, _RequestState] = {}
         self.chosen = dict.fromkeys(SOURCES, 0)  # rounds each drafter won (for benchmarks)

@@ -78,8 +78,12 @@ class Drafter(Protocol):
       called once, before ``release``, with its final output. A drafter that learns from
       a tenant's outputs (the suffix drafter) reads them here, and must never let them
       shape another tenant's drafts; the others do nothing.
-    - ``release(request_id)`` forgets any per-request state (the request finished,
-      was aborted, or lost the lane and will be re-seeded on its next grant).
+    - ``release(request_id)`` forgets any per-request state (the request finished, was
+      aborted, or was preempted and will be recomputed).
+    - ``cheap_starts`` (optional, default False): the drafter has a costly state to seed
+      (an MTP head) and another way to draft while it has not (a lookup, the suffix
+      drafter), so a round with ``may_seed`` False still drafts; adaptive K offers such
+      rounds only to such a drafter.
     """
 
     name: str

@@ -153,6 +153,7 @@ class MTPDrafter:
         self.proposals = 0
         self.lookup_proposals = 0  # of the proposals, rounds drafted by prompt lookup
         self.window = head.config.window  # the head's attention window: positions kept to catch up on
+        self.cheap_starts = lookup is not None  # a round that may not seed the head drafts by lookup
 
     def observe(self, request: Request, start: int, hidden: torch.Tensor) -> None:
         """One request's rows: ``observe_tick`` with one span (``hidden`` is not written again)."""
@@ -196,7 +197,7 @@ class MTPDrafter:
         """The request's next head round would seed: run the head over its whole context
         (its first, or one after waiting past the window), not catch up on a few positions."""
         state = self.states.get(request_id)
-        return state is None or not state.pending or state.cache is None or state.cache.end != state.pending[0][0]
+        return state is None or state.cache is None or bool(state.pending) and state.cache.end != state.pending[0][0]
 
     def _propose(self, request: Request, k: int, may_seed: bool) -> Draft:
         if k <= 0:

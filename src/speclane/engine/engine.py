@@ -173,7 +173,8 @@ class LLMEngine:
             step_cost = calibration.step_cost(self.model, self.cache, max_rows)
             if isinstance(self.drafter, CostAware):  # auto scores its proposals per millisecond
                 self.drafter.use_step_cost(step_cost.ms)
-        self.scheduler = Scheduler(config.scheduler, lane, self.max_model_len, num_kv_blocks=blocks, step_cost=step_cost)
+        self.scheduler = Scheduler(config.scheduler, lane, self.max_model_len, num_kv_blocks=blocks, step_cost=step_cost,
+                                   cheap_starts=getattr(self.drafter, "cheap_starts", False))
         self.runner = ModelRunner(self.model, self.cache, self.drafter)
         self.counters = EngineCounters()
         self.observer = observer

@@ -26,8 +26,9 @@ maximises the tick's expected goodput, tokens out per ms::
 (a K > 0 must beat K = 0 by ``MIN_GAIN``), so a lone stream drafts deeply when its drafts
 are good, and a holder in a full batch drafts only as much as its acceptance pays for.
 A holder at K = 0 decodes classically this tick, and the scheduler ends its grant
-(``SpecLane.end_grant``): where its drafts do not pay, a waiter's may. Alone, or without
-a grant budget, it keeps the lane.
+(``SpecLane.end_grant``): where its drafts do not pay, a waiter's may. With no one
+waiting, where the lane would grant it straight back, or without a grant budget, it keeps
+the lane.
 
 Cheap starts: a request whose drafter has a costly state to seed (auto's or the MTP
 drafter's head) and has not seeded it is priced beside other streams at that seed; where
@@ -466,7 +467,7 @@ def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, c
         drafter_first = first if first_rounds is None else request_id in first_rounds
         seeding = drafter_first if unseeded is None else request_id in unseeded
         per_token_ms, per_round_ms = own.get(request_id, (draft_ms_per_token, draft_ms_per_round))
-        round_ms = (first_round_ms if seeding else per_round_ms) + overhead
+        round_ms = (first_round_ms if seeding and (shared or drafter_first) else per_round_ms) + overhead
         k = decide(request_id, k_max, first, per_token_ms, round_ms)
         if k == 0 and shared and seeding and unseeded is not None:
             per_token_ms, cheap_ms = own.get(request_id, (0.0, draft_ms_cheap_round))

@@ -67,9 +67,11 @@ class VirtualCounters:
         self._elsewhere: set[str] = set()  # tenants with requests on other replicas
 
     # -- reading --------------------------------------------------------------------
-    def key(self, tenant: str) -> float:
-        """Grant order within a priority: lower first."""
-        return self._tenants[tenant].key
+    def key(self, tenant: str, handing_back: int = 0) -> float:
+        """Grant order within a priority: lower first (with ``handing_back`` of its reserved
+        rounds handed back: the key it would have)."""
+        t = self._tenants[tenant]
+        return t.key if not handing_back else t.base + (t.rounds + t.reserved - handing_back) / t.weight + t.remote
 
     def service(self, tenant: str) -> float:
         """The tenant's virtual counter (0.0 for a tenant never seen or forgotten)."""

@@ -10,8 +10,11 @@ in this order:
    generation, the legacy behaviour). A spent holder yields (event "yield") and rejoins
    the waiters at the back (FIFO time = now) only if someone waits; alone, its grant
    silently renews. A yielded holder may be granted again at once if the order says so.
-   A holder whose grant the scheduler ended (``end_grant``: its drafts do not pay where
-   it is) counts as spent, under a budget of either kind.
+   A holder whose grant the scheduler ended (``end_grant``: it drafted nothing this
+   tick) counts as spent, under a budget of either kind, unless the order of granting
+   would give the lane straight back to it: no waiter is as urgent (one less urgent would
+   lose the lane to it again at the next boundary), or within its priority its tenant,
+   its unused rounds handed back, still comes first. It then keeps its grant.
 2. **Fill.** Free slots go to waiters in the *order of granting* below, so after
    ``schedule`` the lane holds ``min(spec_slots, eligible)`` requests (work-conserving).
 3. **Preemption** (``spec_preempt``). While the next waiter in that order is strictly more
@@ -300,9 +303,10 @@ class SpecLane:
 
     def end_grant(self, request_id: str) -> None:
         """End a holder's grant at this round boundary, whatever budget it has left: the
-        next ``schedule`` yields it if someone waits (else the grant renews). The
-        scheduler ends the grant of a holder to which adaptive K gave no drafts: its drafts
-        do not pay where it is, and held on, the lane would pass it by for the rest of its
+        next ``schedule`` yields it to a waiter that the order of granting puts ahead of it
+        (rule 1; else it keeps the grant, and alone the grant renews). The scheduler ends
+        the grant of a holder that drafted nothing in a tick (adaptive K gave it no drafts,
+        or its drafter found none): held on, the lane would pass it by for the rest of its
         budget while a waiter whose drafts pay waits (a copy stream behind seven chat
         streams, with a budget of 8 rounds: 56 ticks). Unused rounds go back to its tenant,
         as for any grant that ends early. Without a budget (``spec_grant_rounds`` and
@@ -312,15 +316,35 @@ class SpecLane:
             m.ended = True
 
     # -- rules ----------------------------------------------------------------------
-    def _spent(self, m: _Member) -> bool:
+    def _budget_spent(self, m: _Member) -> bool:
         rounds, ms = self.config.spec_grant_rounds, self.config.spec_grant_ms
-        return (rounds > 0 and (m.rounds >= rounds or m.ended)) or (ms > 0 and (m.ms >= ms or m.ended))
+        return (rounds > 0 and m.rounds >= rounds) or (ms > 0 and m.ms >= ms)
+
+    def _spent(self, m: _Member) -> bool:
+        budget = self.config.spec_grant_rounds > 0 or self.config.spec_grant_ms > 0
+        return self._budget_spent(m) or (m.ended and budget)
+
+    def _first_again(self, m: _Member) -> bool:
+        """Whether holder ``m``, yielding now, would be the next waiter granted (rule 1's
+        exception for an ended grant): no waiter as urgent, unless the skip cap's turn has
+        come; within its priority, its tenant's key with its unused rounds handed back below
+        the best waiter's (a tie, or another waiter of its own group, puts it behind: it
+        would rejoin at the back)."""
+        nxt, overdue = self._next_waiter()
+        if nxt.priority != m.priority:
+            return nxt.priority > m.priority and not overdue
+        if not self._tenant_fair or m.group in self._classes[m.priority].counts:
+            return False
+        return self._counters.key(m.tenant, handing_back=m.reserved) < self._key_of(nxt.group)
 
     def _yield_spent(self, now: float) -> None:
         for m in [h for h in self._holders if self._spent(h)]:
             if self._num_waiters == 0:  # alone: the grant renews
                 m.rounds, m.ms, m.protected, m.ended = 0, 0.0, False, False
                 self._reserve(m)
+                continue
+            if not self._budget_spent(m) and self._first_again(m):  # an ended grant goes on
+                m.ended = False
                 continue
             self._release(m)
             m.stats.yields += 1

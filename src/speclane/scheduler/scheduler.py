@@ -70,8 +70,10 @@ class TokenEvent:
 class Scheduler:
     def __init__(self, config: SchedulerConfig, lane_config: LaneConfig, max_model_len: int, *,
                  num_kv_blocks: int | None = None, step_cost: draft_length.StepCost | None = None,
-                 record_lane_events: bool = True):
-        """``num_kv_blocks``: the KV pool's blocks (None: ``default_kv_blocks``)."""
+                 record_lane_events: bool = True, cheap_starts: bool = False):
+        """``num_kv_blocks``: the KV pool's blocks (None: ``default_kv_blocks``);
+        ``cheap_starts``: the drafter has a costly state to seed and drafts without it where
+        a round may not seed (``Drafter.cheap_starts``): adaptive K then offers such rounds."""
         self.config = config
         self.lane_config = lane_config
         self.max_model_len = max_model_len
@@ -99,6 +101,7 @@ class Scheduler:
         # state (``ScheduledSeq.may_seed``); the others started the cheap way (``choose``'s
         # ``unseeded``) and are priced at the costly seed until they have.
         self._seed_offered: set[str] = set()
+        self.cheap_starts = cheap_starts
         self._held_without_drafts: set[str] = set()  # holders given K = 0 in the current tick
 
     # -- requests in and out ------------------------------------------------------------
@@ -235,7 +238,8 @@ class Scheduler:
                                    first_rounds={rid for rid, _ in caps if rid not in self._drafter_started},
                                    own_draft_ms=timing.own_costs(rid for rid, _ in caps),
                                    shared_round_ms=self.round_overhead.shared_round_ms(),
-                                   unseeded={rid for rid, _ in caps if rid not in self._seed_offered},
+                                   unseeded={rid for rid, _ in caps if rid not in self._seed_offered}
+                                   if self.cheap_starts else None,
                                    draft_ms_cheap_round=timing.ms_cheap_round,
                                    draft_ms_cheap_first_round=timing.ms_cheap_first_round)
 
@@ -386,10 +390,11 @@ class Scheduler:
         prompt lookup's); a round that did neither is not one (the next round tries again).
         Timed apart: a first round that could not seed the costly state (``may_seed``
         False), and the first that could. A request that started the cheap way has had its
-        first round: a later round that may seed is timed only if it seeded (a round in
-        which auto left its head out, as its suffix drafter's draft was worth more, says
-        nothing of a seed's cost, and counted at 0 it made the head's seed look cheap
-        beside other streams); until then it is priced at the seed.
+        first round: its first round that may seed is timed only if it seeded (one in which
+        auto left its head out, its suffix drafter's draft being worth more, says nothing of
+        a seed's cost: counted at 0 it made the head's seed look cheap beside other
+        streams). Either way the seed has been offered: its later rounds are priced as
+        rounds (a head seeded later, when auto first runs it, goes unpriced, once).
         A request preempted loses its drafter state and seeds again; one that waited past an
         MTP head's window (256 positions) re-seeds unpriced, rarely."""
         seeds = {rid: seed_ms for rid, seed_ms, _ in result.seed_timings}
@@ -401,8 +406,9 @@ class Scheduler:
             if not seq.may_seed:
                 if not started:
                     self.draft_timing.observe_first_round(seeds.get(rid, 0.0), may_seed=False)
-            elif rid not in self._seed_offered and (not started or rid in seeds):
-                self.draft_timing.observe_first_round(seeds.get(rid, 0.0))
+            elif rid not in self._seed_offered:
+                if not started or rid in seeds:
+                    self.draft_timing.observe_first_round(seeds.get(rid, 0.0))
                 self._seed_offered.add(rid)
             self._drafter_started.add(rid)
 
