@@ -35,10 +35,10 @@ drafter's head) and has not seeded it is priced beside other streams at that see
 the seed does not pay, it is offered a round drafted the cheap way instead
 (``ScheduledSeq.may_seed`` False: the suffix drafter or a lookup), priced at that way's
 own timing (``DraftTiming``'s cheap means). Measured beside seven speculative chat streams
-(8 streams through engines alone, 7 alternated batches of 128 tokens): a verbatim-copy
+(8 streams through engines alone, 5 alternated batches of 128 tokens): a verbatim-copy
 stream under auto never drafted (the heads' seeds, ~1.7 ms, priced every first round),
-and now drafts (336 drafts, 189 accepted) and runs 1.23x its speed with speculation off
-(1.21-1.29x; 0.97x without), the batch's aggregate unchanged (0.976x against 0.980x).
+and now drafts (210 drafts, 112 accepted) and runs 1.22x its speed with speculation off
+(1.04-1.33x; 0.98x without), the batch's aggregate unchanged (1.00x against 0.98x).
 With its grant kept at K = 0 instead of ended, the same copy stream waited for seven
 chat streams' whole grants and first held the lane after it had copied the paragraph.
 
