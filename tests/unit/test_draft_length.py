@@ -326,10 +326,13 @@ class VerifyingRunner:
     def __init__(self, accept: bool):
         self.accept = accept
 
+    def accepts(self, request_id: str) -> bool:
+        return self.accept
+
     def execute(self, plan: SchedulerPlan) -> RunnerResult:
         results = []
         for seq in plan.seqs:
-            accepted = seq.num_draft_tokens if self.accept else 0
+            accepted = seq.num_draft_tokens if self.accepts(seq.request_id) else 0
             n = accepted + 1 if seq.sample else 0
             results.append(SeqResult(seq.request_id, (500,) * n, seq.num_draft_tokens))
         return RunnerResult(tuple(results), elapsed_ms=10.0)
@@ -636,12 +639,8 @@ class AcceptsFor(VerifyingRunner):
         super().__init__(accept=True)
         self.accepting = accepting
 
-    def execute(self, plan: SchedulerPlan) -> RunnerResult:
-        results = []
-        for seq in plan.seqs:
-            accepted = seq.num_draft_tokens if seq.request_id in self.accepting else 0
-            results.append(SeqResult(seq.request_id, (500,) * (accepted + 1 if seq.sample else 0), seq.num_draft_tokens))
-        return RunnerResult(tuple(results), elapsed_ms=10.0)
+    def accepts(self, request_id: str) -> bool:
+        return request_id in self.accepting
 
 
 def test_a_holder_that_drafts_nothing_ends_its_grant_so_a_waiter_whose_drafts_pay_gets_the_lane():

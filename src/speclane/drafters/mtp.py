@@ -197,7 +197,7 @@ class MTPDrafter:
         """The request's next head round would seed: run the head over its whole context
         (its first, or one after waiting past the window), not catch up on a few positions."""
         state = self.states.get(request_id)
-        return state is None or state.cache is None or bool(state.pending) and state.cache.end != state.pending[0][0]
+        return state is None or _seeds(state)
 
     def _propose(self, request: Request, k: int, may_seed: bool) -> Draft:
         if k <= 0:
@@ -209,7 +209,10 @@ class MTPDrafter:
                 # catch_up_ms None: adaptive K's drafting cost is the head's; a lookup costs ~0.
                 return Draft(found.token_ids, catch_up_ms=None)
         state = self.states.get(request.request_id)
-        if state is None or not state.pending or (not may_seed and self.needs_seed(request.request_id)):
+        if state is None or not state.pending:
+            return Draft([])
+        seeding = _seeds(state)  # first round, or waited past the window
+        if seeding and not may_seed:
             return Draft([])  # its positions wait for a round that may seed
         tokens = request.token_ids()
         last = len(tokens) - 2  # the last position the target has computed
@@ -219,9 +222,8 @@ class MTPDrafter:
         if first + hidden.shape[0] - 1 != last:
             state.cache = None  # out of step (should not happen): re-seed at the next round
             return Draft([])
-        seeding = state.cache is None or state.cache.end != first
         if seeding:
-            state.cache = self.head.new_cache(first)  # first round, or waited past the window
+            state.cache = self.head.new_cache(first)
         sp = request.sampling
         temperature = sp.temperature if self.sample_drafts and not sp.greedy else 0.0
         run = catch_up_and_draft(self.head, state.cache, hidden, tokens, k, self.min_draft_prob, temperature, self.generator)
@@ -237,6 +239,12 @@ class MTPDrafter:
 
     def release(self, request_id: str) -> None:
         self.states.pop(request_id, None)
+
+
+def _seeds(state: _RequestState) -> bool:
+    """Its next head round seeds (a cache from the first pending position) rather than
+    catching up: no cache yet, or the pending positions do not continue it."""
+    return state.cache is None or bool(state.pending) and state.cache.end != state.pending[0][0]
 
 
 def default_head_path(model_name: str) -> Path:

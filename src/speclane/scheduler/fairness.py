@@ -52,7 +52,11 @@ class _Tenant:
 
     @property
     def key(self) -> float:
-        return self.base + (self.rounds + self.reserved) / self.weight + self.remote
+        return self.key_handing_back(0)
+
+    def key_handing_back(self, rounds: int) -> float:
+        """The key with ``rounds`` of its reserved rounds handed back."""
+        return self.base + (self.rounds + self.reserved - rounds) / self.weight + self.remote
 
 
 class VirtualCounters:
@@ -70,8 +74,7 @@ class VirtualCounters:
     def key(self, tenant: str, handing_back: int = 0) -> float:
         """Grant order within a priority: lower first (with ``handing_back`` of its reserved
         rounds handed back: the key it would have)."""
-        t = self._tenants[tenant]
-        return t.key if not handing_back else t.base + (t.rounds + t.reserved - handing_back) / t.weight + t.remote
+        return self._tenants[tenant].key_handing_back(handing_back)
 
     def service(self, tenant: str) -> float:
         """The tenant's virtual counter (0.0 for a tenant never seen or forgotten)."""
