@@ -32,10 +32,15 @@ def test_a_single_matching_token_proposes_nothing():
 def test_after_one_inserted_token_a_copy_resyncs():
     # The copy wrote 99 (a comma the source does not have) after 13 14 15.
     request = _request([1] + SOURCE + [2], output=[12, 13, 14, 15, 99])
-    assert NgramDrafter().propose(request, 3).token_ids == [16, 17, 18]
+    assert NgramDrafter(resync_ngram=3).propose(request, 3).token_ids == [16, 17, 18]
+
+
+def test_resync_is_off_by_default():
+    request = _request([1] + SOURCE + [2], output=[12, 13, 14, 15, 99])
+    assert NgramDrafter().propose(request, 3).token_ids == []
 
 
 def test_a_short_match_before_the_new_token_does_not_resync():
     # Only two tokens (14 15) match before the new one: chance in free text, no proposal.
     request = _request([1] + SOURCE + [2], output=[7, 14, 15, 99])
-    assert NgramDrafter().propose(request, 3).token_ids == []
+    assert NgramDrafter(resync_ngram=3).propose(request, 3).token_ids == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from speclane.config import EngineConfig
+from speclane.drafters.suffix_index import SuffixParams
 from speclane.engine.engine import LLMEngine
 from speclane.models.toy import toy_config, toy_model, toy_tokenizer
 from speclane.request import SamplingParams
@@ -20,6 +21,8 @@ def recorded(spec_mode: str) -> tuple[dict[str, torch.Tensor], int, int, LLMEngi
     config = EngineConfig().replace(dtype="float32", quantization="none", max_model_len=256, num_threads=1,
                                     spec_mode=spec_mode, drafter="suffix", spec_adaptive_k=False, prefix_cache=False)
     engine = LLMEngine.from_parts(config, toy_model(toy_config(vocab_size=VOCAB), seed=2), toy_tokenizer(VOCAB))
+    if engine.runner.drafter is not None:
+        engine.runner.drafter.params = SuffixParams(max_resync=3)  # resynchronised drafts: some are rejected
     recorder, calls, forwards = HiddenRecorder(), [0], [0]
     observe_tick = recorder.observe_tick
 

@@ -11,6 +11,7 @@ from speclane.request import Request, SamplingParams
 
 SOURCE = list(range(10, 30))
 LONG = SuffixParams(max_match=32, spec_factor=4.0, min_prob=0.1)
+RESYNC = SuffixParams(max_match=32, spec_factor=4.0, min_prob=0.1, max_resync=3)
 
 
 def _request(prompt, output=(), tenant="a", rid="r", prediction=()) -> Request:
@@ -107,17 +108,23 @@ def test_a_short_match_drafts_a_short_continuation():
 def test_after_a_replaced_token_the_copy_resynchronises_at_once():
     # The copy wrote 99 where the source has 16 (a capitalised word, a changed number).
     request = _request([1] + SOURCE + [2], output=[12, 13, 14, 15, 99])
-    assert SuffixDrafter(LONG).propose(request, 3).token_ids == [17, 18, 19]
+    assert SuffixDrafter(RESYNC).propose(request, 3).token_ids == [17, 18, 19]
+
+
+def test_resync_is_off_by_default():
+    # Tuned off (SuffixParams.max_resync 0): after the divergence nothing matches exactly.
+    request = _request([1] + SOURCE + [2], output=[12, 13, 14, 15, 99])
+    assert SuffixDrafter(LONG).propose(request, 3).token_ids == []
 
 
 def test_after_an_inserted_token_and_one_more_the_copy_resynchronises():
     request = _request([1] + SOURCE + [2], output=[12, 13, 14, 15, 99, 16])
-    assert SuffixDrafter(LONG).propose(request, 3).token_ids == [17, 18, 19]
+    assert SuffixDrafter(RESYNC).propose(request, 3).token_ids == [17, 18, 19]
 
 
 def test_a_divergence_after_too_short_a_match_does_not_resynchronise():
     request = _request([1] + SOURCE + [2], output=[7, 14, 15, 99])  # only 14 15 matched before 99
-    assert SuffixDrafter(LONG).propose(request, 3).token_ids == []
+    assert SuffixDrafter(RESYNC).propose(request, 3).token_ids == []
 
 
 def test_the_context_never_matches_itself():

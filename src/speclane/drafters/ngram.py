@@ -5,20 +5,20 @@ own tokens (prompt + output) and in its ``prediction`` (OpenAI Predicted Outputs
 and proposes up to ``k`` tokens that followed the most recent match. Deterministic:
 its draft distribution is one-hot, so verification needs no draft probabilities.
 
-Resync: a copy often differs from its source by one inserted token ("In winter, the
-storms" for "In winter the storms"). Then no n-gram ending at the newest token matches,
-but the ``RESYNC_NGRAM``+ tokens before it do, and what followed them in the source is
-what the copy goes on with. Without this, the copy decodes classically until two new
-tokens match again (two rounds without drafts in the copy benchmark's paragraph). Only
-long matches resync: a short one is chance in free text.
+Resync (``resync_ngram``, off by default): a copy often differs from its source by one
+inserted token ("In winter, the storms" for "In winter the storms"). Then no n-gram ending
+at the newest token matches, but the ``resync_ngram``+ tokens before it do, and what
+followed them in the source is what the copy goes on with; without it, the copy decodes
+classically until two new tokens match again. Off by default: on the drafts set's tuning
+half (a replay, ``benchmarks/tune_drafters.py``'s costing) the resynchronised drafts were
+wrong often enough that their verify rows cost more than they saved (estimated geomean
+1.46x with ``resync_ngram`` 3, 1.49x without; every category higher without).
 """
 
 from __future__ import annotations
 
 from speclane.drafters.base import Draft
 from speclane.request import Request
-
-RESYNC_NGRAM = 3  # shortest match before an inserted token that proposes a resync
 
 
 class NgramDrafter:
@@ -27,12 +27,13 @@ class NgramDrafter:
 
     # min_ngram 2: a single repeated token is a poor predictor (4% acceptance on chat) and a
     # rejected round costs a verify; two matching tokens are worth a proposal.
-    def __init__(self, max_ngram: int = 4, min_ngram: int = 2, search_window: int = 4096):
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 2, search_window: int = 4096, resync_ngram: int = 0):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram; got {min_ngram}, {max_ngram}")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.search_window = search_window  # bound the per-round cost on long contexts
+        self.resync_ngram = resync_ngram  # shortest match before an inserted token that resyncs; 0: never
 
     def propose(self, request: Request, k: int, may_seed: bool = True) -> Draft:  # its state is cheap
         if k <= 0:
@@ -47,7 +48,9 @@ class NgramDrafter:
             if found:
                 return Draft(found)
         # No match ends at the newest token: was it inserted into a copy? (module docstring)
-        for n in range(min(self.max_ngram, len(tokens) - 2), RESYNC_NGRAM - 1, -1):
+        if not self.resync_ngram:
+            return Draft([])
+        for n in range(min(self.max_ngram, len(tokens) - 2), self.resync_ngram - 1, -1):
             found = _lookup(prediction, tokens, tokens[-n - 1 : -1], k, len(tokens) - 2)
             if found:
                 return Draft(found)

@@ -4,8 +4,8 @@ tenant's recent outputs, with a length chosen by the estimated acceptance.
 Three texts are searched (``suffix_index.py`` holds the structure, the matching and the
 vote): the request's ``prediction`` (OpenAI Predicted Outputs), its own tokens (prompt
 and output so far) and the outputs of its tenant's recently finished requests. The
-occurrences of the context's longest matching suffix, exact or resynchronised after a
-one-token divergence, vote on the continuation; a draft is as long as its estimated
+occurrences of the context's longest matching suffix (exact; resynchronised after a
+one-token divergence where ``SuffixParams.max_resync`` allows) vote on the continuation; a draft is as long as its estimated
 probability stays above ``min_prob`` (never more than the ``k`` the runner asks for). The
 draft's per-token probabilities ride on ``Draft.confidence`` for ``--drafter auto``. Where
 the occurrences disagree on what comes next, the draft may be a tree of the likely

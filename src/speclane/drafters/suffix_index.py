@@ -11,11 +11,13 @@ holds a node per distinct substring position; in Python that is several dicts pe
 stored token, where this holds one list entry, and the text is never rebuilt as the
 context grows (``extend`` indexes only the new positions).
 
-``alignments`` finds the occurrences, exact or resynchronised: after a one-token
-divergence between a copy and its source (a capitalised word, a changed number, an
-inserted comma), no suffix ending at the newest tokens occurs, but the tokens before the
-divergence do; the alignment skips the divergent tokens (1 or 2 in the context, 0 to 2 in
-the source) and checks that the tokens after it match again.
+``alignments`` finds the occurrences, exact or (with ``max_resync`` > 0) resynchronised:
+after a one-token divergence between a copy and its source (a capitalised word, a changed
+number, an inserted comma), no suffix ending at the newest tokens occurs, but the tokens
+before the divergence do; the alignment skips the divergent tokens (1 or 2 in the context,
+0 to 2 in the source) and checks that the tokens after it match again. Resync is off by
+default: on the tuning half its drafts were wrong often enough that their verify rows cost
+more than they saved (``benchmarks/tune_drafters.py``: max_resync 0 over 1 and 3).
 
 ``vote`` turns occurrences into a draft: of the occurrences with the longest match, each
 next token is counted, the most frequent one is taken, the occurrences that disagree are
@@ -49,7 +51,7 @@ class SuffixParams:
     max_match: int = 4  # longest match counted (a longer one scores this)
     min_match: int = 2  # shortest exact match that proposes
     resync_min: int = 3  # tokens that must match before a divergence to resynchronise
-    max_resync: int = 3  # tokens after the divergence searched (1 or 2 of them divergent)
+    max_resync: int = 0  # tokens after a divergence searched (1 or 2 of them divergent); 0: no resync
     max_candidates: int = 16  # most recent occurrences tried per source and anchor
     min_prob: float = 0.35  # stop when the path's estimated probability falls below this
     spec_factor: float = 2.0  # draft at most this many times the match length
@@ -166,7 +168,8 @@ def alignments(index: SuffixIndex, context: Sequence[int], params: SuffixParams,
                     if start < len(text) and text[e + 1 + s : start] == list(tail) and SEPARATOR not in text[e + 1 : start]:
                         # A replacement of one token (one in, one out) is the likeliest edit.
                         score = min(back + len(tail), params.max_match) - params.resync_penalty - (s != t) - (t - 1)
-                        out.append(Occurrence(text, start, score))
+                        if score > 0:
+                            out.append(Occurrence(text, start, score))
     return out
 
 
