@@ -1,7 +1,7 @@
-"""Tune the suffix drafter's parameters on the evaluation set's tuning half, never the held-out one.
+"""Tune the copying drafters' parameters on the evaluation set's tuning half, never the held-out one.
 
     PYTHONPATH=src python benchmarks/tune_drafters.py [--max-tokens 64] [--references refs.json] [--trees]
-                                                      [--k 4,6,8]
+                                                      [--k 4,6,8] [--drafter suffix|ngram]
 
 1. The default model's greedy answer to every ``tune`` prompt of ``bench/data/drafts.jsonl``,
    speculation off (greedy output is the same with any drafter, so one answer serves every
@@ -18,13 +18,16 @@
 
 The score of a setting is the geometric mean over categories of the estimated speed-up,
 so no category is given up for another. Settings within ``TIE`` of the best score are
-ties (the replay times the drafter's own Python, which moves a score by ~0.1% between runs):
-of those, the one that changes fewest of ``SuffixParams``' current defaults is chosen. The
-script prints every setting tried with its per-category estimates, then the one chosen; ``SuffixParams``' defaults are set from it.
+ties (the replay times the drafter's own Python, which moves a score by ~0.1% between
+runs): of those, the one that changes fewest of the current defaults (K, against the
+lane's default, included) is chosen. The script prints every setting tried with its
+per-category estimates, then the one chosen; ``SuffixParams``' defaults are set from it.
 ``--trees`` tunes the draft-tree parameters with ``min_prob`` (``TREE_GRID``) on top of
-``SuffixParams``' other defaults; a tree of n nodes costs the step of 1 + n rows, as a chain of n drafts does.
-``--k`` runs the grid at each of several most-drafts-per-round values (a lone stream's,
-``--lone-draft-tokens``; default: the lane's), so K is chosen on the same half and by the same score.
+``SuffixParams``' other defaults; a tree of n nodes costs the step of 1 + n rows, as a
+chain of n drafts does. ``--k`` runs the grid at each of several most-drafts-per-round
+values (a lone stream's, ``--lone-draft-tokens``; default: the lane's), so K is chosen on
+the same half and by the same score. ``--drafter ngram`` replays the n-gram drafter over
+``NGRAM_GRID`` instead (its resync; ``NgramDrafter``'s defaults are set from it).
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ from speclane.bench import drafts_set
 from speclane.bench.draft_ceiling import walk
 from speclane.bench.factory import EngineFactory
 from speclane.config import EngineConfig
+from speclane.drafters.base import Drafter
+from speclane.drafters.ngram import NgramDrafter
 from speclane.drafters.suffix import SuffixDrafter
 from speclane.drafters.suffix_index import SuffixParams
 from speclane.engine import calibration
@@ -55,6 +60,7 @@ GRID = {
     "max_match": [4, 8, 32],
     "max_resync": [0, 1, 3],
 }
+NGRAM_GRID = {"resync_ngram": [0, 3]}  # the n-gram drafter's (--drafter ngram)
 TIE = 0.005  # relative: scores this close are one score (module docstring)
 TREE_GRID = {
     "min_prob": [0.1, 0.2, 0.35],
@@ -85,10 +91,10 @@ def references(factory: EngineFactory, prompts: list[drafts_set.DraftPrompt], ma
     return out
 
 
-class _SuffixRounds:
-    """``walk``'s proposer: the suffix drafter's rounds on one answer, their time kept."""
+class _Rounds:
+    """``walk``'s proposer: a drafter's rounds on one answer, their time kept."""
 
-    def __init__(self, drafter: SuffixDrafter, request: Request, answer: list[int], k: int) -> None:
+    def __init__(self, drafter: Drafter, request: Request, answer: list[int], k: int) -> None:
         self.drafter, self.request, self.answer, self.k = drafter, request, answer, k
         self.drafting_ms = 0.0
 
@@ -102,18 +108,16 @@ class _SuffixRounds:
         return len(draft.token_ids), len(path)
 
 
-def replay_prompts(refs: dict[str, dict], params: SuffixParams, k: int, step_ms: list[float]
+def replay_prompts(refs: dict[str, dict], drafter: Drafter, k: int, step_ms: list[float]
                    ) -> dict[str, tuple[str, float, float]]:
     """Per prompt (in ``refs``' order, a category one tenant): its category, the plain
-    decode's ms and the suffix drafter's (``params``, at most ``k`` drafts a round), the
-    drafter's own time included."""
-    drafter = SuffixDrafter(params)
+    decode's ms and the drafter's (at most ``k`` drafts a round), its own time included."""
     out: dict[str, tuple[str, float, float]] = {}
     for rid, ref in refs.items():
         category, answer = ref["category"], ref["answer"]
         request = Request(request_id=rid, prompt_token_ids=ref["prompt"], sampling=SamplingParams(max_tokens=len(answer) + 1),
                           tenant=category, prediction_token_ids=ref["prediction"])
-        rounds = _SuffixRounds(drafter, request, answer, k)
+        rounds = _Rounds(drafter, request, answer, k)
         spent = walk(answer, rounds, step_ms[: k + 1]) + rounds.drafting_ms
         drafter.finish(request)
         drafter.release(rid)
@@ -121,11 +125,11 @@ def replay_prompts(refs: dict[str, dict], params: SuffixParams, k: int, step_ms:
     return out
 
 
-def replay(refs: dict[str, dict], params: SuffixParams, k: int, step_ms: list[float]) -> dict[str, float]:
-    """Estimated speed-up per category of the suffix drafter with ``params`` (module docstring)."""
+def replay(refs: dict[str, dict], drafter: Drafter, k: int, step_ms: list[float]) -> dict[str, float]:
+    """Estimated speed-up per category of a fresh ``drafter`` (module docstring)."""
     plain: dict[str, float] = {}
     spent: dict[str, float] = {}
-    for category, plain_ms, spent_ms in replay_prompts(refs, params, k, step_ms).values():
+    for category, plain_ms, spent_ms in replay_prompts(refs, drafter, k, step_ms).values():
         plain[category] = plain.get(category, 0.0) + plain_ms
         spent[category] = spent.get(category, 0.0) + spent_ms
     return {c: plain[c] / spent[c] for c in plain}
@@ -135,10 +139,13 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def changes(params: SuffixParams, k: int, grid: dict[str, list], default_k: int) -> int:
-    """How many of the grid's values (and K) differ from the current defaults."""
-    defaults = SuffixParams()
-    return sum(getattr(params, name) != getattr(defaults, name) for name in grid) + (k != default_k)
+def changes(setting: dict[str, object], k: int, defaults: object, default_k: int) -> int:
+    """How many of a setting's values, K included, differ from the current defaults."""
+    return sum(value != getattr(defaults, name) for name, value in setting.items()) + (k != default_k)
+
+
+def describe(setting: dict[str, object], k: int) -> str:
+    return f"K={k}, " + ", ".join(f"{name}={value}" for name, value in setting.items())
 
 
 def main() -> int:
@@ -146,9 +153,11 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--references", type=Path, help="JSON cache of the greedy answers")
     parser.add_argument("--trees", action="store_true", help="tune the draft-tree parameters (TREE_GRID) only")
+    parser.add_argument("--drafter", choices=["suffix", "ngram"], default="suffix",
+                        help="ngram: replay the n-gram drafter over NGRAM_GRID instead")
     parser.add_argument("--k", default="", help="comma-separated K values to tune over (default: a lone stream's K)")
     args = parser.parse_args()
-    grid = TREE_GRID if args.trees else GRID
+    grid = NGRAM_GRID if args.drafter == "ngram" else TREE_GRID if args.trees else GRID
     config = EngineConfig.from_flat(num_threads=2)
     factory = EngineFactory(config)
     prompts = drafts_set.load("tune")  # the tuning half only
@@ -160,20 +169,21 @@ def main() -> int:
           f"{', '.join(f'{m:.2f}' for m in step_ms)}")
     categories = list(drafts_set.by_category(prompts))
     print("setting | " + " | ".join(categories) + " | geomean")
-    tried: list[tuple[float, SuffixParams, int]] = []
+    defaults = NgramDrafter() if args.drafter == "ngram" else SuffixParams()  # what a tie keeps nearest to
+    tried: list[tuple[float, dict[str, object], int]] = []
     for k in ks:
         for values in itertools.product(*grid.values()):
-            params = replace(SuffixParams(), **dict(zip(grid, values, strict=True)))
-            speedups = replay(refs, params, k, step_ms)
+            setting = dict(zip(grid, values, strict=True))
+            drafter = NgramDrafter(**setting) if args.drafter == "ngram" else SuffixDrafter(replace(SuffixParams(), **setting))
+            speedups = replay(refs, drafter, k, step_ms)
             score = geomean(list(speedups.values()))
-            tried.append((score, params, k))
-            setting = f"K={k}, " + ", ".join(f"{name}={value}" for name, value in zip(grid, values, strict=True))
-            print(f"{setting} | " + " | ".join(f"{speedups[c]:.2f}" for c in categories) + f" | {score:.3f}", flush=True)
+            tried.append((score, setting, k))
+            print(f"{describe(setting, k)} | " + " | ".join(f"{speedups[c]:.2f}" for c in categories) + f" | {score:.3f}",
+                  flush=True)
     top = max(score for score, _, _ in tried)
     ties = [t for t in tried if t[0] >= top * (1 - TIE)]
-    score, params, k = min(ties, key=lambda t: (changes(t[1], t[2], grid, config.lane.max_draft_tokens), -t[0]))
-    chosen = f"K={k}, " + ", ".join(f"{name}={getattr(params, name)}" for name in grid)
-    print(f"chosen: {chosen} (estimated geomean speed-up {score:.3f} on the tuning half; best {top:.3f}, "
+    score, setting, k = min(ties, key=lambda t: (changes(t[1], t[2], defaults, config.lane.max_draft_tokens), -t[0]))
+    print(f"chosen: {describe(setting, k)} (estimated geomean speed-up {score:.3f} on the tuning half; best {top:.3f}, "
           f"{len(ties)} setting(s) within {TIE:.1%} of it)")
     return 0
 

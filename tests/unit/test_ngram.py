@@ -1,5 +1,7 @@
 """The n-gram (prompt lookup) drafter: what it proposes, from where, and the resync."""
 
+import pytest
+
 from speclane.drafters.ngram import NgramDrafter
 from speclane.request import Request, SamplingParams
 
@@ -44,3 +46,10 @@ def test_a_short_match_before_the_new_token_does_not_resync():
     # Only two tokens (14 15) match before the new one: chance in free text, no proposal.
     request = _request([1] + SOURCE + [2], output=[7, 14, 15, 99])
     assert NgramDrafter(resync_ngram=3).propose(request, 3).token_ids == []
+
+
+def test_a_resync_on_one_token_is_refused():
+    with pytest.raises(ValueError):
+        NgramDrafter(resync_ngram=1)
+    with pytest.raises(ValueError):
+        NgramDrafter(max_ngram=4, resync_ngram=5)

@@ -4,10 +4,11 @@ the suffix drafter (whose drafts it rejects now and then), against speculation o
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from speclane.config import EngineConfig
-from speclane.drafters.suffix_index import SuffixParams
 from speclane.engine.engine import LLMEngine
 from speclane.models.toy import toy_config, toy_model, toy_tokenizer
 from speclane.request import SamplingParams
@@ -22,7 +23,7 @@ def recorded(spec_mode: str) -> tuple[dict[str, torch.Tensor], int, int, LLMEngi
                                     spec_mode=spec_mode, drafter="suffix", spec_adaptive_k=False, prefix_cache=False)
     engine = LLMEngine.from_parts(config, toy_model(toy_config(vocab_size=VOCAB), seed=2), toy_tokenizer(VOCAB))
     if engine.runner.drafter is not None:
-        engine.runner.drafter.params = SuffixParams(max_resync=3)  # resynchronised drafts: some are rejected
+        engine.runner.drafter.params = replace(engine.runner.drafter.params, max_resync=3)  # resynchronised drafts: some rejected
     recorder, calls, forwards = HiddenRecorder(), [0], [0]
     observe_tick = recorder.observe_tick
 

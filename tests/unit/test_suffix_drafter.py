@@ -4,6 +4,8 @@ estimated-probability stop, tenant isolation, the memory bound and the cost of a
 import random
 import time
 
+import pytest
+
 from speclane import draft_tree
 from speclane.drafters.suffix import SuffixDrafter
 from speclane.drafters.suffix_index import SuffixIndex, SuffixParams, alignments, vote
@@ -127,6 +129,15 @@ def test_a_divergence_after_too_short_a_match_does_not_resynchronise():
     assert SuffixDrafter(RESYNC).propose(request, 3).token_ids == []
 
 
+def test_a_resync_that_scores_nothing_is_dropped():
+    # Two divergent context tokens (99 98) for none in the source after a 3-token match: the
+    # penalties leave it no score. Kept, it would be the only occurrence, and with no prior
+    # its probability 0 / (0 + 0) divides by zero.
+    params = SuffixParams(max_match=3, max_resync=2, prior=0.0, min_prob=0.0)
+    context = [1, 10, 11, 12, 99, 98]
+    assert alignments(SuffixIndex([10, 11, 12, 13]), context, params) == []
+
+
 def test_the_context_never_matches_itself():
     request = _request([1, 2, 3, 4, 5, 6, 7])  # no pair repeats
     assert SuffixDrafter(LONG).propose(request, 4).token_ids == []
@@ -182,14 +193,15 @@ def test_the_oldest_outputs_are_evicted_first():
     assert drafter.propose(_request([1, 250, 251], rid="x"), 3).token_ids == [252, 253, 254]
 
 
-def test_a_round_on_a_2k_token_context_costs_well_under_a_millisecond():
+@pytest.mark.parametrize("params", [SuffixParams(), RESYNC], ids=["default", "with-resync"])
+def test_a_round_on_a_2k_token_context_costs_well_under_a_millisecond(params):
     rng = random.Random(1)
     words = [rng.randrange(5000) for _ in range(300)]
     text = []
     while len(text) < 2048:  # text that repeats phrases, as real prose and code do
         start = rng.randrange(len(words) - 40)
         text += words[start : start + rng.randrange(4, 40)] + [rng.randrange(5000)]
-    drafter = SuffixDrafter()
+    drafter = SuffixDrafter(params)
     for i in range(8):
         drafter.finish(_finished(text[i * 200 : (i + 1) * 200], "a", f"f{i}"))
     request = _request(text[:2048])

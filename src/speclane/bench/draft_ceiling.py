@@ -11,8 +11,8 @@ prefill, counted as a decode step like the others). Two idealised proposers:
 - ``CopyCeiling``: at each position the longest run of the answer's next tokens (at most
   K) that occurs in text a copying drafter can read (the prompt, the prediction, the
   tenant's earlier answers, the answer so far), preceded there by the same ``anchor``
-  tokens as in the answer (the suffix drafter needs a match of 2 to draft; after a
-  one-token divergence it re-aligns on fewer). No drafter that copies (suffix, prompt
+  tokens as in the answer (the suffix drafter needs a match of 2 to draft; with resync on,
+  ``max_resync`` > 0, it re-aligns on fewer after a one-token divergence). No drafter that copies (suffix, prompt
   lookup) keeps more tokens a round than the ceiling of anchor 0; where the model writes
   text that is in none of those, only a model-based drafter (the MTP head) can help.
 - ``perfect``: a drafter that knows the answer (K drafts a round, all kept): what the

@@ -171,7 +171,7 @@ def ceiling_table(answers: dict[str, list[tuple[list[int], list[int], list[int]]
                        "one token. Copy ceiling: at each position the longest run of the answer's next tokens (at most K) "
                        "found in what a copying drafter can read (the prompt, the prediction, the category's earlier answers, "
                        "the answer so far); 'anchor 2': preceded there by the answer's 2 tokens before it (the suffix "
-                       "drafter's shortest match; it re-aligns on fewer after a one-token divergence); 'any run': no anchor, "
+                       "drafter's shortest match); 'any run': no anchor, "
                        "what a copying drafter could reach choosing every run right. Perfect drafter: K drafts a round, "
                        "all kept, what the verify cost leaves on this machine. Text the model writes that is in none of "
                        "these is the MTP head's alone. Rounds here always draft the longest run (a shorter one could "

@@ -5,14 +5,14 @@ own tokens (prompt + output) and in its ``prediction`` (OpenAI Predicted Outputs
 and proposes up to ``k`` tokens that followed the most recent match. Deterministic:
 its draft distribution is one-hot, so verification needs no draft probabilities.
 
-Resync (``resync_ngram``, off by default): a copy often differs from its source by one
-inserted token ("In winter, the storms" for "In winter the storms"). Then no n-gram ending
-at the newest token matches, but the ``resync_ngram``+ tokens before it do, and what
-followed them in the source is what the copy goes on with; without it, the copy decodes
-classically until two new tokens match again. Off by default: on the drafts set's tuning
-half (a replay, ``benchmarks/tune_drafters.py``'s costing) the resynchronised drafts were
-wrong often enough that their verify rows cost more than they saved (estimated geomean
-1.46x with ``resync_ngram`` 3, 1.49x without; every category higher without).
+Resync (``resync_ngram``): a copy often differs from its source by one inserted token
+("In winter, the storms" for "In winter the storms"). Then no n-gram ending at the newest
+token matches, but the ``resync_ngram``+ tokens before it do, and what followed them in the
+source is what the copy goes on with; without it, the copy decodes classically until two
+new tokens match again. Off by default: on the drafts set's tuning half
+(``benchmarks/tune_drafters.py --drafter ngram``) the resynchronised drafts were wrong
+often enough that their verify rows cost more than they saved (estimated geomean 1.42x
+with ``resync_ngram`` 3, 1.46x without; every category higher without).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ class NgramDrafter:
     def __init__(self, max_ngram: int = 4, min_ngram: int = 2, search_window: int = 4096, resync_ngram: int = 0):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram; got {min_ngram}, {max_ngram}")
+        if resync_ngram and not 2 <= resync_ngram <= max_ngram:  # one matching token is chance
+            raise ValueError(f"need resync_ngram 0 (off) or in 2..max_ngram; got {resync_ngram}")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.search_window = search_window  # bound the per-round cost on long contexts
