@@ -312,7 +312,7 @@ class SpecLane:
         as for any grant that ends early. Without a budget (``spec_grant_rounds`` and
         ``spec_grant_ms`` 0, the legacy whole-generation hold) it does nothing."""
         m = self._members.get(request_id)
-        if m is not None and m.holding:
+        if m is not None and m.holding and (self.config.spec_grant_rounds > 0 or self.config.spec_grant_ms > 0):
             m.ended = True
 
     # -- rules ----------------------------------------------------------------------
@@ -321,8 +321,7 @@ class SpecLane:
         return (rounds > 0 and m.rounds >= rounds) or (ms > 0 and m.ms >= ms)
 
     def _spent(self, m: _Member) -> bool:
-        budget = self.config.spec_grant_rounds > 0 or self.config.spec_grant_ms > 0
-        return self._budget_spent(m) or (m.ended and budget)
+        return self._budget_spent(m) or m.ended
 
     def _first_again(self, m: _Member) -> bool:
         """Whether holder ``m``, yielding now, would be the next waiter granted (rule 1's
