@@ -157,6 +157,8 @@ def main() -> int:
                         help="ngram: replay the n-gram drafter over NGRAM_GRID instead")
     parser.add_argument("--k", default="", help="comma-separated K values to tune over (default: a lone stream's K)")
     args = parser.parse_args()
+    if args.trees and args.drafter == "ngram":
+        parser.error("--trees tunes the suffix drafter's trees; the n-gram drafter drafts chains")
     grid = NGRAM_GRID if args.drafter == "ngram" else TREE_GRID if args.trees else GRID
     config = EngineConfig.from_flat(num_threads=2)
     factory = EngineFactory(config)

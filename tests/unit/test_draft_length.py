@@ -626,6 +626,46 @@ def test_a_first_round_that_seeded_but_proposed_nothing_is_its_one_first_round()
     assert scheduler.draft_timing.first_rounds == 1 and scheduler.draft_timing.ms_first_round == pytest.approx(6.0)
 
 
+class ForcedThenSeeds:
+    """A constrained request's rounds: at first its drafter proposes nothing and the
+    grammar forces every draft (verified, accepted, in no drafter's timings); from
+    ``seed_at`` the drafter seeds (``seed_ms``) once, then proposes every draft."""
+
+    def __init__(self, seed_at: int, seed_ms: float):
+        self.seed_at, self.seed_ms, self.calls, self.seeded = seed_at, seed_ms, 0, False
+
+    def execute(self, plan: SchedulerPlan) -> RunnerResult:
+        results, seeds, timings = [], [], []
+        for seq in plan.seqs:
+            k = seq.num_draft_tokens
+            if k:
+                self.calls += 1
+                if self.calls >= self.seed_at and not self.seeded:
+                    self.seeded = True
+                    seeds.append((seq.request_id, self.seed_ms, self.seed_ms))
+                elif self.seeded:
+                    timings.append((seq.request_id, 0.0, k, 0.0))
+                else:
+                    timings.append((seq.request_id, 0.0, 0, 0.0))  # proposed nothing: forced tokens only
+            results.append(SeqResult(seq.request_id, (500,) * (k + 1 if seq.sample else 0), k))
+        return RunnerResult(tuple(results), elapsed_ms=10.0, draft_timings=tuple(timings), seed_timings=tuple(seeds))
+
+
+def test_a_round_of_grammar_forced_tokens_alone_is_not_the_drafters_first_round():
+    """Forced tokens cost no drafting: counted as a first round they priced the drafter's
+    seed at 0 ms, and the round that did seed went unpriced."""
+    lane = LaneConfig(spec_mode="slice", num_draft_tokens=4)
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=8), lane, 4096, step_cost=StepCost((10.0,)))
+    scheduler.add_request(Request(request_id="a", prompt_token_ids=[1, 2, 3],
+                                  sampling=SamplingParams(max_tokens=1000, ignore_eos=True)), 0.0)
+    runner = ForcedThenSeeds(seed_at=3, seed_ms=6.0)
+    for t in range(8):
+        plan = scheduler.schedule(t * 0.01)
+        scheduler.update(plan, runner.execute(plan), t * 0.01)
+    assert runner.seeded
+    assert scheduler.draft_timing.first_rounds == 1 and scheduler.draft_timing.ms_first_round == pytest.approx(6.0)
+
+
 def test_a_holder_kept_at_k0_still_spends_its_grant_so_the_lane_rotates():
     scheduler, _ = run_batch(accept=False, ticks=60, grant_rounds=4)
     granted = {e.request_id for e in scheduler.lane.events if e.kind == "grant"}
@@ -733,7 +773,9 @@ def test_a_cheap_started_request_is_priced_at_the_seed_until_a_round_that_may_se
     def round_of(may_seed: bool, seeded_ms: float | None) -> None:
         plan = SchedulerPlan((ScheduledSeq(request, (0,), 3, (4,), True, num_draft_tokens=2, may_seed=may_seed),))
         seeds = (("a", seeded_ms, seeded_ms),) if seeded_ms is not None else ()
-        scheduler._time_first_rounds(plan, RunnerResult((SeqResult("a", (4, 5), 2),), seed_timings=seeds))
+        proposed = (("a", 0.05, 2, None),) if seeded_ms is None else ()  # drafted the cheap way
+        scheduler._time_first_rounds(plan, RunnerResult((SeqResult("a", (4, 5), 2),), draft_timings=proposed,
+                                                        seed_timings=seeds))
 
     round_of(may_seed=False, seeded_ms=0.1)
     timing = scheduler.draft_timing

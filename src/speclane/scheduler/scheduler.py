@@ -396,11 +396,14 @@ class Scheduler:
         streams). Either way the seed has been offered: its later rounds are priced as
         rounds (a head seeded later, when auto first runs it, goes unpriced, once).
         A request preempted loses its drafter state and seeds again; one that waited past an
-        MTP head's window (256 positions) re-seeds unpriced, rarely."""
+        MTP head's window (256 positions) re-seeds unpriced, rarely. Whether the drafter
+        proposed is read from its own timings: a constrained request's verified drafts
+        include the tokens its grammar forced, which no drafter proposed or paid for."""
         seeds = {rid: seed_ms for rid, seed_ms, _ in result.seed_timings}
-        for seq, res in zip(plan.seqs, result.seqs, strict=True):
+        proposed = {rid for rid, _, tokens, _ in result.draft_timings if tokens}
+        for seq in plan.seqs:
             rid = seq.request_id
-            if not seq.is_round or not (rid in seeds or res.num_draft_tokens):
+            if not seq.is_round or not (rid in seeds or rid in proposed):
                 continue
             started = rid in self._drafter_started
             if not seq.may_seed:
