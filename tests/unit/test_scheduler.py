@@ -300,6 +300,21 @@ def test_abort_while_waiting_never_takes_a_slot():
     assert set(rows(plan)) == {"a"}
 
 
+def test_a_preempted_request_aborted_while_waiting_is_released_like_a_finished_one():
+    """Preempted, it waits with its output kept, and the runner keeps its sampling stream and
+    grammar state to resume it; aborted there, those must go too (the next plan says so)."""
+    story = Story(make_scheduler())
+    a = story.add(make_request("a", 3))
+    story.tick(), story.tick()
+    story.scheduler.kv.free("a")  # what a shortage in KVManager.reserve does, then the scheduler
+    story.scheduler._preempt("a", story.now)
+    assert a.status == RequestStatus.WAITING and a.output_token_ids
+    assert story.scheduler.abort_request("a", story.now) is a
+    plan, _ = story.tick()
+    assert "a" in plan.released_request_ids and a.status == RequestStatus.FINISHED_ABORTED
+    assert not plan.seqs
+
+
 # -- finishing -----------------------------------------------------------------------------
 def run_to_end(story: Story, request: Request, max_ticks: int = 500) -> Request:
     story.add(request)

@@ -147,10 +147,15 @@ class Scheduler:
         return -(-positions // self.kv.block_size)
 
     def abort_request(self, request_id: str, now: float, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> Request | None:
-        """Stop a request wherever it is; its KV blocks are free for the next tick."""
+        """Stop a request wherever it is; its KV blocks are free for the next tick. A
+        waiting request may have run before (preempted: the runner kept its sampling stream
+        and grammar state to resume it), so it is released like a finished one."""
         request = self.waiting.pop(request_id, None)
         if request is not None:
             request.status = status
+            self._released.append(request_id)
+            self.acceptance.forget(request_id)
+            self.draft_timing.forget(request_id)
             return request
         if request_id in self.running:
             return self._finish(self.running[request_id], status, now)
