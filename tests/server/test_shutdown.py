@@ -1,6 +1,7 @@
 """SIGTERM on a real ``speclane serve`` process: new requests get 503 at once, a request
 that can finish within the grace period finishes, the ones that cannot are aborted with an
-error (an event on a stream, a 503 otherwise), and the process exits 0."""
+error (an event on a stream, a 503 otherwise), and the process exits 0; a second SIGTERM
+ends the grace period at once, with the same error events and exit status."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from server_helpers import MODEL, wait_until
 pytestmark = pytest.mark.slow
 
 GRACE_S = 4.0
+LONG_GRACE_S = 60.0  # a grace the second signal cuts short
 LONG_TOKENS = 1900  # several times what a core decodes within the grace period, beside two other streams
 STORY = [{"role": "user", "content": "Write a very long story about a dragon."}]
 
@@ -35,9 +37,18 @@ def free_port() -> int:
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
+    yield from serve(tmp_path, GRACE_S)
+
+
+@pytest.fixture
+def served_long_grace(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
+    yield from serve(tmp_path, LONG_GRACE_S)
+
+
+def serve(tmp_path: Path, grace_s: float) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
     port = free_port()
     log = tmp_path / "serve.log"
-    env = {**os.environ, "SPECLANE_SHUTDOWN_GRACE_S": str(GRACE_S)}
+    env = {**os.environ, "SPECLANE_SHUTDOWN_GRACE_S": str(grace_s)}
     with log.open("wb") as out:
         proc = subprocess.Popen(
             # Speculation off: the story degenerates into a loop the n-gram drafter races through
@@ -121,3 +132,23 @@ def test_sigterm_drains_then_exits_0(served: tuple[subprocess.Popen[bytes], str,
     assert proc.wait(GRACE_S + 30) == 0, log.read_text()[-3000:]
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
     assert time.monotonic() - sigterm_at >= GRACE_S - 0.5, "running requests got their grace period"
+
+
+def test_a_second_sigterm_ends_the_grace_period_at_once(
+        served_long_grace: tuple[subprocess.Popen[bytes], str, Path]) -> None:
+    proc, url, log = served_long_grace
+    long_stream = Stream(url, max_tokens=LONG_TOKENS)
+    long_stream.start()
+    assert long_stream.started_streaming.wait(60)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert httpx.get(url + "/health", timeout=10).status_code == 503  # draining, the socket still open
+    assert long_stream.is_alive(), "the stream outlasts half a second of a 60 s grace"
+    proc.send_signal(signal.SIGTERM)
+    second_at = time.monotonic()
+    long_stream.join(30)
+    assert long_stream.events[-1] == "[DONE]"
+    assert json.loads(long_stream.events[-2])["error"]["code"] == "shutting_down"
+    assert proc.wait(30) == 0, log.read_text()[-3000:]
+    assert time.monotonic() - second_at < 15, "the second signal did not wait out the grace period"
+    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]

@@ -274,6 +274,25 @@ def test_an_identical_prompt_reads_all_but_its_last_token_from_the_block_its_ans
     assert probe(kv, [1, 2, 3, 4, 5, 6], "B") == 0  # another tenant never reads part of A's block
 
 
+def test_where_the_copy_source_is_the_one_block_short_a_request_goes_without_the_copy():
+    """A pool of 4 blocks: x's 12-token prompt is cached (3 blocks). y shares x's first 10
+    tokens and needs all 4 blocks; holding x's third block as a copy source besides would
+    take a fifth. y reads the two full blocks and computes the rest, where it would
+    otherwise wait forever in an idle engine."""
+    kv = KVManager(4, B)
+    run_prompt(kv, req("x", list(range(12))), "A")
+    y = req("y", list(range(10)) + [90, 91, 92, 93, 94, 95])
+    admission = kv.admit("y", y, tenant="A")
+    assert admission is not None and admission.copy is None and admission.num_cached_tokens == 8
+    kv.check()
+    kv.commit("y", y.num_tokens, y)
+    kv.free("y")
+    kv.check()
+    # x's third block made room for y's; with room to spare, y's own third block (8, 9, 90,
+    # 91) is a copy source again: x's prompt reads 8 positions and copies 2.
+    assert probe(kv, list(range(12)), "A") == 10
+
+
 def test_a_request_freed_before_its_first_forward_lets_the_copy_source_go():
     kv = KVManager(16, B)
     run_prompt(kv, req("x", list(range(8))), "A")

@@ -14,7 +14,11 @@ reads streams), which owns every piece of state below:
   go back to the head of the queue and run elsewhere; the others end with
   ``finish_reason="error"`` (an error event in the stream). The loop then pings it until
   it answers (Ray restarts a dead actor) and puts it back. A replica that answers with a
-  new incarnation has restarted: the same happens to the requests it had.
+  new incarnation has restarted: the same happens to the requests it had. A replica whose
+  engine fails exits to be restarted (``ReplicaHost``); a poll failing any other way is
+  handled as a dead replica, so no replica's loop ends while the front runs.
+- refusals before queueing, as one engine refuses: a request no replica's KV pool could
+  hold (``ValueError``, a 400), and any request while no replica serves (a 503).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from speclane.engine.async_engine import read_stream
 from speclane.engine.engine import RequestOutput, check_token_ids
 from speclane.engine.stats import EngineObserver, sum_snapshots, totals_only
 from speclane.request import SamplingParams
+from speclane.scheduler.scheduler import check_request_fits
 
 log = logging.getLogger("speclane.cluster")
 
@@ -151,6 +156,11 @@ class ClusterEngine:
                        request_id: str | None = None, **options: Any) -> AsyncIterator[RequestOutput]:
         """Queue a request in the cluster and return its stream (``AsyncEngine.generate``)."""
         check_token_ids(self.engine.vocab_size, prompt_token_ids, options.get("prediction_token_ids", ()), sampling)
+        pool = self.engine.kv_pool  # every replica's: they share one config
+        check_request_fits(len(prompt_token_ids), sampling.max_tokens, self.engine.max_model_len,
+                           int(pool["block_size"]), int(pool["blocks"]))  # type: ignore[call-overload]
+        if not any(h == "healthy" for h in self.health):
+            raise ReplicaUnavailable("no replica is serving (every one is restarting or down): retry later")
         grammar = options.get("grammar")
         if grammar is not None and hasattr(grammar, "spec"):
             options["grammar"] = grammar.spec  # a compiled grammar stays here; the replica compiles the spec
@@ -338,7 +348,9 @@ class ClusterEngine:
                     client.call("poll", remote, active_elsewhere=elsewhere, wait_s=POLL_WAIT_S, want_charged=sync,
                                 want_status=want_status),
                     timeout)
-            except (ReplicaUnavailable, TimeoutError) as exc:
+            except Exception as exc:  # noqa: BLE001 - whatever failed, the replica's streams must not hang
+                if not isinstance(exc, ReplicaUnavailable | TimeoutError):
+                    log.exception("replica %s: its poll failed unexpectedly", client.name)
                 await self._replica_down(i, f"{type(exc).__name__}: {exc}")
                 next_sync = next_status = 0.0
                 sent_elsewhere = None

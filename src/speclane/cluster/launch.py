@@ -6,8 +6,10 @@ import dataclasses
 import os
 
 from speclane.cluster import ray_actors
+from speclane.cluster.client import ReplicaUnavailable
 from speclane.cluster.front import ClusterEngine
 from speclane.config import ClusterConfig, EngineConfig
+from speclane.models.loader import resolve_model
 
 
 def replica_threads(engine_config: EngineConfig, num_replicas: int) -> int:
@@ -17,6 +19,8 @@ def replica_threads(engine_config: EngineConfig, num_replicas: int) -> int:
 
 
 def start_cluster(engine_config: EngineConfig, cluster: ClusterConfig) -> ClusterEngine:
+    if not cluster.ray_address:  # a local cluster shares this machine's files: a missing model fails here
+        resolve_model(engine_config.model.model)
     ray_actors.start(cluster.ray_address, cluster.replicas)
     model = dataclasses.replace(engine_config.model, num_threads=replica_threads(engine_config, cluster.replicas))
     config = dataclasses.replace(engine_config, model=model)
@@ -28,6 +32,18 @@ def start_cluster(engine_config: EngineConfig, cluster: ClusterConfig) -> Cluste
         if not cluster.ray_address:
             ray_actors.stop()
 
-    front = ClusterEngine(clients, config, cluster, on_shutdown=stop)
-    front.wait_ready()
+    front: ClusterEngine | None = None
+    try:
+        front = ClusterEngine(clients, config, cluster, on_shutdown=stop)
+        front.wait_ready()
+    except BaseException as exc:
+        # Nothing left running (actors, a local Ray); the cause in one line, as serve's
+        # other start-up errors are (a bad --model fails in every replica's start).
+        if front is not None:
+            front.shutdown()
+        else:
+            stop()
+        if isinstance(exc, ReplicaUnavailable | TimeoutError):
+            raise ValueError(f"the replicas did not start: {exc}") from exc
+        raise
     return front

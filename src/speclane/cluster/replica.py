@@ -13,6 +13,7 @@ when asked, the replica's status (counters and the dashboard's lane recorder).
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -27,6 +28,8 @@ from speclane.engine.engine import LLMEngine, RequestOutput
 from speclane.engine.lane_recorder import LaneRecorder
 from speclane.engine.stats import Observers
 from speclane.request import Request, SamplingParams
+
+log = logging.getLogger("speclane.cluster")
 
 
 @dataclass
@@ -75,7 +78,14 @@ class _Samples:
 
 
 class ReplicaHost:
-    def __init__(self, config: EngineConfig) -> None:
+    """``exit_on_engine_failure`` (a Ray actor's): an exception from the engine's tick ends
+    the process, so Ray restarts the replica and the front, finding it dead, runs its
+    requests that sent nothing elsewhere; kept alive, it would answer polls as healthy
+    and be handed new requests it can only refuse. Without it (in-process replicas), every
+    live request fails with the engine's error."""
+
+    def __init__(self, config: EngineConfig, *, exit_on_engine_failure: bool = False) -> None:
+        self.exit_on_engine_failure = exit_on_engine_failure
         self.incarnation = uuid.uuid4().hex
         self.engine = LLMEngine(config)
         self.recorder = LaneRecorder(self.engine)
@@ -107,9 +117,9 @@ class ReplicaHost:
     def add(self, request_id: str, prompt_token_ids: Sequence[int], sampling: SamplingParams,
             options: dict[str, Any]) -> None:
         """Queue a request (raises ``ValueError``, ``QueueFullError`` as the engine does)."""
-        if self.error is not None:
-            raise RuntimeError(f"the replica's engine stopped: {self.error}")
-        with self._cond:
+        with self._cond:  # under the lock _failed sets the error in: a request is refused or failed
+            if self.error is not None:
+                raise RuntimeError(f"the replica's engine stopped: {self.error}")
             self._live.add(request_id)
         try:
             self.engine.add_request(request_id, prompt_token_ids, sampling, **options)
@@ -161,12 +171,17 @@ class ReplicaHost:
                 self._outbox.extend(outputs)
                 self._cond.notify_all()
 
-    def _failed(self, exc: BaseException) -> None:  # the front hears it as every live request failing
-        self.error = f"{type(exc).__name__}: {exc}"
-        self._fail_all()
+    def _failed(self, exc: BaseException) -> None:
+        if self.exit_on_engine_failure:
+            log.critical("the replica's engine failed; exiting for a restart", exc_info=exc)
+            for handler in logging.getLogger().handlers + log.handlers:
+                handler.flush()
+            os._exit(70)  # EX_SOFTWARE
+        self._fail_all(f"{type(exc).__name__}: {exc}")  # the front hears every live request fail
 
-    def _fail_all(self) -> None:
+    def _fail_all(self, error: str) -> None:
         with self._cond:
+            self.error = error
             failed = [RequestOutput(rid, "", [], True, "error", 0, 0, error=f"engine error: {self.error}")
                       for rid in self._live]
             self._live.clear()

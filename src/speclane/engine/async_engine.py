@@ -43,12 +43,12 @@ class AsyncEngine:
         **options: Any,
     ) -> AsyncIterator[RequestOutput]:
         """Queue a request and return its stream (an async generator)."""
-        if self.error is not None:
-            raise RuntimeError(f"the engine stopped after an internal error: {self.error}")
         rid = request_id or uuid.uuid4().hex
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        with self._streams_lock:
+        with self._streams_lock:  # under the lock that _failed sets the error in: no stream registers unfailed
+            if self.error is not None:
+                raise RuntimeError(f"the engine stopped after an internal error: {self.error}")
             if rid in self._streams:
                 raise ValueError(f"request id {rid!r} is already in use")
             self._streams[rid] = (loop, queue)
@@ -94,7 +94,8 @@ class AsyncEngine:
             self._deliver(out.request_id, out)
 
     def _failed(self, exc: BaseException) -> None:  # never leave clients hanging on a dead engine
-        self.error = exc
+        with self._streams_lock:
+            self.error = exc
         self._fail_all(exc)
 
     def _deliver(self, rid: str, item: RequestOutput | BaseException) -> None:

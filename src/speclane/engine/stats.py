@@ -141,7 +141,9 @@ class EngineCounters:
         return out
 
     def acceptance_by_position(self) -> list[float]:
-        return acceptance_by_position(self.draft_tried_by_position, self.draft_accepted_by_position)
+        # Copies first (one C call each under the GIL): a replica's poll reads these while
+        # its engine thread adds positions, and iterating a dict that grows raises.
+        return acceptance_by_position(Counter(self.draft_tried_by_position), Counter(self.draft_accepted_by_position))
 
 
 # The snapshot's live sizes: a replica that is gone holds none, while its totals still count.

@@ -187,9 +187,13 @@ class KVManager:
                 part = self.cache.longest_child(scope, hashes[len(hits) - 1] if hits else ROOT_HASH,
                                                 tokens.tokens_between(start, min(start + size, n - 1)))
         need = self.pool.blocks_needed(n) - len(hits)
+        if part and need > self.num_available_blocks - self._evictable_among(hits + [part[0]]):
+            # The copy source is held on top of the request's own blocks: where that one
+            # block is what is short, go without the copy (else a request that fits the
+            # pool could wait forever, and everything queued behind it).
+            part = None
         held = hits + ([part[0]] if part else [])
-        evictable_held = sum(1 for b in held if self.pool.ref_count(b) == 0)
-        if need > self.num_available_blocks - evictable_held:
+        if need > self.num_available_blocks - self._evictable_among(held):
             self.stats.refused_admissions += 1
             return None
         self._weight[tenant] = weight
@@ -205,6 +209,10 @@ class KVManager:
         self.stats.queried_tokens += n
         self.stats.cached_tokens += num_cached
         return Admission(num_cached, tuple(blocks), copy)
+
+    def _evictable_among(self, blocks: list[int]) -> int:
+        """Of ``blocks`` (cached ones a request would hold), those now counted as available."""
+        return sum(1 for b in blocks if self.pool.ref_count(b) == 0)
 
     def reserve(self, request_id: str, upto: int) -> Reservation:
         """Blocks for positions ``[0, upto)``. When there is no room, a live request is

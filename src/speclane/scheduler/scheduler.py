@@ -54,6 +54,33 @@ def default_kv_blocks(config: SchedulerConfig, lane_config: LaneConfig, max_mode
     return config.max_num_seqs * -(-(max_model_len + lane_config.max_draft_tokens + 1) // KV_BLOCK_SIZE)
 
 
+def most_blocks(num_prompt_tokens: int, max_tokens: int, max_model_len: int, block_size: int) -> int:
+    """The most KV blocks a request can hold at once: its last token is never fed, and a
+    draft never reaches past ``max_tokens`` or the context (``_draft_budget``), so its
+    positions stay below min(prompt + max_tokens, max_model_len) - 1."""
+    positions = min(num_prompt_tokens + max_tokens, max_model_len) - 1
+    return -(-positions // block_size)
+
+
+def check_request_fits(num_prompt_tokens: int, max_tokens: int, max_model_len: int, block_size: int,
+                       pool_blocks: int) -> None:
+    """``ValueError`` for a request no engine of this shape can ever run: a prompt that
+    fills the context, or one whose most KV blocks at once exceed the whole pool (it
+    would wait forever). A cluster's front checks it too, before queueing."""
+    if num_prompt_tokens >= max_model_len:
+        raise ValueError(
+            f"the prompt has {num_prompt_tokens} tokens but --max-model-len is {max_model_len}: "
+            "shorten the prompt (at least one token must be left for the completion)"
+        )
+    need = most_blocks(num_prompt_tokens, max_tokens, max_model_len, block_size)
+    if need > pool_blocks:
+        raise ValueError(
+            f"the prompt has {num_prompt_tokens} tokens and max_tokens is {max_tokens}: "
+            f"that takes up to {need} KV blocks of {block_size} positions but the KV pool holds {pool_blocks} "
+            "(--kv-cache-mib): ask for fewer tokens or shorten the prompt"
+        )
+
+
 class QueueFullError(RuntimeError):
     """The waiting queue holds ``--max-queue`` requests; the client should retry later."""
 
@@ -122,29 +149,16 @@ class Scheduler:
     def add_request(self, request: Request, now: float) -> None:
         if request.request_id in self.waiting or request.request_id in self.running:
             raise ValueError(f"request id {request.request_id!r} is already in use")
-        if request.num_prompt_tokens >= self.max_model_len:
-            raise ValueError(
-                f"the prompt has {request.num_prompt_tokens} tokens but --max-model-len is {self.max_model_len}: "
-                "shorten the prompt (at least one token must be left for the completion)"
-            )
-        need, pool = self.blocks_needed(request), self.kv.pool.num_blocks
-        if need > pool:
-            raise ValueError(
-                f"the prompt has {request.num_prompt_tokens} tokens and max_tokens is {request.sampling.max_tokens}: "
-                f"that takes up to {need} KV blocks of {self.kv.block_size} positions but the KV pool holds {pool} "
-                "(--kv-cache-mib): ask for fewer tokens or shorten the prompt"
-            )
+        check_request_fits(request.num_prompt_tokens, request.sampling.max_tokens, self.max_model_len,
+                           self.kv.block_size, self.kv.pool.num_blocks)
         if len(self.waiting) >= self.config.max_queue:
             raise QueueFullError(f"the queue is full ({self.config.max_queue} requests waiting); retry later")
         request.status = RequestStatus.WAITING
         self.waiting[request.request_id] = request
 
     def blocks_needed(self, request: Request) -> int:
-        """The most KV blocks ``request`` can hold at once: its last token is never fed, and a
-        draft never reaches past ``max_tokens`` or the context (``_draft_budget``), so its
-        positions stay below min(prompt + max_tokens, max_model_len) - 1."""
-        positions = min(request.num_prompt_tokens + request.sampling.max_tokens, self.max_model_len) - 1
-        return -(-positions // self.kv.block_size)
+        return most_blocks(request.num_prompt_tokens, request.sampling.max_tokens, self.max_model_len,
+                           self.kv.block_size)
 
     def abort_request(self, request_id: str, now: float, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> Request | None:
         """Stop a request wherever it is; its KV blocks are free for the next tick. A

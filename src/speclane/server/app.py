@@ -116,22 +116,26 @@ class _Server:
         streams: list[Any] = []
         try:
             for i, rid in enumerate(rids):
+                # Tracked from before it is queued: a drain that starts while a cluster's
+                # front admits it (an await) must see it.
+                self.tracker.start(rid)
                 streams.append(await self.async_engine.generate(
                     engine_input.prompt_token_ids, engine_input.sampling_for(i), request_id=rid,
                     priority=engine_input.priority, tenant=principal.tenant, tenant_weight=principal.weight,
                     speculative=engine_input.speculative, prediction_token_ids=engine_input.prediction_token_ids,
                     grammar=engine_input.grammar, prefill_source=rids[0] if i else None,
                     global_cache_scope=body.cache_scope == "global"))
-        except (QueueFullError, ValueError, RuntimeError) as exc:
-            for rid in rids[: len(streams)]:
-                self.async_engine.abort(rid)
+        except BaseException as exc:  # refused, or the handler cancelled: no choice may run on
+            for rid in rids:
+                self.async_engine.abort(rid)  # a no-op for one never queued
+                self.tracker.done(rid)
             if isinstance(exc, QueueFullError):
                 raise APIError(429, f"{exc}", headers={"Retry-After": str(QUEUE_FULL_RETRY_AFTER_S)}) from None
             if isinstance(exc, ValueError):
                 raise APIError(400, str(exc)) from None
-            raise APIError(500, str(exc), code="engine_stopped") from None  # the engine thread died earlier
-        for rid in rids:
-            self.tracker.start(rid)
+            if isinstance(exc, RuntimeError):  # the engine thread died earlier: this server cannot serve
+                raise APIError(503, str(exc), code="engine_stopped") from None
+            raise
         reading = Reading(tool_parsing=engine_input.tool_parsing, tool_names=engine_input.tool_names,
                           top_logprobs=engine_input.top_logprobs,
                           texts=self.token_texts if engine_input.top_logprobs is not None else None)
@@ -152,7 +156,10 @@ class _Server:
             return EventStreamResponse(events, on_close=end,
                                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            states = await until_disconnect(request, collect_choices(streams, reading))
+            try:
+                states = await until_disconnect(request, collect_choices(streams, reading))
+            except RuntimeError as exc:  # the engine failed while generating (a stream says so in an event)
+                raise APIError(500, f"the engine failed: {exc}", code="engine_stopped") from None
             if states is None:
                 return Response(status_code=499)  # nobody is listening; uvicorn drops it
             final = states[-1].final
@@ -273,8 +280,10 @@ def serve(engine_config: EngineConfig, *, host: str = "127.0.0.1", port: int = 8
     keys = KeyTable.load(api_keys) if api_keys else None  # a bad key file fails before the model loads
     async_engine: AsyncEngine | ClusterEngine
     if cluster is not None and (cluster.replicas > 1 or cluster.ray_address):
-        from speclane.cluster.launch import start_cluster  # imports Ray
-
+        try:
+            from speclane.cluster.launch import start_cluster  # imports Ray
+        except ModuleNotFoundError as exc:
+            raise ValueError(f"--replicas and --ray-address need Ray ({exc}): pip install 'speclane[cluster]'") from None
         async_engine = start_cluster(engine_config, cluster)
     else:
         from speclane.engine.engine import LLMEngine

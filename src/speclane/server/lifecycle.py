@@ -5,7 +5,8 @@ Shutdown, in order: the first SIGTERM (or SIGINT) sets ``draining`` — new requ
 rather than "connection refused"; running requests get ``grace_s`` seconds to finish;
 those still running are then aborted, and their clients get an error event (streams)
 or a 503 (non-streaming); then uvicorn closes connections and the process exits 0.
-A second signal skips the wait (uvicorn's own immediate shutdown).
+A second signal ends the grace period at once (the same aborts, the same events and exit
+0); a third is uvicorn's own forced exit.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class RequestTracker:
         self.draining = False
         self._live: set[str] = set()
         self._cancelled: set[str] = set()  # aborted by the drain, not by their client
+        self._hurry = False  # the grace period ends now (a second signal)
 
     @property
     def num_live(self) -> int:
@@ -64,11 +66,16 @@ class RequestTracker:
             return APIError(500, f"the engine failed on this request: {error or 'unknown error'}")
         return APIError(503, "the request was cancelled by the server: retry it", code="cancelled")
 
+    def hurry(self) -> None:
+        """End the drain's grace period now: abort what is still running."""
+        self._hurry = True
+
     async def drain(self, grace_s: float) -> None:
-        """Stop admitting, give live requests ``grace_s`` to finish, then abort the rest."""
+        """Stop admitting, give live requests ``grace_s`` to finish (or until ``hurry``),
+        then abort the rest."""
         self.draining = True
         logger.info("draining: %d request(s) running, grace %.1f s", len(self._live), grace_s)
-        await self._wait_idle(grace_s)
+        await self._wait_idle(grace_s, hurried=True)
         if self._live:
             logger.warning("grace period over: aborting %d request(s)", len(self._live))
             for rid in list(self._live):
@@ -76,9 +83,9 @@ class RequestTracker:
                 self.async_engine.abort(rid)
             await self._wait_idle(ABORT_WAIT_S)
 
-    async def _wait_idle(self, timeout_s: float) -> None:
+    async def _wait_idle(self, timeout_s: float, *, hurried: bool = False) -> None:
         deadline = time.monotonic() + timeout_s
-        while self._live and time.monotonic() < deadline:
+        while self._live and time.monotonic() < deadline and not (hurried and self._hurry):
             await asyncio.sleep(0.05)
 
 
@@ -91,6 +98,7 @@ class DrainingServer(uvicorn.Server):
         self.grace_s = grace_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_started = False
+        self._hurried = False
         self._drain_task: asyncio.Task[None] | None = None
 
     async def serve(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
@@ -98,11 +106,20 @@ class DrainingServer(uvicorn.Server):
         await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        """Signal handler; also safe to call from another thread (tests)."""
-        if not self._drain_started and not self.should_exit and self._loop is not None:
-            self._drain_started = True
-            self._loop.call_soon_threadsafe(self._start_drain)
-            return
+        """Signal handler; also safe to call from another thread (tests). The first signal
+        drains, a second ends the grace period; neither reaches uvicorn, which would close the
+        listening socket at once and raise the signal again after serving (SIGTERM's exit
+        143, before the engine shuts down). A third is uvicorn's."""
+        if self._loop is not None and not self.should_exit:
+            if not self._drain_started:
+                self._drain_started = True
+                self._loop.call_soon_threadsafe(self._start_drain)
+                return
+            if not self._hurried:
+                self._hurried = True
+                logger.info("a second signal: ending the grace period now")
+                self._loop.call_soon_threadsafe(self.tracker.hurry)
+                return
         super().handle_exit(sig, frame)
 
     def _start_drain(self) -> None:

@@ -1,4 +1,5 @@
-"""The request body size limit, enforced before anything parses the body.
+"""What a request body must be before anything parses it: within the size limit, and
+free of lone UTF-16 surrogates.
 
 A pure ASGI middleware: it reads the body itself, counting bytes, and answers 413 in
 OpenAI's error shape once the limit is passed — before JSON parsing or validation see a
@@ -6,9 +7,17 @@ byte. The rest of an oversized body is read and thrown away (up to ``DRAIN_CAP_B
 so that a client which writes its whole body before reading, as most do, receives the
 413 instead of a reset connection. A body within the limit is handed to the app whole;
 later ``receive`` calls (disconnect detection) go straight to the server.
+
+JSON may escape half of a surrogate pair alone (``"\\ud800"``), which Python's parser and
+pydantic accept as a string that cannot be encoded: the tokenizer raised on it (a 500),
+and as a ``user`` (a tenant) it broke every later ``/metrics`` scrape. Such a body is
+answered 400 here; a body with no surrogate escape at all (nearly every one) is not parsed.
 """
 
 from __future__ import annotations
+
+import json
+import re
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -52,12 +61,36 @@ class BodyLimitMiddleware:
             chunks.append(body)
             if not message.get("more_body", False):
                 break
-        await self.app(scope, _replay(b"".join(chunks), receive), send)
+        whole = b"".join(chunks)
+        if _has_lone_surrogate(whole):
+            message = ("the body holds a lone UTF-16 surrogate escape (such as \\ud800 without its pair): "
+                       "strings must be valid Unicode")
+            await JSONResponse(error_body(400, message), status_code=400)(scope, receive, send)
+            return
+        await self.app(scope, _replay(whole, receive), send)
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
         limit_mb = self.max_body_bytes / (1024 * 1024)
         body = error_body(413, f"the request body is larger than the {limit_mb:g} MiB limit: send a smaller request")
         await JSONResponse(body, status_code=413)(scope, receive, send)
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _has_lone_surrogate(body: bytes) -> bool:
+    """A JSON body whose strings hold half a surrogate pair (a pair is one character)."""
+    if not _SURROGATE_ESCAPE.search(body):
+        return False
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return False  # not JSON: the app says so
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _content_length(scope: Scope) -> int | None:
