@@ -176,8 +176,15 @@ class Request:
 
     @property
     def prefill_done(self) -> bool:
-        """True once the whole prompt is in the cache; the request then decodes."""
+        """True once the whole prompt is in the cache."""
         return self.num_computed_tokens >= self.num_prompt_tokens
+
+    @property
+    def caught_up(self) -> bool:
+        """True once every token but the last is in the cache: the request decodes. Past
+        its prompt only once it is prefilled; a request recomputed after preemption catches
+        up on its output too, in chunks within the tick's token budget, before it decodes."""
+        return self.num_computed_tokens >= max(self.num_prompt_tokens, self.num_tokens - 1)
 
     @property
     def is_finished(self) -> bool:

@@ -315,6 +315,27 @@ def test_a_preempted_request_aborted_while_waiting_is_released_like_a_finished_o
     assert not plan.seqs
 
 
+def test_a_preempted_request_catches_up_on_its_output_in_chunks_within_the_budget_then_decodes():
+    """Recomputed after preemption, a request feeds its prompt and its output (299 tokens)
+    in chunks of the tick's budget (64), samples only after the last, and decodes from then
+    on; its output continues as if it had never left."""
+    story = Story(make_scheduler(max_num_batched_tokens=64, max_model_len=1024, num_kv_blocks=64))
+    a = story.add(make_request("a", 100, max_tokens=400))
+    while a.num_output_tokens < 299:
+        story.tick()
+    story.scheduler.kv.free("a")
+    story.scheduler.kv.clear_cache()  # its blocks' cached copies went too: it computes everything again
+    story.scheduler._preempt("a", story.now)
+    fed, sampled = [], []
+    while a.num_output_tokens < 302:
+        plan, _ = story.tick()
+        fed.append(sum(len(seq.token_ids) for seq in plan.seqs))
+        sampled.append(any(seq.sample for seq in plan.seqs))
+    assert max(fed) <= 64 and sum(fed) == 399 + 2  # 100 + 299 tokens again, then two decode rows
+    assert sampled == [False] * (len(fed) - 3) + [True] * 3
+    assert a.output_token_ids == [1000 + i for i in range(302)]
+
+
 # -- finishing -----------------------------------------------------------------------------
 def run_to_end(story: Story, request: Request, max_ticks: int = 500) -> Request:
     story.add(request)

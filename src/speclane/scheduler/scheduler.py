@@ -282,7 +282,7 @@ class Scheduler:
 
         budget = self.config.max_num_batched_tokens
         seqs: list[ScheduledSeq] = []
-        decoding = [r for r in self.running.values() if r.prefill_done]
+        decoding = [r for r in self.running.values() if r.caught_up]
         draft_lengths = self._draft_lengths(decoding, holders)
         self._held_without_drafts = {rid for rid, k in draft_lengths.items() if k == 0}
         for request in decoding:
@@ -292,7 +292,7 @@ class Scheduler:
         seqs = [seq for seq in seqs if seq.request_id in self.running]  # not preempted by a later one
         budget -= sum(len(seq.token_ids) + seq.num_draft_tokens for seq in seqs)
         for request in list(self.running.values()):
-            if not request.prefill_done and (budget > 0 or not seqs):
+            if not request.caught_up and (budget > 0 or not seqs):
                 seq = self._prefill_seq(request, budget)
                 seqs.append(seq)
                 budget -= len(seq.token_ids)
@@ -479,7 +479,7 @@ class Scheduler:
                     self.lane.end_grant(rid)
             if status is not None:
                 self._finish(request, status, now)
-            elif (request.prefill_done and request.speculative and self._lane_active()
+            elif (request.caught_up and request.speculative and self._lane_active()
                   and rid not in self._in_lane):
                 self._in_lane.add(rid)
                 self.lane.add(rid, tenant=request.tenant, priority=request.priority, now=now,
