@@ -38,6 +38,8 @@ FAMILIES = {
         **COMMON, num_hidden_layers=2, rope_parameters=dict(LLAMA3_ROPE), tie_word_embeddings=True)),
     "llama3-untied": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
         **COMMON, num_hidden_layers=2, rope_parameters=dict(LLAMA3_ROPE), tie_word_embeddings=False)),
+    "llama-attention-bias": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(  # q, k, v and o biases
+        **COMMON, num_hidden_layers=2, attention_bias=True)),
     "qwen3": lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
         **COMMON, num_hidden_layers=2, head_dim=32, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
         tie_word_embeddings=True)),

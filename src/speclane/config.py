@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -38,8 +40,34 @@ def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
 
 
 def _at_least(name: str, value: float, low: float) -> None:
-    if value < low:
+    if not value >= low:  # NaN too
         raise ValueError(f"{name} must be >= {low}; got {value}")
+
+
+def _check_types(section: object) -> None:
+    """``ValueError`` for a field whose value is not of its declared type (from the Python
+    API: flags and the environment are parsed by type): a bool is only a bool, an int only
+    an int, a float a finite int or float, a str a str."""
+    for f in fields(section):  # type: ignore[arg-type]
+        hint, value = _field_types(type(section))[f.name], getattr(section, f.name)
+        if hint is bool:
+            ok = isinstance(value, bool)
+        elif hint is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif hint is float:
+            ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        elif hint is str:
+            ok = isinstance(value, str)
+        else:
+            continue  # a nested section, checked by its own __post_init__
+        if not ok:
+            kind = "a finite number" if hint is float else f"a {hint.__name__}"
+            raise ValueError(f"{f.name} must be {kind}; got {value!r}")
+
+
+@functools.cache
+def _field_types(section: type) -> dict[str, Any]:
+    return get_type_hints(section)
 
 
 @dataclass(frozen=True)
@@ -70,6 +98,7 @@ class ModelConfig:
                 "int8 under --matmul-inputs int8)"})
 
     def __post_init__(self) -> None:
+        _check_types(self)
         _choice("dtype", self.dtype, DTYPES)
         _choice("matmul_inputs", self.matmul_inputs, MATMUL_INPUTS)
         _choice("head_inputs", self.head_inputs, HEAD_INPUTS)
@@ -93,6 +122,7 @@ class SchedulerConfig:
                 "with the same prefix (their prefill is skipped)"})
 
     def __post_init__(self) -> None:
+        _check_types(self)
         _at_least("max_num_seqs", self.max_num_seqs, 1)
         _at_least("kv_cache_mib", self.kv_cache_mib, 0)
         _at_least("max_queue", self.max_queue, 0)
@@ -132,6 +162,7 @@ class LaneConfig:
                 "verified in one forward within the round's K rows; 1 = a chain"})
 
     def __post_init__(self) -> None:
+        _check_types(self)
         _choice("drafter", self.drafter, DRAFTERS)
         _choice("spec_mode", self.spec_mode, SPEC_MODES)
         _choice("fairness", self.fairness, FAIRNESS_MODES)
@@ -203,6 +234,7 @@ class ClusterConfig:
         "help": "a replica that answers no poll for this long is drained: its requests end with an error"})
 
     def __post_init__(self) -> None:
+        _check_types(self)
         _at_least("replicas", self.replicas, 1)
         _at_least("counter_sync_ms", self.counter_sync_ms, 1.0)
         _at_least("affinity_slack", self.affinity_slack, 0)
@@ -289,9 +321,12 @@ class RuntimeEnv:
         """Seconds a stopping server lets requests finish: the variable, else ``default``."""
         raw = self.shutdown_grace
         try:
-            return float(raw) if raw else default
+            seconds = float(raw) if raw else default
         except ValueError:
-            raise ValueError(f"SPECLANE_SHUTDOWN_GRACE_S must be a number of seconds; got {raw!r}") from None
+            seconds = math.nan
+        if not 0 <= seconds < math.inf:
+            raise ValueError(f"SPECLANE_SHUTDOWN_GRACE_S must be a number of seconds >= 0; got {raw!r}")
+        return seconds
 
 
 def runtime_env(env: Mapping[str, str] | None = None) -> RuntimeEnv:

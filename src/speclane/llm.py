@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,7 +44,7 @@ class LLM:
             return list(prompt)  # type: ignore[arg-type]
         if chat:
             return self.encode_prompt([{"role": "user", "content": prompt}])
-        return self.tokenizer.encode(prompt)
+        return self.tokenizer.encode_prompt(prompt)
 
     def generate(
         self,
@@ -70,22 +71,32 @@ class LLM:
                 self.engine.add_request(rid, self.encode_prompt(prompt, chat), sp, **request_options)
                 ids.append(rid)
         except BaseException:
-            for rid in ids:  # all or nothing: never leave earlier prompts running unseen
-                self.engine.abort_request(rid)
-            self.engine.run_until_done()
+            self._abandon(ids)  # all or nothing: never leave earlier prompts running unseen
             raise
         texts: dict[str, list[str]] = {rid: [] for rid in ids}
         tokens: dict[str, list[int]] = {rid: [] for rid in ids}
         finals: dict[str, Any] = {}
-        while len(finals) < len(ids):
-            for out in self.engine.step():
-                if out.request_id not in texts:
-                    continue
-                texts[out.request_id].append(out.text)
-                tokens[out.request_id].extend(out.token_ids)
-                if out.finished:
-                    finals[out.request_id] = out
+        try:
+            while len(finals) < len(ids):
+                for out in self.engine.step():
+                    if out.request_id not in texts:
+                        continue
+                    texts[out.request_id].append(out.text)
+                    tokens[out.request_id].extend(out.token_ids)
+                    if out.finished:
+                        finals[out.request_id] = out
+        except BaseException:  # an interrupt, or the engine failed: the next call starts clean
+            self._abandon([rid for rid in ids if rid not in finals])
+            raise
         return [
             Completion(prompt, "".join(texts[rid]), tokens[rid], finals[rid].finish_reason, finals[rid].usage)
             for prompt, rid in zip(prompts, ids, strict=True)
         ]
+
+    def _abandon(self, request_ids: list[str]) -> None:
+        """Abort ``request_ids`` and let the engine drop them (an engine that fails again
+        here keeps the first error, which the caller raises)."""
+        for rid in request_ids:
+            self.engine.abort_request(rid)
+        with contextlib.suppress(Exception):
+            self.engine.run_until_done()

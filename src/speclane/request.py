@@ -67,13 +67,14 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
+        self._check_types()
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         object.__setattr__(self, "logit_bias", tuple((int(t), float(b)) for t, b in self.logit_bias))
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1; got {self.max_tokens!r}")
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be >= 0; got {self.temperature}")
@@ -95,6 +96,36 @@ class SamplingParams:
         for token, bias in self.logit_bias:
             if token < 0 or not -100 <= bias <= 100:
                 raise ValueError(f"logit_bias: token {token} needs an id >= 0 and a bias in [-100, 100]; got {bias}")
+
+    def _check_types(self) -> None:
+        """``ValueError`` for a value of the wrong type (the Python API's: a float seed or
+        top_k failed inside the engine's tick, a string temperature in a comparison)."""
+        def integer(value: object) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        def number(value: object) -> bool:
+            return isinstance(value, int | float) and not isinstance(value, bool)
+
+        for name in ("max_tokens", "top_k"):
+            if not integer(getattr(self, name)):
+                raise ValueError(f"{name} must be an integer; got {getattr(self, name)!r}")
+        for name in ("seed", "logprobs"):
+            if getattr(self, name) is not None and not integer(getattr(self, name)):
+                raise ValueError(f"{name} must be an integer or None; got {getattr(self, name)!r}")
+        for name in ("temperature", "top_p"):
+            if not number(getattr(self, name)):
+                raise ValueError(f"{name} must be a number; got {getattr(self, name)!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be a bool; got {self.ignore_eos!r}")
+        if not (isinstance(self.stop, str) or isinstance(self.stop, tuple | list)
+                and all(isinstance(s, str) for s in self.stop)):
+            raise ValueError(f"stop must be a string or a sequence of strings; got {self.stop!r}")
+        if not (isinstance(self.stop_token_ids, tuple | list) and all(integer(t) for t in self.stop_token_ids)):
+            raise ValueError(f"stop_token_ids must be a sequence of integers; got {self.stop_token_ids!r}")
+        if not (isinstance(self.logit_bias, tuple | list) and all(
+                isinstance(pair, tuple | list) and len(pair) == 2 and integer(pair[0]) and number(pair[1])
+                for pair in self.logit_bias)):
+            raise ValueError(f"logit_bias must be a sequence of (token id, bias) pairs; got {self.logit_bias!r}")
 
     @property
     def greedy(self) -> bool:
@@ -161,6 +192,13 @@ class Request:
         self.prediction_token_ids = tuple(self.prediction_token_ids)
         if not self.prompt_token_ids:
             raise ValueError("the prompt is empty: send at least one token")
+        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
+            raise ValueError(f"priority must be an integer; got {self.priority!r}")
+        if not isinstance(self.tenant, str):
+            raise ValueError(f"tenant must be a string; got {self.tenant!r}")
+        weight = self.tenant_weight
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight < math.inf:
+            raise ValueError(f"tenant_weight must be a number > 0; got {weight!r}")
         # A plain attribute: the scheduler reads it for every row of every tick.
         self.num_prompt_tokens = len(self.prompt_token_ids)
 

@@ -244,6 +244,27 @@ def test_a_rejected_prompt_leaves_no_orphan_requests(llm_f32):
     assert not orphans
 
 
+def test_a_generate_interrupted_mid_batch_leaves_nothing_for_the_next(llm_f32, monkeypatch):
+    """An interrupt (or an engine error) during the batch's ticks aborts its requests: the
+    next generate runs alone and gives what it gives on a clean engine."""
+    engine = llm_f32.engine
+    expected = llm_f32.generate(["Name three colours."], SamplingParams(max_tokens=8))[0].token_ids
+    real_step, ticks = engine.step, [0]
+
+    def interrupted() -> list:
+        ticks[0] += 1
+        if ticks[0] == 3:
+            raise KeyboardInterrupt
+        return real_step()
+
+    monkeypatch.setattr(engine, "step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        llm_f32.generate(["Write a long story.", "Count to fifty."], SamplingParams(max_tokens=200))
+    monkeypatch.setattr(engine, "step", real_step)
+    assert not engine.has_unfinished()
+    assert llm_f32.generate(["Name three colours."], SamplingParams(max_tokens=8))[0].token_ids == expected
+
+
 # -- nothing leaks -------------------------------------------------------------------------
 class FakeRunner:
     """Stands in for the model: random real token ids (so the detokenizer and stop strings

@@ -149,7 +149,8 @@ def test_metadata_reader_matches_gguf_reader(gguf_path: Path, metadata: dict[str
 def test_special_ids(ours: Tokenizer) -> None:
     assert ours.vocab_size == 49152
     assert ours.bos_token_id == 1
-    assert ours.eos_token_id == 2 and ours.eos_token_ids == frozenset({2})
+    # <|im_end|> ends a turn; <|endoftext|> (0) ends a text, as llama.cpp's end-of-generation tokens.
+    assert ours.eos_token_id == 2 and ours.eos_token_ids == frozenset({0, 2})
     assert ours.encode("<|im_start|>") == [1]
     assert ours.encode("<|im_end|>") == [2]
     assert ours.encode("hi", add_special_tokens=True) == ours.encode("hi")  # add_bos_token False

@@ -132,11 +132,65 @@ def test_hugging_face_folder_errors(tmp_path: Path):
         ({"top_k": -1}, "top_k must be >= 0"),
         ({"seed": -1}, "seed must be in"),
         ({"stop": ("",)}, "each stop string"),
+        # Types (the Python API's): each failed inside the engine's tick or in a comparison.
+        ({"seed": 1.5}, "seed must be an integer or None"),
+        ({"top_k": 2.5}, "top_k must be an integer"),
+        ({"max_tokens": 8.0}, "max_tokens must be an integer"),
+        ({"temperature": "0.7"}, "temperature must be a number"),
+        ({"stop": None}, "stop must be a string or a sequence of strings"),
+        ({"stop": [1]}, "stop must be a string or a sequence of strings"),
+        ({"logit_bias": {5: 1.0}}, "logit_bias must be a sequence"),
+        ({"ignore_eos": 1}, "ignore_eos must be a bool"),
+        ({"logprobs": True}, "logprobs must be an integer or None"),
     ],
 )
 def test_invalid_sampling_values(options: dict, message: str):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**options)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"prefix_cache": "no"}, "prefix_cache must be a bool"),  # a truthy string left the cache on
+        ({"num_draft_tokens": 2.5}, "num_draft_tokens must be a int"),
+        ({"max_num_seqs": "4"}, "max_num_seqs must be a int"),
+        ({"spec_grant_ms": math.nan}, "spec_grant_ms must be a finite number"),
+        ({"drafter": None}, "drafter must be a str"),
+        ({"max_model_len": True}, "max_model_len must be a int"),
+    ],
+)
+def test_engine_options_of_the_wrong_type_are_refused(options: dict, message: str):
+    from speclane.config import EngineConfig
+
+    with pytest.raises(ValueError, match=message):
+        EngineConfig().replace(**options)
+    EngineConfig().replace(spec_grant_ms=25, mtp_min_draft_prob=0)  # an int where a float is declared is fine
+
+
+def test_a_nan_passes_no_lower_bound():
+    from speclane.config import ClusterConfig
+
+    for name in ("counter_sync_ms", "health_timeout_s"):
+        with pytest.raises(ValueError, match=name):
+            ClusterConfig(**{name: math.nan})
+
+
+@pytest.mark.parametrize("weight", [0, -1.0, math.inf, math.nan, "1", True])
+def test_a_request_of_a_tenant_weight_that_is_not_a_positive_number_is_refused(weight):
+    from speclane.request import Request
+
+    with pytest.raises(ValueError, match="tenant_weight"):
+        Request(request_id="r", prompt_token_ids=[1, 2], tenant_weight=weight)
+
+
+@pytest.mark.parametrize("grace", ["inf", "nan", "-1", "soon"])
+def test_a_shutdown_grace_that_is_not_a_finite_number_of_seconds_is_refused(grace: str):
+    from speclane.config import runtime_env
+
+    with pytest.raises(ValueError, match="SPECLANE_SHUTDOWN_GRACE_S"):
+        runtime_env({"SPECLANE_SHUTDOWN_GRACE_S": grace}).shutdown_grace_s(30.0)
+    assert runtime_env({"SPECLANE_SHUTDOWN_GRACE_S": "0"}).shutdown_grace_s(30.0) == 0.0
 
 
 def test_valid_sampling_edges():

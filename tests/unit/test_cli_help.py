@@ -27,3 +27,30 @@ def test_serve_refuses_a_negative_stream_interval(capsys):
     assert main(["serve", "--stream-interval-ms", "-5"]) == 2  # before any model loads
     err = capsys.readouterr().err
     assert err.strip() == "speclane serve: error: --stream-interval-ms must be >= 0; got -5.0"
+
+
+@pytest.mark.parametrize("port", ["99999", "-1", "http"])
+def test_serve_refuses_a_port_out_of_range(port, capsys):
+    """uvloop binds another port for one past 65535, while uvicorn prints the one asked for."""
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["serve", "--port", port])
+    assert exit_info.value.code == 2
+    assert "--port" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--concurrency", "0"), ("--checkpoint-every", "0"), ("--prompts", "0"),
+                                              ("--held-out", "1"), ("--batch-size", "0"), ("--lr", "0")])
+def test_train_mtp_refuses_values_that_fail_after_the_model_loads(flag, value, tmp_path, capsys):
+    from speclane.cli import main
+
+    assert main(["train-mtp", "--out", str(tmp_path / "out"), flag, value]) == 2
+    assert flag in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--replicas", "0"), ("--counter-sync-ms", "nan")])
+def test_simulate_refuses_replicas_below_one_and_a_bad_sync_interval(flag, value, tmp_path, capsys):
+    from speclane.cli import main
+
+    assert main(["simulate", "--out", str(tmp_path), "--requests", "10", flag, value]) == 2
+    assert flag in capsys.readouterr().err

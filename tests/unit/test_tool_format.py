@@ -73,6 +73,35 @@ def test_the_generic_format_writes_hermes_calls_and_results() -> None:
     assert without[0]["content"] == "Be brief." and PREAMBLE[:7] not in without[0]["content"]
 
 
+# Gemma 2's way: no system role at all; and a template whose tools branch uses {% break %}.
+NO_SYSTEM_TEMPLATE = (
+    "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+)
+BREAK_TEMPLATE = (
+    "{% for t in tools %}{{ t.function.name }}{% break %}{% endfor %}"
+    "{% for m in messages %}[{{ m.role }}]{{ m.content }}\n{% endfor %}"
+)
+
+
+def test_without_a_system_role_the_preamble_opens_the_first_user_message() -> None:
+    tok = tokenizer(NO_SYSTEM_TEMPLATE)
+    req = ChatCompletionRequest.model_validate({"model": "m", "messages": HISTORY[1:], "tools": [ADD]})
+    messages, _ = chat_messages(req.messages, req.tools or (), tok)
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    assert messages[0]["content"].startswith("# Tools") and messages[0]["content"].endswith("\n\n1 + 1?")
+    tok.apply_chat_template(messages)  # renders: the template would reject a system message
+    with_system = chat_messages(request().messages, request().tools or (), tok)[0]
+    assert with_system[0]["role"] == "system"  # the client's own system message stays its (the template's 400)
+
+
+def test_a_template_whose_tools_branch_breaks_out_of_a_loop_renders_tools_itself() -> None:
+    tok = tokenizer(BREAK_TEMPLATE)
+    req = request()
+    messages, variables = chat_messages(req.messages, req.tools or (), tok)
+    assert "tools" in variables and tok.apply_chat_template(messages, **variables).startswith("add[system]")
+
+
 def test_the_grammar_names_each_function_and_embeds_its_schema() -> None:
     req = request()
     one = tool_call_grammar(req.tools or (), parallel=False)

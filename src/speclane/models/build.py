@@ -152,11 +152,13 @@ def build_model(weights: WeightSet, config: ModelConfig, kernels: Kernels | None
             extra["k_norm"] = norm(p + "self_attn.k_norm.weight")
         attn = [p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"]
         bias = [n.replace(".weight", ".bias") for n in attn] if cfg.attention_bias else None
+        # Llama's attention_bias puts one on o_proj too (Qwen2's q/k/v only): applied where the file has it.
+        o_bias = [p + "self_attn.o_proj.bias"] if p + "self_attn.o_proj.bias" in weights else None
         layers.append(
             Layer(
                 cfg,
                 qkv=linear(attn, bias),
-                o=linear([p + "self_attn.o_proj.weight"]),
+                o=linear([p + "self_attn.o_proj.weight"], o_bias),
                 gate_up=linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
                 down=linear([p + "mlp.down_proj.weight"]),
                 attn_norm=norm(p + "input_layernorm.weight"),

@@ -69,9 +69,9 @@ KNOWN_MODELS: dict[str, tuple[str, Any, str]] = {
 }
 
 
-def list_models() -> list[tuple[str, str, str | None]]:
-    """(name, description, resolved path or None) for each known name."""
-    return [(name, desc, locate()) for name, (desc, locate, _) in KNOWN_MODELS.items()]
+def list_models() -> list[tuple[str, str, str | None, str]]:
+    """(name, description, resolved path or None, the command that installs it) for each known name."""
+    return [(name, desc, locate(), install) for name, (desc, locate, install) in KNOWN_MODELS.items()]
 
 
 def resolve_model(name_or_path: str) -> Path:

@@ -79,11 +79,17 @@ CHATML_TEMPLATE = (
 
 # general.architecture values whose SentencePiece tokenizer is laid out like Gemma's.
 _GEMMA_ARCHS = frozenset({"gemma", "gemma2", "gemma3"})
-# Special tokens that end a chat turn in the served families' templates (Gemma, ChatML /
+# Special tokens that end a chat turn or a text in the served families (Gemma, ChatML /
 # Qwen, Llama 3, Phi-3): generation stops on them as on EOS, as llama.cpp's end-of-generation
 # tokens do, whether or not the model's files list them among its end tokens (a GGUF without
-# eot_token_id, a Hugging Face folder whose generation_config.json names only <eos>).
-END_OF_TURN_TOKENS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>")
+# eot_token_id, a Hugging Face folder whose generation_config.json names only <eos>; a Llama
+# 3.1 GGUF whose eos is <|eot_id|> also ends at <|end_of_text|> and <|eom_id|>, a Qwen2.5
+# GGUF whose eos is <|im_end|> at <|endoftext|>).
+END_OF_TURN_TOKENS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|end_of_text|>", "<|eom_id|>",
+                      "<|endoftext|>")
+# Byte-level pre-tokenizers whose words that are whole vocabulary entries are one token,
+# whatever the merges would build (Llama 3's tokenizer.json, llama.cpp's "ignore_merges").
+_IGNORE_MERGES_PRE = frozenset({"llama3", "llama-v3", "llama-bpe"})
 
 # Gemma's instruction-tuned chat template (as in google/gemma-3-*-it), for Gemma GGUF files
 # that carry no tokenizer.chat_template: a system message is prepended to the first user turn,
@@ -198,8 +204,8 @@ class Tokenizer:
             bos=(tokens[bos], bos) if bos is not None and add_bos else None,
             eos=(tokens[eos], eos) if fields.get("tokenizer.ggml.add_eos_token", False) else None,
         )
-        # A separate end-of-turn token (Llama 3's eot_token_id) ends a reply too.
-        extra_eos = [fields[k] for k in ("tokenizer.ggml.eot_token_id",) if k in fields]
+        # A separate end-of-turn or end-of-message token (Llama 3's) ends a reply too.
+        extra_eos = [fields[k] for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if k in fields]
         chat_template = fields.get("tokenizer.chat_template")
         if chat_template is None and str(fields.get("general.architecture", "")) in _GEMMA_ARCHS:
             chat_template = GEMMA_TEMPLATE
@@ -259,6 +265,11 @@ class Tokenizer:
         )
 
     # ---- encode / decode ----------------------------------------------------------------
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Token ids of a raw (not chat-templated) prompt as the model was trained to see
+        one: with BOS where its files ask for it (Gemma's, a Llama 2's), none otherwise."""
+        return self.encode(text, add_special_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of `text`. Special tokens written in the text (`<|im_start|>`) become their
@@ -501,15 +512,17 @@ def _byte_level_backend(fields: Mapping[str, Any]) -> tokenizers.Tokenizer:
     merges = fields.get("tokenizer.ggml.merges")
     if not merges:
         raise ValueError("GGUF byte-level BPE tokenizer has no tokenizer.ggml.merges")
+    pre = fields.get("tokenizer.ggml.pre", "default")
     backend = tokenizers.Tokenizer(
         models.BPE(
             vocab=_byte_level_vocab(tokens, token_types),
             merges=[tuple(m.split(" ", 1)) for m in merges],
             fuse_unk=False,
             byte_fallback=False,
+            ignore_merges=pre in _IGNORE_MERGES_PRE,
         )
     )
-    backend.pre_tokenizer = _byte_level_pre_tokenizer(fields.get("tokenizer.ggml.pre", "default"))
+    backend.pre_tokenizer = _byte_level_pre_tokenizer(pre)
     backend.decoder = decoders.ByteLevel()
     _add_gguf_special_tokens(backend, tokens, token_types)
     return backend
@@ -549,10 +562,14 @@ def _sentencepiece_backend(fields: Mapping[str, Any]) -> tokenizers.Tokenizer:
         backend.normalizer = normalizers.Replace(" ", "▁")
         backend.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
     else:
+        # SentencePiece's own layout (Llama 2's tokenizer.json, llama.cpp): every piece of
+        # text, at the start or after a special token, gets a "▁" prefix, even one that
+        # already starts with a space (" Hello" is "▁" "▁Hello"); spaces become "▁". (A
+        # Metaspace pre-tokenizer prefixes only the first piece, and not one that starts
+        # with a space: the first token of every Llama 2 / Mistral chat prompt differed.)
         add_prefix = bool(fields.get("tokenizer.ggml.add_space_prefix", True))
-        backend.pre_tokenizer = pre_tokenizers.Metaspace(
-            replacement="▁", prepend_scheme="first" if add_prefix else "never", split=False
-        )
+        spaces = normalizers.Replace(" ", "▁")
+        backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), spaces]) if add_prefix else spaces
         if add_prefix:
             spm_decoders.append(decoders.Strip(" ", 1, 0))
     backend.decoder = decoders.Sequence(spm_decoders)
@@ -700,13 +717,16 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def template_environment() -> jinja2.Environment:
+    """The environment chat templates are parsed and rendered in: transformers' (sandboxed,
+    templates come from model files; ``{% break %}`` and ``{% continue %}`` allowed), so
+    prompts match token for token."""
+    return ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+
+
 @cache
 def _compile_template(source: str) -> jinja2.Template:
-    # The same environment transformers renders chat templates in (sandboxed: templates come
-    # from model files), so prompts match token for token.
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
-    )
+    env = template_environment()
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now

@@ -86,7 +86,7 @@ def chat_input(request: ChatCompletionRequest, vocab: Vocabulary) -> EngineInput
 def completion_input(request: CompletionRequest, vocab: Vocabulary) -> EngineInput:
     prompt = request.prompt
     if isinstance(prompt, str):
-        prompt_ids = vocab.tokenizer.encode(prompt)
+        prompt_ids = vocab.tokenizer.encode_prompt(prompt)
     else:
         prompt_ids = list(prompt)  # type: ignore[arg-type]  # one prompt after validation
         for index, token in enumerate(prompt_ids):

@@ -49,6 +49,7 @@ import jinja2
 import jinja2.meta
 
 from speclane.grammar.compiler import JSON_OPTIONS
+from speclane.models.tokenizer import template_environment
 from speclane.server.protocol import ChatMessage, Tool
 
 if TYPE_CHECKING:
@@ -93,7 +94,7 @@ def tool_dict(tool: Tool) -> dict[str, Any]:
 def template_uses_tools(template: str) -> bool:
     """Whether a chat template reads a ``tools`` variable (then it renders tools itself)."""
     try:
-        return "tools" in jinja2.meta.find_undeclared_variables(jinja2.Environment().parse(template))
+        return "tools" in jinja2.meta.find_undeclared_variables(template_environment().parse(template))
     except jinja2.TemplateError:
         return False
 
@@ -105,7 +106,21 @@ def chat_messages(messages: Sequence[ChatMessage], tools: Sequence[Tool], tokeni
     if template is not None and template_uses_tools(template):
         extra: dict[str, Any] = {"tools": [tool_dict(t) for t in tools]} if tools else {}
         return _template_messages(messages), extra
-    return _generic_messages(messages, tools), {}
+    return _generic_messages(messages, tools, system_role=template_takes_system(tokenizer)), {}
+
+
+def template_takes_system(tokenizer: Tokenizer) -> bool:
+    """Whether the model's chat template renders a system message (Gemma 2's raises)."""
+    return _takes_system(tokenizer.chat_template, tokenizer)
+
+
+@lru_cache(maxsize=16)
+def _takes_system(template: str | None, tokenizer: Tokenizer) -> bool:
+    try:
+        tokenizer.apply_chat_template([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
+    except jinja2.TemplateError:
+        return False
+    return True
 
 
 def _role(message: ChatMessage) -> str:
@@ -141,7 +156,11 @@ def call_text(name: str, arguments: Any) -> str:
     return f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}\n{CLOSE}"
 
 
-def _generic_messages(messages: Sequence[ChatMessage], tools: Sequence[Tool]) -> list[dict[str, Any]]:
+def _generic_messages(messages: Sequence[ChatMessage], tools: Sequence[Tool], *,
+                      system_role: bool = True) -> list[dict[str, Any]]:
+    """The Hermes format in plain messages; the tools' preamble is a system message, or,
+    for a template without a system role and a chat without a system message, the start
+    of the first user message."""
     out: list[dict[str, Any]] = []
     for m in messages:
         if m.role == "tool":
@@ -163,8 +182,10 @@ def _generic_messages(messages: Sequence[ChatMessage], tools: Sequence[Tool]) ->
         preamble = PREAMBLE.format(tools="\n".join(json.dumps(tool_dict(t), ensure_ascii=False) for t in tools))
         if out and out[0]["role"] == "system":
             out[0]["content"] = f"{out[0]['content']}\n\n{preamble}" if out[0]["content"] else preamble
-        else:
+        elif system_role or not out or out[0]["role"] != "user":
             out.insert(0, {"role": "system", "content": preamble})
+        else:
+            out[0]["content"] = f"{preamble}\n\n{out[0]['content']}"
     return out
 
 

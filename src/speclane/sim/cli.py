@@ -24,7 +24,12 @@ PROGRESS_MIN_REQUESTS = 500  # smaller runs finish before a bar would help
 
 
 def run_simulate(args: argparse.Namespace, engine_config: EngineConfig) -> int:
-    if getattr(args, "replicas", 1) > 1:
+    replicas, sync_ms = getattr(args, "replicas", 1), getattr(args, "counter_sync_ms", 50.0)
+    if replicas < 1:
+        raise ValueError(f"--replicas must be >= 1; got {replicas}")
+    if not sync_ms >= 1:
+        raise ValueError(f"--counter-sync-ms must be >= 1 (as serve's); got {sync_ms}")
+    if replicas > 1:
         return run_cluster_simulate(args, engine_config)
     started = time.perf_counter()
     spec = WorkloadSpec(num_requests=args.requests, num_tenants=args.tenants)

@@ -60,11 +60,28 @@ def claim_out_folder(out: Path, model: LlamaModel, model_name: str) -> None:
                          f"(differs in {', '.join(wrong)}); pass another --out")
 
 
+def check_train_arguments(args: argparse.Namespace) -> None:
+    """``ValueError`` for values that would fail (or spin) only after the model has loaded
+    and the data has been generated."""
+    for name in ("prompts", "max_new_tokens", "concurrency", "steps", "batch_size", "draft_steps", "draft_vocab",
+                 "checkpoint_every"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
+    for name in ("follow_up_tokens", "follow_ups_per_answer"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0; got {getattr(args, name)}")
+    if not 0 <= args.held_out < 1:
+        raise ValueError(f"--held-out is the fraction of samples kept out of training, in [0, 1); got {args.held_out}")
+    if not args.lr > 0 or args.lr == float("inf"):
+        raise ValueError(f"--lr must be a finite number > 0; got {args.lr}")
+
+
 def run_train_mtp(args: argparse.Namespace, config: EngineConfig) -> int:
     from speclane.engine.engine import LLMEngine
     from speclane.training.capture import generate_samples
     from speclane.training.prompts import training_prompts
 
+    check_train_arguments(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
