@@ -118,6 +118,17 @@ def _gemma2():
         "final_logit_softcapping": 30.0}
 
 
+@pytest.mark.parametrize("arch, make", [("gemma2", _gemma2), ("gemma3", _gemma3)])
+def test_a_gemma_gguf_without_a_sliding_window_key_takes_llama_cpps_default(tmp_path, monkeypatch, arch, make):
+    """Gemma 2: 4096 (past this file's 128 positions: no layer slides); Gemma 3: none (its
+    converter leaves the key out where no layer slides)."""
+    monkeypatch.setenv("SPECLANE_NO_WEIGHT_CACHE", "1")
+    hf, keys = make()
+    path = _write_gguf(tmp_path / f"{arch}.gguf", arch, hf.float(), {k: v for k, v in keys.items()
+                                                                      if k != "attention.sliding_window"})
+    assert read_weights(str(path)).config.traits.layer_windows == ()
+
+
 @pytest.mark.parametrize("arch, make", [("qwen3", _qwen3), ("gemma2", _gemma2), ("gemma3", _gemma3)])
 def test_a_gguf_of_the_family_matches_transformers(tmp_path, monkeypatch, arch, make):
     monkeypatch.setenv("SPECLANE_NO_WEIGHT_CACHE", "1")

@@ -346,9 +346,11 @@ def gguf_config(meta: dict[str, Any], tensor_names: set[str], path: Path) -> Lla
     max_pos = int(key("context_length", 2048))
     traits = FamilyTraits(qk_norm=arch == "qwen3")
     if arch in GEMMA:
-        window = int(key("attention.sliding_window"))
+        # llama.cpp's default where the key is absent: Gemma 2's 4096; a Gemma 3 file
+        # without it (its converter leaves it out with no sliding layers) has no window.
+        window = int(meta.get(f"{arch}.attention.sliding_window") or (4096 if arch == "gemma2" else 0))
         pattern = int(meta.get(f"{arch}.attention.sliding_window_pattern") or _GEMMA_GGUF_PATTERN[arch])
-        windows = tuple(window if (i + 1) % pattern and window < max_pos else 0 for i in range(layers))
+        windows = tuple(window if (i + 1) % pattern and 0 < window < max_pos else 0 for i in range(layers))
         local_theta = float(meta.get(f"{arch}.rope.freq_base_swa") or _GEMMA3_GGUF_LOCAL_THETA) if arch == "gemma3" else 0.0
         scalar = hidden / heads if layers == _GEMMA_GGUF_27B_LAYERS[arch] else head_dim
         log.info("%s: %s GGUF: sliding pattern %d, sliding rope base %g, query_pre_attn_scalar %g "

@@ -217,7 +217,7 @@ TYPES: dict[str, GGMLType] = {t.name: t for t in [
     *(GGMLType(name, "native", "float", group=1, block_bytes=FLOAT_DTYPES[name].itemsize, block_values=1)
       for name in FLOAT_DTYPES),
     # No kernel of ours reads these: dequantized to float32 (a dense copy, 4 bytes a weight).
-    *(GGMLType(name, "dense") for name in ("F64", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")),
+    *(GGMLType(name, "dense") for name in ("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")),
 ]}
 
 
