@@ -331,9 +331,15 @@ def _key(record: dict) -> str:
     return json.dumps(record["messages"], sort_keys=True) + record.get("prediction", "")
 
 
+def _messages(record: dict) -> str:
+    return json.dumps(record["messages"], sort_keys=True)
+
+
 def build() -> list[dict]:
     rng = random.Random(SEED)
+    spare = random.Random(SEED + 1)  # replacements (below), apart from the stream every category is drawn from
     records = []
+    seen: set[str] = set()  # the messages of every earlier category
     for category, make in CATEGORIES.items():
         made: dict[str, dict] = {}
         i = 0
@@ -342,6 +348,19 @@ def build() -> list[dict]:
             made.setdefault(_key(record), record)
             i += 1
         ordered = sorted(made.values(), key=lambda rec: hashlib.sha256(_key(rec).encode()).hexdigest())
+        # A prompt whose messages an earlier category has (code edits with and without a
+        # prediction ask the same edits) has that prompt's greedy answer: replaced in its
+        # place (its split kept), so no held-out answer is a tuning one.
+        taken = seen | {_messages(rec) for rec in ordered}
+        for n, record in enumerate(ordered):
+            if _messages(record) not in seen:
+                continue
+            while _messages(record) in taken:
+                record = make(spare, i)
+                i += 1
+            taken.add(_messages(record))
+            ordered[n] = record
+        seen.update(_messages(rec) for rec in ordered)
         for n, record in enumerate(ordered):
             split = "tune" if n < PER_CATEGORY // 2 else "heldout"
             records.append({"id": f"{category}-{n:02d}", "category": category, "split": split, **record})

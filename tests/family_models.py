@@ -62,6 +62,11 @@ FAMILIES = {
 }
 
 
+def architecture(name: str) -> str:
+    """The architecture speclane reads from family ``name``'s files."""
+    return "llama" if name.startswith("llama") else name
+
+
 def widen(model: torch.nn.Module) -> None:
     """Weights drawn wider than transformers' initializer; norm weights around their neutral value."""
     torch.manual_seed(1)

@@ -17,7 +17,7 @@ import pytest
 import torch
 from slot_pool import SlotPool
 
-from family_models import FAMILIES, VOCAB, save_family, widen
+from family_models import FAMILIES, VOCAB, architecture, save_family, widen
 from speclane.config import ModelConfig
 from speclane.llm import LLM
 from speclane.models.build import build_model
@@ -62,7 +62,7 @@ def _forward(model: LlamaModel, cache: SlotPool, rows) -> list[torch.Tensor]:
 def test_the_family_config_is_read(family, ours):
     name, hf, _ = family
     c = ours.config
-    assert c.architecture == {"llama3-tied": "llama", "llama3-untied": "llama", "llama-attention-bias": "llama"}.get(name, name)
+    assert c.architecture == architecture(name)
     assert c.head_dim == (getattr(hf.config, "head_dim", None) or hf.config.hidden_size // hf.config.num_attention_heads)
     if name.startswith("gemma"):
         assert c.traits.layer_windows and 0 in c.traits.layer_windows  # interleaved, and smaller than SEQ_LENS

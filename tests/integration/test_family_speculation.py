@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from family_models import FAMILIES, VOCAB, save_family
+from family_models import FAMILIES, VOCAB, architecture, save_family
 from speclane.cli import main
 from speclane.config import EngineConfig
 from speclane.drafters.mtp import HEADS_DIR
@@ -155,7 +155,7 @@ def test_train_mtp_writes_a_head_for_the_family_model(folder, head_for):
     assert _shipped_heads() == shipped
     meta = json.loads((head / CONFIG).read_text())
     target = meta["target"]
-    assert target["model"] == str(path) and target["architecture"] == {"llama3-tied": "llama", "llama3-untied": "llama"}.get(name, name)
+    assert target["model"] == str(path) and target["architecture"] == architecture(name)
     assert target["vocab_size"] == VOCAB and meta["mtp"]["draft_vocab"] == VOCAB
     assert meta["training"]["steps"] == TRAIN_STEPS
 

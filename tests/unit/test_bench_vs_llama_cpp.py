@@ -74,7 +74,7 @@ def test_lane_work_counts_the_rows_drafts_add_from_the_engine_counters():
     assert work.summary(off) == "+0.5% rows, 10/20 accepted, ticks 1.03x"
     alone = {16: dict.fromkeys(("off", "auto", "ngram", "mtp"), [50.0])}
     table = vs._spec_table({}, alone, tokens=64, runs=1, work={16: {"off": off, "auto": work, "ngram": off, "mtp": work}})
-    assert table.rows[-1] == [16, "engines alone: the work (all runs)", "-", "+0.5% rows, 10/20 accepted, ticks 1.03x",
+    assert table.rows[-1] == [16, "engines alone: the work (all runs, warm-up included)", "-", "+0.5% rows, 10/20 accepted, ticks 1.03x",
                               "+0.0% rows, 0/0 accepted, ticks 1.00x", "+0.5% rows, 10/20 accepted, ticks 1.03x", "-"]
 
 

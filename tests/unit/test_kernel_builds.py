@@ -41,3 +41,29 @@ def test_a_source_that_includes_another_rebuilds_when_that_one_changes(tmp_path)
     before = build.digest(outer)
     (tmp_path / "inner.c").write_text("int inner(void) { return 2; }\n")
     assert build.digest(outer) != before
+
+
+def test_a_build_that_does_not_compile_falls_back_to_the_next_narrower_one(monkeypatch):
+    """An older compiler without the CPU's newest flags (-mavx512bf16 before GCC 10) loses
+    that build only, not the kernel: the next narrower build this CPU runs loads instead."""
+    runnable = [isa for isa in int4_cpu.ISAS if not build.missing_cpu_flags(isa)]
+    if len(runnable) < 2:
+        pytest.skip("this CPU runs one build of the int4 kernel")
+    tried = []
+
+    def load_build(source, isa, declare):
+        tried.append(isa)
+        if isa == runnable[0]:
+            raise build.KernelUnavailable(f"cc failed on {source.name}: unknown flag")
+        return build.Kernel(None, isa)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(build, "load_build", load_build)
+    assert build.load(int4_cpu.SOURCE, int4_cpu.declare, int4_cpu.ISAS).isa == runnable[1]
+    assert tried == runnable[:2]
+
+    def never(source, isa, declare):
+        raise build.KernelUnavailable(f"{isa} failed")
+
+    monkeypatch.setattr(build, "load_build", never)
+    with pytest.raises(build.KernelUnavailable, match=f"^{runnable[0]} failed$"):  # the widest build's reason
+        build.load(int4_cpu.SOURCE, int4_cpu.declare, int4_cpu.ISAS)

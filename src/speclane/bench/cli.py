@@ -18,7 +18,7 @@ SCENARIOS: dict[str, str] = {
     "fairness": "lane share between tenants under three policies, with a lane timeline plot",
     "priority": "ticks from an urgent arrival to holding the lane",
     "overhead": "cost of a lane decision by number of waiters; the lane's share of tick time",
-    "mtp": "held-out chat: MTP drafter vs n-gram vs off, acceptance per draft position",
+    "mtp": "chat outside the MTP head's training: MTP drafter vs n-gram vs off, acceptance per draft position",
     "drafters": "held-out drafts set, 7 categories: ngram, suffix, mtp and auto speed-up over off, acceptance; "
                 "8 streams per category, lane on vs off; auto vs llama.cpp's server n-gram speculation",
     "structured": "JSON-schema decoding vs unconstrained (1 and 8 streams); forced-token drafting, lane on vs off",

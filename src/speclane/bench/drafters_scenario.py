@@ -125,9 +125,10 @@ def drafters(factory: EngineFactory, quick: bool = False, new_tokens: int = 64, 
                        "single drafter (the highest median above) on the same prompt, median and range over the "
                        "category's prompts: a paired ratio, steadier than the two medians' quotient.")
     speed.notes.append(f"Each prompt is answered by every arm in turn, {repeats} pass(es), each pass its own tenant; the "
-                       "ratio is per prompt (decode rate after the first token, the best pass of each arm), so prefill and "
-                       "machine load hit the arms alike. Parameters were tuned on the "
-                       "other half of the set (benchmarks/tune_drafters.py).")
+                       "ratio is per prompt (decode rate after the first token, each arm's best pass, its least "
+                       "disturbed), so prefill is left out and the arms' passes are made side by side, prompt by "
+                       "prompt. The acceptance counts and 'text == off' are the first pass's. Parameters were tuned on "
+                       "the other half of the set (benchmarks/tune_drafters.py).")
     tables = [speed, accept]
     step_cost = engines["auto"].scheduler.step_cost
     if step_cost is not None:

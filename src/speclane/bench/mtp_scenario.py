@@ -1,7 +1,10 @@
-"""``speclane bench mtp``: the MTP drafter on held-out chat.
+"""``speclane bench mtp``: the MTP drafter on chat outside its head's training.
 
-Ordinary chat questions that were never training prompts (``CHAT_PROMPTS``; a test
-checks they are disjoint from ``speclane.training.prompts``), greedy, default model.
+Ordinary chat questions that were never the head's training prompts (``CHAT_PROMPTS``; a
+test checks they are disjoint from ``speclane.training.prompts``), greedy, default model.
+They are not held out from the drafting policy: adaptive K's stopping rule was chosen on
+them (``benchmarks/mtp_draft_length_replay.py``); the drafts set's held-out half
+(``bench drafters``) is the evaluation nothing was tuned on.
 Engines over the same model — speculation off, the n-gram drafter, the MTP drafter
 as served (prompt lookup first, the head elsewhere, adaptive K), its head alone
 (``--no-mtp-lookup``), and as served but drafting 2 every round (fixed K) — answer every
@@ -62,7 +65,8 @@ def mtp(factory: EngineFactory, new_tokens: int = 128, repeats: int = 2, quick: 
         for name in engines:
             rates[name].append(tokens[name] / wall[name])
     off = median(rates["off"])
-    table = Table(f"Held-out chat, greedy, {len(prompts)} prompts x up to {new_tokens} tokens, adaptive K up to {k}", [
+    table = Table(f"Chat outside the head's training, greedy, {len(prompts)} prompts x up to {new_tokens} tokens, "
+                  f"adaptive K up to {k}", [
         "drafter", "tok/s", "runs", "vs off", "acceptance", "accepted / round", "tokens / round", "drafting ms / round",
         "lookup rounds", "text == off"])
     positions = Table("Acceptance per draft position (slice rounds; position j counts rounds whose drafts 0..j-1 were accepted)",
@@ -84,6 +88,9 @@ def mtp(factory: EngineFactory, new_tokens: int = 128, repeats: int = 2, quick: 
         if rounds:
             by_pos = c.acceptance_by_position()
             positions.add(name, *[f"{by_pos[j]:.0%}" if j < len(by_pos) else "-" for j in range(k)])
+    table.notes.append("The prompts are none of the MTP head's training prompts, but adaptive K's stopping rule was "
+                       "chosen on them (benchmarks/mtp_draft_length_replay.py): bench drafters' held-out half is the "
+                       "set nothing was tuned on.")
     table.notes.append("Default engine (bfloat16 activations, int4 GGUF weights), one round per tick; "
                        "counters include the warm-up. 'text == off': greedy answers identical to speculation off "
                        "(all of them with our int4 and attention kernels, which compute every row alone; with "

@@ -2,9 +2,10 @@
 
 On this machine's cores (two here) the arms are ``speclane serve --num-threads 2`` (one
 process, both cores in one engine) and ``speclane serve --replicas 2 --num-threads 1``
-(two Ray actors, a core each, behind the cluster front). Each arm serves 16 greedy
-streams at once (``CHAT_PROMPTS``), and the table reports their aggregate tok/s, median
-of the runs. The router's added latency per request is measured inside the front while
+(two Ray actors, a core each, behind the cluster front), both up at once. Each arm
+serves 16 greedy streams at once (``CHAT_PROMPTS``), the arms' runs alternated, and the
+table reports their aggregate tok/s, median of the runs, and the replicas' rate over the
+one process's, the median of the runs' paired ratios. The router's added latency per request is measured inside the front while
 one-token requests are sent alone: the time from a request's arrival at the front to a
 replica accepting it (admission queue, placement, the Ray call) plus the mean trip of a
 poll reply that carries outputs back. The table also gives each one-token request's end
@@ -18,6 +19,7 @@ carries its table: the fair lane's bounds over 8 replicas with the counters shar
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import subprocess
@@ -75,21 +77,29 @@ def replicas(config: EngineConfig, quick: bool = False) -> list[Table]:
     # The one-thread baseline first, before any Ray process exists (or is still exiting).
     with speclane_server(dataclasses.replace(config, model=dataclasses.replace(config.model, num_threads=1))) as one:
         latency_ms = {"1 process x 1 thread": _one_token_ms(one.url, model, repeats)}
-    for arm, (threads, extra) in arms.items():
-        arm_config = config.replace(num_threads=threads)
-        with speclane_server(arm_config, extra) as server:
+    # Both servers up at once (an idle one costs nothing), their runs alternated, so that
+    # the machine's noise hits both arms alike and the ratio pairs runs made side by side.
+    rates: dict[str, list[float]] = {arm: [] for arm in arms}
+    with contextlib.ExitStack() as stack:
+        servers = {arm: stack.enter_context(speclane_server(config.replace(num_threads=threads), extra))
+                   for arm, (threads, extra) in arms.items()}
+        for server in servers.values():
             concurrent_streams(server.url, model, prompts[:2], 8)  # warm-up
-            rates = []
-            for run in range(runs):
+        for run in range(runs):
+            for arm, server in servers.items():
                 progress(f"{arm}: run {run + 1}/{runs}")
-                rates.append(aggregate_rate(concurrent_streams(server.url, model, prompts, max_tokens, new_tenant())))
-            throughput.add(arm, median(rates), runs)
-            if extra:
-                before = _front_seconds(server.url)
-                latency_ms[arm] = _one_token_ms(server.url, model, repeats)
-                after = _front_seconds(server.url)
-                front_ms = {k: 1000.0 * (after[k][0] - before[k][0]) / max(1.0, after[k][1] - before[k][1])
-                            for k in after}
+                rates[arm].append(aggregate_rate(concurrent_streams(server.url, model, prompts, max_tokens, new_tenant())))
+        ray_arm = next(arm for arm, (_, extra) in arms.items() if extra)
+        before = _front_seconds(servers[ray_arm].url)
+        latency_ms[ray_arm] = _one_token_ms(servers[ray_arm].url, model, repeats)
+        after = _front_seconds(servers[ray_arm].url)
+        front_ms = {k: 1000.0 * (after[k][0] - before[k][0]) / max(1.0, after[k][1] - before[k][1]) for k in after}
+    for arm in arms:
+        throughput.add(arm, median(rates[arm]), runs)
+    one_process = next(arm for arm in arms if arm != ray_arm)
+    paired = [r / o for r, o in zip(rates[ray_arm], rates[one_process], strict=True)]
+    throughput.notes.append(f"{ray_arm} / {one_process}: {median(paired):.2f}x (median of {runs} runs, each over "
+                            f"the other arm's run beside it; range {min(paired):.2f}-{max(paired):.2f})")
     latency = Table("Router's added latency: a one-token request sent alone", ["server", "median ms", "requests"])
     for arm, ms in latency_ms.items():
         latency.add(arm, ms, repeats)

@@ -425,7 +425,7 @@ def _spec_table(spec: dict[int, dict[str, list[float]]], alone: dict[int, dict[s
                 row.append(f"{median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
             table.add(*row)
     for n, arms_work in (work or {}).items():
-        table.add(n, "engines alone: the work (all runs)", "-",
+        table.add(n, "engines alone: the work (all runs, warm-up included)", "-",
                   *(arms_work[drafter].summary(arms_work["off"]) if drafter in arms_work else "-" for drafter in SPEC_ARMS))
     table.notes.append(f"{runs} alternated runs per arm, each run's ratio against the off run beside it; {tokens} max "
                        "tokens per stream, greedy. Target: at least 1.0x for each drafter at 8 and 16 streams. Off again: "

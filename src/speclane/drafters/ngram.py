@@ -11,8 +11,8 @@ token matches, but the ``resync_ngram``+ tokens before it do, and what followed 
 source is what the copy goes on with; without it, the copy decodes classically until two
 new tokens match again. Off by default: on the drafts set's tuning half
 (``benchmarks/tune_drafters.py --drafter ngram``) the resynchronised drafts were wrong
-often enough that their verify rows cost more than they saved (estimated geomean 1.42x
-with ``resync_ngram`` 3, 1.46x without; every category higher without).
+often enough that their verify rows cost more than they saved (estimated geomean 1.40x
+with ``resync_ngram`` 3, 1.43x without; every category as high or higher without).
 """
 
 from __future__ import annotations

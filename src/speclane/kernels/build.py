@@ -138,8 +138,23 @@ def pick_isa(isas: tuple[str, ...], isa: str | None = None) -> str:
 
 def load(source: Path, declare: Callable[[ctypes.CDLL], None], isas: tuple[str, ...], isa: str | None = None) -> Kernel:
     """The build of ``source`` that ``pick_isa`` names, compiled on first use, its functions
-    declared; KernelUnavailable where it cannot be built or run here."""
-    return load_build(source, pick_isa(isas, isa), declare)
+    declared; where that build does not compile (an older compiler without the CPU's newest
+    flags, e.g. -mavx512bf16), the next narrower one this CPU runs. KernelUnavailable where
+    none can be built or run here (the first build's reason)."""
+    first = pick_isa(isas, isa)
+    failures: list[KernelUnavailable] = []
+    for build in isas[isas.index(first):]:
+        if missing_cpu_flags(build):
+            continue
+        try:
+            kernel = load_build(source, build, declare)
+        except KernelUnavailable as err:
+            log.warning("%s: the %s build is unavailable (%s); trying a narrower one", source.stem, build,
+                        str(err).splitlines()[0][:300])
+            failures.append(err)
+            continue
+        return kernel
+    raise failures[0]
 
 
 def load_build(source: Path, isa: str, declare: Callable[[ctypes.CDLL], None]) -> Kernel:

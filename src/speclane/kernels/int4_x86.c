@@ -505,6 +505,7 @@ static void matmul_rows(const q4_input *in, const q4_weight *w, uint16_t *y, int
 // ctypes a conversion, and a one-row call is mostly that overhead.)
 void int4_matmul(const uint16_t *x, const uint8_t *packed, const uint16_t *scale, const uint16_t *minimum,
                  uint16_t *y, int M, int N, int K) {
+    if (M <= 0) return;  // no rows: the few-rows path would run a 2-row call on rows that are not there
     const int groups = K / GROUP;
     const size_t n = (size_t)M * K;
     // The scratch: the rounded inputs (bfloat16, see round_group), each row's group sums,

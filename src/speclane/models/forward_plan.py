@@ -142,8 +142,9 @@ class ForwardPlans:
         self.lock = threading.Lock()
 
     def get(self, rows: int) -> ForwardPlan | None:
-        """The plan of ``rows`` rows (made on first use), or None beyond ``MAX_ROWS``. Call with ``lock`` held."""
-        if rows > MAX_ROWS:
+        """The plan of ``rows`` rows (made on first use), or None for none or beyond ``MAX_ROWS``.
+        Call with ``lock`` held."""
+        if not 1 <= rows <= MAX_ROWS:
             return None
         plan = self._plans.pop(rows, None) or ForwardPlan(*self._model, rows, *self._libraries)
         self._plans[rows] = plan
