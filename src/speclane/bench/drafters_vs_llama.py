@@ -32,7 +32,7 @@ from typing import Any
 from speclane.bench.common import Table, median, median_ratio, times
 from speclane.bench.drafts_set import DraftPrompt
 from speclane.bench.driver import progress
-from speclane.bench.gguf_scenario import load_note
+from speclane.bench.gguf_scenario import busy_elsewhere, load_note
 from speclane.bench.http_streams import decode_rate, stream_chat
 from speclane.bench.llama_cpp import find_llama_cpp_tool, llama_server
 from speclane.bench.servers import speclane_server
@@ -80,7 +80,7 @@ def vs_llama_table(config: EngineConfig, groups: Mapping[str, list[DraftPrompt]]
                                           "which llama.cpp needs."))
         return [first]
     threads = config.model.num_threads or 2
-    load_before = os.getloadavg()[0]
+    load_before, others = os.getloadavg()[0], busy_elsewhere()
     with contextlib.ExitStack() as stack:
         progress("drafters vs llama.cpp: starting servers")
         urls = {"llama.cpp off": stack.enter_context(llama_server(binary, gguf, threads, context=CONTEXT)).url}
@@ -121,7 +121,7 @@ def vs_llama_table(config: EngineConfig, groups: Mapping[str, list[DraftPrompt]]
     first.notes.append(f"{PREDICTION_CATEGORY}: the prediction goes to speclane only (llama.cpp's server has no "
                        "prediction field), so its last column compares speclane with the prediction against llama.cpp "
                        "without it; it is part of the 'all prompts' row too.")
-    tables[-1].notes.append(load_note(load_before, os.getloadavg()[0], len(os.sched_getaffinity(0)), threads))
+    tables[-1].notes.append(load_note(load_before, os.getloadavg()[0], len(os.sched_getaffinity(0)), threads, others))
     return tables
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ from speclane.bench.llama_cpp import decode_rate, find_llama_cpp_tool, llama_ser
 from speclane.bench.servers import ServerProcess, speclane_server
 from speclane.bench.weight_types import weight_types
 from speclane.config import EngineConfig
+from speclane.engine import threads as threads_module
 from speclane.models.loader import ModelLoadError, resolve_model
 
 NEW_TOKENS = 128
@@ -107,14 +109,30 @@ def ratio(ours: float | None, theirs: float | None) -> str:
     return f"{ours / theirs:.2f}x" if ours and theirs else "-"
 
 
-def load_note(before: float, after: float, cores: int, threads: int) -> str:
-    """The machine's load average around the measurements, with a warning where it exceeds
-    the cores and the engines run several threads: their threads meet at a barrier after
-    every operation (llama.cpp's ggml, torch's OpenMP), and a thread the OS has preempted
-    holds the others there, so both engines' rates collapse, by different amounts."""
-    note = f"Load average (1 min) of this machine: {before:.1f} before the scenario, {after:.1f} after, on {cores} cores."
-    if threads > 1 and max(before, after) > cores:
-        note += (f" More runnable threads than cores: each engine's {threads} threads wait at every operation's "
+def busy_elsewhere(seconds: float = 1.0) -> float:
+    """Cores' worth of CPU that other processes used over ``seconds``, sampled while this
+    process waits (at a scenario's start, before it starts anything): a machine that is not
+    quiet. 0.0 where ``/proc`` has no counters."""
+    before = threads_module.read_sample()
+    time.sleep(seconds)
+    after = threads_module.read_sample()
+    if before is None or after is None:
+        return 0.0
+    return max(0.0, (after.busy_s - before.busy_s) - (after.ours_s - before.ours_s)) / seconds
+
+
+def load_note(before: float, after: float, cores: int, threads: int, others: float) -> str:
+    """The machine's load around the measurements, with a warning where other processes
+    kept at least half a core busy at the start and the engines run several threads: their
+    threads meet at a barrier after every operation (llama.cpp's ggml, torch's OpenMP), and
+    a thread the OS has preempted holds the others there, so both engines' rates collapse,
+    by different amounts. The load averages count the scenario's own threads too (engines,
+    servers and clients), so they do not decide it."""
+    note = (f"Load average (1 min) of this machine: {before:.1f} before the scenario, {after:.1f} after (the "
+            f"scenario's own threads included), on {cores} cores; other processes used {others:.2f} cores at its "
+            "start.")
+    if threads > 1 and others >= 0.5:
+        note += (f" Another process kept a core busy: each engine's {threads} threads wait at every operation's "
                  "barrier for a preempted one, so these rates are far below an idle machine's and their ratios "
                  "are noise; rerun on an idle machine, or with --num-threads 1.")
     return note
@@ -125,7 +143,7 @@ def gguf(config: EngineConfig, quick: bool = False) -> list[Table]:
     tools = {name: find_llama_cpp_tool(name) for name in ("llama-bench", "llama-server", "llama-quantize")}
     tokens = NEW_TOKENS // 2 if quick else NEW_TOKENS
     rounds = 1 if quick else 2
-    load_before = os.getloadavg()[0]
+    load_before, others = os.getloadavg()[0], busy_elsewhere()
     cores = len(os.sched_getaffinity(0))
     decode = Table(f"Single-stream greedy decode, {tokens} new tokens, {threads} thread{'s' * (threads > 1)}: "
                    "speclane's engine vs llama.cpp's llama-bench on the same file",
@@ -172,7 +190,7 @@ def gguf(config: EngineConfig, quick: bool = False) -> list[Table]:
             table.notes.append(f"{name} was not found (PATH or ~/.cache/speclane-anchors): what it makes or measures "
                                "did not run.")
     types = weight_types(config.model.kernels, quick=quick)
-    load = load_note(load_before, os.getloadavg()[0], cores, threads)
+    load = load_note(load_before, os.getloadavg()[0], cores, threads, others)
     for table in (decode, streams, types):
         table.notes.append(load)
     return [decode, streams, types]

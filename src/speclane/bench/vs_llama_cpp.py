@@ -49,7 +49,7 @@ from typing import Any
 from speclane.bench.common import Table, alternate, median
 from speclane.bench.decode import PROMPT, engine_decode_arms
 from speclane.bench.driver import Job, batch_rate, batch_tokens, drive, drive_clients, progress
-from speclane.bench.gguf_scenario import STREAM_PROMPTS, load_note, ratio
+from speclane.bench.gguf_scenario import STREAM_PROMPTS, busy_elsewhere, load_note, ratio
 from speclane.bench.http_streams import (
     CLIENTS_NOTE,
     StreamResult,
@@ -171,7 +171,7 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
     tokens = NEW_TOKENS // 2 if quick else NEW_TOKENS
     repeats = 2 if quick else 3
     spec_runs = 2 if quick else 5
-    load_before = os.getloadavg()[0]
+    load_before, others = os.getloadavg()[0], busy_elsewhere()
 
     # The default engine, and the same with --matmul-inputs int8 (llama.cpp's arithmetic).
     engine_arms = engine_decode_arms(config, {"speclane": "bfloat16", INT8_ENGINE: "int8"}, PROMPT, tokens)
@@ -239,7 +239,7 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
     progress("vs-llama-cpp: speculation under sustained load, engines alone")
     spec_sustained = {n: alternate({name: lambda arm=arm, n=n: arm(n) for name, arm in spec_clients.items()}, spec_runs)
                       for n in STREAM_LEVELS}
-    load = load_note(load_before, os.getloadavg()[0], len(os.sched_getaffinity(0)), threads)
+    load = load_note(load_before, os.getloadavg()[0], len(os.sched_getaffinity(0)), threads, others)
     tables = [_single_table(engine, single, single_arms, tokens, threads, repeats, spec_runs), _streams_table(loads, rates, tokens, repeats),
               _spec_table(spec, spec_alone, tokens, spec_runs, spec_work, spec_sustained, sustain_s), _noisy_table(noisy, tokens, repeats)]
     for table in tables:
