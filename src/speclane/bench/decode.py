@@ -18,13 +18,18 @@ from speclane.request import SamplingParams
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 
-def load_transformers(dtype: torch.dtype = torch.bfloat16):
+def load_transformers(model_name: str, dtype: torch.dtype = torch.bfloat16):
+    """transformers' model of the same files the engine serves (``--model``): a GGUF file
+    through its GGUF reader, a Hugging Face folder as it is."""
     from transformers import AutoModelForCausalLM
 
     from speclane.models.loader import resolve_model
 
-    path = resolve_model("smollm2-135m-instruct")
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+    path = resolve_model(model_name)
+    if path.is_file():
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     model.eval()
     return model
 
@@ -109,7 +114,7 @@ def run(config: EngineConfig, repeats: int = 3, new_tokens: int = 128) -> list[T
     torch.set_num_threads(2)
     llm = LLM(config=config.replace(spec_mode="off"))
     prompt_ids = llm.encode_prompt(PROMPT, chat=True)
-    hf = load_transformers(torch.bfloat16)
+    hf = load_transformers(config.model.model, torch.bfloat16)
     runs = alternate(
         {
             "speclane": lambda: new_tokens / ours_generate(llm, prompt_ids, new_tokens)[0],

@@ -21,7 +21,7 @@ def concurrency(factory: EngineFactory, new_tokens: int = 128, quick: bool = Fal
     prompts = [factory.chat_ids(p) for p in CHAT_PROMPTS]
     sp = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     engine = factory.engine(spec_mode="off")
-    hf = load_transformers(torch.bfloat16)
+    hf = load_transformers(factory.base.model.model, torch.bfloat16)
     table = Table(f"Aggregate greedy decode, {new_tokens} new tokens per stream", ["streams", "speclane tok/s", "transformers tok/s (sequential)", "ratio"])
     for n in levels:
         progress(f"concurrency {n}")
@@ -88,7 +88,7 @@ def _single(factory: EngineFactory, engine, ids: list[int], prediction: list[int
 def speedup(factory: EngineFactory, new_tokens: int = 128, repeats: int = 3, quick: bool = False) -> list[Table]:
     on = factory.engine(spec_mode="slice")
     off = factory.engine(spec_mode="off")
-    hf = load_transformers(torch.bfloat16)
+    hf = load_transformers(factory.base.model.model, torch.bfloat16)
     table = Table(f"Single-stream speed-up, greedy, up to {new_tokens} new tokens", [
         "task", "speclane spec on tok/s", "spec off tok/s", "on/off", "decode-phase on/off (tok/s)", "acceptance",
         "tokens/round", "transformers assisted (prompt lookup 4) tok/s", "transformers plain tok/s", "on / assisted"])
