@@ -61,7 +61,7 @@ def _check_types(section: object) -> None:
         else:
             continue  # a nested section, checked by its own __post_init__
         if not ok:
-            kind = "a finite number" if hint is float else f"a {hint.__name__}"
+            kind = {float: "a finite number", int: "an integer", bool: "a bool", str: "a string"}[hint]
             raise ValueError(f"{f.name} must be {kind}; got {value!r}")
 
 

@@ -99,7 +99,7 @@ class SamplingParams:
 
     def _check_types(self) -> None:
         """``ValueError`` for a value of the wrong type (the Python API's: a float seed or
-        top_k failed inside the engine's tick, a string temperature in a comparison)."""
+        top_k would fail inside the engine's tick, a string temperature in a comparison)."""
         def integer(value: object) -> bool:
             return isinstance(value, int) and not isinstance(value, bool)
 

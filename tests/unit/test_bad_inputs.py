@@ -132,7 +132,7 @@ def test_hugging_face_folder_errors(tmp_path: Path):
         ({"top_k": -1}, "top_k must be >= 0"),
         ({"seed": -1}, "seed must be in"),
         ({"stop": ("",)}, "each stop string"),
-        # Types (the Python API's): each failed inside the engine's tick or in a comparison.
+        # Types (the Python API's): each would fail inside the engine's tick or in a comparison.
         ({"seed": 1.5}, "seed must be an integer or None"),
         ({"top_k": 2.5}, "top_k must be an integer"),
         ({"max_tokens": 8.0}, "max_tokens must be an integer"),
@@ -152,12 +152,12 @@ def test_invalid_sampling_values(options: dict, message: str):
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"prefix_cache": "no"}, "prefix_cache must be a bool"),  # a truthy string left the cache on
-        ({"num_draft_tokens": 2.5}, "num_draft_tokens must be a int"),
-        ({"max_num_seqs": "4"}, "max_num_seqs must be a int"),
+        ({"prefix_cache": "no"}, "prefix_cache must be a bool"),  # a truthy string would leave the cache on
+        ({"num_draft_tokens": 2.5}, "num_draft_tokens must be an integer"),
+        ({"max_num_seqs": "4"}, "max_num_seqs must be an integer"),
         ({"spec_grant_ms": math.nan}, "spec_grant_ms must be a finite number"),
-        ({"drafter": None}, "drafter must be a str"),
-        ({"max_model_len": True}, "max_model_len must be a int"),
+        ({"drafter": None}, "drafter must be a string"),
+        ({"max_model_len": True}, "max_model_len must be an integer"),
     ],
 )
 def test_engine_options_of_the_wrong_type_are_refused(options: dict, message: str):

@@ -652,8 +652,8 @@ class ForcedThenSeeds:
 
 
 def test_a_round_of_grammar_forced_tokens_alone_is_not_the_drafters_first_round():
-    """Forced tokens cost no drafting: counted as a first round they priced the drafter's
-    seed at 0 ms, and the round that did seed went unpriced."""
+    """Forced tokens cost no drafting: counted as a first round they would price the
+    drafter's seed at 0 ms, and leave the round that seeds unpriced."""
     lane = LaneConfig(spec_mode="slice", num_draft_tokens=4)
     scheduler = Scheduler(SchedulerConfig(max_num_seqs=8), lane, 4096, step_cost=StepCost((10.0,)))
     scheduler.add_request(Request(request_id="a", prompt_token_ids=[1, 2, 3],

@@ -12,15 +12,18 @@ from speclane.models.tokenizer import Tokenizer
 CONTROL, NORMAL = 3, 1
 
 
-def spm(tokens: list[str]) -> Tokenizer:
+def spm(tokens: list[str], **flags: bool) -> Tokenizer:
     """A Llama-2-style SentencePiece vocabulary: <unk> <s> </s>, then ``tokens``; each
-    piece scores by its length, so the longest merges win."""
+    piece scores by its length, so the longest merges win. ``flags``: add_bos_token and
+    add_eos_token (both off by default)."""
     vocab = ["<unk>", "<s>", "</s>", *tokens]
     return Tokenizer.from_gguf_metadata({
         "general.architecture": "llama", "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": vocab,
         "tokenizer.ggml.scores": [0.0, 0.0, 0.0, *[float(len(t)) for t in tokens]],
         "tokenizer.ggml.token_type": [2, CONTROL, CONTROL, *[NORMAL] * len(tokens)],
-        "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.add_bos_token": False})
+        "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.add_bos_token": flags.get("add_bos_token", False),
+        "tokenizer.ggml.add_eos_token": flags.get("add_eos_token", False)})
 
 
 def test_sentencepiece_prefixes_every_piece_even_one_that_starts_with_a_space() -> None:
@@ -59,3 +62,11 @@ def test_the_end_tokens_a_gguf_spells_or_names_end_generation() -> None:
     by_text = {tok.decode([i], skip_special_tokens=False): i for i in range(tok.vocab_size)}
     assert {by_text["<|end_of_text|>"], by_text["<|eom_id|>"], by_text["<|endoftext|>"]} < tok.eos_token_ids
     assert by_text["<|endoftext|>x"] not in tok.eos_token_ids
+
+
+def test_a_raw_prompt_starts_with_bos_where_the_model_asks_and_never_ends_with_eos() -> None:
+    pieces = ["▁", "H", "i", "▁H", "▁Hi"]
+    hi = 3 + pieces.index("▁Hi")
+    assert spm(pieces, add_bos_token=True, add_eos_token=True).encode_prompt("Hi") == [1, hi]
+    assert spm(pieces).encode_prompt("Hi") == [hi]  # the file asks for no BOS
+    assert spm(pieces, add_bos_token=True).encode("Hi") == [hi]  # plain encode: a chat template's text

@@ -517,7 +517,7 @@ def check_invariants(scheduler: Scheduler, plan: SchedulerPlan) -> None:
         assert seq.start == seq.request.num_computed_tokens
     for rid, request in running.items():
         assert request.status == RequestStatus.RUNNING
-        if request.prefill_done:
+        if request.caught_up:
             assert rid in seqs, "a running stream skipped a tick"
     assert plan.num_tokens <= cfg.max_num_batched_tokens
 

@@ -77,8 +77,10 @@ def replicas(config: EngineConfig, quick: bool = False) -> list[Table]:
     # The one-thread baseline first, before any Ray process exists (or is still exiting).
     with speclane_server(dataclasses.replace(config, model=dataclasses.replace(config.model, num_threads=1))) as one:
         latency_ms = {"1 process x 1 thread": _one_token_ms(one.url, model, repeats)}
-    # Both servers up at once (an idle one costs nothing), their runs alternated, so that
-    # the machine's noise hits both arms alike and the ratio pairs runs made side by side.
+    # Both servers up at once, their runs alternated, so that the machine's noise hits both
+    # arms alike and the ratio pairs runs made side by side. The idle one still wakes now and
+    # then (the cluster front long-polls its replicas, a status every 0.25 s): small beside
+    # 16 streams, and a cost the one-process arm pays while the replicas are idle.
     rates: dict[str, list[float]] = {arm: [] for arm in arms}
     with contextlib.ExitStack() as stack:
         servers = {arm: stack.enter_context(speclane_server(config.replace(num_threads=threads), extra))

@@ -164,6 +164,8 @@ class Tokenizer:
         self.eos_token_id = eos_token_id
         self.eos_token_ids: frozenset[int] = frozenset({eos_token_id, *extra_eos_token_ids, *_end_of_turn_ids(backend)})
         self.chat_template = chat_template
+        # Whether the backend's post-processor puts BOS first (the files ask for it).
+        self.adds_bos = bos_token_id is not None and backend.encode("a", add_special_tokens=True).ids[:1] == [bos_token_id]
         # Templates see the special tokens by name, as transformers passes them.
         self._template_tokens = {
             "bos_token": self.id_to_token(bos_token_id) if bos_token_id is not None else None,
@@ -268,8 +270,10 @@ class Tokenizer:
 
     def encode_prompt(self, text: str) -> list[int]:
         """Token ids of a raw (not chat-templated) prompt as the model was trained to see
-        one: with BOS where its files ask for it (Gemma's, a Llama 2's), none otherwise."""
-        return self.encode(text, add_special_tokens=True)
+        one: with BOS where its files ask for it (Gemma's, a Llama 2's), none otherwise; never
+        the EOS a file with ``add_eos_token`` appends (a prompt is not a finished text)."""
+        ids = self.encode(text)
+        return [self.bos_token_id, *ids] if self.adds_bos and self.bos_token_id is not None else ids
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of `text`. Special tokens written in the text (`<|im_start|>`) become their
@@ -566,7 +570,7 @@ def _sentencepiece_backend(fields: Mapping[str, Any]) -> tokenizers.Tokenizer:
         # text, at the start or after a special token, gets a "▁" prefix, even one that
         # already starts with a space (" Hello" is "▁" "▁Hello"); spaces become "▁". (A
         # Metaspace pre-tokenizer prefixes only the first piece, and not one that starts
-        # with a space: the first token of every Llama 2 / Mistral chat prompt differed.)
+        # with a space: the first token of every Llama 2 / Mistral chat prompt would differ.)
         add_prefix = bool(fields.get("tokenizer.ggml.add_space_prefix", True))
         spaces = normalizers.Replace(" ", "▁")
         backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), spaces]) if add_prefix else spaces

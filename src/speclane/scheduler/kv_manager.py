@@ -13,7 +13,8 @@ A request's block table maps its positions to pool blocks: position p lives in
   prompt sent again: its block went on with the earlier answer; the next turn of a chat)
   gives those j positions too (never the last known token): the admission asks for them
   to be copied into the request's own block before its first forward (``Admission.copy``),
-  holding a reference to the cached block until then (its first ``commit``).
+  holding a reference to the cached block until then (its first ``commit``); where that
+  held block is the one the pool is short of, the request goes without the copy.
   No room even after evicting cached blocks: ``None``, and nothing changes.
 - ``reserve``: blocks for positions up to ``upto`` before a tick (a decode step's fed
   token and a holder's K draft positions).

@@ -133,8 +133,8 @@ class _Server:
                 raise APIError(429, f"{exc}", headers={"Retry-After": str(QUEUE_FULL_RETRY_AFTER_S)}) from None
             if isinstance(exc, ValueError):
                 raise APIError(400, str(exc)) from None
-            if isinstance(exc, RuntimeError):  # the engine thread died earlier: this server cannot serve
-                raise APIError(503, str(exc), code="engine_stopped") from None
+            if isinstance(exc, RuntimeError):  # the engine thread died earlier, or no replica serves
+                raise APIError(503, str(exc), code="engine_stopped", headers={"Retry-After": "5"}) from None
             raise
         reading = Reading(tool_parsing=engine_input.tool_parsing, tool_names=engine_input.tool_names,
                           top_logprobs=engine_input.top_logprobs,

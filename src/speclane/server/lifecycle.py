@@ -6,7 +6,8 @@ rather than "connection refused"; running requests get ``grace_s`` seconds to fi
 those still running are then aborted, and their clients get an error event (streams)
 or a 503 (non-streaming); then uvicorn closes connections and the process exits 0.
 A second signal ends the grace period at once (the same aborts, the same events and exit
-0); a third is uvicorn's own forced exit.
+0); a third goes to uvicorn (a SIGINT forces its exit; a SIGTERM starts its own shutdown,
+after which the process ends by that signal).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class RequestTracker:
             return APIError(503, "the server is shutting down and cancelled this request after its grace "
                                  "period: retry it on another server or later", code="shutting_down")
         if finish_reason == "error":
-            return APIError(500, f"the engine failed on this request: {error or 'unknown error'}")
+            return APIError(500, f"the engine failed on this request: {error or 'unknown error'}", code="engine_stopped")
         return APIError(503, "the request was cancelled by the server: retry it", code="cancelled")
 
     def hurry(self) -> None:
@@ -109,7 +110,7 @@ class DrainingServer(uvicorn.Server):
         """Signal handler; also safe to call from another thread (tests). The first signal
         drains, a second ends the grace period; neither reaches uvicorn, which would close the
         listening socket at once and raise the signal again after serving (SIGTERM's exit
-        143, before the engine shuts down). A third is uvicorn's."""
+        143, before the engine shuts down). A third goes to uvicorn."""
         if self._loop is not None and not self.should_exit:
             if not self._drain_started:
                 self._drain_started = True

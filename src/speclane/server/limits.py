@@ -9,8 +9,9 @@ so that a client which writes its whole body before reading, as most do, receive
 later ``receive`` calls (disconnect detection) go straight to the server.
 
 JSON may escape half of a surrogate pair alone (``"\\ud800"``), which Python's parser and
-pydantic accept as a string that cannot be encoded: the tokenizer raised on it (a 500),
-and as a ``user`` (a tenant) it broke every later ``/metrics`` scrape. Such a body is
+pydantic accept as a string that cannot be encoded: the tokenizer raises on it, and as a
+``user`` (a tenant) it would break every later ``/metrics`` scrape (a label that cannot be
+encoded). Such a body is
 answered 400 here; a body with no surrogate escape at all (nearly every one) is not parsed.
 """
 

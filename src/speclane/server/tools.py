@@ -106,7 +106,7 @@ def chat_messages(messages: Sequence[ChatMessage], tools: Sequence[Tool], tokeni
     if template is not None and template_uses_tools(template):
         extra: dict[str, Any] = {"tools": [tool_dict(t) for t in tools]} if tools else {}
         return _template_messages(messages), extra
-    return _generic_messages(messages, tools, system_role=template_takes_system(tokenizer)), {}
+    return _generic_messages(messages, tools, system_role=not tools or template_takes_system(tokenizer)), {}
 
 
 def template_takes_system(tokenizer: Tokenizer) -> bool:
@@ -114,11 +114,11 @@ def template_takes_system(tokenizer: Tokenizer) -> bool:
     return _takes_system(tokenizer.chat_template, tokenizer)
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=4)
 def _takes_system(template: str | None, tokenizer: Tokenizer) -> bool:
     try:
         tokenizer.apply_chat_template([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
-    except jinja2.TemplateError:
+    except Exception:  # noqa: BLE001 - a template that cannot render a system message, whatever it raises
         return False
     return True
 

@@ -208,8 +208,7 @@ class BoundsMonitor:
                     clean = self._other_grants(wait.priority) == wait.other_grants
                     self.report.waits.append(WaitSample(wait.bound, tick + 1 - wait.tick, now - wait.now, clean, False,
                                                         wait.behind_own_tenant))
-            elif (self.active and rid not in eligible and r.speculative
-                  and r.num_computed_tokens >= r.num_prompt_tokens):
+            elif self.active and rid not in eligible and r.speculative and r.caught_up:
                 eligible[rid] = (r.tenant, r.priority, r.tenant_weight)
                 self._joiners.append(rid)
                 self._backlog_stale = True
