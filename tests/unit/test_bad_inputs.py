@@ -196,3 +196,23 @@ def test_a_shutdown_grace_that_is_not_a_finite_number_of_seconds_is_refused(grac
 def test_valid_sampling_edges():
     SamplingParams(temperature=0.0, top_p=1.0)
     SamplingParams(temperature=2.0, top_p=1e-6, top_k=1, seed=0)
+
+
+def test_a_layer_tensor_that_contradicts_the_config_is_a_load_error():
+    """The native forward sizes its buffers from the config: a file whose tensors disagree
+    with its own metadata is refused before it runs, naming the tensor."""
+    import torch
+
+    from speclane.models.build import check_layer_shapes
+    from speclane.models.llama import LlamaConfig
+    from speclane.models.weights import WeightSet
+
+    cfg = LlamaConfig(vocab_size=32, hidden_size=64, intermediate_size=128, num_layers=1, num_heads=4, num_kv_heads=2)
+    shapes = {"self_attn.q_proj.weight": (64, 64), "self_attn.k_proj.weight": (32, 64), "self_attn.v_proj.weight": (32, 64),
+              "self_attn.o_proj.weight": (64, 64), "mlp.gate_proj.weight": (128, 64), "mlp.up_proj.weight": (128, 64),
+              "mlp.down_proj.weight": (64, 128), "input_layernorm.weight": (64,)}
+    weights = WeightSet(cfg, {f"model.layers.0.{k}": torch.zeros(v) for k, v in shapes.items()}, source="m.gguf")
+    check_layer_shapes(weights)  # consistent
+    weights.dense["model.layers.0.mlp.down_proj.weight"] = torch.zeros(64, 256)
+    with pytest.raises(ModelLoadError, match=r"model.layers.0.mlp.down_proj.weight has shape \(64, 256\).*\(64, 128\)"):
+        check_layer_shapes(weights)

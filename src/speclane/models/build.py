@@ -62,8 +62,36 @@ def effective_quantization(config: ModelConfig, weights: WeightSet) -> str:
     return config.quantization
 
 
+def check_layer_shapes(weights: WeightSet) -> None:
+    """``ModelLoadError`` for a layer tensor whose shape disagrees with the model's config:
+    the native forward (``forward_plan.py``) sizes its buffers from the config and each
+    matmul from its weight, so a file whose tensors contradict its own metadata must not
+    reach it (it would write past them)."""
+    cfg = weights.config
+    d, hidden, inter = cfg.head_dim, cfg.hidden_size, cfg.intermediate_size
+    q, kv = cfg.num_heads * d, cfg.num_kv_heads * d
+    expected = {
+        "self_attn.q_proj.weight": (q, hidden), "self_attn.k_proj.weight": (kv, hidden),
+        "self_attn.v_proj.weight": (kv, hidden), "self_attn.o_proj.weight": (hidden, q),
+        "self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,),
+        "self_attn.o_proj.bias": (hidden,),
+        "mlp.gate_proj.weight": (inter, hidden), "mlp.up_proj.weight": (inter, hidden), "mlp.down_proj.weight": (hidden, inter),
+        "input_layernorm.weight": (hidden,), "post_attention_layernorm.weight": (hidden,),
+        "pre_feedforward_layernorm.weight": (hidden,), "post_feedforward_layernorm.weight": (hidden,),
+        "self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,),
+    }
+    for i in range(cfg.num_layers):
+        for suffix, shape in expected.items():
+            name = f"model.layers.{i}.{suffix}"
+            actual = weights.shape_of(name)
+            if actual is not None and actual != shape:
+                raise ModelLoadError(f"{weights.source}: tensor {name} has shape {actual}, but the model's config "
+                                     f"implies {shape}: the file is inconsistent")
+
+
 def build_model(weights: WeightSet, config: ModelConfig, kernels: Kernels | None = None) -> LlamaModel:
     """``kernels``: the kernels to run (A/B benchmarks, tests); default, those of ``config.kernels``."""
+    check_layer_shapes(weights)
     dtype = torch.float32 if config.dtype == "float32" else torch.bfloat16
     mode = effective_quantization(config, weights)
     cfg = weights.config

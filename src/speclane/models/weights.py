@@ -41,6 +41,13 @@ class WeightSet:
     def __contains__(self, name: str) -> bool:
         return name in self.dense or name in self.quantized or name in self.floats
 
+    def shape_of(self, name: str) -> tuple[int, ...] | None:
+        """``name``'s shape ([out, in] for a matmul weight, whatever its type), or None."""
+        for kind in (self.dense, self.quantized, self.floats):
+            if name in kind:
+                return tuple(kind[name].shape)
+        return None
+
     def float_weight(self, name: str) -> torch.Tensor:
         """``name``'s values as a float32 tensor: the dense one, or the quantized or float
         one's dequantization (a fresh float32 copy). KeyError where there is none."""
