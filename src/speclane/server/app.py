@@ -126,8 +126,12 @@ class _Server:
                     grammar=engine_input.grammar, prefill_source=rids[0] if i else None,
                     global_cache_scope=body.cache_scope == "global"))
         except BaseException as exc:  # refused, or the handler cancelled: no choice may run on
+            # A refused choice was never queued; one whose handler was cancelled mid-call may
+            # have been (a cluster front's admission is an await).
+            refused = isinstance(exc, QueueFullError | ValueError | RuntimeError)
+            for rid in rids[: len(streams) + (0 if refused else 1)]:
+                self.async_engine.abort(rid)
             for rid in rids:
-                self.async_engine.abort(rid)  # a no-op for one never queued
                 self.tracker.done(rid)
             if isinstance(exc, QueueFullError):
                 raise APIError(429, f"{exc}", headers={"Retry-After": str(QUEUE_FULL_RETRY_AFTER_S)}) from None
