@@ -48,8 +48,9 @@ def _check_types(section: object) -> None:
     """``ValueError`` for a field whose value is not of its declared type (from the Python
     API: flags and the environment are parsed by type): a bool is only a bool, an int only
     an int, a float a finite int or float, a str a str."""
+    hints = _field_types(type(section))
     for f in fields(section):  # type: ignore[arg-type]
-        hint, value = _field_types(type(section))[f.name], getattr(section, f.name)
+        hint, value = hints[f.name], getattr(section, f.name)
         if hint is bool:
             ok = isinstance(value, bool)
         elif hint is int:

@@ -48,6 +48,16 @@ GREEDY_BELOW_TEMPERATURE = 1e-5
 MAX_STOP_STRING_CHARS = 256
 
 
+def _is_integer(value: object) -> bool:
+    """An int, not a bool (``True`` is an int to Python, never a count here)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    """An int or a float, not a bool."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens. ``temperature == 0`` means greedy."""
@@ -100,30 +110,24 @@ class SamplingParams:
     def _check_types(self) -> None:
         """``ValueError`` for a value of the wrong type (the Python API's: a float seed or
         top_k would fail inside the engine's tick, a string temperature in a comparison)."""
-        def integer(value: object) -> bool:
-            return isinstance(value, int) and not isinstance(value, bool)
-
-        def number(value: object) -> bool:
-            return isinstance(value, int | float) and not isinstance(value, bool)
-
         for name in ("max_tokens", "top_k"):
-            if not integer(getattr(self, name)):
+            if not _is_integer(getattr(self, name)):
                 raise ValueError(f"{name} must be an integer; got {getattr(self, name)!r}")
         for name in ("seed", "logprobs"):
-            if getattr(self, name) is not None and not integer(getattr(self, name)):
+            if getattr(self, name) is not None and not _is_integer(getattr(self, name)):
                 raise ValueError(f"{name} must be an integer or None; got {getattr(self, name)!r}")
         for name in ("temperature", "top_p"):
-            if not number(getattr(self, name)):
+            if not _is_number(getattr(self, name)):
                 raise ValueError(f"{name} must be a number; got {getattr(self, name)!r}")
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a bool; got {self.ignore_eos!r}")
         if not (isinstance(self.stop, str) or isinstance(self.stop, tuple | list)
                 and all(isinstance(s, str) for s in self.stop)):
             raise ValueError(f"stop must be a string or a sequence of strings; got {self.stop!r}")
-        if not (isinstance(self.stop_token_ids, tuple | list) and all(integer(t) for t in self.stop_token_ids)):
+        if not (isinstance(self.stop_token_ids, tuple | list) and all(_is_integer(t) for t in self.stop_token_ids)):
             raise ValueError(f"stop_token_ids must be a sequence of integers; got {self.stop_token_ids!r}")
         if not (isinstance(self.logit_bias, tuple | list) and all(
-                isinstance(pair, tuple | list) and len(pair) == 2 and integer(pair[0]) and number(pair[1])
+                isinstance(pair, tuple | list) and len(pair) == 2 and _is_integer(pair[0]) and _is_number(pair[1])
                 for pair in self.logit_bias)):
             raise ValueError(f"logit_bias must be a sequence of (token id, bias) pairs; got {self.logit_bias!r}")
 
@@ -192,13 +196,12 @@ class Request:
         self.prediction_token_ids = tuple(self.prediction_token_ids)
         if not self.prompt_token_ids:
             raise ValueError("the prompt is empty: send at least one token")
-        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
+        if not _is_integer(self.priority):
             raise ValueError(f"priority must be an integer; got {self.priority!r}")
         if not isinstance(self.tenant, str):
             raise ValueError(f"tenant must be a string; got {self.tenant!r}")
-        weight = self.tenant_weight
-        if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight < math.inf:
-            raise ValueError(f"tenant_weight must be a number > 0; got {weight!r}")
+        if not (_is_number(self.tenant_weight) and 0 < self.tenant_weight < math.inf):
+            raise ValueError(f"tenant_weight must be a number > 0; got {self.tenant_weight!r}")
         # A plain attribute: the scheduler reads it for every row of every tick.
         self.num_prompt_tokens = len(self.prompt_token_ids)
 

@@ -1,8 +1,9 @@
 """The one module that imports Ray: start or join a cluster, run ``ReplicaHost`` actors.
 
 Each replica is a Ray actor (``max_restarts=-1``: Ray restarts a dead one, which loads the
-model again, and a replica whose engine fails ends its process to be restarted; ``max_task_retries=0``: a call to a dead replica fails at once and the front
-decides what becomes of its requests). ``max_concurrency`` lets ``add`` and ``abort`` run
+model again, and a replica whose engine fails ends its process to be restarted;
+``max_task_retries=0``: a call to a dead replica fails at once and the front decides what
+becomes of its requests). ``max_concurrency`` lets ``add`` and ``abort`` run
 while a ``poll`` waits. ``RayReplica`` turns an actor into the async client ``front.py``
 expects and Ray's errors into ``ReplicaUnavailable``.
 """

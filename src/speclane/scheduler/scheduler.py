@@ -156,10 +156,6 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         self.waiting[request.request_id] = request
 
-    def blocks_needed(self, request: Request) -> int:
-        return most_blocks(request.num_prompt_tokens, request.sampling.max_tokens, self.max_model_len,
-                           self.kv.block_size)
-
     def abort_request(self, request_id: str, now: float, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> Request | None:
         """Stop a request wherever it is; its KV blocks are free for the next tick. A
         waiting request may have run before (preempted: the runner kept its sampling stream

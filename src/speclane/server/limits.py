@@ -11,8 +11,8 @@ later ``receive`` calls (disconnect detection) go straight to the server.
 JSON may escape half of a surrogate pair alone (``"\\ud800"``), which Python's parser and
 pydantic accept as a string that cannot be encoded: the tokenizer raises on it, and as a
 ``user`` (a tenant) it would break every later ``/metrics`` scrape (a label that cannot be
-encoded). Such a body is
-answered 400 here; a body with no surrogate escape at all (nearly every one) is not parsed.
+encoded). Such a body is answered 400 here; a body with no surrogate escape at all (nearly
+every one) is not parsed.
 """
 
 from __future__ import annotations

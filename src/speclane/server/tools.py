@@ -109,13 +109,9 @@ def chat_messages(messages: Sequence[ChatMessage], tools: Sequence[Tool], tokeni
     return _generic_messages(messages, tools, system_role=not tools or template_takes_system(tokenizer)), {}
 
 
+@lru_cache(maxsize=4)
 def template_takes_system(tokenizer: Tokenizer) -> bool:
     """Whether the model's chat template renders a system message (Gemma 2's raises)."""
-    return _takes_system(tokenizer.chat_template, tokenizer)
-
-
-@lru_cache(maxsize=4)
-def _takes_system(template: str | None, tokenizer: Tokenizer) -> bool:
     try:
         tokenizer.apply_chat_template([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
     except Exception:  # noqa: BLE001 - a template that cannot render a system message, whatever it raises
