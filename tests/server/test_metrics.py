@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from server_helpers import MODEL, LiveServer
 
 from speclane.engine.async_engine import AsyncEngine
+from speclane.scheduler.counts import OTHER_TENANTS
 
 pytestmark = pytest.mark.slow
 
@@ -68,6 +69,38 @@ def test_contract_metrics_after_traffic(live: LiveServer, idle_after: AsyncEngin
     assert count("speclane_inter_token_latency_seconds") >= 2
     assert count("speclane_tick_seconds") >= 8
     assert count("speclane_spec_wait_seconds") == 2
+
+
+def test_tenants_past_the_series_cap_are_counted_together(live: LiveServer, idle_after: AsyncEngine) -> None:
+    """Without API keys a tenant is the client's ``user``: once the per-tenant counters name
+    as many tenants as they may, a new tenant's tokens and rounds go under ``_other``, and
+    no series of its own appears (the scrape and the counters' memory stay bounded)."""
+    engine = idle_after.engine
+    tallies = [engine.counters.generated_by_tenant, engine.scheduler.counts.rounds_by_tenant,
+               engine.scheduler.lane.held_rounds_by_tenant]
+    caps = [t.max_named for t in tallies]
+    before = scrape(live.url)
+    try:
+        for tally in tallies:  # full as it is: the next new tenant is one too many
+            tally.max_named = len(tally) - (OTHER_TENANTS in tally)
+        for tenant in ("past-cap-a", "past-cap-b"):
+            response = httpx.post(live.url + "/v1/chat/completions", timeout=120, json={
+                "model": MODEL, "messages": [{"role": "user", "content": "Repeat: one two one two one two"}],
+                "max_tokens": 8, "temperature": 0, "user": tenant})
+            assert response.status_code == 200
+            completion_tokens = response.json()["usage"]["completion_tokens"]
+            assert completion_tokens > 0
+        after = scrape(live.url)
+    finally:
+        for tally, cap in zip(tallies, caps, strict=True):
+            tally.max_named = cap
+    for family in ("speclane_generated_tokens", "speclane_spec_rounds", "speclane_spec_lane_rounds"):
+        labels = {dict(key[1]).get("tenant") for key in after[family] if isinstance(key, tuple)}
+        assert not labels & {"past-cap-a", "past-cap-b"}, f"{family} names no tenant past the cap"
+    other = ("speclane_generated_tokens_total", (("tenant", OTHER_TENANTS),))
+    grew = after["speclane_generated_tokens"][other] - before["speclane_generated_tokens"].get(other, 0)
+    assert grew >= 2, "both tenants' tokens are counted under the shared label"
+    assert after["speclane_spec_lane_rounds"][("speclane_spec_lane_rounds_total", (("tenant", OTHER_TENANTS),))] > 0
 
 
 def test_health_shows_the_kv_pool(live: LiveServer, async_engine: AsyncEngine) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from speclane.request import Request
-from speclane.scheduler.counts import acceptance_by_position
+from speclane.scheduler.counts import TenantTally, acceptance_by_position
 from speclane.scheduler.scheduler import Scheduler
 
 
@@ -67,10 +67,10 @@ class EngineCounters:
     accepted_tokens: int = 0
     prefill_tokens: int = 0
     busy_s: float = 0.0
-    spec_rounds_by_tenant: Counter[str] = field(default_factory=Counter)
+    spec_rounds_by_tenant: TenantTally = field(default_factory=TenantTally)
     # Rounds each tenant held the lane for, with drafts or not (the lane's fair share).
-    lane_rounds_by_tenant: Counter[str] = field(default_factory=Counter)
-    generated_by_tenant: Counter[str] = field(default_factory=Counter)
+    lane_rounds_by_tenant: TenantTally = field(default_factory=TenantTally)
+    generated_by_tenant: TenantTally = field(default_factory=TenantTally)
     # Drafts tried and accepted by draft position (the scheduler's tallies).
     draft_tried_by_position: Counter[int] = field(default_factory=Counter)
     draft_accepted_by_position: Counter[int] = field(default_factory=Counter)
@@ -129,7 +129,7 @@ class EngineCounters:
         self.kv_blocks_by_tenant = kv.pool.held_by_tenant()  # a new dict: readers never see it change
 
     def record_tokens(self, tenant: str, num_tokens: int) -> None:
-        self.generated_by_tenant[tenant] += num_tokens
+        self.generated_by_tenant.add(tenant, num_tokens)
 
     def snapshot(self) -> dict[str, object]:
         out = {k: v for k, v in self.__dict__.items() if not isinstance(v, Counter | dict)}

@@ -3,12 +3,38 @@
 The one tally of prefill tokens and speculative rounds: ``Scheduler.update`` records
 each round once, here and in the request's own ``SpecStats``; ``/metrics``, the
 benchmarks and the simulator read these totals and never count rounds themselves.
+
+Per-tenant totals are ``TenantTally``s: without API keys a tenant is the request's
+``user`` field, which applications set to their own end users, so the tenants a server
+sees over its life are unbounded. A tally names the first ``MAX_TENANT_SERIES`` tenants and
+counts every later one under ``OTHER_TENANTS``: memory and each ``/metrics`` scrape stay
+bounded, and every series only grows (a Prometheus counter never goes back).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+
+MAX_TENANT_SERIES = 1000
+OTHER_TENANTS = "_other"  # the tenants past MAX_TENANT_SERIES, counted together
+
+
+class TenantTally(Counter[str]):
+    """A per-tenant count naming at most ``max_named`` tenants; ``add`` counts the rest
+    under ``OTHER_TENANTS`` (module docstring). Read it as the ``Counter`` it is."""
+
+    def __init__(self, counts: dict[str, int] | None = None, /, *, max_named: int | None = None) -> None:
+        super().__init__(counts or {})
+        self.max_named = MAX_TENANT_SERIES if max_named is None else max_named
+
+    def add(self, tenant: str, n: int = 1) -> None:
+        if tenant not in self and len(self) - (OTHER_TENANTS in self) >= self.max_named:
+            tenant = OTHER_TENANTS
+        self[tenant] += n
+
+    def copy(self) -> TenantTally:
+        return TenantTally(self, max_named=self.max_named)
 
 
 @dataclass
@@ -18,7 +44,7 @@ class ScheduleCounts:
     burst_rounds: int = 0  # rounds of --spec-mode burst (a holder alone until it finishes)
     draft_tokens: int = 0  # drafts verified (up to EOS, a stop token or max_tokens inside a round)
     accepted_tokens: int = 0
-    rounds_by_tenant: Counter[str] = field(default_factory=Counter)
+    rounds_by_tenant: TenantTally = field(default_factory=TenantTally)
     # Rounds by draft position j (0-based): drafts verified at j (all before it accepted),
     # and accepted at j. Their ratio is the acceptance per draft position.
     tried_by_position: Counter[int] = field(default_factory=Counter)
@@ -29,7 +55,7 @@ class ScheduleCounts:
             self.burst_rounds += 1
         else:
             self.slice_rounds += 1
-        self.rounds_by_tenant[tenant] += 1
+        self.rounds_by_tenant.add(tenant)
         self.draft_tokens += drafted
         self.accepted_tokens += accepted
         for j in range(min(drafted, accepted + 1)):

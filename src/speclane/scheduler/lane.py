@@ -59,12 +59,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from speclane.config import LaneConfig
 from speclane.request import SpecStats
+from speclane.scheduler.counts import TenantTally
 from speclane.scheduler.fairness import VirtualCounters
 
 OrderKey = tuple[float, int]  # (time it became a waiter, sequence number)
@@ -181,7 +182,7 @@ class SpecLane:
         self._num_waiters = 0
         self._counters = VirtualCounters()
         # Rounds run per tenant, drafts or not (``round_done``): what the lane shares out.
-        self.held_rounds_by_tenant: Counter[str] = Counter()
+        self.held_rounds_by_tenant = TenantTally()
         self._seq = itertools.count()
         self._tenant_fair = config.fairness == "tenant"
 
@@ -293,7 +294,7 @@ class SpecLane:
             raise ValueError(f"request {request_id!r} ran a round without holding the lane")
         m.rounds += 1
         m.ms += elapsed_ms
-        self.held_rounds_by_tenant[m.tenant] += 1
+        self.held_rounds_by_tenant.add(m.tenant)
         # With a round budget the grant was charged up front; without one, the round each
         # holder is about to run stays reserved (one round ahead) for as long as it holds.
         reserved = self.config.spec_grant_rounds > 0 and m.reserved > 0
