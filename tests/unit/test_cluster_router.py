@@ -8,6 +8,7 @@ import pytest
 from speclane.cluster.router import Pending, Router, prefix_hashes
 from speclane.cluster.shared_service import SharedService
 from speclane.config import LaneConfig
+from speclane.scheduler.fairness import VirtualCounters
 from speclane.scheduler.lane import SpecLane
 from speclane.scheduler.scheduler import QueueFullError
 
@@ -174,7 +175,6 @@ def test_three_streams_of_one_tenant_on_two_lanes_buy_one_share(sync_every: int)
 
 
 def test_a_tenant_active_on_another_replica_keeps_its_counter_across_leaving_this_lane() -> None:
-    from speclane.scheduler.fairness import VirtualCounters
 
     def rejoined_key(elsewhere: set[str]) -> tuple[float, float]:
         counters = VirtualCounters()
@@ -206,3 +206,19 @@ def test_one_process_serving_never_imports_ray() -> None:
             "speclane.cli.build_parser().parse_args(['serve']); print('ray' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_a_lone_lane_keeps_no_record_of_every_tenant_it_served() -> None:
+    """Tenants are the clients' ``user`` fields without API keys: a lane that is no replica
+    (never read nor told remote service) forgets a served tenant entirely once it is idle
+    and lifted past; a replica's lane counts from its first exchange."""
+    lone, shared = VirtualCounters(), VirtualCounters()
+    shared.charged()  # a replica exchanges before it serves
+    for counters in (lone, shared):
+        for i in range(1000):
+            tenant = f"user-{i}"
+            counters.join(tenant, 1.0)
+            counters.charge(tenant, reserved=False)
+            counters.leave(tenant)
+    assert lone.charged() == {} and len(lone._tenants) <= 1
+    assert len(shared.charged()) == 1000 and shared.charged()["user-7"] == 1.0

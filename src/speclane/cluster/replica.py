@@ -88,6 +88,7 @@ class ReplicaHost:
         self.exit_on_engine_failure = exit_on_engine_failure
         self.incarnation = uuid.uuid4().hex
         self.engine = LLMEngine(config)
+        self.engine.exchange_lane_service(None)  # its lane counts what it charges, to share it
         self.recorder = LaneRecorder(self.engine)
         self._samples = _Samples()
         self.engine.observer = Observers(self.recorder, self._samples)

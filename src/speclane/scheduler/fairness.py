@@ -19,7 +19,10 @@ Replicas (``speclane serve --replicas``) share these counters: each replica repo
 service it charged per tenant (``charged``, cumulative rounds per weight) and is told, every
 sync interval, what the other replicas charged (``set_remote``); a tenant's counter is its
 local counter plus that remote service, so its requests spread over several replicas buy
-one share of the cluster's lane, not one per replica (docs/design.md, "Replicas"). Remote
+one share of the cluster's lane, not one per replica (docs/design.md, "Replicas"). A lane
+counts ``charged`` from the first time it is read or told remote service (a replica does
+both before it serves); a lone engine never is, so it keeps no record of every tenant it
+ever served (tenants are the clients' ``user`` fields when there are no API keys). Remote
 service only grows, so counters and keys still only grow between lifts. A tenant with
 requests on another replica is active in the cluster: it is neither lifted when it joins
 this lane nor forgotten when it leaves it.
@@ -66,7 +69,8 @@ class VirtualCounters:
         self._floor = 0.0  # lift target when no tenant is active
         self._active: list[tuple[float, str]] = []  # lazy min-heap of active counters
         self._idle: list[tuple[float, str]] = []  # lazy min-heap of idle tenants kept for debt
-        self._charged: dict[str, float] = {}  # rounds / weight run here, ever, per tenant
+        self._charged: dict[str, float] = {}  # rounds / weight run here per tenant, once shared
+        self._shared = False  # charged or set_remote called: this lane is one of several
         self._remote: dict[str, float] = {}  # the same, charged on the other replicas
         self._elsewhere: set[str] = set()  # tenants with requests on other replicas
 
@@ -97,8 +101,9 @@ class VirtualCounters:
                 return counter
 
     def charged(self) -> dict[str, float]:
-        """Lane service run here per tenant since the start (rounds / weight): what a replica
-        reports to the others. A copy."""
+        """Lane service run here per tenant (rounds / weight) since the lane was first shared
+        (this call or ``set_remote``): what a replica reports to the others. A copy."""
+        self._shared = True
         return dict(self._charged)
 
     # -- changes --------------------------------------------------------------------
@@ -108,6 +113,7 @@ class VirtualCounters:
         None) the tenants with requests on other replicas: those are active in the cluster,
         so joining or leaving this lane neither lifts nor forgets them (their counter goes
         on as one cluster-wide counter would)."""
+        self._shared = True
         if active_elsewhere is not None:
             self._elsewhere = set(active_elsewhere)
         for name, value in service.items():
@@ -165,7 +171,8 @@ class VirtualCounters:
         """One round run; ``reserved`` if it was one of the tenant's reserved rounds."""
         t = self._tenants[tenant]
         t.rounds += 1
-        self._charged[tenant] = self._charged.get(tenant, 0.0) + 1.0 / t.weight
+        if self._shared:
+            self._charged[tenant] = self._charged.get(tenant, 0.0) + 1.0 / t.weight
         if reserved:
             t.reserved -= 1
 
