@@ -302,7 +302,8 @@ def section_from_namespace(section: type, args: argparse.Namespace, env: Mapping
 @dataclass(frozen=True)
 class RuntimeEnv:
     """Deployment settings that come from the environment alone, without a flag: where
-    speclane keeps its caches and how long a stopping server drains.
+    speclane keeps its caches (converted weights, step-cost calibrations, compiled kernels)
+    and how long a stopping server drains.
 
     ``runtime_env`` reads them (the one place besides ``from_namespace`` that reads a
     ``SPECLANE_*`` variable; the kernels are a flag, ``--kernels``). The code that
@@ -314,6 +315,7 @@ class RuntimeEnv:
 
     weight_cache_dir: Path | None  # SPECLANE_CACHE_DIR; None: SPECLANE_NO_WEIGHT_CACHE=1 (models/weight_cache.py)
     calibration_dir: Path  # SPECLANE_CALIBRATION_DIR (engine/calibration.py)
+    kernel_dir: Path  # SPECLANE_KERNEL_DIR: the compiled C kernels (kernels/build.py)
     # SPECLANE_SHUTDOWN_GRACE_S as set (None: unset), parsed by ``shutdown_grace_s`` where a
     # server stops: a bad value fails ``speclane serve``, not every command.
     shutdown_grace: str | None
@@ -338,5 +340,6 @@ def runtime_env(env: Mapping[str, str] | None = None) -> RuntimeEnv:
     return RuntimeEnv(
         weight_cache_dir=None if weights_off else Path(env.get("SPECLANE_CACHE_DIR", home_cache / "weights")),
         calibration_dir=Path(env.get("SPECLANE_CALIBRATION_DIR", home_cache / "calibration")),
+        kernel_dir=Path(env.get("SPECLANE_KERNEL_DIR", home_cache / "kernels")),
         shutdown_grace=env.get("SPECLANE_SHUTDOWN_GRACE_S"),
     )

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from speclane.config import runtime_env
+
 log = logging.getLogger(__name__)
 
 # -ffp-contract=off: the compiler must not fuse a multiply and an add we wrote apart (the
@@ -53,7 +55,6 @@ ISA_CPU_FLAGS = {
 }
 # The vector builds, widest first: what ``pick_isa``'s ``isa`` may name.
 VECTOR_ISAS = ("avx512bf16", "avx512vnni", "avx512", "avx2")
-CACHE_DIR = Path.home() / ".cache" / "speclane" / "kernels"
 
 
 class KernelUnavailable(ValueError):
@@ -160,8 +161,9 @@ def load(source: Path, declare: Callable[[ctypes.CDLL], None], isas: tuple[str, 
 def load_build(source: Path, isa: str, declare: Callable[[ctypes.CDLL], None]) -> Kernel:
     """The ``isa`` build of ``source`` (compiled on first use), its functions declared;
     KernelUnavailable where it cannot be built or loaded. The CPU's flags are the caller's
-    to check (``missing_cpu_flags``)."""
-    path = CACHE_DIR / f"{source.stem}-{isa}-{digest(source)}.so"
+    to check (``missing_cpu_flags``). Builds are kept in ``RuntimeEnv.kernel_dir``, read at
+    the call."""
+    path = runtime_env().kernel_dir / f"{source.stem}-{isa}-{digest(source)}.so"
     try:
         if not path.exists():
             compile_build(source, isa, path)
