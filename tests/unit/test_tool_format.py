@@ -19,6 +19,7 @@ from speclane.server.tools import (
     ToolCallParser,
     call_text,
     chat_messages,
+    nine_character_id,
     tool_call_grammar,
 )
 
@@ -100,6 +101,37 @@ def test_a_template_whose_tools_branch_breaks_out_of_a_loop_renders_tools_itself
     req = request()
     messages, variables = chat_messages(req.messages, req.tools or (), tok)
     assert "tools" in variables and tok.apply_chat_template(messages, **variables).startswith("add[system]")
+
+
+# Mistral's rule: a call id of any other length than 9 is an error of the template's.
+NINE_CHARACTER_TEMPLATE = (
+    "{% if tools %}[AVAILABLE_TOOLS]{{ tools | length }}[/AVAILABLE_TOOLS]{% endif %}"
+    "{% for m in messages %}{% if m.tool_calls is defined and m.tool_calls %}{% for c in m.tool_calls %}"
+    "{% if not c.id is defined or c.id|length != 9 %}"
+    "{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}"
+    "[TOOL_CALLS]{{ c.id }}{% endfor %}"
+    "{% elif m.role == 'tool' %}{% if m.tool_call_id|length != 9 %}"
+    "{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}"
+    "[TOOL_RESULTS]{{ m.tool_call_id }} {{ m.content }}{% else %}[{{ m.role }}]{{ m.content }}{% endif %}"
+    "{% endfor %}"
+)
+
+
+def test_a_template_that_wants_nine_character_call_ids_gets_them_paired() -> None:
+    tok = tokenizer(NINE_CHARACTER_TEMPLATE)
+    history = [*HISTORY[1:3], {**HISTORY[3]}]
+    history[1] = {**history[1], "tool_calls": [{**history[1]["tool_calls"][0], "id": "call_5f2c9a0b1d3e4f5a6b7c8d9e"}]}
+    history[2]["tool_call_id"] = "call_5f2c9a0b1d3e4f5a6b7c8d9e"
+    req = ChatCompletionRequest.model_validate({"model": "m", "messages": history, "tools": [ADD]})
+    messages, variables = chat_messages(req.messages, req.tools or (), tok)
+    text = tok.apply_chat_template(messages, **variables)  # OpenAI-style ids: the raw template raises
+    renamed = messages[1]["tool_calls"][0]["id"]
+    assert len(renamed) == 9 and renamed.isalnum() and messages[2]["tool_call_id"] == renamed
+    assert f"[TOOL_CALLS]{renamed}[TOOL_RESULTS]{renamed} 2" in text
+    assert nine_character_id("a1B2c3D4e") == "a1B2c3D4e", "an id that already fits is kept"
+    assert nine_character_id("c1") != nine_character_id("c2")
+    plain = chat_messages(req.messages, req.tools or (), tokenizer(TOOLS_TEMPLATE))[0]
+    assert plain[1]["tool_calls"][0]["id"] == "call_5f2c9a0b1d3e4f5a6b7c8d9e", "other templates see the ids as sent"
 
 
 def test_the_grammar_names_each_function_and_embeds_its_schema() -> None:

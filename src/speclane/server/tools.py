@@ -11,6 +11,9 @@ Prompt. A chat template that uses a ``tools`` variable (Qwen 2.5, Hermes, Llama 
 style) renders the tools and the history itself: it gets ``tools=[...]`` and the
 messages in the shape transformers passes them (assistant ``tool_calls`` with the
 arguments as an object, ``tool`` messages with their ``tool_call_id`` and ``name``).
+Mistral's templates refuse a call id that is not 9 characters long (OpenAI's and ours
+are longer): for a template that checks that length, every id is rendered as a 9-character
+alphanumeric id derived from it, the same for a call and its result.
 Any other template gets the generic format: a system preamble that lists the tools as
 JSON and asks for calls in the format above (joined to the first system message, or a
 system message of its own); an earlier assistant call is rendered as that same text, and
@@ -38,9 +41,11 @@ runs the same parser over the whole text, so both give the same calls and conten
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -105,7 +110,8 @@ def chat_messages(messages: Sequence[ChatMessage], tools: Sequence[Tool], tokeni
     template = tokenizer.chat_template
     if template is not None and template_uses_tools(template):
         extra: dict[str, Any] = {"tools": [tool_dict(t) for t in tools]} if tools else {}
-        return _template_messages(messages), extra
+        rename = nine_character_id if _NINE_CHARACTER_IDS.search(template) else str
+        return _template_messages(messages, rename), extra
     return _generic_messages(messages, tools, system_role=not tools or template_takes_system(tokenizer)), {}
 
 
@@ -130,18 +136,33 @@ def _arguments_object(arguments: str) -> Any:
         return arguments
 
 
-def _template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+# How Mistral's templates check a call id: ``tool_call.id|length != 9`` raises.
+_NINE_CHARACTER_IDS = re.compile(r"id\s*\|\s*length\s*!=\s*9\b")
+_ALPHANUMERIC = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def nine_character_id(call_id: str) -> str:
+    """``call_id`` itself where it is 9 letters and digits, else 9 of them derived from it
+    (a hash: a call and its result, renamed apart, still match)."""
+    if len(call_id) == 9 and call_id.isascii() and call_id.isalnum():
+        return call_id
+    number = int.from_bytes(hashlib.sha256(call_id.encode()).digest()[:8], "big")
+    return "".join(_ALPHANUMERIC[(number // 62**i) % 62] for i in range(9))
+
+
+def _template_messages(messages: Sequence[ChatMessage], rename: Callable[[str], str] = str) -> list[dict[str, Any]]:
+    """``rename``: the call ids as the template will see them."""
     names: dict[str, str] = {}
     out: list[dict[str, Any]] = []
     for m in messages:
         entry: dict[str, Any] = {"role": _role(m), "content": m.text}
         if m.tool_calls:
-            entry["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+            entry["tool_calls"] = [{"id": rename(c.id), "type": "function", "function": {
                 "name": c.function.name, "arguments": _arguments_object(c.function.arguments)}}
                 for c in m.tool_calls]
             names.update((c.id, c.function.name) for c in m.tool_calls)
         if m.role == "tool":
-            entry["tool_call_id"] = m.tool_call_id
+            entry["tool_call_id"] = rename(m.tool_call_id) if m.tool_call_id is not None else None
             entry["name"] = names.get(m.tool_call_id or "", "")
         out.append(entry)
     return out
