@@ -44,6 +44,7 @@ def finish_reason(status: RequestStatus) -> str | None:
 MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = 20  # OpenAI's cap on top_logprobs
 MAX_LOGIT_BIAS = 300  # tokens a logit_bias may name (OpenAI: 300)
+MAX_PENALTY = 2.0  # presence_penalty and frequency_penalty lie in [-2, 2] (OpenAI's range)
 GREEDY_BELOW_TEMPERATURE = 1e-5
 MAX_STOP_STRING_CHARS = 256
 
@@ -71,10 +72,15 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     # None: no logprobs; k >= 0: each chosen token's logprob and the k most likely
-    # alternatives, from the model's own distribution (before bias, grammar or temperature).
+    # alternatives, from the model's own distribution (before bias, penalties, grammar or temperature).
     logprobs: int | None = None
     # (token id, bias) pairs added to the logits before the grammar's mask and sampling.
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # OpenAI's penalties (-2 to 2), taken off the logit of every token the output holds so
+    # far: ``presence_penalty`` once it appears, ``frequency_penalty`` per time it appears
+    # (the prompt is not counted, as in OpenAI's and vLLM's).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -106,6 +112,9 @@ class SamplingParams:
         for token, bias in self.logit_bias:
             if token < 0 or not -100 <= bias <= 100:
                 raise ValueError(f"logit_bias: token {token} needs an id >= 0 and a bias in [-100, 100]; got {bias}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -MAX_PENALTY <= getattr(self, name) <= MAX_PENALTY:  # NaN fails too
+                raise ValueError(f"{name} must be from {-MAX_PENALTY} to {MAX_PENALTY}; got {getattr(self, name)}")
 
     def _check_types(self) -> None:
         """``ValueError`` for a value of the wrong type (the Python API's: a float seed or
@@ -116,7 +125,7 @@ class SamplingParams:
         for name in ("seed", "logprobs"):
             if getattr(self, name) is not None and not _is_integer(getattr(self, name)):
                 raise ValueError(f"{name} must be an integer or None; got {getattr(self, name)!r}")
-        for name in ("temperature", "top_p"):
+        for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
             if not _is_number(getattr(self, name)):
                 raise ValueError(f"{name} must be a number; got {getattr(self, name)!r}")
         if not isinstance(self.ignore_eos, bool):
@@ -130,6 +139,11 @@ class SamplingParams:
                 isinstance(pair, tuple | list) and len(pair) == 2 and _is_integer(pair[0]) and _is_number(pair[1])
                 for pair in self.logit_bias)):
             raise ValueError(f"logit_bias must be a sequence of (token id, bias) pairs; got {self.logit_bias!r}")
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a presence or frequency penalty applies."""
+        return bool(self.presence_penalty or self.frequency_penalty)
 
     @property
     def greedy(self) -> bool:

@@ -101,6 +101,23 @@ def test_prediction_is_drafted_from(client: openai.OpenAI, idle_after: AsyncEngi
     assert details.accepted_prediction_tokens > 0  # type: ignore[union-attr,operator]
 
 
+def test_penalties_reach_the_sampler(client: openai.OpenAI, idle_after: AsyncEngine) -> None:
+    """The SDK's frequency_penalty and presence_penalty, on chat and on completions: a
+    repetitive answer changes, speculated or not alike."""
+    messages: list[Any] = [{"role": "user", "content": "Copy this line exactly: the cat and the dog and the bird and "
+                                                       "the fish and the cow and the horse and the goat."}]
+    plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=32, temperature=0)
+    answers = [client.chat.completions.create(model=MODEL, messages=messages, max_tokens=32, temperature=0,
+                                              frequency_penalty=1.5, presence_penalty=0.5,
+                                              extra_body={"speculative": speculative}).choices[0].message.content
+               for speculative in (True, False)]
+    assert answers[0] == answers[1] != plain.choices[0].message.content
+    prompt = "the cat and the dog and the cat and the dog and the cat and the"
+    completions = [client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0,
+                                             frequency_penalty=penalty).choices[0].text for penalty in (0.0, 2.0)]
+    assert completions[0] != completions[1]
+
+
 def test_errors_map_to_openai_exceptions(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
         client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, n=9)

@@ -3,8 +3,10 @@
 In order, on the rows one sequence samples from (one per verified position of a round,
 or the single decode row):
 1. logprobs, if the request asks for them, are read from the raw rows: the model's own
-   distribution, before bias, grammar or temperature (as vLLM reports them);
-2. ``logit_bias`` is added;
+   distribution, before bias, penalties, grammar or temperature (as vLLM reports them);
+2. ``logit_bias`` is added, and the presence and frequency penalties are taken off, row i
+   counting the output so far and the first i drafts (what the output holds if they are
+   accepted), so a verified position sees the penalties its decode step would;
 3. the grammar's mask sets every token it does not allow at that position to -inf.
 
 A row is processed identically whether it is a decode step or a verified draft
@@ -13,6 +15,8 @@ position, so constrained outputs stay identical with speculation on and off.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from speclane.grammar.matcher import GrammarMatcher
@@ -20,15 +24,29 @@ from speclane.request import SamplingParams, TokenLogprob
 
 
 def constrain(rows: torch.Tensor, params: SamplingParams, matcher: GrammarMatcher | None,
-              draft: list[int]) -> None:
-    """Apply bias and mask in place to ``rows`` [len(draft) + 1, V], row i continuing
-    ``draft[:i]``."""
+              draft: list[int], output: Sequence[int] = ()) -> None:
+    """Apply bias, penalties and mask in place to ``rows`` [len(draft) + 1, V], row i
+    continuing ``output`` (the tokens generated so far) and then ``draft[:i]`` (a chain)."""
     if params.logit_bias:
         ids = torch.tensor([token for token, _ in params.logit_bias], dtype=torch.long)
         bias = torch.tensor([value for _, value in params.logit_bias], dtype=rows.dtype)
         rows[:, ids] += bias
+    if params.penalized:
+        penalize(rows, params.presence_penalty, params.frequency_penalty, output, draft)
     if matcher is not None:
         rows.masked_fill_(~matcher.masks(draft), float("-inf"))
+
+
+def penalize(rows: torch.Tensor, presence: float, frequency: float, output: Sequence[int], draft: list[int]) -> None:
+    """Take the penalties off ``rows`` in place: every row pays for the tokens in ``output``,
+    row i also for ``draft[:i]``."""
+    if output:
+        ids, counts = torch.unique(torch.tensor(output, dtype=torch.long), return_counts=True)
+        rows[:, ids] -= presence + frequency * counts.to(rows.dtype)
+    seen = set(output)
+    for j, token in enumerate(draft[: rows.shape[0] - 1]):
+        rows[j + 1 :, token] -= frequency + (0.0 if token in seen else presence)
+        seen.add(token)
 
 
 def token_logprobs(raw_rows: torch.Tensor, chosen: list[int], num_top: int) -> tuple[TokenLogprob, ...]:

@@ -128,6 +128,8 @@ class ModelRunner:
                 matcher = self._matcher(seq.request)
                 if matcher is not None:  # what the grammar allows, then what it forces; exact-match verify
                     draft = Draft(matcher.draft(draft.chain().token_ids, seq.num_draft_tokens))
+                elif seq.request.sampling.penalized and draft.parents is not None:
+                    draft = draft.chain()  # penalties count a row's drafts as a chain (logits.py)
                 drafts.append(draft)
             else:
                 drafts.append(Draft([]))
@@ -221,9 +223,10 @@ class ModelRunner:
             params = seq.request.sampling
             if params.logprobs is not None:
                 raw[seq.request_id] = logits[first:cursor].clone()
-            if params.logit_bias or seq.request.grammar is not None:
+            if params.logit_bias or params.penalized or seq.request.grammar is not None:
                 with torch.inference_mode():  # the logits are the forward's inference tensors
-                    constrain(logits[first:cursor], params, self._matcher(seq.request), proposed)
+                    constrain(logits[first:cursor], params, self._matcher(seq.request), proposed,
+                              seq.request.output_token_ids)
         return raw
 
     def _share_hidden(self, seqs: list[ScheduledSeq], fed: list[list[int]], kept: list[list[int] | int],

@@ -2,7 +2,7 @@
 
 The engine reports, per generated token, its logprob and the k most likely tokens at
 that position, from the model's own distribution (log-softmax of the raw logits, before
-``logit_bias``, the grammar's mask, temperature, top-k or top-p). Here token ids become
+``logit_bias``, the penalties, the grammar's mask, temperature, top-k or top-p). Here token ids become
 OpenAI's ``token`` strings and ``bytes``:
 
 - chat: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token",

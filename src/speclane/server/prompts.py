@@ -174,6 +174,8 @@ def sampling_params(request: ChatCompletionRequest | CompletionRequest, *, max_t
             stop=tuple(request.stop or ()),
             logprobs=logprobs,
             logit_bias=tuple((int(key), bias) for key, bias in (request.logit_bias or {}).items()),
+            presence_penalty=request.presence_penalty or 0.0,
+            frequency_penalty=request.frequency_penalty or 0.0,
         )
     except ValueError as exc:  # the protocol's bounds should already have caught it
         raise APIError(400, str(exc)) from None

@@ -31,6 +31,7 @@ from pydantic import (
 
 from speclane.request import (
     MAX_LOGIT_BIAS,
+    MAX_PENALTY,
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
     MAX_TOP_LOGPROBS,
@@ -222,8 +223,6 @@ def neutral_values(table: dict[str, tuple[Callable[[Any], bool], str]]) -> Any:
 
 _NEUTRAL: dict[str, tuple[Callable[[Any], bool], str]] = {
     "best_of": (lambda v: v in (None, 1), "only best_of=1 is supported: omit the field"),
-    "frequency_penalty": (lambda v: v in (None, 0), "not supported: omit it or send 0"),
-    "presence_penalty": (lambda v: v in (None, 0), "not supported: omit it or send 0"),
     "echo": (lambda v: v is None or v is False, "not supported: omit the field"),
     "suffix": (lambda v: v is None or v == "", "not supported: omit the field"),
 }
@@ -248,8 +247,10 @@ class _GenerationRequest(_Strict):
         default="tenant", description="'global': read and write the prefix cache shared by every tenant (API keys "
                                       "with may_share_prefix_cache only)")
     n: int | None = Field(default=None, ge=1, le=MAX_N, description=f"1 to {MAX_N} choices")
-    frequency_penalty: float | None = Field(default=None, ge=0, le=0)
-    presence_penalty: float | None = Field(default=None, ge=0, le=0)
+    frequency_penalty: float | None = Field(default=None, ge=-MAX_PENALTY, le=MAX_PENALTY,
+                                            description="taken off a token's logit per time the output holds it")
+    presence_penalty: float | None = Field(default=None, ge=-MAX_PENALTY, le=MAX_PENALTY,
+                                           description="taken off a token's logit once the output holds it")
     logit_bias: Annotated[dict[str, Annotated[float, Field(ge=-100, le=100)]],
                           Field(max_length=MAX_LOGIT_BIAS)] | None = Field(
         default=None, description="token id (as a string) -> bias from -100 to 100, added to the logits")

@@ -1,0 +1,63 @@
+"""Presence and frequency penalties on the real model: speculation changes nothing (greedy
+and seeded, chains and draft trees), drafts are verified under them, and they do what they
+say (a penalised answer repeats itself less)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from speclane.engine.engine import LLMEngine
+from speclane.request import SamplingParams
+
+pytestmark = pytest.mark.slow
+
+PROMPT = ("Copy this line exactly: the cat and the dog and the bird and the fish and the cow and the horse and the "
+          "goat and the sheep and the duck and the hen and the pig.")
+
+
+@pytest.fixture(scope="module")
+def engines(llm_default) -> dict[str, LLMEngine]:
+    base = llm_default.engine
+    return {"auto": base,
+            "ngram": LLMEngine.from_parts(base.config.replace(drafter="ngram"), base.model, base.tokenizer),
+            "suffix trees": LLMEngine.from_parts(base.config.replace(drafter="suffix", suffix_tree_branches=3),
+                                                 base.model, base.tokenizer)}
+
+
+def answer(engine: LLMEngine, sampling: SamplingParams, *, speculative: bool) -> tuple[list[int], dict]:
+    tok = engine.tokenizer
+    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True))
+    engine.add_request("p", prompt, sampling, speculative=speculative)
+    ids: list[int] = []
+    spec: dict = {}
+    for out in engine.run_until_done():
+        ids += out.token_ids
+        if out.finished:
+            spec = out.speculative or {}
+    return ids, spec
+
+
+@pytest.mark.parametrize("drafter", ["auto", "ngram", "suffix trees"])
+@pytest.mark.parametrize("sampling", [
+    SamplingParams(max_tokens=48, frequency_penalty=1.5, presence_penalty=0.5),
+    SamplingParams(max_tokens=48, frequency_penalty=-1.0),
+    SamplingParams(max_tokens=48, temperature=0.8, seed=7, frequency_penalty=0.5, presence_penalty=0.5),
+], ids=["greedy", "greedy-negative", "seeded"])
+def test_speculation_changes_nothing_under_penalties(engines, drafter: str, sampling: SamplingParams) -> None:
+    engine = engines[drafter]
+    off, _ = answer(engine, sampling, speculative=False)
+    on, spec = answer(engine, sampling, speculative=True)
+    assert on == off
+    assert spec.get("draft_tokens", 0) > 0, "drafts were verified under the penalties"
+
+
+def test_a_frequency_penalty_makes_the_answer_repeat_itself_less_and_a_negative_one_more(engines) -> None:
+    engine = engines["auto"]
+    plain, spec = answer(engine, SamplingParams(max_tokens=48), speculative=True)
+    penalised, _ = answer(engine, SamplingParams(max_tokens=48, frequency_penalty=1.5), speculative=True)
+    assert spec.get("accepted_tokens", 0) > 0, "the plain answer is a copy the drafts follow"
+    rewarded, _ = answer(engine, SamplingParams(max_tokens=48, frequency_penalty=-1.0), speculative=True)
+    assert penalised != plain != rewarded
+    assert max(Counter(penalised).values()) < max(Counter(plain).values()) < max(Counter(rewarded).values())
