@@ -53,7 +53,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from speclane.server.app import serve
 
     return serve(cfg.from_namespace(args), host=args.host, port=args.port, api_keys=args.api_keys,
-                 cluster=cfg.section_from_namespace(cfg.ClusterConfig, args), stream_interval_ms=args.stream_interval_ms)
+                 cluster=cfg.section_from_namespace(cfg.ClusterConfig, args), stream_interval_ms=args.stream_interval_ms,
+                 reasoning_parser=args.reasoning_parser)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -97,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stream-interval-ms", type=float, default=cfg.DEFAULT_STREAM_INTERVAL_MS,
                    help="a stream sends at most one chunk per this many ms (tokens that come meanwhile share it); "
                         "its first and last chunks are never held back; 0: a chunk per tick (default: %(default)s)")
+    p.add_argument("--reasoning-parser", choices=("auto", "think", "none"), default="auto",
+                   help="a chat reply's <think>...</think> block goes to message.reasoning_content, the rest to "
+                        "content: auto, for models whose chat template writes <think> (Qwen3, QwQ, DeepSeek-R1 "
+                        "distills); think, for every model; none, the tags stay in content (default: %(default)s)")
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("generate", help="generate text for one prompt")

@@ -19,6 +19,7 @@ from server_helpers import MODEL, LiveServer, engine_idle, wait_until
 
 from speclane.engine.async_engine import AsyncEngine
 from speclane.server.errors import validation_message
+from speclane.server.protocol import ChatCompletionRequest
 from speclane.server.responses import chat_body, chat_request, relay
 from speclane.server.responses_output import echo_fields, response_from_chat
 from speclane.server.responses_protocol import ResponseObject, ResponsesRequest
@@ -79,6 +80,25 @@ def test_items_become_chat_messages_with_tool_calls_and_tool_results() -> None:
             {"id": "c3", "type": "function", "function": {"name": "weather", "arguments": "{}"}}]},
     ]
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+
+
+def test_reasoning_items_sent_back_are_the_next_assistant_turns_thinking() -> None:
+    """A multi-turn client sends a response's whole output back: its reasoning items too."""
+    thinking = {"type": "reasoning", "id": "rs_1", "summary": [], "status": "completed",
+                "content": [{"type": "reasoning_text", "text": "They want weather."}]}
+    body = chat_body(request(input=[
+        {"role": "user", "content": "Weather?"}, thinking,
+        {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "rain"},
+        {**thinking, "content": None, "summary": [{"type": "summary_text", "text": "Report it."}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Rain."}]},
+        {"role": "user", "content": "Thanks"}]))
+    assert body["messages"][1] == {"role": "assistant", "content": None, "reasoning_content": "They want weather.",
+                                   "tool_calls": [{"id": "c1", "type": "function",
+                                                   "function": {"name": "weather", "arguments": "{}"}}]}
+    assert body["messages"][3] == {"role": "assistant", "content": "Rain.", "reasoning_content": "Report it."}
+    assert [m["role"] for m in body["messages"]] == ["user", "assistant", "tool", "assistant", "user"]
+    ChatCompletionRequest.model_validate(body)  # and chat takes it
 
 
 def test_tools_tool_choice_and_text_formats_take_chat_shapes() -> None:
@@ -198,6 +218,19 @@ def test_tool_calls_become_function_call_items() -> None:
     assert [(i.type, i.status) for i in cut.output] == [("message", "incomplete"), ("function_call", "completed")]
 
 
+def test_thinking_becomes_a_reasoning_item_before_the_answer() -> None:
+    body = response_from_chat(chat_completion({"content": "Blue.", "reasoning_content": "Sky colour."}),
+                              echo_fields(request(input="x")))
+    resp = parsed(body)
+    assert resp.output_text == "Blue." and [i.type for i in resp.output] == ["reasoning", "message"]
+    item = body["output"][0]
+    assert item["id"].startswith("rs_") and item["summary"] == []
+    assert item["content"] == [{"type": "reasoning_text", "text": "Sky colour."}]
+    cut = parsed(response_from_chat(chat_completion({"content": "", "reasoning_content": "Hm"}, "length"),
+                                    echo_fields(request(input="x"))))
+    assert [(i.type, i.status) for i in cut.output] == [("reasoning", "completed"), ("message", "incomplete")]
+
+
 # -- chat chunks -> events ----------------------------------------------------------------------------
 
 
@@ -303,6 +336,20 @@ def test_an_error_event_fails_the_response() -> None:
     failed = events[-1]["response"]
     assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
     assert failed["output"][0]["status"] == "incomplete"
+
+
+def test_streamed_thinking_is_a_reasoning_item_then_the_message() -> None:
+    events = run_stream([chunk({"role": "assistant", "content": ""}), chunk({"reasoning_content": "Sky"}),
+                         chunk({"reasoning_content": " colour."}), chunk({"content": "Blue."}),
+                         chunk(finish_reason="stop"), USAGE_CHUNK])
+    assert kinds(events)[2:7] == ["response.output_item.added", "response.reasoning_text.delta",
+                                  "response.reasoning_text.delta", "response.reasoning_text.done",
+                                  "response.output_item.done"]
+    assert events[5]["text"] == "Sky colour." and events[6]["item"]["content"][0]["text"] == "Sky colour."
+    final = Response.model_validate(events[-1]["response"])
+    assert final.output_text == "Blue." and [i.type for i in final.output] == ["reasoning", "message"]
+    only_thinking = run_stream([chunk({"reasoning_content": "Hm"}), chunk(finish_reason="length"), USAGE_CHUNK])
+    assert [i["type"] for i in only_thinking[-1]["response"]["output"]] == ["reasoning", "message"]
 
 
 def test_an_empty_answer_is_an_empty_message() -> None:

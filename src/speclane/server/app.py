@@ -54,6 +54,7 @@ from speclane.server.protocol import (
     ModelCard,
     ModelList,
 )
+from speclane.server.reasoning import reads_reasoning
 from speclane.server.responses import create_response
 from speclane.server.responses_protocol import ResponseObject, ResponsesRequest
 from speclane.server.streaming import (
@@ -81,8 +82,10 @@ _STREAM = {"content": {"text/event-stream": {"schema": {"type": "string"}}},
 class _Server:
     """What the route handlers share: the engine, keys, tokenizer view and live requests."""
 
-    def __init__(self, async_engine: AsyncEngine | ClusterEngine, keys: KeyTable | None, model_name: str) -> None:
+    def __init__(self, async_engine: AsyncEngine | ClusterEngine, keys: KeyTable | None, model_name: str,
+                 reasoning_parser: str = "auto") -> None:
         engine = async_engine.engine
+        self.reasoning = reads_reasoning(reasoning_parser, engine.tokenizer.chat_template)
         self.async_engine = async_engine
         self.keys = keys
         self.model_name = model_name
@@ -142,7 +145,8 @@ class _Server:
             raise
         reading = Reading(tool_parsing=engine_input.tool_parsing, tool_names=engine_input.tool_names,
                           top_logprobs=engine_input.top_logprobs,
-                          texts=self.token_texts if engine_input.top_logprobs is not None else None)
+                          texts=self.token_texts if engine_input.top_logprobs is not None else None,
+                          reasoning=chat and self.reasoning, opens_thinking=engine_input.opens_thinking)
 
         def cancelled(out: Any) -> APIError:
             return self.tracker.cancelled_error(out.request_id, out.finish_reason, getattr(out, "error", None))
@@ -180,15 +184,17 @@ def create_app(
     api_keys: KeyTable | str | Path | None = None,
     model_name: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    reasoning_parser: str = "auto",
 ) -> FastAPI:
-    """The HTTP app around a running ``AsyncEngine``.
+    """The HTTP app around a running ``AsyncEngine``. ``reasoning_parser``: whose chat
+    replies' ``<think>`` block is ``reasoning_content`` (``server/reasoning.py``).
 
     Installs the app's ``ServerMetrics`` and the dashboard's recorders as the engine's
     observer (one app per engine gets the latency histograms). Does not shut the engine down: its owner does.
     """
     engine = async_engine.engine
     keys = KeyTable.load(api_keys) if isinstance(api_keys, str | Path) else api_keys
-    server = _Server(async_engine, keys, model_name or engine.config.model.model)
+    server = _Server(async_engine, keys, model_name or engine.config.model.model, reasoning_parser)
     latency = LatencyWindow()
     if isinstance(async_engine, ClusterEngine):
         cluster = async_engine
@@ -273,12 +279,13 @@ def create_app(
 def serve(engine_config: EngineConfig, *, host: str = "127.0.0.1", port: int = 8000,
           api_keys: str | Path | None = None, grace_s: float | None = None, log_level: str = "info",
           env: RuntimeEnv | None = None, cluster: ClusterConfig | None = None,
-          stream_interval_ms: float = DEFAULT_STREAM_INTERVAL_MS) -> int:
+          stream_interval_ms: float = DEFAULT_STREAM_INTERVAL_MS, reasoning_parser: str = "auto") -> int:
     """Load the engine (or, with ``cluster.replicas`` > 1 or a Ray address, start the
     replicas), serve until SIGTERM/SIGINT, drain (``grace_s``, default
     ``env.shutdown_grace_s``: ``SPECLANE_SHUTDOWN_GRACE_S`` or 30 s), and return 0."""
     if not stream_interval_ms >= 0:
         raise ValueError(f"--stream-interval-ms must be >= 0; got {stream_interval_ms}")
+    reads_reasoning(reasoning_parser, None)  # a bad choice fails before the model loads
     grace = grace_s if grace_s is not None else (env or runtime_env()).shutdown_grace_s(DEFAULT_GRACE_S)
     _configure_logging(log_level)
     keys = KeyTable.load(api_keys) if api_keys else None  # a bad key file fails before the model loads
@@ -295,7 +302,7 @@ def serve(engine_config: EngineConfig, *, host: str = "127.0.0.1", port: int = 8
         async_engine = AsyncEngine(LLMEngine(engine_config))
     async_engine.stream_interval_s = stream_interval_ms / 1000.0
     try:
-        app = create_app(async_engine, api_keys=keys)
+        app = create_app(async_engine, api_keys=keys, reasoning_parser=reasoning_parser)
         config = uvicorn_config(app, host=host, port=port, grace_s=grace, log_level=log_level)
         DrainingServer(config, app.state.tracker, grace).run()
     finally:

@@ -27,6 +27,7 @@ from speclane.server.protocol import (
     CompletionRequest,
     content_text,
 )
+from speclane.server.reasoning import prompt_opens_thinking
 from speclane.server.tools import chat_messages
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ class EngineInput:
     tool_parsing: Literal["none", "auto", "forced"] = "none"
     tool_names: tuple[str, ...] = ()
     top_logprobs: int | None = None  # alternatives to report per token; None: no logprobs
+    opens_thinking: bool = False  # the rendered chat prompt ends inside <think> (reasoning.py)
 
     def sampling_for(self, choice: int) -> SamplingParams:
         """Choice i samples with seed + i (vLLM's convention), so it equals a single request with that seed."""
@@ -74,8 +76,10 @@ class Vocabulary:
 
 
 def chat_input(request: ChatCompletionRequest, vocab: Vocabulary) -> EngineInput:
-    prompt_ids = vocab.tokenizer.encode(_render_chat(request, vocab.tokenizer), add_special_tokens=False)
-    engine_input = _engine_input(request, prompt_ids, vocab)
+    prompt = _render_chat(request, vocab.tokenizer)
+    prompt_ids = vocab.tokenizer.encode(prompt, add_special_tokens=False)
+    engine_input = dataclasses.replace(_engine_input(request, prompt_ids, vocab),
+                                       opens_thinking=prompt_opens_thinking(prompt))
     mode = request.tool_mode
     if mode == "none":
         return engine_input
@@ -100,7 +104,8 @@ def _render_chat(request: ChatCompletionRequest, tokenizer: Tokenizer) -> str:
     offered = request.tools or () if request.tool_mode != "none" else ()
     messages, variables = chat_messages(request.messages, offered, tokenizer)
     try:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, **variables)
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                             **{**(request.chat_template_kwargs or {}), **variables})
     except jinja2.TemplateError as exc:
         raise APIError(400, f"the model's chat template rejected the messages: {exc}", param="messages") from None
 

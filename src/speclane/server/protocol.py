@@ -43,6 +43,8 @@ MAX_USER_CHARS = 256
 MAX_N = 8  # choices per request
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's cap on the legacy completions' logprobs
 MAX_TOOLS = 128  # OpenAI's cap on tools
+# The chat template's variables the server sets itself; chat_template_kwargs may not.
+TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
 FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function names
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's; chat's default is the rest of the context
 
@@ -111,6 +113,9 @@ class ChatMessage(_Strict):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     refusal: str | None = None  # accepted on assistant messages (an earlier refusal)
+    # An earlier reply's thinking, as this server returned it; a template that renders it
+    # (Qwen3's) gets it, others never see it.
+    reasoning_content: str | None = None
 
     @model_validator(mode="after")
     def _fields_of_the_role(self) -> ChatMessage:
@@ -127,6 +132,8 @@ class ChatMessage(_Strict):
             raise ValueError("tool_call_id belongs to tool messages only")
         if self.refusal is not None and self.role != "assistant":
             raise ValueError("refusal belongs to assistant messages only")
+        if self.reasoning_content is not None and self.role != "assistant":
+            raise ValueError("reasoning_content belongs to assistant messages only")
         return self
 
     @property
@@ -320,6 +327,9 @@ class ChatCompletionRequest(_GenerationRequest):
     tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None, description="extra variables for the model's chat template, e.g. Qwen3's "
+                                  "{\"enable_thinking\": false} (vLLM's and llama.cpp's field)")
 
     @model_validator(mode="after")
     def _chat_rules(self) -> ChatCompletionRequest:
@@ -329,6 +339,9 @@ class ChatCompletionRequest(_GenerationRequest):
         duplicate = next((name for i, name in enumerate(names) if name in names[:i]), None)
         if duplicate is not None:
             raise ValueError(f"tools: two tools are named '{duplicate}': tool names must be unique")
+        reserved = sorted(set(self.chat_template_kwargs or ()) & TEMPLATE_VARIABLES)
+        if reserved:
+            raise ValueError(f"chat_template_kwargs: '{reserved[0]}' is set by the server: send it in its own field")
         choice = self.tool_choice
         if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
             raise ValueError(f"tool_choice: no tool named '{choice.function.name[:64]}' in tools")
@@ -429,6 +442,7 @@ class Usage(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None  # null when the reply is only tool calls
+    reasoning_content: str | None = None  # a reasoning model's thinking (``--reasoning-parser``)
     tool_calls: list[ToolCall] | None = None  # present when the reply calls tools
 
 

@@ -34,6 +34,7 @@ from speclane.server.responses_protocol import (
     FunctionTool,
     InputMessage,
     InputText,
+    ReasoningItem,
     ResponsesRequest,
     ToolChoiceFunction,
 )
@@ -52,26 +53,34 @@ def _text(content: str | list[InputText]) -> str:
 
 def chat_messages(request: ResponsesRequest) -> list[dict[str, Any]]:
     """``instructions`` and ``input`` as chat messages: function calls join the assistant
-    turn they follow (``tool_calls``), their outputs become ``role: "tool"`` messages."""
+    turn they follow (``tool_calls``), their outputs become ``role: "tool"`` messages, and
+    a reasoning item is the ``reasoning_content`` of the assistant turn after it."""
     messages: list[dict[str, Any]] = []
     if request.instructions is not None:
         messages.append({"role": "system", "content": request.instructions})
     if isinstance(request.input, str):
         messages.append({"role": "user", "content": request.input})
         return messages
+    thinking: str | None = None  # a reasoning item's, for the next assistant turn
     for item in request.input:
+        if isinstance(item, ReasoningItem):
+            thinking = (thinking or "") + item.text
+            continue
         if isinstance(item, InputMessage):
             messages.append({"role": item.role, "content": _text(item.content)})
         elif isinstance(item, FunctionCallItem):
             call = {"id": item.call_id, "type": "function",
                     "function": {"name": item.name, "arguments": item.arguments}}
             last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
+            if last is not None and last["role"] == "assistant" and thinking is None:
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         else:
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output)})
+        if thinking is not None and messages[-1]["role"] == "assistant":
+            messages[-1]["reasoning_content"] = thinking
+        thinking = None  # thinking before anything but an assistant turn reads as nothing
     return messages
 
 

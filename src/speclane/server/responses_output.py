@@ -1,7 +1,8 @@
 """A chat completion's answer -> the Responses API's ``response`` object and its items.
 
 Pure functions of dicts: the usage, the status (``incomplete`` when chat stopped for
-length), a message item, one ``function_call`` item per tool call, and the echo of the
+length), a ``reasoning`` item (a reasoning model's thinking, chat's ``reasoning_content``),
+a message item, one ``function_call`` item per tool call, and the echo of the
 request's settings that a ``response`` repeats. ``responses_stream.py`` builds its events
 from the same items.
 """
@@ -102,6 +103,12 @@ def message_item(text: str, *, status: str = "completed", refusal: str | None = 
             "content": content}
 
 
+def reasoning_item(text: str, *, status: str = "completed") -> dict[str, Any]:
+    """A reasoning model's thinking, in full (``content``; no summary is made)."""
+    return {"type": "reasoning", "id": new_id("rs"), "status": status, "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}]}
+
+
 def function_call_item(call: dict[str, Any], *, status: str = "completed") -> dict[str, Any]:
     function = call.get("function") or {}
     return {"type": "function_call", "id": new_id("fc"), "call_id": call.get("id") or new_id("call"),
@@ -109,8 +116,9 @@ def function_call_item(call: dict[str, Any], *, status: str = "completed") -> di
 
 
 def response_from_chat(chat: dict[str, Any], echo: dict[str, Any]) -> dict[str, Any]:
-    """A ``chat.completion`` body -> a ``response`` object: the message's text (if any, or
-    if there is nothing else) as a message item, then one ``function_call`` item per tool call.
+    """A ``chat.completion`` body -> a ``response`` object: the thinking (if any) as a
+    reasoning item, the message's text (if any, or if there is nothing else but thinking)
+    as a message item, then one ``function_call`` item per tool call.
     A cut answer (``length``) is ``incomplete``, and so is its message item; the function
     calls are whole (chat returns only calls that parsed) and ``completed``."""
     choice = (chat.get("choices") or [{}])[0]
@@ -120,6 +128,9 @@ def response_from_chat(chat: dict[str, Any], echo: dict[str, Any]) -> dict[str, 
     text = message.get("content") or ""
     calls = message.get("tool_calls") or []
     output: list[dict[str, Any]] = []
+    thinking = message.get("reasoning_content")
+    if thinking:  # an item always follows it (the message, empty where the answer never began)
+        output.append(reasoning_item(thinking))
     if text or message.get("refusal") is not None or not calls:
         output.append(message_item(text, status=item_status, refusal=message.get("refusal")))
     output += [function_call_item(call) for call in calls]  # chat gives only whole calls

@@ -83,17 +83,41 @@ class FunctionCallOutputItem(_Strict):
     status: ItemStatus | None = None
 
 
+class ReasoningText(_Strict):
+    type: Literal["reasoning_text", "summary_text"]
+    text: str
+
+
+class ReasoningItem(_Strict):
+    """A reasoning model's earlier thinking (an output item sent back): it becomes the
+    ``reasoning_content`` of the assistant turn that follows it."""
+
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[ReasoningText] = Field(default_factory=list)
+    content: list[ReasoningText] | None = None
+    encrypted_content: str | None = None  # another server's: this one cannot read it
+    status: ItemStatus | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(part.text for part in self.content or self.summary)
+
+
+_ITEM_KINDS = ("message", "function_call", "function_call_output", "reasoning")
+
+
 def _item_kind(value: Any) -> str | None:
     kind = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", None)
-    return kind if kind in ("message", "function_call", "function_call_output") else None
+    return kind if kind in _ITEM_KINDS else None
 
 
 InputItem = Annotated[
     Annotated[InputMessage, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")] | Annotated[ReasoningItem, Tag("reasoning")],
     Discriminator(_item_kind, custom_error_type="input_item_type",
                   custom_error_message="an input item is a message ({\"role\", \"content\"}), a "
-                                       "'function_call' or a 'function_call_output'"),
+                                       "'function_call', a 'function_call_output' or a 'reasoning' item"),
 ]
 
 
@@ -232,6 +256,14 @@ class OutputMessage(BaseModel):
     content: list[Annotated[OutputText | OutputRefusal, Field(discriminator="type")]]
 
 
+class OutputReasoning(BaseModel):
+    type: Literal["reasoning"] = "reasoning"
+    id: str
+    status: ItemStatus
+    summary: list[Any] = Field(default_factory=list)
+    content: list[ReasoningText]
+
+
 class OutputFunctionCall(BaseModel):
     type: Literal["function_call"] = "function_call"
     id: str
@@ -277,7 +309,7 @@ class ResponseObject(BaseModel):
     error: ResponseError | None
     incomplete_details: IncompleteDetails | None
     model: str
-    output: list[Annotated[OutputMessage | OutputFunctionCall, Field(discriminator="type")]]
+    output: list[Annotated[OutputReasoning | OutputMessage | OutputFunctionCall, Field(discriminator="type")]]
     usage: ResponseUsage | None
     instructions: str | None
     max_output_tokens: int | None

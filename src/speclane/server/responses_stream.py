@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from typing import Any
 
 from speclane.server.responses_output import (
     function_call_item,
     message_item,
+    reasoning_item,
     response_id,
     response_object,
     response_status,
     response_usage,
 )
+
+# The items text streams into: how one is made, its delta event, that event's other fields.
+TEXT_ITEMS: dict[str, tuple[Callable[..., dict[str, Any]], str, dict[str, Any]]] = {
+    "reasoning": (reasoning_item, "response.reasoning_text.delta", {}),
+    "message": (message_item, "response.output_text.delta", {"logprobs": []}),
+}
 
 
 class ResponseStream:
@@ -22,7 +30,8 @@ class ResponseStream:
 
     ``feed`` takes one chunk, ``finish`` ends the stream (``response.completed``, or
     ``response.incomplete`` when chat's finish reason is ``length``), ``fail`` ends it
-    with an ``error`` event and ``response.failed``. Items open one at a time: text opens a
+    with an ``error`` event and ``response.failed``. Items open one at a time: thinking
+    (``reasoning_content``) opens a reasoning item (its ``reasoning_text`` deltas), text opens a
     message item (with one ``output_text`` part), a tool call index not seen before opens
     a ``function_call`` item; opening one closes the one before. Event payloads are
     snapshots: later events never change earlier ones.
@@ -69,7 +78,10 @@ class ResponseStream:
         index = self.output.index(item)
         item["status"] = status
         events: list[dict[str, Any]] = []
-        if item["type"] == "message":
+        if item["type"] == "reasoning":
+            events.append(self._event("response.reasoning_text.done", item_id=item["id"], output_index=index,
+                                      content_index=0, text=item["content"][0]["text"]))
+        elif item["type"] == "message":
             part = item["content"][0]
             events += [self._event("response.output_text.done", item_id=item["id"], output_index=index,
                                    content_index=0, text=part["text"], logprobs=[]),
@@ -95,16 +107,17 @@ class ResponseStream:
                                       content_index=0, part=copy.deepcopy(item["content"][0])))
         return events
 
-    def _text(self, text: str) -> list[dict[str, Any]]:
+    def _append(self, kind: str, text: str) -> list[dict[str, Any]]:
+        """``text`` into the open item of ``kind`` (``TEXT_ITEMS``), opened first if it is not."""
+        make, delta_event, extra = TEXT_ITEMS[kind]
         events: list[dict[str, Any]] = []
-        if self.current is None or self.current["type"] != "message":
-            events += self._open(message_item("", status="in_progress"))
+        if self.current is None or self.current["type"] != kind:
+            events += self._open(make("", status="in_progress"))
         item = self.current
         assert item is not None
         item["content"][0]["text"] += text
-        events.append(self._event("response.output_text.delta", item_id=item["id"],
-                                  output_index=self.output.index(item), content_index=0, delta=text,
-                                  logprobs=[]))
+        events.append(self._event(delta_event, item_id=item["id"], output_index=self.output.index(item),
+                                  content_index=0, delta=text, **extra))
         return events
 
     def _tool_call(self, delta: dict[str, Any]) -> list[dict[str, Any]]:
@@ -133,8 +146,10 @@ class ResponseStream:
             self.usage = chunk["usage"]
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
+            if delta.get("reasoning_content"):
+                events += self._append("reasoning", delta["reasoning_content"])
             if delta.get("content"):
-                events += self._text(delta["content"])
+                events += self._append("message", delta["content"])
             for call in delta.get("tool_calls") or []:
                 events += self._tool_call(call)
             if choice.get("finish_reason") is not None:
@@ -147,8 +162,8 @@ class ResponseStream:
             return []
         events = self._start()
         status, details = response_status(self.finish_reason)
-        if not self.output:  # an empty answer is still one (empty) message, as non-streamed
-            events += self._open(message_item("", status="in_progress"))
+        if not any(item["type"] != "reasoning" for item in self.output):  # as non-streamed: an empty
+            events += self._open(message_item("", status="in_progress"))  # answer is an empty message
         cut = status == "incomplete" and self.current is not None and self.current["type"] == "message"
         events += self._close_current("incomplete" if cut else "completed")
         self.ended = True

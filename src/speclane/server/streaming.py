@@ -35,6 +35,7 @@ from speclane.engine.engine import RequestOutput
 from speclane.request import TokenLogprob
 from speclane.server.errors import APIError
 from speclane.server.logprobs import TokenTexts, chat_logprobs, completion_logprobs
+from speclane.server.reasoning import ReasoningSplitter
 from speclane.server.tools import ParsedCall, ToolCallParser
 
 T = TypeVar("T")
@@ -67,12 +68,15 @@ def sse(payload: dict[str, Any]) -> bytes:
 
 @dataclass(frozen=True)
 class Reading:
-    """How a request's outputs become choices: tool calls parsed or not, logprobs or not."""
+    """How a request's outputs become choices: thinking split off or not (``reasoning.py``),
+    tool calls parsed or not, logprobs or not."""
 
     tool_parsing: str = "none"  # "none", "auto" or "forced" (see EngineInput)
     tool_names: tuple[str, ...] = ()
     top_logprobs: int | None = None
     texts: TokenTexts | None = None  # needed with logprobs
+    reasoning: bool = False  # a chat reply's <think> block is reasoning_content
+    opens_thinking: bool = False  # the prompt ends inside <think>: the reply starts in it
 
 
 @dataclass
@@ -80,6 +84,7 @@ class Delta:
     """What one engine output (or the end of a choice) adds to the answer."""
 
     content: str = ""
+    reasoning: str = ""
     calls: list[ParsedCall] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
 
@@ -93,10 +98,12 @@ class ChoiceState:
     def __init__(self, index: int, reading: Reading) -> None:
         self.index = index
         self.reading = reading
+        self.splitter = ReasoningSplitter(thinking=reading.opens_thinking) if reading.reasoning else None
         self.parser = (ToolCallParser(reading.tool_names, bare_json=reading.tool_parsing == "auto",
                                       forced=reading.tool_parsing == "forced")
                        if reading.tool_parsing != "none" else None)
         self.content: list[str] = []
+        self.reasoning: list[str] = []
         self.calls: list[ParsedCall] = []
         self.logprobs: list[TokenLogprob] = []
         self.text_offset = 0  # completions: characters of text in the logprobs so far
@@ -104,7 +111,13 @@ class ChoiceState:
 
     def feed(self, out: RequestOutput) -> Delta:
         delta = Delta(logprobs=list(out.logprobs or ()))
-        events = self.parser.feed(out.text) if self.parser is not None else [out.text] if out.text else []
+        text = out.text
+        if self.splitter is not None:  # the thinking first; tool calls are read in the answer only
+            delta.reasoning, text = self.splitter.feed(text)
+            if out.finished:
+                reasoning, rest = self.splitter.finish()
+                delta.reasoning, text = delta.reasoning + reasoning, text + rest
+        events = self.parser.feed(text) if self.parser is not None else [text] if text else []
         if out.finished:
             self.final = out
             if self.parser is not None:
@@ -115,6 +128,7 @@ class ChoiceState:
             else:
                 delta.calls.append(event)
         self.content.append(delta.content)
+        self.reasoning.append(delta.reasoning)
         self.calls.extend(delta.calls)
         self.logprobs.extend(delta.logprobs)
         return delta
@@ -146,6 +160,8 @@ class ChoiceState:
             return [{"index": self.index, "text": delta.content,
                      "logprobs": self.completion_logprobs(delta.logprobs), "finish_reason": None}]
         deltas: list[dict[str, Any]] = []
+        if delta.reasoning:
+            deltas.append({"reasoning_content": delta.reasoning})
         if delta.content:
             deltas.append({"content": delta.content})
         first_call = len(self.calls) - len(delta.calls)
@@ -172,6 +188,8 @@ class ChoiceState:
             return {"index": self.index, "text": text, "logprobs": self.completion_logprobs(self.logprobs),
                     "finish_reason": self.finish_reason}
         message: dict[str, Any] = {"role": "assistant", "content": text if text or not self.calls else None}
+        if self.splitter is not None:
+            message["reasoning_content"] = "".join(self.reasoning) or None
         if self.calls:
             message["tool_calls"] = [call.as_dict() for call in self.calls]
         return {"index": self.index, "message": message, "logprobs": self.chat_logprobs(self.logprobs),

@@ -156,6 +156,8 @@ def _template_messages(messages: Sequence[ChatMessage], rename: Callable[[str], 
     out: list[dict[str, Any]] = []
     for m in messages:
         entry: dict[str, Any] = {"role": _role(m), "content": m.text}
+        if m.reasoning_content is not None:
+            entry["reasoning_content"] = m.reasoning_content
         if m.tool_calls:
             entry["tool_calls"] = [{"id": rename(c.id), "type": "function", "function": {
                 "name": c.function.name, "arguments": _arguments_object(c.function.arguments)}}
@@ -192,7 +194,10 @@ def _generic_messages(messages: Sequence[ChatMessage], tools: Sequence[Tool], *,
             calls = "\n".join(call_text(c.function.name, _arguments_object(c.function.arguments))
                               for c in m.tool_calls)
             text = f"{text}\n{calls}" if text else calls
-        out.append({"role": _role(m), "content": text})
+        entry = {"role": _role(m), "content": text}
+        if m.reasoning_content is not None:
+            entry["reasoning_content"] = m.reasoning_content
+        out.append(entry)
     for entry in out:
         entry.pop("tool_results", None)
     if tools:
