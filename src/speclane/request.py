@@ -45,6 +45,7 @@ MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = 20  # OpenAI's cap on top_logprobs
 MAX_LOGIT_BIAS = 300  # tokens a logit_bias may name (OpenAI: 300)
 MAX_PENALTY = 2.0  # presence_penalty and frequency_penalty lie in [-2, 2] (OpenAI's range)
+MAX_REPETITION_PENALTY = 10.0  # far past any useful value (1.1-1.3 is typical)
 GREEDY_BELOW_TEMPERATURE = 1e-5
 MAX_STOP_STRING_CHARS = 256
 
@@ -81,6 +82,11 @@ class SamplingParams:
     # (the prompt is not counted, as in OpenAI's and vLLM's).
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # vLLM's and llama.cpp's: the logit of every token in the prompt or the output so far
+    # divided by this where positive, multiplied where negative (1: none).
+    repetition_penalty: float = 1.0
+    # Tokens less likely than min_p times the likeliest are not sampled (0: none).
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -115,6 +121,10 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -MAX_PENALTY <= getattr(self, name) <= MAX_PENALTY:  # NaN fails too
                 raise ValueError(f"{name} must be from {-MAX_PENALTY} to {MAX_PENALTY}; got {getattr(self, name)}")
+        if not 0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise ValueError(f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY}]; got {self.repetition_penalty}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1]; got {self.min_p}")
 
     def _check_types(self) -> None:
         """``ValueError`` for a value of the wrong type (the Python API's: a float seed or
@@ -125,7 +135,7 @@ class SamplingParams:
         for name in ("seed", "logprobs"):
             if getattr(self, name) is not None and not _is_integer(getattr(self, name)):
                 raise ValueError(f"{name} must be an integer or None; got {getattr(self, name)!r}")
-        for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
+        for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p"):
             if not _is_number(getattr(self, name)):
                 raise ValueError(f"{name} must be a number; got {getattr(self, name)!r}")
         if not isinstance(self.ignore_eos, bool):
@@ -142,8 +152,8 @@ class SamplingParams:
 
     @property
     def penalized(self) -> bool:
-        """Whether a presence or frequency penalty applies."""
-        return bool(self.presence_penalty or self.frequency_penalty)
+        """Whether a presence, frequency or repetition penalty applies."""
+        return bool(self.presence_penalty or self.frequency_penalty) or self.repetition_penalty != 1.0
 
     @property
     def greedy(self) -> bool:

@@ -44,13 +44,34 @@ def answer(engine: LLMEngine, sampling: SamplingParams, *, speculative: bool) ->
     SamplingParams(max_tokens=48, frequency_penalty=1.5, presence_penalty=0.5),
     SamplingParams(max_tokens=48, frequency_penalty=-1.0),
     SamplingParams(max_tokens=48, temperature=0.8, seed=7, frequency_penalty=0.5, presence_penalty=0.5),
-], ids=["greedy", "greedy-negative", "seeded"])
+    SamplingParams(max_tokens=48, repetition_penalty=1.1),
+    SamplingParams(max_tokens=48, temperature=1.0, seed=3, repetition_penalty=1.05, min_p=0.1),
+], ids=["greedy", "greedy-negative", "seeded", "greedy-repetition", "seeded-repetition-min-p"])
 def test_speculation_changes_nothing_under_penalties(engines, drafter: str, sampling: SamplingParams) -> None:
     engine = engines[drafter]
     off, _ = answer(engine, sampling, speculative=False)
     on, spec = answer(engine, sampling, speculative=True)
     assert on == off
     assert spec.get("draft_tokens", 0) > 0, "drafts were verified under the penalties"
+
+
+def test_a_repetition_penalty_makes_the_answer_repeat_the_prompt_less(engines) -> None:
+    engine = engines["auto"]
+    plain, _ = answer(engine, SamplingParams(max_tokens=48), speculative=True)
+    penalised, _ = answer(engine, SamplingParams(max_tokens=48, repetition_penalty=1.8), speculative=True)
+    assert max(Counter(penalised).values()) < max(Counter(plain).values())
+
+
+def test_min_p_narrows_what_sampling_may_pick(engines) -> None:
+    """At min_p 1 only the likeliest token survives: sampling at any temperature is greedy."""
+    engine = engines["auto"]
+    greedy, _ = answer(engine, SamplingParams(max_tokens=24), speculative=False)
+    hot = [answer(engine, SamplingParams(max_tokens=24, temperature=1.5, seed=s, min_p=1.0), speculative=True)[0]
+           for s in (1, 2)]
+    assert hot == [greedy, greedy]
+    loose = {tuple(answer(engine, SamplingParams(max_tokens=24, temperature=1.5, seed=s), speculative=True)[0])
+             for s in (1, 2)}
+    assert tuple(greedy) not in loose or len(loose) > 1
 
 
 def test_a_frequency_penalty_makes_the_answer_repeat_itself_less_and_a_negative_one_more(engines) -> None:

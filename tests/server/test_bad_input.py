@@ -97,6 +97,8 @@ CASES: list[tuple[str, str, bytes, int, str]] = [
     ("logit_bias beyond 100", CHAT, chat(logit_bias={"5": 101}), 400, "logit_bias"),
     ("frequency_penalty beyond 2", CHAT, chat(frequency_penalty=2.5), 400, "frequency_penalty"),
     ("presence_penalty below -2", CHAT, chat(presence_penalty=-3), 400, "presence_penalty"),
+    ("repetition_penalty 0", CHAT, chat(repetition_penalty=0), 400, "repetition_penalty"),
+    ("min_p above 1", CHAT, chat(min_p=1.5), 400, "min_p"),
     ("malformed JSON schema", CHAT, chat(response_format={"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "strin"}}}}}), 400, "response_format"),
     ("unsupported schema keyword", CHAT, chat(response_format={"type": "json_schema", "json_schema": {

@@ -116,6 +116,12 @@ def test_penalties_reach_the_sampler(client: openai.OpenAI, idle_after: AsyncEng
     completions = [client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0,
                                              frequency_penalty=penalty).choices[0].text for penalty in (0.0, 2.0)]
     assert completions[0] != completions[1]
+    repeated = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0,
+                                         extra_body={"repetition_penalty": 1.8}).choices[0].text
+    assert repeated != completions[0]
+    certain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=1.5, seed=4,
+                                        extra_body={"min_p": 1.0}).choices[0].text
+    assert certain == completions[0], "min_p 1 keeps only the likeliest token: greedy"
 
 
 def test_errors_map_to_openai_exceptions(client: openai.OpenAI) -> None:

@@ -1,5 +1,6 @@
-"""Presence and frequency penalties on a round's logit rows (``engine/logits.py``): row i
-pays for the output so far and the round's first i drafts, as its decode step would."""
+"""Presence, frequency and repetition penalties on a round's logit rows
+(``engine/logits.py``): row i pays for the output so far and the round's first i drafts,
+as its decode step would; and min-p sampling (``engine/sampling.py``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from speclane.engine.logits import constrain
+from speclane.engine.sampling import probabilities
 from speclane.request import SamplingParams
 
 
@@ -38,8 +40,30 @@ def test_nothing_generated_yet_leaves_the_first_row_alone() -> None:
     assert rows[1, 4] == -1.5 and rows[2, 4] == -2.0
 
 
-@pytest.mark.parametrize("field", ["presence_penalty", "frequency_penalty"])
-@pytest.mark.parametrize("value", [2.5, -2.01, float("nan"), "1", True])
+def test_the_repetition_penalty_divides_positive_logits_and_multiplies_negative_ones_once() -> None:
+    generator = torch.Generator().manual_seed(5)
+    rows = torch.randn(4, 30, generator=generator)
+    prompt, output, draft = [1, 2, 2], [5, 1], [9, 5, 9]
+    expected = rows.clone()
+    for i in range(4):
+        for token in set(prompt + output + draft[:i]):
+            value = expected[i, token]
+            expected[i, token] = value / 1.5 if value > 0 else value * 1.5
+    constrain(rows, SamplingParams(repetition_penalty=1.5), None, draft, output, prompt)
+    torch.testing.assert_close(rows, expected, rtol=0, atol=1e-6)
+
+
+def test_min_p_drops_tokens_below_its_share_of_the_likeliest() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.12, 0.08]]))
+    probs = probabilities(logits, SamplingParams(temperature=1.0, min_p=0.2))
+    torch.testing.assert_close(probs, torch.tensor([[0.5, 0.3, 0.12, 0.0]]) / 0.92)
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    *[(f, v) for f in ("presence_penalty", "frequency_penalty") for v in (2.5, -2.01, float("nan"), "1", True)],
+    ("repetition_penalty", 0.0), ("repetition_penalty", 11.0), ("repetition_penalty", float("inf")),
+    ("min_p", -0.1), ("min_p", 1.5), ("min_p", float("nan")), ("min_p", "0.1"),
+])
 def test_out_of_range_or_wrong_type_is_refused(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})

@@ -4,9 +4,11 @@ In order, on the rows one sequence samples from (one per verified position of a 
 or the single decode row):
 1. logprobs, if the request asks for them, are read from the raw rows: the model's own
    distribution, before bias, penalties, grammar or temperature (as vLLM reports them);
-2. ``logit_bias`` is added, and the presence and frequency penalties are taken off, row i
-   counting the output so far and the first i drafts (what the output holds if they are
-   accepted), so a verified position sees the penalties its decode step would;
+2. ``logit_bias`` is added; the repetition penalty divides (multiplies, where negative)
+   the logits of the tokens in the prompt and the output, and the presence and frequency
+   penalties are taken off for the tokens in the output; row i counts the first i drafts
+   as output too (what it holds if they are accepted), so a verified position sees the
+   penalties its decode step would;
 3. the grammar's mask sets every token it does not allow at that position to -inf.
 
 A row is processed identically whether it is a decode step or a verified draft
@@ -24,14 +26,17 @@ from speclane.request import SamplingParams, TokenLogprob
 
 
 def constrain(rows: torch.Tensor, params: SamplingParams, matcher: GrammarMatcher | None,
-              draft: list[int], output: Sequence[int] = ()) -> None:
+              draft: list[int], output: Sequence[int] = (), prompt: Sequence[int] = ()) -> None:
     """Apply bias, penalties and mask in place to ``rows`` [len(draft) + 1, V], row i
-    continuing ``output`` (the tokens generated so far) and then ``draft[:i]`` (a chain)."""
+    continuing ``prompt``, ``output`` (the tokens generated so far) and then ``draft[:i]``
+    (a chain)."""
     if params.logit_bias:
         ids = torch.tensor([token for token, _ in params.logit_bias], dtype=torch.long)
         bias = torch.tensor([value for _, value in params.logit_bias], dtype=rows.dtype)
         rows[:, ids] += bias
-    if params.penalized:
+    if params.repetition_penalty != 1.0:
+        repeat_penalize(rows, params.repetition_penalty, [*prompt, *output], draft)
+    if params.presence_penalty or params.frequency_penalty:
         penalize(rows, params.presence_penalty, params.frequency_penalty, output, draft)
     if matcher is not None:
         rows.masked_fill_(~matcher.masks(draft), float("-inf"))
@@ -47,6 +52,22 @@ def penalize(rows: torch.Tensor, presence: float, frequency: float, output: Sequ
     for j, token in enumerate(draft[: rows.shape[0] - 1]):
         rows[j + 1 :, token] -= frequency + (0.0 if token in seen else presence)
         seen.add(token)
+
+
+def repeat_penalize(rows: torch.Tensor, penalty: float, seen: Sequence[int], draft: list[int]) -> None:
+    """The repetition penalty in place: every row's logits of the tokens in ``seen``, row
+    i's also of ``draft[:i]``, divided by ``penalty`` where positive, else multiplied."""
+    def apply(view: torch.Tensor) -> torch.Tensor:
+        return torch.where(view > 0, view / penalty, view * penalty)
+
+    if seen:
+        ids = torch.unique(torch.tensor(seen, dtype=torch.long))
+        rows[:, ids] = apply(rows[:, ids])
+    done = set(seen)
+    for j, token in enumerate(draft[: rows.shape[0] - 1]):
+        if token not in done:  # a token already penalised is not penalised twice
+            rows[j + 1 :, token] = apply(rows[j + 1 :, token])
+            done.add(token)
 
 
 def token_logprobs(raw_rows: torch.Tensor, chosen: list[int], num_top: int) -> tuple[TokenLogprob, ...]:

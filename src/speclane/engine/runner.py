@@ -226,7 +226,7 @@ class ModelRunner:
             if params.logit_bias or params.penalized or seq.request.grammar is not None:
                 with torch.inference_mode():  # the logits are the forward's inference tensors
                     constrain(logits[first:cursor], params, self._matcher(seq.request), proposed,
-                              seq.request.output_token_ids)
+                              seq.request.output_token_ids, seq.request.prompt_token_ids)
         return raw
 
     def _share_hidden(self, seqs: list[ScheduledSeq], fed: list[list[int]], kept: list[list[int] | int],

@@ -49,7 +49,8 @@ def _uniform(seed: int, position: int, size: int, stream: int = 0) -> torch.Tens
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """[N, V] float32 logits -> [N, V] the distribution we sample from (temperature, top-k, top-p)."""
+    """[N, V] float32 logits -> [N, V] the distribution we sample from (temperature, top-k,
+    top-p, min-p)."""
     scaled = logits / params.temperature
     if params.top_k and params.top_k < scaled.shape[-1]:
         kth = torch.topk(scaled, params.top_k, dim=-1).values[:, -1:]
@@ -60,6 +61,10 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly before each token
         sorted_probs = sorted_probs.masked_fill(before >= params.top_p, 0.0)  # keep the smallest nucleus
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        probs = probs / probs.sum(-1, keepdim=True)
+    if params.min_p > 0.0:
+        floor = params.min_p * probs.max(dim=-1, keepdim=True).values
+        probs = probs.masked_fill(probs < floor, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
 

@@ -181,6 +181,8 @@ def sampling_params(request: ChatCompletionRequest | CompletionRequest, *, max_t
             logit_bias=tuple((int(key), bias) for key, bias in (request.logit_bias or {}).items()),
             presence_penalty=request.presence_penalty or 0.0,
             frequency_penalty=request.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
+            min_p=request.min_p or 0.0,
         )
     except ValueError as exc:  # the protocol's bounds should already have caught it
         raise APIError(400, str(exc)) from None

@@ -32,6 +32,7 @@ from pydantic import (
 from speclane.request import (
     MAX_LOGIT_BIAS,
     MAX_PENALTY,
+    MAX_REPETITION_PENALTY,
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
     MAX_TOP_LOGPROBS,
@@ -258,6 +259,11 @@ class _GenerationRequest(_Strict):
                                             description="taken off a token's logit per time the output holds it")
     presence_penalty: float | None = Field(default=None, ge=-MAX_PENALTY, le=MAX_PENALTY,
                                            description="taken off a token's logit once the output holds it")
+    repetition_penalty: float | None = Field(
+        default=None, gt=0, le=MAX_REPETITION_PENALTY,
+        description="vLLM's: the logits of tokens in the prompt or output divided by it (multiplied where negative)")
+    min_p: float | None = Field(default=None, ge=0, le=1,
+                                description="vLLM's: tokens less likely than min_p times the likeliest are not sampled")
     logit_bias: Annotated[dict[str, Annotated[float, Field(ge=-100, le=100)]],
                           Field(max_length=MAX_LOGIT_BIAS)] | None = Field(
         default=None, description="token id (as a string) -> bias from -100 to 100, added to the logits")
