@@ -99,6 +99,9 @@ CASES: list[tuple[str, str, bytes, int, str]] = [
     ("presence_penalty below -2", CHAT, chat(presence_penalty=-3), 400, "presence_penalty"),
     ("repetition_penalty 0", CHAT, chat(repetition_penalty=0), 400, "repetition_penalty"),
     ("min_p above 1", CHAT, chat(min_p=1.5), 400, "min_p"),
+    ("stop_token_ids outside the vocabulary", CHAT, chat(stop_token_ids=[10**8]), 400, "stop_token_ids"),
+    ("stop_token_ids negative", CHAT, chat(stop_token_ids=[-1]), 400, "stop_token_ids"),
+    ("ignore_eos a string", CHAT, chat(ignore_eos="yes"), 400, "ignore_eos"),
     ("malformed JSON schema", CHAT, chat(response_format={"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "strin"}}}}}), 400, "response_format"),
     ("unsupported schema keyword", CHAT, chat(response_format={"type": "json_schema", "json_schema": {

@@ -124,6 +124,24 @@ def test_penalties_reach_the_sampler(client: openai.OpenAI, idle_after: AsyncEng
     assert certain == completions[0], "min_p 1 keeps only the likeliest token: greedy"
 
 
+def test_stop_token_ids_and_ignore_eos(client: openai.OpenAI, idle_after: AsyncEngine) -> None:
+    """vLLM's fields through extra_body: a stop token ends the answer on it; ignore_eos runs
+    a short answer on to max_tokens."""
+    short: list[Any] = [{"role": "user", "content": "Say only: yes"}]
+    plain = client.chat.completions.create(model=MODEL, messages=short, max_tokens=40, temperature=0, logprobs=True)
+    assert plain.choices[0].finish_reason == "stop" and plain.usage is not None
+    first = plain.choices[0].logprobs.content[0].token  # type: ignore[union-attr,index]
+    [first_id] = idle_after.engine.tokenizer.encode(first, add_special_tokens=False)
+    stopped = client.chat.completions.create(model=MODEL, messages=short, max_tokens=40, temperature=0,
+                                             extra_body={"stop_token_ids": [first_id]})
+    assert stopped.choices[0].finish_reason == "stop" and stopped.usage is not None
+    assert stopped.usage.completion_tokens == 1 and stopped.choices[0].message.content == first
+    longer = client.chat.completions.create(model=MODEL, messages=short, temperature=0,
+                                            max_tokens=plain.usage.completion_tokens + 8, extra_body={"ignore_eos": True})
+    assert longer.choices[0].finish_reason == "length" and longer.usage is not None
+    assert longer.usage.completion_tokens == plain.usage.completion_tokens + 8
+
+
 def test_errors_map_to_openai_exceptions(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
         client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, n=9)

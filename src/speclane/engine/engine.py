@@ -96,7 +96,8 @@ def check_token_ids(vocab: int, prompt_token_ids: Sequence[int], prediction_toke
                     sampling: SamplingParams) -> None:
     """``ValueError`` naming the first token id outside ``[0, vocab)``."""
     bias_ids = [token for token, _ in sampling.logit_bias]
-    for ids, what in ((prompt_token_ids, "prompt"), (prediction_token_ids, "prediction"), (bias_ids, "logit_bias")):
+    for ids, what in ((prompt_token_ids, "prompt"), (prediction_token_ids, "prediction"), (bias_ids, "logit_bias"),
+                      (sampling.stop_token_ids, "stop_token_ids")):
         bad = next((t for t in ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"{what} token id {bad} is outside the vocabulary [0, {vocab})")

@@ -139,6 +139,10 @@ def _engine_input(request: ChatCompletionRequest | CompletionRequest, prompt_ids
         if int(key) >= vocab.vocab_size:
             raise APIError(400, f"logit_bias: token id {key} is outside the vocabulary (0 to {vocab.vocab_size - 1})",
                            param="logit_bias")
+    for token in request.stop_token_ids or ():
+        if token >= vocab.vocab_size:
+            raise APIError(400, f"stop_token_ids: token id {token} is outside the vocabulary "
+                                f"(0 to {vocab.vocab_size - 1})", param="stop_token_ids")
     grammar = None
     if request.constraint_fields or (isinstance(request, ChatCompletionRequest) and request.tool_mode != "none"):
         if vocab.compile_grammar is None:
@@ -183,6 +187,8 @@ def sampling_params(request: ChatCompletionRequest | CompletionRequest, *, max_t
             frequency_penalty=request.frequency_penalty or 0.0,
             repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
             min_p=request.min_p or 0.0,
+            stop_token_ids=tuple(request.stop_token_ids or ()),
+            ignore_eos=request.ignore_eos,
         )
     except ValueError as exc:  # the protocol's bounds should already have caught it
         raise APIError(400, str(exc)) from None

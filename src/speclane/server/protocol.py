@@ -44,6 +44,7 @@ MAX_USER_CHARS = 256
 MAX_N = 8  # choices per request
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's cap on the legacy completions' logprobs
 MAX_TOOLS = 128  # OpenAI's cap on tools
+MAX_STOP_TOKEN_IDS = 64
 # The chat template's variables the server sets itself; chat_template_kwargs may not.
 TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
 FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function names
@@ -264,6 +265,10 @@ class _GenerationRequest(_Strict):
         description="vLLM's: the logits of tokens in the prompt or output divided by it (multiplied where negative)")
     min_p: float | None = Field(default=None, ge=0, le=1,
                                 description="vLLM's: tokens less likely than min_p times the likeliest are not sampled")
+    stop_token_ids: Annotated[list[Annotated[int, Field(ge=0, le=INT32_MAX)]], Field(max_length=MAX_STOP_TOKEN_IDS)] \
+        | None = Field(default=None, description="vLLM's: token ids that end the answer (kept in it)")
+    ignore_eos: bool = Field(default=False, description="vLLM's: generate past end-of-sequence tokens, up to "
+                                                        "max_tokens (a benchmark's fixed-length answers)")
     logit_bias: Annotated[dict[str, Annotated[float, Field(ge=-100, le=100)]],
                           Field(max_length=MAX_LOGIT_BIAS)] | None = Field(
         default=None, description="token id (as a string) -> bias from -100 to 100, added to the logits")
