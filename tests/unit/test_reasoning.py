@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -137,6 +138,13 @@ def test_chat_template_kwargs_reach_the_template() -> None:
                              {"role": "user", "content": "bye"}])
     chat_input(history, vocab)
     assert "<|assistant|><think>greet back</think>Hello" in rendered[-1]
+
+
+def test_a_constrained_reply_is_the_answer_even_where_the_prompt_opened_thinking() -> None:
+    vocab = dataclasses.replace(vocabulary(QWEN3_LIKE), compile_grammar=lambda spec: object())
+    opened = {"chat_template_kwargs": {"think_open": True}}
+    assert chat_input(chat(**opened), vocab).opens_thinking
+    assert not chat_input(chat(**opened, response_format={"type": "json_object"}), vocab).opens_thinking
 
 
 @pytest.mark.parametrize(("fields", "words"), [

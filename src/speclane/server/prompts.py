@@ -78,8 +78,11 @@ class Vocabulary:
 def chat_input(request: ChatCompletionRequest, vocab: Vocabulary) -> EngineInput:
     prompt = _render_chat(request, vocab.tokenizer)
     prompt_ids = vocab.tokenizer.encode(prompt, add_special_tokens=False)
-    engine_input = dataclasses.replace(_engine_input(request, prompt_ids, vocab),
-                                       opens_thinking=prompt_opens_thinking(prompt))
+    engine_input = _engine_input(request, prompt_ids, vocab)
+    # A grammar decides the reply from its first token: it is the answer even where the
+    # template opened <think> (it cannot close a block it never let the model write).
+    engine_input = dataclasses.replace(engine_input,
+                                       opens_thinking=engine_input.grammar is None and prompt_opens_thinking(prompt))
     mode = request.tool_mode
     if mode == "none":
         return engine_input
