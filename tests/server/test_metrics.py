@@ -76,24 +76,21 @@ def test_tenants_past_the_series_cap_are_counted_together(live: LiveServer, idle
     as many tenants as they may, a new tenant's tokens and rounds go under ``_other``, and
     no series of its own appears (the scrape and the counters' memory stay bounded)."""
     engine = idle_after.engine
-    tallies = [engine.counters.generated_by_tenant, engine.scheduler.counts.rounds_by_tenant,
-               engine.scheduler.lane.held_rounds_by_tenant]
-    caps = [t.max_named for t in tallies]
+    names = engine.scheduler.tenant_names
+    assert engine.counters.generated_by_tenant.names is names, "the engine's tallies share the scheduler's names"
+    cap = names.cap
     before = scrape(live.url)
     try:
-        for tally in tallies:  # full as it is: the next new tenant is one too many
-            tally.max_named = len(tally) - (OTHER_TENANTS in tally)
+        names.cap = len(names._named)  # full as it is: the next new tenant is one too many
         for tenant in ("past-cap-a", "past-cap-b"):
             response = httpx.post(live.url + "/v1/chat/completions", timeout=120, json={
                 "model": MODEL, "messages": [{"role": "user", "content": "Repeat: one two one two one two"}],
                 "max_tokens": 8, "temperature": 0, "user": tenant})
             assert response.status_code == 200
-            completion_tokens = response.json()["usage"]["completion_tokens"]
-            assert completion_tokens > 0
+            assert response.json()["usage"]["completion_tokens"] > 0
         after = scrape(live.url)
     finally:
-        for tally, cap in zip(tallies, caps, strict=True):
-            tally.max_named = cap
+        names.cap = cap
     for family in ("speclane_generated_tokens", "speclane_spec_rounds", "speclane_spec_lane_rounds"):
         labels = {dict(key[1]).get("tenant") for key in after[family] if isinstance(key, tuple)}
         assert not labels & {"past-cap-a", "past-cap-b"}, f"{family} names no tenant past the cap"

@@ -33,6 +33,33 @@ def test_each_row_pays_for_the_output_and_the_drafts_before_it(presence: float, 
     torch.testing.assert_close(rows, expected, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("params", [SamplingParams(frequency_penalty=0.1), SamplingParams(presence_penalty=0.3),
+                                    SamplingParams(frequency_penalty=-0.7, presence_penalty=1.1),
+                                    SamplingParams(repetition_penalty=1.3)])
+def test_a_rounds_rows_equal_the_decode_steps_bit_for_bit(params: SamplingParams) -> None:
+    """Row i of a round, against the decode step that has draft[:i] as output: the same
+    float32 bits (a near-tie broken differently would change the greedy answer)."""
+    generator = torch.Generator().manual_seed(11)
+    prompt, output, draft = [4, 8], [3, 7, 3, 0, 0], [0, 0, 7, 12, 3]
+    for _ in range(50):
+        rows = torch.randn(len(draft) + 1, 16, generator=generator) * 8
+        spec = rows.clone()
+        constrain(spec, params, None, draft, output, prompt)
+        for i in range(len(draft) + 1):
+            step = rows[i : i + 1].clone()
+            constrain(step, params, None, [], output + draft[:i], prompt)
+            assert torch.equal(spec[i], step[0]), i
+
+
+def test_a_near_tie_is_broken_as_the_decode_step_breaks_it() -> None:
+    rows = torch.tensor([[5.0, 0.0], [5.0, 0.0], [1.0, 0.8]])
+    spec = rows.clone()
+    constrain(spec, SamplingParams(frequency_penalty=0.1), None, [0, 0], [])
+    step = rows[2:].clone()
+    constrain(step, SamplingParams(frequency_penalty=0.1), None, [], [0, 0])
+    assert torch.equal(spec[2], step[0])
+
+
 def test_nothing_generated_yet_leaves_the_first_row_alone() -> None:
     rows = torch.zeros(3, 10)
     constrain(rows, SamplingParams(presence_penalty=1.0, frequency_penalty=0.5), None, [4, 4], [])

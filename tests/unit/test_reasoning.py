@@ -12,6 +12,7 @@ from tokenizers import models
 
 from speclane.engine.engine import RequestOutput
 from speclane.models.tokenizer import Tokenizer
+from speclane.server.errors import APIError
 from speclane.server.prompts import Vocabulary, chat_input
 from speclane.server.protocol import ChatCompletionRequest
 from speclane.server.reasoning import ReasoningSplitter, prompt_opens_thinking, reads_reasoning
@@ -147,8 +148,18 @@ def test_a_constrained_reply_is_the_answer_even_where_the_prompt_opened_thinking
     assert not chat_input(chat(**opened, response_format={"type": "json_object"}), vocab).opens_thinking
 
 
+def test_a_variable_of_the_wrong_type_is_the_clients_error() -> None:
+    """Llama 3.1's template adds its date_string to text: a number there is a 400, not a 500."""
+    vocab = vocabulary("{{ 'Today Date: ' + date_string }}{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert chat_input(chat(chat_template_kwargs={"date_string": "26 Jul 2024"}), vocab)
+    with pytest.raises(APIError, match="chat_template_kwargs: TypeError") as info:
+        chat_input(chat(chat_template_kwargs={"date_string": 1}), vocab)
+    assert info.value.status == 400 and info.value.param == "chat_template_kwargs"
+
+
 @pytest.mark.parametrize(("fields", "words"), [
     ({"chat_template_kwargs": {"messages": []}}, "set by the server"),
+    ({"chat_template_kwargs": {"raise_exception": 0}}, "set by the server"),
     ({"messages": [{"role": "user", "content": "hi", "reasoning_content": "x"}]}, "assistant messages only"),
 ])
 def test_fields_the_template_may_not_take(fields: dict[str, Any], words: str) -> None:

@@ -1,12 +1,15 @@
-"""Per-tenant counters name a bounded number of tenants (``scheduler/counts.py``)."""
+"""Per-tenant counters name a bounded number of tenants, the same ones in every counter of
+an engine (``scheduler/counts.py``)."""
 
 from __future__ import annotations
 
-from speclane.scheduler.counts import OTHER_TENANTS, ScheduleCounts, TenantTally
+from speclane.config import LaneConfig, SchedulerConfig
+from speclane.scheduler.counts import OTHER_TENANTS, ScheduleCounts, TenantNames, TenantTally
+from speclane.scheduler.scheduler import Scheduler
 
 
 def test_tenants_past_the_cap_are_counted_under_one_name() -> None:
-    tally = TenantTally(max_named=2)
+    tally = TenantTally(names=TenantNames(cap=2))
     for tenant in ("a", "b", "c", "d", "a"):
         tally.add(tenant, 3)
     assert tally == {"a": 6, "b": 3, OTHER_TENANTS: 6}
@@ -15,16 +18,30 @@ def test_tenants_past_the_cap_are_counted_under_one_name() -> None:
     assert sum(tally.values()) == 16, "nothing counted is lost"
 
 
-def test_a_copy_keeps_the_cap() -> None:
-    tally = TenantTally({"a": 1}, max_named=1)
-    copy = tally.copy()
-    copy.add("b")
-    assert copy == {"a": 1, OTHER_TENANTS: 1} and tally == {"a": 1}
+def test_tallies_sharing_names_name_the_same_tenants() -> None:
+    """A tenant first counted by one tally is named in the others too, whatever order they
+    see tenants in (tokens are counted for requests that never speculate)."""
+    names = TenantNames(cap=2)
+    tokens, rounds = TenantTally(names=names), TenantTally(names=names)
+    tokens.add("a")
+    tokens.add("b")
+    rounds.add("c")
+    rounds.add("b")
+    tokens.add("c")
+    assert tokens == {"a": 1, "b": 1, OTHER_TENANTS: 1} and rounds == {OTHER_TENANTS: 1, "b": 1}
+    copy = tokens.copy()
+    copy.add("d")
+    assert copy[OTHER_TENANTS] == 2 and tokens[OTHER_TENANTS] == 1
+
+
+def test_a_schedulers_tallies_share_its_names() -> None:
+    scheduler = Scheduler(SchedulerConfig(), LaneConfig(), 256)
+    assert scheduler.counts.rounds_by_tenant.names is scheduler.tenant_names
+    assert scheduler.lane.held_rounds_by_tenant.names is scheduler.tenant_names
 
 
 def test_the_schedulers_round_tally_is_bounded_over_many_tenants() -> None:
-    counts = ScheduleCounts()
-    counts.rounds_by_tenant.max_named = 50
+    counts = ScheduleCounts(rounds_by_tenant=TenantTally(names=TenantNames(cap=50)))
     for i in range(10_000):
         counts.record_round(f"user-{i}", burst=False, drafted=2, accepted=1)
     assert len(counts.rounds_by_tenant) == 51

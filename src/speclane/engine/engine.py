@@ -36,6 +36,7 @@ from speclane.models.loader import read_weights
 from speclane.models.tokenizer import Tokenizer
 from speclane.request import Request, SamplingParams, TokenLogprob, finish_reason
 from speclane.scheduler.block_pool import KV_BLOCK_SIZE
+from speclane.scheduler.counts import TenantTally
 from speclane.scheduler.scheduler import Scheduler, default_kv_blocks
 
 log = logging.getLogger(__name__)
@@ -177,7 +178,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, lane, self.max_model_len, num_kv_blocks=blocks, step_cost=step_cost,
                                    cheap_starts=getattr(self.drafter, "cheap_starts", False))
         self.runner = ModelRunner(self.model, self.cache, self.drafter)
-        self.counters = EngineCounters()
+        self.counters = EngineCounters(generated_by_tenant=TenantTally(names=self.scheduler.tenant_names))
         self.observer = observer
         self._lock = threading.Lock()
         self._pending_aborts: list[str] = []

@@ -44,14 +44,17 @@ def constrain(rows: torch.Tensor, params: SamplingParams, matcher: GrammarMatche
 
 def penalize(rows: torch.Tensor, presence: float, frequency: float, output: Sequence[int], draft: list[int]) -> None:
     """Take the penalties off ``rows`` in place: every row pays for the tokens in ``output``,
-    row i also for ``draft[:i]``."""
-    if output:
-        ids, counts = torch.unique(torch.tensor(output, dtype=torch.long), return_counts=True)
-        rows[:, ids] -= presence + frequency * counts.to(rows.dtype)
-    seen = set(output)
-    for j, token in enumerate(draft[: rows.shape[0] - 1]):
-        rows[j + 1 :, token] -= frequency + (0.0 if token in seen else presence)
-        seen.add(token)
+    row i also for ``draft[:i]``. Each row's penalty is one float32 expression of its own
+    counts, the decode step's (no draft) included, so row i equals, bit for bit, the row
+    its decode step would compute once ``draft[:i]`` is output."""
+    draft = draft[: rows.shape[0] - 1]
+    if not output and not draft:
+        return
+    ids, which = torch.unique(torch.tensor([*output, *draft], dtype=torch.long), return_inverse=True)
+    counts = torch.bincount(which[: len(output)], minlength=len(ids)).to(rows.dtype).expand(rows.shape[0], -1).clone()
+    for j, k in enumerate(which[len(output):].tolist()):
+        counts[j + 1 :, k] += 1
+    rows[:, ids] -= presence * (counts > 0).to(rows.dtype) + frequency * counts
 
 
 def repeat_penalize(rows: torch.Tensor, penalty: float, seen: Sequence[int], draft: list[int]) -> None:

@@ -6,9 +6,10 @@ benchmarks and the simulator read these totals and never count rounds themselves
 
 Per-tenant totals are ``TenantTally``s: without API keys a tenant is the request's
 ``user`` field, which applications set to their own end users, so the tenants a server
-sees over its life are unbounded. A tally names the first ``MAX_TENANT_SERIES`` tenants and
-counts every later one under ``OTHER_TENANTS``: memory and each ``/metrics`` scrape stay
-bounded, and every series only grows (a Prometheus counter never goes back).
+sees over its life are unbounded. An engine's tallies share one ``TenantNames``: the first
+``MAX_TENANT_SERIES`` tenants any of them counts are named in all of them, and every later
+one is counted under ``OTHER_TENANTS`` in all of them. Memory and each ``/metrics`` scrape
+stay bounded, and every series only grows (a Prometheus counter never goes back).
 """
 
 from __future__ import annotations
@@ -20,21 +21,36 @@ MAX_TENANT_SERIES = 1000
 OTHER_TENANTS = "_other"  # the tenants past MAX_TENANT_SERIES, counted together
 
 
+class TenantNames:
+    """The tenants an engine's tallies name: the first ``cap`` any of them counts."""
+
+    def __init__(self, cap: int | None = None) -> None:
+        self.cap = MAX_TENANT_SERIES if cap is None else cap
+        self._named: set[str] = set()
+
+    def label(self, tenant: str) -> str:
+        """``tenant`` where it is named (or there is room to name it), else ``OTHER_TENANTS``."""
+        if tenant in self._named:
+            return tenant
+        if len(self._named) < self.cap:
+            self._named.add(tenant)
+            return tenant
+        return OTHER_TENANTS
+
+
 class TenantTally(Counter[str]):
-    """A per-tenant count naming at most ``max_named`` tenants; ``add`` counts the rest
+    """A per-tenant count that names the tenants of its ``TenantNames`` and counts the rest
     under ``OTHER_TENANTS`` (module docstring). Read it as the ``Counter`` it is."""
 
-    def __init__(self, counts: dict[str, int] | None = None, /, *, max_named: int | None = None) -> None:
+    def __init__(self, counts: dict[str, int] | None = None, /, *, names: TenantNames | None = None) -> None:
         super().__init__(counts or {})
-        self.max_named = MAX_TENANT_SERIES if max_named is None else max_named
+        self.names = names if names is not None else TenantNames()
 
     def add(self, tenant: str, n: int = 1) -> None:
-        if tenant not in self and len(self) - (OTHER_TENANTS in self) >= self.max_named:
-            tenant = OTHER_TENANTS
-        self[tenant] += n
+        self[self.names.label(tenant)] += n
 
     def copy(self) -> TenantTally:
-        return TenantTally(self, max_named=self.max_named)
+        return TenantTally(self, names=self.names)
 
 
 @dataclass

@@ -65,7 +65,7 @@ from dataclasses import dataclass
 
 from speclane.config import LaneConfig
 from speclane.request import SpecStats
-from speclane.scheduler.counts import TenantTally
+from speclane.scheduler.counts import TenantNames, TenantTally
 from speclane.scheduler.fairness import VirtualCounters
 
 OrderKey = tuple[float, int]  # (time it became a waiter, sequence number)
@@ -169,7 +169,7 @@ class SpecLane:
     """Who holds the speculative lane, tick by tick. See the module docstring."""
 
     def __init__(self, config: LaneConfig, *, record_events: bool = True,
-                 max_events: int = 10_000) -> None:
+                 max_events: int = 10_000, tenant_names: TenantNames | None = None) -> None:
         self.config = config
         self.grants_total = 0
         self.yields_total = 0
@@ -182,7 +182,7 @@ class SpecLane:
         self._num_waiters = 0
         self._counters = VirtualCounters()
         # Rounds run per tenant, drafts or not (``round_done``): what the lane shares out.
-        self.held_rounds_by_tenant = TenantTally()
+        self.held_rounds_by_tenant = TenantTally(names=tenant_names)
         self._seq = itertools.count()
         self._tenant_fair = config.fairness == "tenant"
 

@@ -42,7 +42,7 @@ from speclane.config import LaneConfig, SchedulerConfig
 from speclane.request import Request, RequestStatus
 from speclane.scheduler import draft_length
 from speclane.scheduler.block_pool import KV_BLOCK_SIZE
-from speclane.scheduler.counts import ScheduleCounts
+from speclane.scheduler.counts import ScheduleCounts, TenantNames, TenantTally
 from speclane.scheduler.kv_manager import KVManager
 from speclane.scheduler.lane import SpecLane
 from speclane.scheduler.plan import RunnerResult, ScheduledSeq, SchedulerPlan, SeqResult
@@ -106,7 +106,9 @@ class Scheduler:
         self.max_model_len = max_model_len
         blocks = num_kv_blocks if num_kv_blocks is not None else default_kv_blocks(config, lane_config, max_model_len)
         self.kv = KVManager(blocks, enable_prefix_cache=config.prefix_cache)
-        self.lane = SpecLane(lane_config, record_events=record_lane_events)
+        # The tenants the per-tenant tallies name, shared by the lane's, the counts' and the engine's.
+        self.tenant_names = TenantNames()
+        self.lane = SpecLane(lane_config, record_events=record_lane_events, tenant_names=self.tenant_names)
         self.waiting: dict[str, Request] = {}
         self.running: dict[str, Request] = {}  # admission order
         self._released: list[str] = []
@@ -115,7 +117,7 @@ class Scheduler:
         # Adaptive K (draft_length.py): the runner's measured step cost (the engine
         # calibrates it); None = every holder drafts its full budget.
         self.step_cost = step_cost
-        self.counts = ScheduleCounts()
+        self.counts = ScheduleCounts(rounds_by_tenant=TenantTally(names=self.tenant_names))
         self._burst_holder: str | None = None  # --spec-mode burst: the holder running alone
         self._burst_ms = 0.0  # the wall time of its rounds so far
         self.acceptance = draft_length.AcceptanceEstimate()

@@ -106,11 +106,17 @@ def completion_input(request: CompletionRequest, vocab: Vocabulary) -> EngineInp
 def _render_chat(request: ChatCompletionRequest, tokenizer: Tokenizer) -> str:
     offered = request.tools or () if request.tool_mode != "none" else ()
     messages, variables = chat_messages(request.messages, offered, tokenizer)
+    extra = request.chat_template_kwargs or {}
     try:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                             **{**(request.chat_template_kwargs or {}), **variables})
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, **{**extra, **variables})
     except jinja2.TemplateError as exc:
         raise APIError(400, f"the model's chat template rejected the messages: {exc}", param="messages") from None
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
+        if not extra:
+            raise  # the template's own fault with the request's messages alone: a server error
+        # A variable of a type the template does not expect (a number where it adds text).
+        raise APIError(400, f"the model's chat template failed with chat_template_kwargs: {type(exc).__name__}: "
+                            f"{exc}", param="chat_template_kwargs") from None
 
 
 def _engine_input(request: ChatCompletionRequest | CompletionRequest, prompt_ids: list[int],

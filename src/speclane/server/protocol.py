@@ -45,8 +45,9 @@ MAX_N = 8  # choices per request
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's cap on the legacy completions' logprobs
 MAX_TOOLS = 128  # OpenAI's cap on tools
 MAX_STOP_TOKEN_IDS = 64
-# The chat template's variables the server sets itself; chat_template_kwargs may not.
-TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+# The chat template's variables and functions the server sets itself; chat_template_kwargs may not.
+TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
+                                "raise_exception", "strftime_now"})
 FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function names
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's; chat's default is the rest of the context
 
