@@ -431,6 +431,28 @@ class AcceptingRunner(FakeRunner):
         return RunnerResult(tuple(results), elapsed_ms=5.0)
 
 
+def test_a_stop_string_inside_a_round_counts_only_the_drafts_it_kept():
+    """A round appends 4 accepted drafts and its own token; the engine finds a stop string
+    after the second of them: the round counts 2 drafts, 2 accepted (as a round that ends
+    at EOS there would), and the usage never reports drafts past the answer's end."""
+    lane = LaneConfig(spec_mode="slice", num_draft_tokens=4, spec_adaptive_k=False)
+    story = Story(make_scheduler(lane=lane), AcceptingRunner())
+    a = story.add(make_request("a", 3, max_tokens=40))
+    story.tick()  # the prompt, and the first token
+    _, events = story.tick()  # a round: 4 drafts, all accepted, and a fifth token
+    assert len(events["a"].new_token_ids) == 5 and (a.spec.draft_tokens, a.spec.accepted_tokens) == (4, 4)
+    story.scheduler.stop_at(a, 1 + 2, story.now)
+    assert a.num_output_tokens == 3 and (a.spec.rounds, a.spec.draft_tokens, a.spec.accepted_tokens) == (1, 2, 2)
+    assert a.status == RequestStatus.FINISHED_STOPPED
+
+    b = story.add(make_request("b", 3, max_tokens=40))
+    story.tick()
+    story.tick()
+    story.tick()  # a second round of 5 tokens
+    story.scheduler.stop_at(b, 1 + 5 + 4, story.now)  # at the last round's fourth draft: its own token goes
+    assert (b.spec.rounds, b.spec.draft_tokens, b.spec.accepted_tokens) == (2, 8, 8)
+
+
 def test_speculation_is_counted_once_by_the_scheduler_and_clipped_at_the_stop_point():
     lane = LaneConfig(spec_mode="slice", num_draft_tokens=4, spec_adaptive_k=False)
     story = Story(make_scheduler(lane=lane), AcceptingRunner())

@@ -118,6 +118,9 @@ class Scheduler:
         # calibrates it); None = every holder drafts its full budget.
         self.step_cost = step_cost
         self.counts = ScheduleCounts(rounds_by_tenant=TenantTally(names=self.tenant_names))
+        # This tick's rounds, per request: (output length before it, drafted, accepted), for
+        # a stop string the engine finds in the tokens the round appended (``stop_at``).
+        self._last_round: dict[str, tuple[int, int, int]] = {}
         self._burst_holder: str | None = None  # --spec-mode burst: the holder running alone
         self._burst_ms = 0.0  # the wall time of its rounds so far
         self.acceptance = draft_length.AcceptanceEstimate()
@@ -175,10 +178,19 @@ class Scheduler:
 
     def stop_at(self, request: Request, num_output_tokens: int, now: float) -> None:
         """A stop string ends ``request`` after ``num_output_tokens`` tokens (the detokenizer
-        found it): keep those, count its speculation only up to them, and finish it with
-        ``FINISHED_STOPPED`` (also when it already finished this tick for another reason)."""
+        found it, in the tokens of this tick's ``update``): keep those, count its speculation
+        only up to them, and finish it with ``FINISHED_STOPPED`` (also when it already
+        finished this tick for another reason). As for a round that ends at EOS, the tick's
+        round counts as drafting and accepting the tokens it kept, when it kept fewer than
+        it appended (its later drafts lie past the stop)."""
+        last = self._last_round.pop(request.request_id, None)
+        if last is not None:
+            start, drafted, accepted = last
+            kept = max(0, num_output_tokens - start)
+            if kept < request.num_output_tokens - start:
+                request.spec.draft_tokens -= drafted - kept
+                request.spec.accepted_tokens -= accepted - min(accepted, kept)
         del request.output_token_ids[num_output_tokens:]
-        request.spec.accepted_tokens = min(request.spec.accepted_tokens, request.num_output_tokens)
         if request.request_id in self.running:
             self._finish(request, RequestStatus.FINISHED_STOPPED, now)
         else:
@@ -438,6 +450,7 @@ class Scheduler:
         if len(result.seqs) != len(plan.seqs):
             raise ValueError(f"the runner answered {len(result.seqs)} sequences of a plan of {len(plan.seqs)}")
         events: list[TokenEvent] = []
+        self._last_round.clear()
         for rid, drafting_ms, tokens, catch_up_ms in result.draft_timings:
             self.draft_timing.observe(drafting_ms, tokens, catch_up_ms, request_id=rid)
         if self._adaptive_k:
@@ -512,4 +525,5 @@ class Scheduler:
         stats.draft_tokens += drafted
         stats.accepted_tokens += accepted
         self.counts.record_round(request.tenant, burst=burst, drafted=drafted, accepted=accepted)
+        self._last_round[request.request_id] = (request.num_output_tokens - len(appended), drafted, accepted)
         return drafted, accepted
