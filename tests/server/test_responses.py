@@ -226,6 +226,10 @@ def test_thinking_becomes_a_reasoning_item_before_the_answer() -> None:
     item = body["output"][0]
     assert item["id"].startswith("rs_") and item["summary"] == []
     assert item["content"] == [{"type": "reasoning_text", "text": "Sky colour."}]
+    counted = chat_completion({"content": "Blue.", "reasoning_content": "Sky colour."})
+    counted["usage"]["completion_tokens_details"] = {"reasoning_tokens": 3}
+    usage = parsed(response_from_chat(counted, echo_fields(request(input="x")))).usage
+    assert usage is not None and usage.output_tokens_details.reasoning_tokens == 3
     cut = parsed(response_from_chat(chat_completion({"content": "", "reasoning_content": "Hm"}, "length"),
                                     echo_fields(request(input="x"))))
     assert [(i.type, i.status) for i in cut.output] == [("reasoning", "completed"), ("message", "incomplete")]

@@ -16,7 +16,7 @@ from speclane.server.errors import APIError
 from speclane.server.prompts import Vocabulary, chat_input
 from speclane.server.protocol import ChatCompletionRequest
 from speclane.server.reasoning import ReasoningSplitter, prompt_opens_thinking, reads_reasoning
-from speclane.server.streaming import ChoiceState, Reading
+from speclane.server.streaming import ChoiceState, Reading, choices_usage
 
 
 def split(text: str, pieces: int | None = None, *, thinking: bool = False) -> tuple[str, str]:
@@ -106,6 +106,37 @@ def test_a_prompt_that_opens_thinking_starts_the_reply_in_it() -> None:
         state.feed(out)
     assert state.answer(chat=True)["message"] | {} == {"role": "assistant", "content": "4",
                                                        "reasoning_content": "So 2 + 2 is 4.\n"}
+
+
+THINK_END = 99  # the id of "</think>" in these outputs
+
+
+def token_outputs(pieces: list[tuple[str, list[int]]]) -> list[RequestOutput]:
+    last = len(pieces) - 1
+    return [RequestOutput("r", text, ids, i == last, "stop" if i == last else None, 5, 0)
+            for i, (text, ids) in enumerate(pieces)]
+
+
+@pytest.mark.parametrize(("pieces", "opens", "expected"), [
+    ([("<think>Hm, ", [1, 2, 3]), ("two.</think>", [4, THINK_END]), ("\n\nFour", [5, 6])], False, 5),
+    ([("So", [1]), (" four</think>Four", [2, THINK_END, 3])], True, 3),
+    ([("<think>still", [1, 2]), (" going", [3])], False, 3),
+    ([("Four.", [1, 2])], False, 0),
+])
+def test_reasoning_tokens_run_to_the_think_end_token(pieces: list[tuple[str, list[int]]], opens: bool,
+                                                     expected: int) -> None:
+    states = [ChoiceState(i, Reading(reasoning=True, opens_thinking=opens, think_end_token=THINK_END)) for i in (0, 1)]
+    for state in states:
+        for out in token_outputs(pieces):
+            state.feed(out)
+    assert states[0].reasoning_tokens == expected
+    usage = choices_usage(states)
+    assert usage["completion_tokens_details"]["reasoning_tokens"] == 2 * expected
+    unknown = ChoiceState(0, Reading(reasoning=True))  # "</think>" is several tokens: not counted
+    for out in token_outputs(pieces):
+        unknown.feed(out)
+    assert unknown.reasoning_tokens is None
+    assert "reasoning_tokens" not in choices_usage([unknown])["completion_tokens_details"]
 
 
 # -- chat_template_kwargs reach the template; the prompt's open <think> is noticed ---------------

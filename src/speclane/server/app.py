@@ -54,7 +54,7 @@ from speclane.server.protocol import (
     ModelCard,
     ModelList,
 )
-from speclane.server.reasoning import reads_reasoning
+from speclane.server.reasoning import reads_reasoning, think_end_token
 from speclane.server.responses import create_response
 from speclane.server.responses_protocol import ResponseObject, ResponsesRequest
 from speclane.server.streaming import (
@@ -86,6 +86,7 @@ class _Server:
                  reasoning_parser: str = "auto") -> None:
         engine = async_engine.engine
         self.reasoning = reads_reasoning(reasoning_parser, engine.tokenizer.chat_template)
+        self.think_end_token = think_end_token(engine.tokenizer) if self.reasoning else None
         self.async_engine = async_engine
         self.keys = keys
         self.model_name = model_name
@@ -146,7 +147,8 @@ class _Server:
         reading = Reading(tool_parsing=engine_input.tool_parsing, tool_names=engine_input.tool_names,
                           top_logprobs=engine_input.top_logprobs,
                           texts=self.token_texts if engine_input.top_logprobs is not None else None,
-                          reasoning=chat and self.reasoning, opens_thinking=engine_input.opens_thinking)
+                          reasoning=chat and self.reasoning, opens_thinking=engine_input.opens_thinking,
+                          think_end_token=self.think_end_token)
 
         def cancelled(out: Any) -> APIError:
             return self.tracker.cancelled_error(out.request_id, out.finish_reason, getattr(out, "error", None))

@@ -13,13 +13,23 @@ tags in ``content``. The split is text-level and streams: ``ReasoningSplitter`` 
 only what may be the start of a tag. A reply that starts with anything but ``<think>``
 (after whitespace) is all content, and so is everything after the first ``</think>``; a
 reply cut short while thinking is all reasoning.
+
+``usage.completion_tokens_details.reasoning_tokens`` counts a thinking reply's tokens up to
+its ``</think>`` where the tokenizer has that tag as one token (Qwen3's, DeepSeek-R1's do;
+``think_end_token``), and all of them where the reply never closes it.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Protocol
 
 OPEN, CLOSE = "<think>", "</think>"
+
+
+class SupportsEncode(Protocol):
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
 REASONING_PARSERS = ("auto", "think", "none")
 _ENDS_OPEN = re.compile(re.escape(OPEN) + r"\s*$")
 
@@ -36,6 +46,12 @@ def reads_reasoning(parser: str, template: str | None) -> bool:
     return parser == "think" or parser == "auto" and template_thinks(template)
 
 
+def think_end_token(tokenizer: SupportsEncode) -> int | None:
+    """The id of ``</think>`` where the tokenizer writes it as one token, else None."""
+    ids = tokenizer.encode(CLOSE, add_special_tokens=False)
+    return ids[0] if len(ids) == 1 else None
+
+
 def prompt_opens_thinking(prompt: str) -> bool:
     """Whether the rendered prompt ends inside an open ``<think>`` (the reply starts in it)."""
     return _ENDS_OPEN.search(prompt) is not None
@@ -47,6 +63,7 @@ class ReasoningSplitter:
     def __init__(self, *, thinking: bool = False) -> None:
         # "start": nothing but whitespace yet; "thinking"; "answer": everything is content.
         self._state = "thinking" if thinking else "start"
+        self.thought = thinking  # the reply has been inside a thinking block
         self._held = ""  # text that may begin a tag (or, at the start, whitespace before one)
         self._strip = thinking  # drop the whitespace that opens the reasoning or the answer
 
@@ -62,6 +79,7 @@ class ReasoningSplitter:
                     return reasoning, content
                 if stripped.startswith(OPEN):
                     self._state, self._strip, text = "thinking", True, stripped[len(OPEN):]
+                    self.thought = True
                 else:
                     self._state = "answer"
             elif self._state == "thinking":

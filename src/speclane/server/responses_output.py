@@ -62,7 +62,7 @@ def response_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
         "input_tokens_details": {"cached_tokens": usage.get("prompt_tokens_details", {}).get("cached_tokens", 0),
                                  "cache_write_tokens": 0},
         "output_tokens": usage.get("completion_tokens", 0),
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": usage.get("completion_tokens_details", {}).get("reasoning_tokens", 0)},
         "total_tokens": usage.get("total_tokens", 0),
     }
     if "speculative" in usage:

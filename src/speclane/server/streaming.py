@@ -77,6 +77,7 @@ class Reading:
     texts: TokenTexts | None = None  # needed with logprobs
     reasoning: bool = False  # a chat reply's <think> block is reasoning_content
     opens_thinking: bool = False  # the prompt ends inside <think>: the reply starts in it
+    think_end_token: int | None = None  # </think> as one token: reasoning tokens are counted
 
 
 @dataclass
@@ -104,6 +105,8 @@ class ChoiceState:
                        if reading.tool_parsing != "none" else None)
         self.content: list[str] = []
         self.reasoning: list[str] = []
+        self.num_tokens = 0
+        self.think_end_at: int | None = None  # tokens up to and including the first </think> token
         self.calls: list[ParsedCall] = []
         self.logprobs: list[TokenLogprob] = []
         self.text_offset = 0  # completions: characters of text in the logprobs so far
@@ -111,6 +114,9 @@ class ChoiceState:
 
     def feed(self, out: RequestOutput) -> Delta:
         delta = Delta(logprobs=list(out.logprobs or ()))
+        if self.think_end_at is None and self.reading.think_end_token in out.token_ids:
+            self.think_end_at = self.num_tokens + out.token_ids.index(self.reading.think_end_token) + 1
+        self.num_tokens += len(out.token_ids)
         text = out.text
         if self.splitter is not None:  # the thinking first; tool calls are read in the answer only
             delta.reasoning, text = self.splitter.feed(text)
@@ -132,6 +138,15 @@ class ChoiceState:
         self.calls.extend(delta.calls)
         self.logprobs.extend(delta.logprobs)
         return delta
+
+    @property
+    def reasoning_tokens(self) -> int | None:
+        """Tokens of the reply's thinking (``reasoning.py``); None where they cannot be told."""
+        if self.splitter is None or self.reading.think_end_token is None:
+            return None
+        if not self.splitter.thought:
+            return 0
+        return self.think_end_at if self.think_end_at is not None else self.num_tokens
 
     @property
     def finish_reason(self) -> str | None:
@@ -206,6 +221,15 @@ def chunk(meta: ResponseMeta, choices: list[dict[str, Any]], *, include_usage: b
 
 def role_choice(index: int) -> dict[str, Any]:
     return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+
+
+def choices_usage(states: list[ChoiceState]) -> dict[str, Any]:
+    """``total_usage`` of the finished choices, with their reasoning tokens where counted."""
+    usage = total_usage([s.final for s in states if s.final is not None])
+    counts = [s.reasoning_tokens for s in states if s.final is not None]
+    if counts and None not in counts:
+        usage["completion_tokens_details"]["reasoning_tokens"] = sum(counts)  # type: ignore[arg-type,index]
+    return usage
 
 
 def total_usage(finals: list[RequestOutput]) -> dict[str, Any]:
@@ -296,7 +320,7 @@ async def sse_events(
                     unfinished -= 1
                     if unfinished == 0:
                         if include_usage:
-                            yield sse(usage_chunk(meta, total_usage([s.final for s in states if s.final])))
+                            yield sse(usage_chunk(meta, choices_usage(states)))
                         break
         except RuntimeError as exc:  # the engine stopped: say so, do not hang the client
             yield sse(APIError(500, f"the engine failed: {exc}").body())
@@ -325,7 +349,7 @@ def choices_body(meta: ResponseMeta, states: list[ChoiceState]) -> dict[str, Any
     return {"id": meta.id, "object": "chat.completion" if meta.chat else "text_completion",
             "created": meta.created, "model": meta.model,
             "choices": [state.answer(chat=meta.chat) for state in states],
-            "usage": total_usage([state.final for state in states if state.final is not None])}
+            "usage": choices_usage(states)}
 
 
 # -- HTTP: streaming responses and disconnects ----------------------------------------
