@@ -36,6 +36,7 @@ def answer(engine: LLMEngine, sampling: SamplingParams, *, speculative: bool) ->
         ids += out.token_ids
         if out.finished:
             spec = out.speculative or {}
+    assert engine.runner.num_token_histories == 0, "a finished request's token history was kept"
     return ids, spec
 
 

@@ -9,9 +9,13 @@ from collections import Counter
 import pytest
 import torch
 
-from speclane.engine.logits import constrain
+from speclane.engine.logits import TokenHistory, constrain
 from speclane.engine.sampling import probabilities
 from speclane.request import SamplingParams
+
+
+def history(rows: torch.Tensor, output: list[int], prompt: list[int] | None = None) -> TokenHistory:
+    return TokenHistory(rows.shape[-1]).update(prompt or [], output)
 
 
 def brute_force(rows: torch.Tensor, presence: float, frequency: float, output: list[int], draft: list[int]) -> torch.Tensor:
@@ -29,7 +33,7 @@ def test_each_row_pays_for_the_output_and_the_drafts_before_it(presence: float, 
     output, draft = [3, 7, 3, 3, 11], [7, 20, 20, 3]  # repeats within the output, the draft, and across both
     expected = brute_force(rows, presence, frequency, output, draft)
     params = SamplingParams(presence_penalty=presence, frequency_penalty=frequency)
-    constrain(rows, params, None, draft, output)
+    constrain(rows, params, None, draft, history(rows, output))
     torch.testing.assert_close(rows, expected, rtol=0, atol=1e-6)
 
 
@@ -44,25 +48,25 @@ def test_a_rounds_rows_equal_the_decode_steps_bit_for_bit(params: SamplingParams
     for _ in range(50):
         rows = torch.randn(len(draft) + 1, 16, generator=generator) * 8
         spec = rows.clone()
-        constrain(spec, params, None, draft, output, prompt)
+        constrain(spec, params, None, draft, history(rows, output, prompt))
         for i in range(len(draft) + 1):
             step = rows[i : i + 1].clone()
-            constrain(step, params, None, [], output + draft[:i], prompt)
+            constrain(step, params, None, [], history(rows, output + draft[:i], prompt))
             assert torch.equal(spec[i], step[0]), i
 
 
 def test_a_near_tie_is_broken_as_the_decode_step_breaks_it() -> None:
     rows = torch.tensor([[5.0, 0.0], [5.0, 0.0], [1.0, 0.8]])
     spec = rows.clone()
-    constrain(spec, SamplingParams(frequency_penalty=0.1), None, [0, 0], [])
+    constrain(spec, SamplingParams(frequency_penalty=0.1), None, [0, 0], history(rows, []))
     step = rows[2:].clone()
-    constrain(step, SamplingParams(frequency_penalty=0.1), None, [], [0, 0])
+    constrain(step, SamplingParams(frequency_penalty=0.1), None, [], history(rows, [0, 0]))
     assert torch.equal(spec[2], step[0])
 
 
 def test_nothing_generated_yet_leaves_the_first_row_alone() -> None:
     rows = torch.zeros(3, 10)
-    constrain(rows, SamplingParams(presence_penalty=1.0, frequency_penalty=0.5), None, [4, 4], [])
+    constrain(rows, SamplingParams(presence_penalty=1.0, frequency_penalty=0.5), None, [4, 4], history(rows, []))
     assert rows[0].abs().sum() == 0
     assert rows[1, 4] == -1.5 and rows[2, 4] == -2.0
 
@@ -76,8 +80,17 @@ def test_the_repetition_penalty_divides_positive_logits_and_multiplies_negative_
         for token in set(prompt + output + draft[:i]):
             value = expected[i, token]
             expected[i, token] = value / 1.5 if value > 0 else value * 1.5
-    constrain(rows, SamplingParams(repetition_penalty=1.5), None, draft, output, prompt)
+    constrain(rows, SamplingParams(repetition_penalty=1.5), None, draft, history(rows, output, prompt))
     torch.testing.assert_close(rows, expected, rtol=0, atol=1e-6)
+
+
+def test_a_history_takes_in_only_what_is_new_and_penalties_need_one() -> None:
+    tracked = TokenHistory(10).update([1, 2], [3])
+    tracked.update([1, 2], [3, 3, 4])
+    assert tracked.seen.nonzero().flatten().tolist() == [1, 2, 3, 4]
+    assert tracked.counts.tolist() == [0, 0, 0, 2, 1, 0, 0, 0, 0, 0], "the prompt is not counted, the output once"
+    with pytest.raises(ValueError, match="history"):
+        constrain(torch.zeros(1, 10), SamplingParams(presence_penalty=1.0), None, [])
 
 
 def test_min_p_drops_tokens_below_its_share_of_the_likeliest() -> None:

@@ -26,51 +26,75 @@ from speclane.request import SamplingParams, TokenLogprob
 
 
 def constrain(rows: torch.Tensor, params: SamplingParams, matcher: GrammarMatcher | None,
-              draft: list[int], output: Sequence[int] = (), prompt: Sequence[int] = ()) -> None:
+              draft: list[int], history: TokenHistory | None = None) -> None:
     """Apply bias, penalties and mask in place to ``rows`` [len(draft) + 1, V], row i
-    continuing ``prompt``, ``output`` (the tokens generated so far) and then ``draft[:i]``
-    (a chain)."""
+    continuing the request's tokens (``history``, up to date: needed where ``params``
+    penalise) and then ``draft[:i]`` (a chain)."""
     if params.logit_bias:
         ids = torch.tensor([token for token, _ in params.logit_bias], dtype=torch.long)
         bias = torch.tensor([value for _, value in params.logit_bias], dtype=rows.dtype)
         rows[:, ids] += bias
-    if params.repetition_penalty != 1.0:
-        repeat_penalize(rows, params.repetition_penalty, [*prompt, *output], draft)
-    if params.presence_penalty or params.frequency_penalty:
-        penalize(rows, params.presence_penalty, params.frequency_penalty, output, draft)
+    if params.penalized:
+        if history is None:
+            raise ValueError("penalties need the request's token history")
+        penalize(rows, params, history, draft)
     if matcher is not None:
         rows.masked_fill_(~matcher.masks(draft), float("-inf"))
 
 
-def penalize(rows: torch.Tensor, presence: float, frequency: float, output: Sequence[int], draft: list[int]) -> None:
-    """Take the penalties off ``rows`` in place: every row pays for the tokens in ``output``,
-    row i also for ``draft[:i]``. Each row's penalty is one float32 expression of its own
-    counts, the decode step's (no draft) included, so row i equals, bit for bit, the row
-    its decode step would compute once ``draft[:i]`` is output."""
-    draft = draft[: rows.shape[0] - 1]
-    if not output and not draft:
-        return
-    ids, which = torch.unique(torch.tensor([*output, *draft], dtype=torch.long), return_inverse=True)
-    counts = torch.bincount(which[: len(output)], minlength=len(ids)).to(rows.dtype).expand(rows.shape[0], -1).clone()
-    for j, k in enumerate(which[len(output):].tolist()):
-        counts[j + 1 :, k] += 1
-    rows[:, ids] -= presence * (counts > 0).to(rows.dtype) + frequency * counts
+class TokenHistory:
+    """A penalised request's tokens over the whole vocabulary, kept up to date a tick at a
+    time (``update``), so a long prompt is read once, not at every tick: ``seen`` marks the
+    prompt's and the output's tokens (the repetition penalty), ``counts`` the output's
+    (presence and frequency)."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.seen = torch.zeros(vocab_size, dtype=torch.bool)
+        self.counts = torch.zeros(vocab_size, dtype=torch.float32)
+        self._num_prompt: int | None = None
+        self._num_output = 0
+
+    def update(self, prompt: Sequence[int], output: Sequence[int]) -> TokenHistory:
+        """Take in what is new since the last call (the output only grows while it runs)."""
+        if self._num_prompt is None:
+            self.seen[torch.tensor(list(prompt), dtype=torch.long)] = True
+            self._num_prompt = len(prompt)
+        new = output[self._num_output:]
+        if new:
+            ids = torch.tensor(list(new), dtype=torch.long)
+            self.seen[ids] = True
+            self.counts.index_add_(0, ids, torch.ones(len(ids)))
+            self._num_output = len(output)
+        return self
 
 
-def repeat_penalize(rows: torch.Tensor, penalty: float, seen: Sequence[int], draft: list[int]) -> None:
-    """The repetition penalty in place: every row's logits of the tokens in ``seen``, row
-    i's also of ``draft[:i]``, divided by ``penalty`` where positive, else multiplied."""
-    def apply(view: torch.Tensor) -> torch.Tensor:
-        return torch.where(view > 0, view / penalty, view * penalty)
+def penalize(rows: torch.Tensor, params: SamplingParams, history: TokenHistory, draft: list[int]) -> None:
+    """The penalties in place: every row pays for ``history``'s tokens, row i also for
+    ``draft[:i]``. Each row's logit of a token is one float32 expression of that row's own
+    mark or count of it (a token it does not pay for is left as it is, or loses exactly
+    0), the decode step's the same expression with no drafts, so row i equals, bit for
+    bit, the row its decode step computes once ``draft[:i]`` is output. Only the tokens
+    the history or the draft holds are touched."""
+    n = rows.shape[0]
+    drafted = torch.tensor(draft[: n - 1], dtype=torch.long)
+    if params.repetition_penalty != 1.0:
+        ids, marks = _per_row(history.seen, drafted, n)
+        p = params.repetition_penalty
+        view = rows[:, ids]
+        rows[:, ids] = torch.where(marks > 0, torch.where(view > 0, view / p, view * p), view)
+    if params.presence_penalty or params.frequency_penalty:
+        ids, counts = _per_row(history.counts, drafted, n)
+        rows[:, ids] -= params.presence_penalty * (counts > 0).to(rows.dtype) + params.frequency_penalty * counts
 
-    if seen:
-        ids = torch.unique(torch.tensor(seen, dtype=torch.long))
-        rows[:, ids] = apply(rows[:, ids])
-    done = set(seen)
-    for j, token in enumerate(draft[: rows.shape[0] - 1]):
-        if token not in done:  # a token already penalised is not penalised twice
-            rows[j + 1 :, token] = apply(rows[j + 1 :, token])
-            done.add(token)
+
+def _per_row(tally: torch.Tensor, drafted: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens ``tally`` (a vocabulary-wide mark or count) holds or the draft drafts,
+    sorted, and [n, tokens]: each row's count of them, row i with ``drafted[:i]`` added."""
+    ids = torch.unique(torch.cat([tally.nonzero().flatten(), drafted]))
+    counts = tally[ids].to(torch.float32).expand(n, -1).clone()
+    for j, column in enumerate(torch.searchsorted(ids, drafted).tolist()):
+        counts[j + 1 :, column] += 1.0
+    return ids, counts
 
 
 def token_logprobs(raw_rows: torch.Tensor, chosen: list[int], num_top: int) -> tuple[TokenLogprob, ...]:

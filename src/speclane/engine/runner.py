@@ -33,7 +33,7 @@ import torch
 
 from speclane import draft_tree
 from speclane.drafters.base import Draft, Drafter, HiddenObserver
-from speclane.engine.logits import constrain, token_logprobs
+from speclane.engine.logits import TokenHistory, constrain, token_logprobs
 from speclane.engine.sampling import choose_tokens
 from speclane.grammar.compiler import CompiledGrammar
 from speclane.grammar.matcher import GrammarMatcher
@@ -54,6 +54,7 @@ class ModelRunner:
         self.drafter = drafter
         self._seeds: dict[str, int] = {}  # unseeded requests' own sampling streams
         self._matchers: dict[str, GrammarMatcher] = {}  # constrained requests' grammar state
+        self._histories: dict[str, TokenHistory] = {}  # penalised requests' tokens (logits.py)
         # Rounds that verified a draft tree, and those whose accepted path left the tree's
         # first chain (diagnostics for tests and benchmarks).
         self.tree_rounds = 0
@@ -81,6 +82,7 @@ class ModelRunner:
             if not preempted:
                 self._seeds.pop(rid, None)
                 self._matchers.pop(rid, None)
+                self._histories.pop(rid, None)
             if self.drafter is not None:
                 self.drafter.release(rid)
 
@@ -95,6 +97,11 @@ class ModelRunner:
         return len(self._seeds)
 
     @property
+    def num_token_histories(self) -> int:
+        """Penalised requests whose token history the runner keeps (a leak check for tests)."""
+        return len(self._histories)
+
+    @property
     def num_grammar_matchers(self) -> int:
         """Constrained requests whose matcher the runner keeps (a leak check for tests)."""
         return len(self._matchers)
@@ -107,6 +114,12 @@ class ModelRunner:
             assert isinstance(request.grammar, CompiledGrammar)
             matcher = self._matchers[request.request_id] = request.grammar.new_matcher()
         return matcher
+
+    def _history(self, request: Request, vocab_size: int) -> TokenHistory:
+        history = self._histories.get(request.request_id)
+        if history is None:
+            history = self._histories[request.request_id] = TokenHistory(vocab_size)
+        return history.update(request.prompt_token_ids, request.output_token_ids)
 
     # -- one ragged forward -------------------------------------------------------------
     def _step(self, seqs: list[ScheduledSeq]) -> list[SeqResult]:
@@ -226,7 +239,7 @@ class ModelRunner:
             if params.logit_bias or params.penalized or seq.request.grammar is not None:
                 with torch.inference_mode():  # the logits are the forward's inference tensors
                     constrain(logits[first:cursor], params, self._matcher(seq.request), proposed,
-                              seq.request.output_token_ids, seq.request.prompt_token_ids)
+                              self._history(seq.request, logits.shape[-1]) if params.penalized else None)
         return raw
 
     def _share_hidden(self, seqs: list[ScheduledSeq], fed: list[list[int]], kept: list[list[int] | int],
