@@ -64,6 +64,18 @@ def test_a_near_tie_is_broken_as_the_decode_step_breaks_it() -> None:
     assert torch.equal(spec[2], step[0])
 
 
+def test_a_token_a_row_does_not_pay_for_keeps_its_bits_even_a_negative_zero() -> None:
+    """Negative penalties: a later draft's token in an earlier row is left alone, not
+    'reduced by -0.0' (which would turn -0.0 into +0.0 where the decode step keeps -0.0)."""
+    params = SamplingParams(presence_penalty=-0.5, frequency_penalty=-0.25)
+    rows = torch.tensor([[-0.0, 1.0, 2.0], [-0.0, 1.0, 2.0]])
+    spec = rows.clone()
+    constrain(spec, params, None, [0], history(rows, [2], [1]))
+    step = rows[:1].clone()
+    constrain(step, params, None, [], history(rows, [2], [1]))
+    assert torch.equal(spec[0], step[0]) and str(spec[0, 0].item()) == "-0.0"
+
+
 def test_nothing_generated_yet_leaves_the_first_row_alone() -> None:
     rows = torch.zeros(3, 10)
     constrain(rows, SamplingParams(presence_penalty=1.0, frequency_penalty=0.5), None, [4, 4], history(rows, []))

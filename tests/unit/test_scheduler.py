@@ -444,6 +444,9 @@ def test_a_stop_string_inside_a_round_counts_only_the_drafts_it_kept():
     story.scheduler.stop_at(a, 1 + 2, story.now)
     assert a.num_output_tokens == 3 and (a.spec.rounds, a.spec.draft_tokens, a.spec.accepted_tokens) == (1, 2, 2)
     assert a.status == RequestStatus.FINISHED_STOPPED
+    counts = story.scheduler.counts  # /metrics' totals agree with the usage
+    assert (counts.slice_rounds, counts.draft_tokens, counts.accepted_tokens) == (1, 2, 2)
+    assert counts.acceptance_by_position() == [1.0, 1.0]
 
     b = story.add(make_request("b", 3, max_tokens=40))
     story.tick()

@@ -71,10 +71,10 @@ class TokenHistory:
 def penalize(rows: torch.Tensor, params: SamplingParams, history: TokenHistory, draft: list[int]) -> None:
     """The penalties in place: every row pays for ``history``'s tokens, row i also for
     ``draft[:i]``. Each row's logit of a token is one float32 expression of that row's own
-    mark or count of it (a token it does not pay for is left as it is, or loses exactly
-    0), the decode step's the same expression with no drafts, so row i equals, bit for
-    bit, the row its decode step computes once ``draft[:i]`` is output. Only the tokens
-    the history or the draft holds are touched."""
+    mark or count of it, and a token the row does not pay for is left as it is (a later
+    draft's, in an earlier row), the decode step's the same expression with no drafts, so
+    row i equals, bit for bit, the row its decode step computes once ``draft[:i]`` is
+    output. Only the tokens the history or the draft holds are read."""
     n = rows.shape[0]
     drafted = torch.tensor(draft[: n - 1], dtype=torch.long)
     if params.repetition_penalty != 1.0:
@@ -84,7 +84,9 @@ def penalize(rows: torch.Tensor, params: SamplingParams, history: TokenHistory, 
         rows[:, ids] = torch.where(marks > 0, torch.where(view > 0, view / p, view * p), view)
     if params.presence_penalty or params.frequency_penalty:
         ids, counts = _per_row(history.counts, drafted, n)
-        rows[:, ids] -= params.presence_penalty * (counts > 0).to(rows.dtype) + params.frequency_penalty * counts
+        view = rows[:, ids]
+        penalty = params.presence_penalty * (counts > 0).to(rows.dtype) + params.frequency_penalty * counts
+        rows[:, ids] = torch.where(counts > 0, view - penalty, view)  # x - (-0.0) would turn -0.0 into +0.0
 
 
 def _per_row(tally: torch.Tensor, drafted: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -75,9 +75,10 @@ class ModelRunner:
                             draft_timings=tuple(self._draft_timings), seed_timings=tuple(self._seed_timings))
 
     def release(self, request_ids: tuple[str, ...], *, preempted: bool = False) -> None:
-        """Forget the per-request state (sampling stream, grammar matcher, drafter state) of
-        requests that left; ``preempted``: only the drafter's, of requests recomputed later,
-        which go on with their own sampling stream and the grammar state of their output."""
+        """Forget the per-request state (sampling stream, grammar matcher, token history,
+        drafter state) of requests that left; ``preempted``: only the drafter's, of requests
+        recomputed later, which go on with their own sampling stream, and the grammar state
+        and token history of their output."""
         for rid in request_ids:
             if not preempted:
                 self._seeds.pop(rid, None)

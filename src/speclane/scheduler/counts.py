@@ -72,12 +72,25 @@ class ScheduleCounts:
         else:
             self.slice_rounds += 1
         self.rounds_by_tenant.add(tenant)
-        self.draft_tokens += drafted
-        self.accepted_tokens += accepted
+        self._tally(drafted, accepted, 1)
+
+    def recount_round(self, *, drafted: int, accepted: int, kept: int) -> None:
+        """A recorded round whose answer ended after ``kept`` of its accepted drafts (a stop
+        string the engine found): it counts as drafting and accepting those alone, as a
+        round that ends at EOS does."""
+        self._tally(drafted, accepted, -1)
+        self._tally(kept, kept, 1)
+        for tally in (self.tried_by_position, self.accepted_by_position):
+            for position in [j for j, n in tally.items() if n == 0]:
+                del tally[position]  # no round reached it: as if none had been counted
+
+    def _tally(self, drafted: int, accepted: int, sign: int) -> None:
+        self.draft_tokens += sign * drafted
+        self.accepted_tokens += sign * accepted
         for j in range(min(drafted, accepted + 1)):
-            self.tried_by_position[j] += 1
+            self.tried_by_position[j] += sign
         for j in range(accepted):
-            self.accepted_by_position[j] += 1
+            self.accepted_by_position[j] += sign
 
     def acceptance_by_position(self) -> list[float]:
         return acceptance_by_position(self.tried_by_position, self.accepted_by_position)

@@ -163,8 +163,8 @@ class Scheduler:
 
     def abort_request(self, request_id: str, now: float, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> Request | None:
         """Stop a request wherever it is; its KV blocks are free for the next tick. A
-        waiting request may have run before (preempted: the runner kept its sampling stream
-        and grammar state to resume it), so it is released like a finished one."""
+        waiting request may have run before (preempted: the runner kept its sampling stream,
+        grammar state and token history to resume it), so it is released like a finished one."""
         request = self.waiting.pop(request_id, None)
         if request is not None:
             request.status = status
@@ -188,8 +188,10 @@ class Scheduler:
             start, drafted, accepted = last
             kept = max(0, num_output_tokens - start)
             if kept < request.num_output_tokens - start:
+                # kept <= accepted: the kept tokens of the round are its first drafts.
                 request.spec.draft_tokens -= drafted - kept
-                request.spec.accepted_tokens -= accepted - min(accepted, kept)
+                request.spec.accepted_tokens -= accepted - kept
+                self.counts.recount_round(drafted=drafted, accepted=accepted, kept=kept)
         del request.output_token_ids[num_output_tokens:]
         if request.request_id in self.running:
             self._finish(request, RequestStatus.FINISHED_STOPPED, now)

@@ -436,6 +436,7 @@ SpeculativeUsage = create_model(
 class CompletionTokensDetails(BaseModel):
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
+    reasoning_tokens: int | None = None  # where counted (server/reasoning.py)
 
 
 class PromptTokensDetails(BaseModel):
