@@ -29,7 +29,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     engine_config = cfg.from_namespace(args)
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                              seed=args.seed, stop=tuple(args.stop or ()))
+                              top_k=args.top_k, min_p=args.min_p, seed=args.seed, stop=tuple(args.stop or ()),
+                              presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+                              repetition_penalty=args.repetition_penalty)
     llm = LLM(config=engine_config)
     prompt_ids = llm.encode_prompt(args.prompt, chat=not args.raw)
     engine = llm.engine
@@ -110,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens (0: no cut)")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below this share of the likeliest")
+    p.add_argument("--presence-penalty", type=float, default=0.0, help="-2 to 2, once a token is in the answer")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="-2 to 2, per time a token is in the answer")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="divides the logits of tokens in the prompt or answer (1: none)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")

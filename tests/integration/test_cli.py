@@ -79,6 +79,18 @@ def test_cli_generate_prints_the_answer():
 
 
 @pytest.mark.slow
+def test_cli_generate_takes_the_sampling_penalties():
+    prompt = ("Copy this line exactly: the cat and the dog and the bird and the fish and the cow and the horse and "
+              "the goat.")
+    plain = speclane("generate", prompt, "--max-tokens", "24", *FAST)
+    penalised = speclane("generate", prompt, "--max-tokens", "24", "--frequency-penalty", "1.5",
+                         "--repetition-penalty", "1.3", "--min-p", "0.05", *FAST)
+    assert plain.returncode == penalised.returncode == 0, penalised.stderr
+    assert penalised.stdout.strip() and penalised.stdout != plain.stdout
+    assert_one_line_error(speclane("generate", "hi", "--min-p", "2", *FAST), "min_p must be in [0, 1]")
+
+
+@pytest.mark.slow
 def test_api_rejects_a_prompt_longer_than_max_model_len(llm_f32):
     too_long = [1] * llm_f32.engine.max_model_len
     with pytest.raises(ValueError, match=f"{len(too_long)} tokens but --max-model-len is {len(too_long)}"):
