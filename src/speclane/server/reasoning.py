@@ -24,6 +24,8 @@ from __future__ import annotations
 import re
 from typing import Protocol
 
+from speclane.server.tools import partial_tag
+
 OPEN, CLOSE = "<think>", "</think>"
 
 
@@ -90,7 +92,7 @@ class ReasoningSplitter:
                         return reasoning, content
                 end = text.find(CLOSE)
                 if end < 0:
-                    keep = _partial_tag(text, CLOSE)
+                    keep = partial_tag(text, CLOSE)
                     reasoning += text[: len(text) - keep]
                     self._held = text[len(text) - keep:]
                     return reasoning, content
@@ -113,10 +115,3 @@ class ReasoningSplitter:
             return "", ""  # a reply of whitespace alone
         return "", held
 
-
-def _partial_tag(text: str, tag: str) -> int:
-    """How many characters at the end of ``text`` could be the start of ``tag``."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0

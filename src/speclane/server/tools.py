@@ -292,7 +292,7 @@ class ToolCallParser:
                         break
                 at = self._buffer.find(OPEN)
                 if at < 0:
-                    keep = _partial_tag(self._buffer)
+                    keep = partial_tag(self._buffer)
                     self._content(self._buffer[: len(self._buffer) - keep], events)
                     self._buffer = self._buffer[len(self._buffer) - keep:]
                     break
@@ -379,9 +379,10 @@ class ToolCallParser:
         return [c for c in calls if c is not None] if all(calls) else []
 
 
-def _partial_tag(text: str) -> int:
-    """The length of the longest end of ``text`` that may begin a ``<tool_call>`` tag."""
-    for size in range(min(len(OPEN) - 1, len(text)), 0, -1):
-        if OPEN.startswith(text[-size:]):
+def partial_tag(text: str, tag: str = OPEN) -> int:
+    """The length of the longest end of ``text`` that may begin ``tag`` (a streamed parser
+    holds that much back until it knows)."""
+    for size in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-size:]):
             return size
     return 0
