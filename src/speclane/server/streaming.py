@@ -114,8 +114,9 @@ class ChoiceState:
 
     def feed(self, out: RequestOutput) -> Delta:
         delta = Delta(logprobs=list(out.logprobs or ()))
-        if self.think_end_at is None and self.reading.think_end_token in out.token_ids:
-            self.think_end_at = self.num_tokens + out.token_ids.index(self.reading.think_end_token) + 1
+        end = self.reading.think_end_token
+        if end is not None and self.think_end_at is None and end in out.token_ids:
+            self.think_end_at = self.num_tokens + out.token_ids.index(end) + 1
         self.num_tokens += len(out.token_ids)
         text = out.text
         if self.splitter is not None:  # the thinking first; tool calls are read in the answer only
