@@ -31,7 +31,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                               top_k=args.top_k, min_p=args.min_p, seed=args.seed, stop=tuple(args.stop or ()),
                               presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
-                              repetition_penalty=args.repetition_penalty)
+                              repetition_penalty=args.repetition_penalty, min_tokens=args.min_tokens)
     llm = LLM(config=engine_config)
     prompt_ids = llm.encode_prompt(args.prompt, chat=not args.raw)
     engine = llm.engine
@@ -110,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     cfg.add_arguments(p)
     p.add_argument("prompt")
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--min-tokens", type=int, default=0, help="no stop ends the answer before it holds this many tokens")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens (0: no cut)")

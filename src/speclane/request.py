@@ -72,6 +72,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # vLLM's: no end-of-sequence token, stop token or stop string ends the answer before it
+    # holds this many tokens (the stop tokens are masked out of the rows that come sooner).
+    min_tokens: int = 0
     # None: no logprobs; k >= 0: each chosen token's logprob and the k most likely
     # alternatives, from the model's own distribution (before bias, penalties, grammar or temperature).
     logprobs: int | None = None
@@ -104,6 +107,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 disables it); got {self.top_k}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be from 0 to max_tokens ({self.max_tokens}); got {self.min_tokens}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be in [0, 2**63); got {self.seed}")
         if len(self.stop) > MAX_STOP_STRINGS:
@@ -129,7 +134,7 @@ class SamplingParams:
     def _check_types(self) -> None:
         """``ValueError`` for a value of the wrong type (the Python API's: a float seed or
         top_k would fail inside the engine's tick, a string temperature in a comparison)."""
-        for name in ("max_tokens", "top_k"):
+        for name in ("max_tokens", "top_k", "min_tokens"):
             if not _is_integer(getattr(self, name)):
                 raise ValueError(f"{name} must be an integer; got {getattr(self, name)!r}")
         for name in ("seed", "logprobs"):
@@ -154,6 +159,12 @@ class SamplingParams:
     def penalized(self) -> bool:
         """Whether a presence, frequency or repetition penalty applies."""
         return bool(self.presence_penalty or self.frequency_penalty) or self.repetition_penalty != 1.0
+
+    @property
+    def counts_rows(self) -> bool:
+        """Whether a verified row's processing depends on the drafts before it (penalties,
+        min_tokens): such a request's drafts are chains, row i following draft i - 1."""
+        return self.penalized or self.min_tokens > 0
 
     @property
     def greedy(self) -> bool:

@@ -102,6 +102,9 @@ CASES: list[tuple[str, str, bytes, int, str]] = [
     ("stop_token_ids outside the vocabulary", CHAT, chat(stop_token_ids=[10**8]), 400, "stop_token_ids"),
     ("stop_token_ids negative", CHAT, chat(stop_token_ids=[-1]), 400, "stop_token_ids"),
     ("ignore_eos a string", CHAT, chat(ignore_eos="yes"), 400, "ignore_eos"),
+    ("min_tokens negative", CHAT, chat(min_tokens=-1), 400, "min_tokens"),
+    ("min_tokens above max_tokens", CHAT, chat(min_tokens=3), 400, "more than the answer may hold"),
+    ("min_tokens above max_tokens, completions", COMPLETIONS, completion(min_tokens=3), 400, "min_tokens"),
     ("malformed JSON schema", CHAT, chat(response_format={"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "strin"}}}}}), 400, "response_format"),
     ("unsupported schema keyword", CHAT, chat(response_format={"type": "json_schema", "json_schema": {

@@ -142,6 +142,22 @@ def test_stop_token_ids_and_ignore_eos(client: openai.OpenAI, idle_after: AsyncE
     assert longer.usage.completion_tokens == plain.usage.completion_tokens + 8
 
 
+def test_min_tokens(client: openai.OpenAI) -> None:
+    """vLLM's min_tokens through extra_body: a short answer goes on past its end; more than
+    max_tokens is a 400 naming the field."""
+    short: list[Any] = [{"role": "user", "content": "Say only: yes"}]
+    plain = client.chat.completions.create(model=MODEL, messages=short, max_tokens=40, temperature=0)
+    assert plain.choices[0].finish_reason == "stop" and plain.usage is not None and plain.choices[0].message.content
+    minimum = plain.usage.completion_tokens + 6
+    longer = client.chat.completions.create(model=MODEL, messages=short, max_tokens=minimum + 10, temperature=0,
+                                            extra_body={"min_tokens": minimum})
+    assert longer.usage is not None and longer.usage.completion_tokens >= minimum
+    assert (longer.choices[0].message.content or "").startswith(plain.choices[0].message.content)
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model=MODEL, messages=short, max_tokens=4, extra_body={"min_tokens": 5})
+    assert bad.value.param == "min_tokens"
+
+
 def test_errors_map_to_openai_exceptions(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
         client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, n=9)

@@ -254,3 +254,16 @@ def test_streamed_pieces_add_up_to_the_decode_cut_at_the_first_stop(
     # No piece ever holds a broken character unless the full decode has one there.
     if "\ufffd" not in full:
         assert all("\ufffd" not in p for p in pieces)
+
+
+def test_min_tokens_stop_strings_count_from_the_token_after_the_first_min_tokens() -> None:
+    tok = ByteTokenizer()
+    ids = tok.ids("a", "END", "b", "END", "c")
+    early = IncrementalDetokenizer(tok, [], ("END",))
+    assert early.extend(ids).text == "a" and early.stopped
+    held = IncrementalDetokenizer(tok, [], ("END",), min_tokens=2)
+    step = held.extend(ids)
+    assert (step.text, step.stopped, step.num_tokens) == ("aENDb", True, 4)
+    assert held.output_text == "aENDb"
+    whole = IncrementalDetokenizer(tok, [], ("END",), min_tokens=5)
+    assert whole.extend(ids).text == "aENDbENDc" and not whole.stopped

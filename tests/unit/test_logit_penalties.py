@@ -1,6 +1,7 @@
 """Presence, frequency and repetition penalties on a round's logit rows
 (``engine/logits.py``): row i pays for the output so far and the round's first i drafts,
-as its decode step would; and min-p sampling (``engine/sampling.py``)."""
+as its decode step would; ``min_tokens``' held stop tokens; and min-p sampling
+(``engine/sampling.py``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections import Counter
 import pytest
 import torch
 
-from speclane.engine.logits import TokenHistory, constrain
+from speclane.engine.logits import HeldStops, TokenHistory, constrain, hold_stops
 from speclane.engine.sampling import probabilities
 from speclane.request import SamplingParams
 
@@ -119,3 +120,36 @@ def test_min_p_drops_tokens_below_its_share_of_the_likeliest() -> None:
 def test_out_of_range_or_wrong_type_is_refused(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})
+
+
+def test_min_tokens_holds_the_stop_tokens_out_of_the_rows_before_it() -> None:
+    """Row i chooses token num_output + i: the rows before min_tokens may not choose an
+    end-of-sequence or stop token; later rows, and other tokens, keep their values."""
+    rows = torch.randn(4, 30, generator=torch.Generator().manual_seed(5))
+    expected = rows.clone()
+    params = SamplingParams(max_tokens=20, min_tokens=7, stop_token_ids=(9,))
+    held = HeldStops.of(params, frozenset({2, 0}), num_output=5)
+    assert held == HeldStops((9, 0, 2), 2)
+    constrain(rows, params, None, [1, 1, 1], held=held)
+    expected[:2, [0, 2, 9]] = float("-inf")
+    torch.testing.assert_close(rows, expected, rtol=0, atol=0)
+    assert HeldStops.of(params, {2}, num_output=7) is None, "min_tokens reached: nothing is held"
+    assert HeldStops.of(SamplingParams(min_tokens=3, ignore_eos=True), {2}, num_output=0) is None, \
+        "with ignore_eos and no stop_token_ids there is nothing to hold"
+
+
+def test_min_tokens_leaves_a_stop_where_the_grammar_allows_nothing_else() -> None:
+    rows = torch.full((2, 6), float("-inf"))
+    rows[0, 2] = 1.0  # the grammar's end: only end-of-sequence is allowed
+    rows[1, [2, 4]] = torch.tensor([1.0, 0.5])
+    hold_stops(rows, HeldStops((2,), 2), grammar=True)
+    assert rows[0, 2] == 1.0, "a row of nothing but stops keeps them"
+    assert rows[1, 2] == float("-inf") and rows[1, 4] == 0.5
+
+
+def test_min_tokens_is_checked() -> None:
+    with pytest.raises(ValueError, match="min_tokens must be from 0 to max_tokens"):
+        SamplingParams(max_tokens=4, min_tokens=5)
+    with pytest.raises(ValueError, match="min_tokens must be an integer"):
+        SamplingParams(min_tokens=1.5)  # type: ignore[arg-type]
+    assert SamplingParams(min_tokens=2).counts_rows and not SamplingParams().counts_rows

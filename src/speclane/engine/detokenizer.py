@@ -12,7 +12,8 @@ the returned text to the client. Two things make this more than `decode(token)`:
   ever is, and the step says `stopped` so the engine can finish the request.
 
 Invariant: the concatenation of every piece returned (by `add`, `extend` and `flush`) equals
-`tokenizer.decode(output ids)` cut before the first stop string to complete.
+`tokenizer.decode(output ids)` cut before the first stop string to complete (one that
+completes within the first `min_tokens` tokens does not count).
 
 This module does no I/O and imports no torch; it needs only a `decode(ids, skip_special_tokens)`.
 """
@@ -54,6 +55,7 @@ class IncrementalDetokenizer:
         prompt_token_ids: Sequence[int],
         stop: Iterable[str] = (),
         skip_special_tokens: bool = True,
+        min_tokens: int = 0,
     ) -> None:
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
@@ -64,6 +66,9 @@ class IncrementalDetokenizer:
         # still become a stop string, so that ending is held back.
         self._stop_prefixes = frozenset(s[:i] for s in self.stop for i in range(1, len(s)))
         self._max_prefix_len = max((len(p) for p in self._stop_prefixes), default=0)
+        # min_tokens: stop strings are looked for from the token after the first min_tokens
+        # on (vLLM's rule); the text of those first tokens is released as it comes.
+        self._min_tokens = min_tokens
 
         # Decoding window, as vLLM: ids[prefix_offset:read_offset] is text already released
         # (or prompt context), ids[read_offset:] is not yet released. Both offsets sit on
@@ -167,7 +172,7 @@ class IncrementalDetokenizer:
 
     def _release(self, delta: str, final: bool = False) -> DetokStep:
         """Add decoded text to the pending text; release what cannot start a stop string."""
-        if not self.stop:
+        if not self.stop or self._num_output_tokens <= self._min_tokens:
             self._emit(delta)
             return DetokStep(delta)
         if not delta and not final:

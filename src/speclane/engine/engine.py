@@ -259,7 +259,8 @@ class LLMEngine:
             if source is None or source.prompt_token_ids != request.prompt_token_ids:
                 request.prefill_source = None  # nothing to share: prefill as usual
             self.scheduler.add_request(request, request.arrival_s)
-            self._detoks[request_id] = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, sampling.stop)
+            self._detoks[request_id] = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, sampling.stop,
+                                                            min_tokens=sampling.min_tokens)
         return request
 
     def abort_request(self, request_id: str) -> None:

@@ -9,7 +9,10 @@ or the single decode row):
    penalties are taken off for the tokens in the output; row i counts the first i drafts
    as output too (what it holds if they are accepted), so a verified position sees the
    penalties its decode step would;
-3. the grammar's mask sets every token it does not allow at that position to -inf.
+3. the grammar's mask sets every token it does not allow at that position to -inf;
+4. ``min_tokens``: a row whose token would come before the answer holds that many tokens
+   may not choose a stop token (end-of-sequence, unless ``ignore_eos``, and
+   ``stop_token_ids``), except where the grammar allows nothing else (its end wins).
 
 A row is processed identically whether it is a decode step or a verified draft
 position, so constrained outputs stay identical with speculation on and off.
@@ -17,7 +20,8 @@ position, so constrained outputs stay identical with speculation on and off.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -25,9 +29,26 @@ from speclane.grammar.matcher import GrammarMatcher
 from speclane.request import SamplingParams, TokenLogprob
 
 
+@dataclass(frozen=True)
+class HeldStops:
+    """``min_tokens`` for one round: the stop tokens and how many of its first rows may not
+    choose them."""
+
+    token_ids: tuple[int, ...]
+    num_rows: int
+
+    @staticmethod
+    def of(params: SamplingParams, eos_token_ids: Iterable[int], num_output: int) -> HeldStops | None:
+        """For a request with ``num_output`` tokens so far (row i chooses token ``num_output + i``);
+        None where no row is held."""
+        stops = tuple(params.stop_token_ids) + (() if params.ignore_eos else tuple(sorted(eos_token_ids)))
+        num_rows = params.min_tokens - num_output
+        return HeldStops(stops, num_rows) if num_rows > 0 and stops else None
+
+
 def constrain(rows: torch.Tensor, params: SamplingParams, matcher: GrammarMatcher | None,
-              draft: list[int], history: TokenHistory | None = None) -> None:
-    """Apply bias, penalties and mask in place to ``rows`` [len(draft) + 1, V], row i
+              draft: list[int], history: TokenHistory | None = None, held: HeldStops | None = None) -> None:
+    """Apply bias, penalties and masks in place to ``rows`` [len(draft) + 1, V], row i
     continuing the request's tokens (``history``, up to date: needed where ``params``
     penalise) and then ``draft[:i]`` (a chain)."""
     if params.logit_bias:
@@ -40,6 +61,19 @@ def constrain(rows: torch.Tensor, params: SamplingParams, matcher: GrammarMatche
         penalize(rows, params, history, draft)
     if matcher is not None:
         rows.masked_fill_(~matcher.masks(draft), float("-inf"))
+    if held is not None:
+        hold_stops(rows, held, grammar=matcher is not None)
+
+
+def hold_stops(rows: torch.Tensor, held: HeldStops, *, grammar: bool) -> None:
+    """Mask the stop tokens out of the first ``held.num_rows`` rows; where a grammar has
+    left a row nothing but stops, the row keeps them (an answer the grammar ends)."""
+    ids = torch.tensor(held.token_ids, dtype=torch.long)
+    for row in rows[: held.num_rows]:
+        kept = row[ids].clone()
+        row[ids] = float("-inf")
+        if grammar and not torch.isfinite(row).any():
+            row[ids] = kept
 
 
 class TokenHistory:

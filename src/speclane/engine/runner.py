@@ -33,7 +33,7 @@ import torch
 
 from speclane import draft_tree
 from speclane.drafters.base import Draft, Drafter, HiddenObserver
-from speclane.engine.logits import TokenHistory, constrain, token_logprobs
+from speclane.engine.logits import HeldStops, TokenHistory, constrain, token_logprobs
 from speclane.engine.sampling import choose_tokens
 from speclane.grammar.compiler import CompiledGrammar
 from speclane.grammar.matcher import GrammarMatcher
@@ -142,8 +142,8 @@ class ModelRunner:
                 matcher = self._matcher(seq.request)
                 if matcher is not None:  # what the grammar allows, then what it forces; exact-match verify
                     draft = Draft(matcher.draft(draft.chain().token_ids, seq.num_draft_tokens))
-                elif seq.request.sampling.penalized and draft.parents is not None:
-                    draft = draft.chain()  # penalties count a row's drafts as a chain (logits.py)
+                elif seq.request.sampling.counts_rows and draft.parents is not None:
+                    draft = draft.chain()  # penalties and min_tokens count a row's drafts as a chain (logits.py)
                 drafts.append(draft)
             else:
                 drafts.append(Draft([]))
@@ -237,10 +237,12 @@ class ModelRunner:
             params = seq.request.sampling
             if params.logprobs is not None:
                 raw[seq.request_id] = logits[first:cursor].clone()
-            if params.logit_bias or params.penalized or seq.request.grammar is not None:
+            held = HeldStops.of(params, seq.request.eos_token_ids, seq.request.num_output_tokens) \
+                if params.min_tokens else None
+            if params.logit_bias or params.penalized or seq.request.grammar is not None or held is not None:
                 with torch.inference_mode():  # the logits are the forward's inference tensors
                     constrain(logits[first:cursor], params, self._matcher(seq.request), proposed,
-                              self._history(seq.request, logits.shape[-1]) if params.penalized else None)
+                              self._history(seq.request, logits.shape[-1]) if params.penalized else None, held)
         return raw
 
     def _share_hidden(self, seqs: list[ScheduledSeq], fed: list[list[int]], kept: list[list[int] | int],

@@ -182,6 +182,9 @@ def sampling_params(request: ChatCompletionRequest | CompletionRequest, *, max_t
     if temperature < GREEDY_BELOW:
         temperature = 0.0
     top_k = request.top_k or 0
+    if (request.min_tokens or 0) > max_tokens:
+        raise APIError(400, f"min_tokens ({request.min_tokens}) is more than the answer may hold ({max_tokens} tokens: "
+                            "max_tokens, or what the context leaves after the prompt)", param="min_tokens")
     try:
         return SamplingParams(
             max_tokens=max_tokens,
@@ -198,6 +201,7 @@ def sampling_params(request: ChatCompletionRequest | CompletionRequest, *, max_t
             min_p=request.min_p or 0.0,
             stop_token_ids=tuple(request.stop_token_ids or ()),
             ignore_eos=request.ignore_eos,
+            min_tokens=request.min_tokens or 0,
         )
     except ValueError as exc:  # the protocol's bounds should already have caught it
         raise APIError(400, str(exc)) from None

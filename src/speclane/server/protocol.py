@@ -270,6 +270,9 @@ class _GenerationRequest(_Strict):
         | None = Field(default=None, description="vLLM's: token ids that end the answer (kept in it)")
     ignore_eos: bool = Field(default=False, description="vLLM's: generate past end-of-sequence tokens, up to "
                                                         "max_tokens (a benchmark's fixed-length answers)")
+    min_tokens: int | None = Field(default=None, ge=0, le=INT32_MAX,
+                                   description="vLLM's: no stop token or stop string ends the answer before it "
+                                               "holds this many tokens")
     logit_bias: Annotated[dict[str, Annotated[float, Field(ge=-100, le=100)]],
                           Field(max_length=MAX_LOGIT_BIAS)] | None = Field(
         default=None, description="token id (as a string) -> bias from -100 to 100, added to the logits")
