@@ -485,8 +485,11 @@ def choose(holders: list[tuple[str, int]], base_rows: int, base_tokens: float, c
 def _best_k(rate: float, k_max: int, to_beat: float, tokens: float, rows: int, tick_ms) -> int:
     """The K in 1..k_max of the highest goodput above ``to_beat`` at ``rate``, else 0."""
     best_k = 0
+    gained, power = tokens, 1.0  # tokens - 1 + expected_tokens(rate, k), a term a K
     for k in range(1, k_max + 1):
-        goodput = (tokens - 1 + expected_tokens(rate, k)) / tick_ms(rows + k, k)
+        power *= rate
+        gained += power
+        goodput = gained / tick_ms(rows + k, k)
         if goodput > to_beat:
             best_k, to_beat = k, goodput
     return best_k
