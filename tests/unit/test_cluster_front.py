@@ -26,6 +26,8 @@ class FakeReplica:
         self.up = True
         self.raise_next: BaseException | None = None
         self.added: list[str] = []
+        self.charged_asks: list[bool] = []  # per poll that asked for the lane service: changes only?
+        self.failed_at = -1  # len(charged_asks) when a poll last failed
 
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         await asyncio.sleep(0.005)
@@ -37,7 +39,12 @@ class FakeReplica:
         if method == "poll":
             if self.raise_next is not None:
                 exc, self.raise_next = self.raise_next, None
+                self.failed_at = len(self.charged_asks)
                 raise exc
+            if kwargs.get("want_charged"):
+                changes_only = kwargs.get("charged_changes_only", False)
+                self.charged_asks.append(changes_only)
+                return PollReply("one", [], {}, charged_complete=not changes_only)
             return PollReply("one", [])
         if method == "add":
             self.added.append(args[0])
@@ -97,3 +104,16 @@ def test_a_poll_that_fails_unexpectedly_takes_the_replica_out_and_back(front: tu
     until(lambda: engine.health == ["healthy"])
     generate(engine, [1, 2], 8)
     until(lambda: replica.added == ["r2"])  # its loop still polls and places
+
+
+def test_the_lane_service_is_asked_whole_first_and_after_a_failed_poll_else_its_changes(
+        front: tuple[ClusterEngine, FakeReplica]) -> None:
+    """A failed poll may have taken changes the front never saw: the next report is whole."""
+    engine, replica = front
+    until(lambda: len(replica.charged_asks) >= 3)
+    assert replica.charged_asks[0] is False and all(replica.charged_asks[1:3])
+    replica.raise_next = ReplicaUnavailable("a lost reply")
+    until(lambda: engine.outages == [1])
+    after = replica.failed_at
+    until(lambda: len(replica.charged_asks) >= after + 2)
+    assert replica.charged_asks[after] is False and replica.charged_asks[after + 1] is True

@@ -3,6 +3,9 @@ service counters, and two lanes sharing them (the cluster-wide fair lane, docs/d
 
 from __future__ import annotations
 
+import random
+from collections import Counter
+
 import pytest
 
 from speclane.cluster.router import Pending, Router, prefix_hashes
@@ -133,6 +136,51 @@ def test_shared_service_sums_the_other_replicas_and_survives_a_restart() -> None
     assert shared.remote_for(0) == {"b": 3.5}
 
 
+def test_shared_service_sent_only_changes_agrees_with_summing_everything() -> None:
+    """Reports of every tenant or of the changed ones only, restarts between them: what
+    remote_for has sent each replica always equals the sum over the others' incarnations,
+    the retired ones included."""
+    rng = random.Random(7)
+    replicas, tenants = 3, [f"t{j}" for j in range(12)]
+    shared = SharedService(replicas)
+    charged = [dict[str, float]() for _ in range(replicas)]
+    retired: Counter[str] = Counter()
+    incarnation = [0] * replicas
+    known = [dict[str, float]() for _ in range(replicas)]
+    for _ in range(400):
+        r = rng.randrange(replicas)
+        if rng.random() < 0.05:  # a restart: a fresh lane, its old charges retired
+            retired.update(charged[r])
+            charged[r], incarnation[r] = {}, incarnation[r] + 1
+            known[r] = {}
+        changed = {t: charged[r].get(t, 0.0) + rng.choice([0.5, 1.0]) for t in rng.sample(tenants, rng.randrange(4))}
+        charged[r].update(changed)
+        complete = rng.random() < 0.3
+        shared.report(r, f"{r}.{incarnation[r]}", dict(charged[r]) if complete else changed, complete=complete)
+        asked = rng.randrange(replicas)
+        known[asked].update(shared.remote_for(asked))
+        expected = Counter(retired)
+        for other in range(replicas):
+            if other != asked:
+                expected.update(charged[other])
+        assert known[asked] == {t: v for t, v in expected.items() if v}
+
+
+def test_a_lane_reports_the_tenants_charged_since_its_last_report() -> None:
+    counters = VirtualCounters()
+    assert counters.charged(changes_only=True) == {}
+    for tenant in ("a", "b"):
+        counters.join(tenant, 1.0)
+    counters.charge("a", reserved=False)
+    counters.charge("a", reserved=False)
+    counters.charge("b", reserved=False)
+    assert counters.charged(changes_only=True) == {"a": 2.0, "b": 1.0}
+    assert counters.charged(changes_only=True) == {}, "nothing charged since"
+    counters.charge("b", reserved=False)
+    assert counters.charged(changes_only=True) == {"b": 2.0}
+    assert counters.charged() == {"a": 2.0, "b": 2.0}, "every tenant's on request"
+
+
 def _rounds(lanes: list[SpecLane], members: dict[int, list[tuple[str, str]]], *, sync_every: int | None,
             ticks: int = 3000) -> dict[str, int]:
     """Run ``ticks`` lane rounds on each lane (1 slot each); every ``sync_every`` ticks the
@@ -146,7 +194,7 @@ def _rounds(lanes: list[SpecLane], members: dict[int, list[tuple[str, str]]], *,
     for tick in range(ticks):
         if sync_every and tick % sync_every == 0:
             for i, lane in enumerate(lanes):
-                shared.report(i, "x", lane.charged_service())
+                shared.report(i, "x", lane.charged_service(changes_only=True), complete=False)  # as the front
             for i, lane in enumerate(lanes):
                 lane.set_remote_service(shared.remote_for(i))
         for lane in lanes:

@@ -333,6 +333,9 @@ class ClusterEngine:
         sync_s = self.cluster.counter_sync_ms / 1000.0
         next_sync = next_status = 0.0
         sent_elsewhere: set[str] | None = None
+        # The replica reports the tenants charged since its last report, except where a
+        # reply may have been lost (a failed poll): then every tenant's, once.
+        charged_complete_due = True
         while not self._stopping:
             now = time.monotonic()
             sync, want_status = now >= next_sync, now >= next_status
@@ -346,7 +349,7 @@ class ClusterEngine:
             try:
                 reply: PollReply = await asyncio.wait_for(
                     client.call("poll", remote, active_elsewhere=elsewhere, wait_s=POLL_WAIT_S, want_charged=sync,
-                                want_status=want_status),
+                                want_status=want_status, charged_changes_only=not charged_complete_due),
                     timeout)
             except Exception as exc:  # noqa: BLE001 - whatever failed, the replica's streams must not hang
                 if not isinstance(exc, ReplicaUnavailable | TimeoutError):
@@ -354,6 +357,7 @@ class ClusterEngine:
                 await self._replica_down(i, f"{type(exc).__name__}: {exc}")
                 next_sync = next_status = 0.0
                 sent_elsewhere = None
+                charged_complete_due = True
                 continue
             if reply.incarnation != self._incarnations[i]:
                 if self._incarnations[i] is not None:  # restarted between two polls
@@ -368,7 +372,8 @@ class ClusterEngine:
             for out in reply.outputs:
                 self._deliver(i, out)
             if reply.charged is not None:
-                self.shared.report(i, reply.incarnation, reply.charged)
+                self.shared.report(i, reply.incarnation, reply.charged, complete=reply.charged_complete)
+                charged_complete_due = charged_complete_due and not reply.charged_complete
                 next_sync = now + sync_s
             if reply.status is not None:
                 self.statuses[i] = reply.status

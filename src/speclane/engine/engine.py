@@ -268,16 +268,17 @@ class LLMEngine:
         with self._lock:
             self._pending_aborts.append(request_id)
 
-    def exchange_lane_service(self, remote: dict[str, float] | None,
-                              active_elsewhere: set[str] | None = None) -> dict[str, float]:
+    def exchange_lane_service(self, remote: dict[str, float] | None, active_elsewhere: set[str] | None = None,
+                              *, changes_only: bool = False) -> dict[str, float]:
         """Take the lane service the other replicas charged per tenant (``remote``, cumulative;
         None: nothing new) and the tenants with requests there (None: unchanged), and return
-        what this engine charged (replicas, ``cluster/``). Any thread: the lane changes
+        what this engine charged (replicas, ``cluster/``): every tenant's, or
+        (``changes_only``) those charged since the last call. Any thread: the lane changes
         under the engine's lock, between ticks' scheduling."""
         with self._lock:
             if remote or active_elsewhere is not None:
                 self.scheduler.lane.set_remote_service(remote or {}, active_elsewhere)
-            return self.scheduler.lane.charged_service()
+            return self.scheduler.lane.charged_service(changes_only=changes_only)
 
     def has_unfinished(self) -> bool:
         with self._lock:

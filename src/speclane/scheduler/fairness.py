@@ -70,6 +70,7 @@ class VirtualCounters:
         self._active: list[tuple[float, str]] = []  # lazy min-heap of active counters
         self._idle: list[tuple[float, str]] = []  # lazy min-heap of idle tenants kept for debt
         self._charged: dict[str, float] = {}  # rounds / weight run here per tenant, once shared
+        self._unreported: set[str] = set()  # tenants charged since the last report
         self._shared = False  # charged or set_remote called: this lane is one of several
         self._remote: dict[str, float] = {}  # the same, charged on the other replicas
         self._elsewhere: set[str] = set()  # tenants with requests on other replicas
@@ -100,10 +101,14 @@ class VirtualCounters:
             else:
                 return counter
 
-    def charged(self) -> dict[str, float]:
+    def charged(self, *, changes_only: bool = False) -> dict[str, float]:
         """Lane service run here per tenant (rounds / weight) since the lane was first shared
-        (this call or ``set_remote``): what a replica reports to the others. A copy."""
+        (this call or ``set_remote``): what a replica reports to the others. A copy: every
+        tenant's, or (``changes_only``) those charged since the last call."""
         self._shared = True
+        tenants, self._unreported = self._unreported, set()
+        if changes_only:
+            return {tenant: self._charged[tenant] for tenant in tenants}
         return dict(self._charged)
 
     # -- changes --------------------------------------------------------------------
@@ -173,6 +178,7 @@ class VirtualCounters:
         t.rounds += 1
         if self._shared:
             self._charged[tenant] = self._charged.get(tenant, 0.0) + 1.0 / t.weight
+            self._unreported.add(tenant)
         if reserved:
             t.reserved -= 1
 

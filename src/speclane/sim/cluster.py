@@ -84,7 +84,7 @@ def run_cluster(lane: LaneConfig, jobs: Sequence[SimJob], setup: Setup, *, repli
             schedulers[pending.replica].add_request(job_request(pending.payload, now), now)
         if sync_ms is not None and now >= next_sync:
             for i, s in enumerate(schedulers):
-                shared.report(i, "sim", s.lane.charged_service())
+                shared.report(i, "sim", s.lane.charged_service(changes_only=True), complete=False)
             for i, s in enumerate(schedulers):
                 s.lane.set_remote_service(shared.remote_for(i), router.tenants_elsewhere(i))
             next_sync = now + sync_ms / 1000.0
