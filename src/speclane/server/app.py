@@ -67,6 +67,14 @@ from speclane.server.streaming import (
     sse_events,
     until_disconnect,
 )
+from speclane.server.tokenize import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+    detokenize,
+    tokenize,
+)
 
 QUEUE_FULL_RETRY_AFTER_S = 1
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -257,6 +265,23 @@ def create_app(
     @app.get("/v1/models", response_model=ModelList, responses={401: _ERRORS[401]})
     async def models(who: Principal = Depends(principal)) -> ModelList:
         return ModelList(data=[ModelCard(id=server.model_name, created=started, max_model_len=engine.max_model_len)])
+
+    @app.get("/v1/models/{model:path}", response_model=ModelCard, responses={401: _ERRORS[401], 404: _ERRORS[404]})
+    async def model(model: str, who: Principal = Depends(principal)) -> ModelCard:
+        server.check_model(model)
+        return ModelCard(id=server.model_name, created=started, max_model_len=engine.max_model_len)
+
+    @app.post("/tokenize", response_model=TokenizeResponse, responses={k: _ERRORS[k] for k in (400, 401, 404)})
+    async def tokenize_endpoint(body: TokenizeRequest, who: Principal = Depends(principal)) -> TokenizeResponse:
+        if body.model is not None:
+            server.check_model(body.model)
+        return await anyio.to_thread.run_sync(tokenize, body, server.vocab, server.token_texts)
+
+    @app.post("/detokenize", response_model=DetokenizeResponse, responses={k: _ERRORS[k] for k in (400, 401, 404)})
+    async def detokenize_endpoint(body: DetokenizeRequest, who: Principal = Depends(principal)) -> DetokenizeResponse:
+        if body.model is not None:
+            server.check_model(body.model)
+        return await anyio.to_thread.run_sync(detokenize, body, server.vocab)
 
     @app.get("/health", responses={503: _ERRORS[503]})
     async def health() -> dict[str, Any]:

@@ -76,7 +76,7 @@ class Vocabulary:
 
 
 def chat_input(request: ChatCompletionRequest, vocab: Vocabulary) -> EngineInput:
-    prompt = _render_chat(request, vocab.tokenizer)
+    prompt = render_chat(request, vocab.tokenizer)
     prompt_ids = vocab.tokenizer.encode(prompt, add_special_tokens=False)
     engine_input = _engine_input(request, prompt_ids, vocab)
     # A grammar decides the reply from its first token: it is the answer even where the
@@ -103,12 +103,15 @@ def completion_input(request: CompletionRequest, vocab: Vocabulary) -> EngineInp
     return _engine_input(request, prompt_ids, vocab)  # type: ignore[arg-type]
 
 
-def _render_chat(request: ChatCompletionRequest, tokenizer: Tokenizer) -> str:
+def render_chat(request: ChatCompletionRequest, tokenizer: Tokenizer, *, add_generation_prompt: bool = True) -> str:
+    """The chat prompt the model's template renders from the request's messages, tools and
+    ``chat_template_kwargs``; a template that refuses them is a 400."""
     offered = request.tools or () if request.tool_mode != "none" else ()
     messages, variables = chat_messages(request.messages, offered, tokenizer)
     extra = request.chat_template_kwargs or {}
     try:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, **{**extra, **variables})
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                             **{**extra, **variables})
     except jinja2.TemplateError as exc:
         raise APIError(400, f"the model's chat template rejected the messages: {exc}", param="messages") from None
     except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:

@@ -1,0 +1,94 @@
+"""``POST /tokenize`` and ``POST /detokenize`` (vLLM's endpoints, the same fields): a prompt's
+or a chat's token ids exactly as the generation endpoints would send them to the engine,
+and token ids back to text, without generating.
+
+Clients count a conversation's tokens before sending it (to trim it to the context, or to
+bill it) and check what a chat template renders; the count must be the server's own, not
+an estimate from another tokenizer. A ``prompt`` is encoded as ``/v1/completions`` encodes
+it (with BOS where the model asks for one), ``messages`` (with ``tools`` and
+``chat_template_kwargs``) as ``/v1/chat/completions`` renders them; ``add_special_tokens``
+true or false encodes the text with or without the tokenizer's special tokens instead.
+Like the prompt functions, these run in a worker thread (``app.py``): tokenizing is CPU
+work proportional to the body.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from speclane.server.errors import APIError, validation_message
+from speclane.server.logprobs import TokenTexts
+from speclane.server.prompts import Vocabulary, render_chat
+from speclane.server.protocol import INT32_MAX, MAX_TOOLS, ChatCompletionRequest, ChatMessage, Tool
+
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class TokenizeRequest(_Strict):
+    model: str | None = None
+    prompt: str | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    add_special_tokens: bool | None = Field(
+        default=None, description="default: as the generation endpoints encode; true or false: with or without "
+                                  "the tokenizer's special tokens")
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("send either prompt (text) or messages (a chat), not both and not neither")
+        if self.prompt is not None and (self.tools or self.chat_template_kwargs):
+            raise ValueError("tools and chat_template_kwargs go with messages, not with prompt")
+        return self
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(_Strict):
+    model: str | None = None
+    tokens: list[TokenId]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+def tokenize(request: TokenizeRequest, vocab: Vocabulary, texts: TokenTexts) -> TokenizeResponse:
+    tokenizer = vocab.tokenizer
+    if request.messages is not None:
+        try:  # the chat endpoint's rules (unique tool names, tool results that answer a call, ...)
+            chat = ChatCompletionRequest(model=request.model or "", messages=request.messages, tools=request.tools,
+                                         chat_template_kwargs=request.chat_template_kwargs)
+        except ValidationError as exc:
+            message, param = validation_message(exc.errors())
+            raise APIError(400, message, param=param) from None
+        text = render_chat(chat, tokenizer, add_generation_prompt=request.add_generation_prompt)
+        ids = tokenizer.encode(text, add_special_tokens=bool(request.add_special_tokens))
+    else:
+        assert request.prompt is not None  # _one_input
+        ids = (tokenizer.encode_prompt(request.prompt) if request.add_special_tokens is None
+               else tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens))
+    strs = [texts.get(token)[0] for token in ids] if request.return_token_strs else None
+    return TokenizeResponse(count=len(ids), max_model_len=vocab.max_model_len, tokens=ids, token_strs=strs)
+
+
+def detokenize(request: DetokenizeRequest, vocab: Vocabulary) -> DetokenizeResponse:
+    for index, token in enumerate(request.tokens):
+        if token >= vocab.vocab_size:
+            raise APIError(400, f"tokens[{index}]: token id {token} is outside the vocabulary "
+                                f"(0 to {vocab.vocab_size - 1})", param="tokens")
+    return DetokenizeResponse(prompt=vocab.tokenizer.decode(request.tokens, skip_special_tokens=False))
