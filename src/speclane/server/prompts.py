@@ -103,15 +103,15 @@ def completion_input(request: CompletionRequest, vocab: Vocabulary) -> EngineInp
     return _engine_input(request, prompt_ids, vocab)  # type: ignore[arg-type]
 
 
-def render_chat(request: ChatCompletionRequest, tokenizer: Tokenizer, *, add_generation_prompt: bool = True) -> str:
+def render_chat(request: ChatCompletionRequest, tokenizer: Tokenizer) -> str:
     """The chat prompt the model's template renders from the request's messages, tools and
     ``chat_template_kwargs``; a template that refuses them is a 400."""
     offered = request.tools or () if request.tool_mode != "none" else ()
     messages, variables = chat_messages(request.messages, offered, tokenizer)
     extra = request.chat_template_kwargs or {}
     try:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                             **{**extra, **variables})
+        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=request.add_generation_prompt,
+                                                 **{**extra, **variables})
     except jinja2.TemplateError as exc:
         raise APIError(400, f"the model's chat template rejected the messages: {exc}", param="messages") from None
     except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
@@ -120,6 +120,19 @@ def render_chat(request: ChatCompletionRequest, tokenizer: Tokenizer, *, add_gen
         # A variable of a type the template does not expect (a number where it adds text).
         raise APIError(400, f"the model's chat template failed with chat_template_kwargs: {type(exc).__name__}: "
                             f"{exc}", param="chat_template_kwargs") from None
+    return _continuing(rendered, request.messages[-1].text) if request.continue_final_message else rendered
+
+
+def _continuing(rendered: str, final: str) -> str:
+    """The rendered chat cut right after its last message's text, so the reply continues it
+    (transformers' ``continue_final_message``): what the template writes after it (the end
+    of the turn) goes. A template that trims the text is cut after the trimmed text."""
+    for text in (final, final.strip()):
+        end = rendered.rfind(text)
+        if end >= 0:
+            return rendered[: end + len(text)]
+    raise APIError(400, "continue_final_message: the model's chat template does not write the last message's "
+                        "text as it is, so the reply cannot continue it", param="messages")
 
 
 def _engine_input(request: ChatCompletionRequest | CompletionRequest, prompt_ids: list[int],

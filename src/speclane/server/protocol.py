@@ -345,6 +345,10 @@ class ChatCompletionRequest(_GenerationRequest):
     chat_template_kwargs: dict[str, Any] | None = Field(
         default=None, description="extra variables for the model's chat template, e.g. Qwen3's "
                                   "{\"enable_thinking\": false} (vLLM's and llama.cpp's field)")
+    add_generation_prompt: bool = Field(default=True, description="vLLM's: the template opens the assistant's turn")
+    continue_final_message: bool = Field(
+        default=False, description="vLLM's: the reply continues the last message, an assistant message with text "
+                                   "(a prefilled start); needs add_generation_prompt false")
 
     @model_validator(mode="after")
     def _chat_rules(self) -> ChatCompletionRequest:
@@ -357,6 +361,14 @@ class ChatCompletionRequest(_GenerationRequest):
         reserved = sorted(set(self.chat_template_kwargs or ()) & TEMPLATE_VARIABLES)
         if reserved:
             raise ValueError(f"chat_template_kwargs: '{reserved[0]}' is set by the server: send it in its own field")
+        if self.continue_final_message:
+            last = self.messages[-1]
+            if self.add_generation_prompt:
+                raise ValueError("continue_final_message: set add_generation_prompt to false with it (the reply "
+                                 "continues the last message instead of opening a turn)")
+            if last.role != "assistant" or not last.text.strip():
+                raise ValueError("continue_final_message: the last message must be an assistant message with text "
+                                 "content, the start the reply continues")
         choice = self.tool_choice
         if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
             raise ValueError(f"tool_choice: no tool named '{choice.function.name[:64]}' in tools")

@@ -37,6 +37,7 @@ class TokenizeRequest(_Strict):
     tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     add_special_tokens: bool | None = Field(
         default=None, description="default: as the generation endpoints encode; true or false: with or without "
                                   "the tokenizer's special tokens")
@@ -46,8 +47,8 @@ class TokenizeRequest(_Strict):
     def _one_input(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("send either prompt (text) or messages (a chat), not both and not neither")
-        if self.prompt is not None and (self.tools or self.chat_template_kwargs):
-            raise ValueError("tools and chat_template_kwargs go with messages, not with prompt")
+        if self.prompt is not None and (self.tools or self.chat_template_kwargs or self.continue_final_message):
+            raise ValueError("tools, chat_template_kwargs and continue_final_message go with messages, not with prompt")
         return self
 
 
@@ -72,11 +73,13 @@ def tokenize(request: TokenizeRequest, vocab: Vocabulary, texts: TokenTexts) -> 
     if request.messages is not None:
         try:  # the chat endpoint's rules (unique tool names, tool results that answer a call, ...)
             chat = ChatCompletionRequest(model=request.model or "", messages=request.messages, tools=request.tools,
-                                         chat_template_kwargs=request.chat_template_kwargs)
+                                         chat_template_kwargs=request.chat_template_kwargs,
+                                         add_generation_prompt=request.add_generation_prompt,
+                                         continue_final_message=request.continue_final_message)
         except ValidationError as exc:
             message, param = validation_message(exc.errors())
             raise APIError(400, message, param=param) from None
-        text = render_chat(chat, tokenizer, add_generation_prompt=request.add_generation_prompt)
+        text = render_chat(chat, tokenizer)
         ids = tokenizer.encode(text, add_special_tokens=bool(request.add_special_tokens))
     else:
         assert request.prompt is not None  # _one_input
