@@ -161,12 +161,6 @@ class SamplingParams:
         return bool(self.presence_penalty or self.frequency_penalty) or self.repetition_penalty != 1.0
 
     @property
-    def counts_rows(self) -> bool:
-        """Whether a verified row's processing depends on the drafts before it (penalties,
-        min_tokens): such a request's drafts are chains, row i following draft i - 1."""
-        return self.penalized or self.min_tokens > 0
-
-    @property
     def greedy(self) -> bool:
         # Below this, logits / temperature overflows float32; the limit is greedy anyway.
         return self.temperature < GREEDY_BELOW_TEMPERATURE

@@ -107,5 +107,11 @@ def test_without_keys_the_tenant_is_the_user(live: LiveServer, added: list[dict[
     assert post(live, None, user="alice").status_code == 200
     assert post(live, None).status_code == 200
     assert post(live, "sk-anything", priority=-100).status_code == 200, "no keys: any priority"
-    assert [c["tenant"] for c in added] == ["alice", "anonymous", "anonymous"]
+    assert post(live, None, safety_identifier="bob", prompt_cache_key="k", prompt_cache_retention="24h").status_code \
+        == 200, "OpenAI's newer end-user id names the tenant too; the cache hints are accepted"
+    assert post(live, None, user="alice", safety_identifier="bob").status_code == 200
+    assert [c["tenant"] for c in added] == ["alice", "anonymous", "anonymous", "bob", "alice"]
     assert all(c["tenant_weight"] == 1.0 for c in added)
+    responses = httpx.post(live.url + "/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 1,
+                                                             "safety_identifier": "carol", "prompt_cache_key": "k"})
+    assert responses.status_code == 200 and added[-1]["tenant"] == "carol"

@@ -9,7 +9,14 @@ from typing import Any
 
 import httpx
 import pytest
+import tokenizers
 from server_helpers import MODEL, LiveServer
+from tokenizers import models
+
+from speclane.models.tokenizer import Tokenizer
+from speclane.server.errors import APIError
+from speclane.server.prompts import render_chat
+from speclane.server.protocol import ChatCompletionRequest
 
 PREFILLED = [{"role": "user", "content": "List three colours as a JSON array."},
              {"role": "assistant", "content": '["red", "'}]
@@ -64,3 +71,27 @@ def test_misuse_is_a_400(http: httpx.Client, fields: dict[str, Any], words: str)
                              else {"model": MODEL, **fields})
         assert response.status_code == 400, response.text
         assert words in response.json()["error"]["message"]
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+GEMMA_LIKE = ("{% for m in messages %}<start_of_turn>{{ m.role }}\n{{ m.content | trim }}<end_of_turn>\n{% endfor %}"
+              "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+TWICE = "{% for m in messages %}{{ m.content }}|{{ m.content }}{% endfor %}"
+
+
+def rendered(template: str, final: str) -> str:
+    backend = tokenizers.Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>"))
+    request = ChatCompletionRequest.model_validate({
+        "model": "m", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": final}],
+        "add_generation_prompt": False, "continue_final_message": True})
+    return render_chat(request, Tokenizer(backend, bos_token_id=None, eos_token_id=0, chat_template=template))
+
+
+def test_the_prompt_is_cut_right_after_the_last_messages_text() -> None:
+    assert rendered(CHATML, "The end") == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nThe end", \
+        "not inside <|im_end|>, where 'end' occurs last"
+    assert rendered(GEMMA_LIKE, " Sure, ").endswith("<start_of_turn>assistant\nSure, "), \
+        "a trimming template keeps the text's end: the reply continues after its space"
+    with pytest.raises(APIError, match="does not write the last message's text as it is"):
+        rendered(TWICE, "Sure")

@@ -7,8 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from speclane.server.errors import APIError, validation_message
-from speclane.server.prompts import _continuing
+from speclane.server.errors import validation_message
 from speclane.server.protocol import ChatCompletionRequest, CompletionRequest
 
 HI = [{"role": "user", "content": "hi"}]
@@ -104,16 +103,3 @@ def test_agent_fields_are_accepted() -> None:
                   {"guided_json": '{"type": "object"}'}):
         assert CompletionRequest.model_validate({"model": "m", "prompt": "x", "logprobs": 5, **extra}).constraint_fields
     assert completion_error(logprobs=6)[1] == "logprobs"
-
-
-def test_continuing_cuts_the_rendered_chat_after_the_last_messages_text() -> None:
-    """As transformers' continue_final_message: the text as sent, else as a trimming
-    template writes it (Gemma's), else a 400."""
-    chatml = '<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n["red", "<|im_end|>\n'
-    assert _continuing(chatml, '["red", "') == '<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n["red", "'
-    gemma = "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\nSure,<end_of_turn>\n"
-    assert _continuing(gemma, "Sure, ") == "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\nSure,"
-    repeated = "<|im_start|>user\nSure<|im_end|>\n<|im_start|>assistant\nSure<|im_end|>\n"
-    assert _continuing(repeated, "Sure").endswith("assistant\nSure"), "the last occurrence"
-    with pytest.raises(APIError, match="does not write the last message's text"):
-        _continuing("<|im_start|>assistant\nSomething else<|im_end|>", "Sure")

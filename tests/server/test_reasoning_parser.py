@@ -67,6 +67,16 @@ def test_the_openai_sdk_reads_it(thinking: LiveServer, idle_after: AsyncEngine) 
         (message.model_extra or {})["reasoning_content"]
 
 
+def test_reasoning_tokens_run_to_the_token_that_ends_the_think_block(thinking: LiveServer,
+                                                                     idle_after: AsyncEngine) -> None:
+    """SmolLM2 writes "</think>" as several tokens: the count is read by decoding the reply."""
+    reply = httpx.post(thinking.url + "/v1/chat/completions", json={**BODY, "logprobs": True}, timeout=120).json()
+    count = reply["usage"]["completion_tokens_details"]["reasoning_tokens"]
+    tokens = [entry["token"] for entry in reply["choices"][0]["logprobs"]["content"]]
+    assert "</think>" in "".join(tokens[:count]) and "</think>" not in "".join(tokens[: count - 1])
+    assert count < reply["usage"]["completion_tokens"]
+
+
 def test_without_the_parser_the_tags_stay_in_content(live: LiveServer, idle_after: AsyncEngine) -> None:
     """SmolLM2's template writes no <think>: ``auto`` leaves its replies as they are."""
     message = httpx.post(live.url + "/v1/chat/completions", json=BODY, timeout=120).json()["choices"][0]["message"]

@@ -52,7 +52,9 @@ def test_a_prompts_tokens_round_trip(http: httpx.Client, async_engine: AsyncEngi
     prompt = "The capital of France is"
     counted = tokenize(http, prompt=prompt, return_token_strs=True)
     assert counted["tokens"] == async_engine.engine.tokenizer.encode_prompt(prompt)
-    assert "".join(counted["token_strs"]) == prompt
+    tokenizer = async_engine.engine.tokenizer
+    assert counted["token_strs"] == [tokenizer.id_to_token(i) for i in counted["tokens"]]
+    assert counted["token_strs"][-1] == "Ġis", "the vocabulary's entries, as vLLM returns them"
     reply = http.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 1}).json()
     assert reply["usage"]["prompt_tokens"] == counted["count"]
     assert http.post("/detokenize", json={"tokens": counted["tokens"]}).json() == {"prompt": prompt}
@@ -62,6 +64,7 @@ def test_a_prompts_tokens_round_trip(http: httpx.Client, async_engine: AsyncEngi
     ("/tokenize", {"model": MODEL}, 400, "either prompt"),
     ("/tokenize", {"model": MODEL, "prompt": "x", "messages": CHAT}, 400, "either prompt"),
     ("/tokenize", {"model": MODEL, "prompt": "x", "tools": [WEATHER]}, 400, "go with messages"),
+    ("/tokenize", {"model": MODEL, "prompt": "x", "add_generation_prompt": False}, 400, "go with messages"),
     ("/tokenize", {"model": MODEL, "messages": CHAT, "tools": [WEATHER, WEATHER]}, 400, "unique"),
     ("/tokenize", {"model": MODEL, "messages": CHAT, "chat_template_kwargs": {"messages": []}}, 400,
      "set by the server"),

@@ -26,8 +26,9 @@ class FakeReplica:
         self.up = True
         self.raise_next: BaseException | None = None
         self.added: list[str] = []
-        self.charged_asks: list[bool] = []  # per poll that asked for the lane service: changes only?
-        self.failed_at = -1  # len(charged_asks) when a poll last failed
+        self.charged_asks: list[tuple[str, int] | None] = []  # charged_since of each poll that asked
+        self.lose_next_reply = False  # the next poll that asks runs, and its reply is lost
+        self.lost_at = -1  # the index in charged_asks of the ask whose reply was lost
 
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         await asyncio.sleep(0.005)
@@ -39,12 +40,14 @@ class FakeReplica:
         if method == "poll":
             if self.raise_next is not None:
                 exc, self.raise_next = self.raise_next, None
-                self.failed_at = len(self.charged_asks)
                 raise exc
             if kwargs.get("want_charged"):
-                changes_only = kwargs.get("charged_changes_only", False)
-                self.charged_asks.append(changes_only)
-                return PollReply("one", [], {}, charged_complete=not changes_only)
+                since = kwargs.get("charged_since")
+                self.charged_asks.append(since)  # the lane's version is the number of asks so far
+                if self.lose_next_reply:
+                    self.lose_next_reply, self.lost_at = False, len(self.charged_asks) - 1
+                    raise ReplicaUnavailable("the reply was lost")
+                return PollReply("one", [], {}, charged_complete=since is None, charged_version=len(self.charged_asks))
             return PollReply("one", [])
         if method == "add":
             self.added.append(args[0])
@@ -106,14 +109,15 @@ def test_a_poll_that_fails_unexpectedly_takes_the_replica_out_and_back(front: tu
     until(lambda: replica.added == ["r2"])  # its loop still polls and places
 
 
-def test_the_lane_service_is_asked_whole_first_and_after_a_failed_poll_else_its_changes(
+def test_the_lane_service_is_asked_for_from_the_version_of_the_last_reply_that_arrived(
         front: tuple[ClusterEngine, FakeReplica]) -> None:
-    """A failed poll may have taken changes the front never saw: the next report is whole."""
+    """Every tenant's first; then what changed after the last version received, so a reply
+    that is lost is asked for again."""
     engine, replica = front
     until(lambda: len(replica.charged_asks) >= 3)
-    assert replica.charged_asks[0] is False and all(replica.charged_asks[1:3])
-    replica.raise_next = ReplicaUnavailable("a lost reply")
-    until(lambda: engine.outages == [1])
-    after = replica.failed_at
-    until(lambda: len(replica.charged_asks) >= after + 2)
-    assert replica.charged_asks[after] is False and replica.charged_asks[after + 1] is True
+    assert replica.charged_asks[:3] == [None, ("one", 1), ("one", 2)]
+    replica.lose_next_reply = True
+    until(lambda: engine.outages == [1] and len(replica.charged_asks) > replica.lost_at + 1 > 0)
+    lost = replica.lost_at
+    assert replica.charged_asks[lost + 1] == replica.charged_asks[lost] == ("one", lost), \
+        "asked again from the version before the lost reply"

@@ -267,3 +267,6 @@ def test_min_tokens_stop_strings_count_from_the_token_after_the_first_min_tokens
     assert held.output_text == "aENDb"
     whole = IncrementalDetokenizer(tok, [], ("END",), min_tokens=5)
     assert whole.extend(ids).text == "aENDbENDc" and not whole.stopped
+    straddling = IncrementalDetokenizer(tok, [], ("END",), min_tokens=1)
+    step = straddling.extend(tok.ids("aEN", "D", "x"))
+    assert (step.text, step.stopped, step.num_tokens) == ("a", True, 2), "begun within min_tokens, ended after"

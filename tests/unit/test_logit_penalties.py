@@ -152,4 +152,3 @@ def test_min_tokens_is_checked() -> None:
         SamplingParams(max_tokens=4, min_tokens=5)
     with pytest.raises(ValueError, match="min_tokens must be an integer"):
         SamplingParams(min_tokens=1.5)  # type: ignore[arg-type]
-    assert SamplingParams(min_tokens=2).counts_rows and not SamplingParams().counts_rows

@@ -132,11 +132,34 @@ def test_reasoning_tokens_run_to_the_think_end_token(pieces: list[tuple[str, lis
     assert states[0].reasoning_tokens == expected
     usage = choices_usage(states)
     assert usage["completion_tokens_details"]["reasoning_tokens"] == 2 * expected
-    unknown = ChoiceState(0, Reading(reasoning=True))  # "</think>" is several tokens: not counted
+    unknown = ChoiceState(0, Reading(reasoning=True))  # neither the id nor a decode: not counted
     for out in token_outputs(pieces):
         unknown.feed(out)
     assert unknown.reasoning_tokens is None
     assert "reasoning_tokens" not in choices_usage([unknown])["completion_tokens_details"]
+
+
+PIECES = {1: "<think>", 2: "Hm", 3: ", two", 4: ".</", 5: "think", 6: ">", 7: "\n\nFour", 8: "."}
+
+
+def decode(ids: list[int]) -> str:
+    return "".join(PIECES[i] for i in ids)
+
+
+@pytest.mark.parametrize("chunks", [[[1, 2, 3], [4, 5], [6, 7], [8]], [[1, 2, 3, 4, 5, 6, 7, 8]], [[i] for i in range(1, 9)],
+                                    [[1, 2], [3, 4, 5, 6, 7], [8]]])
+def test_reasoning_tokens_run_to_the_token_that_ends_a_several_token_think_end(chunks: list[list[int]]) -> None:
+    """Where "</think>" is several tokens, the count runs to the one that completes it (the
+    6th here), whichever outputs carry the tokens."""
+    state = ChoiceState(0, Reading(reasoning=True, decode=decode))
+    for out in token_outputs([(decode(ids), ids) for ids in chunks]):
+        state.feed(out)
+    assert state.reasoning_tokens == 6 and state.token_ids is None, "counted once, the ids let go"
+    assert state.answer(chat=True)["message"]["reasoning_content"] == "Hm, two."
+    unclosed = ChoiceState(0, Reading(reasoning=True, decode=decode))
+    for out in token_outputs([(decode([1, 2, 3]), [1, 2, 3])]):
+        unclosed.feed(out)
+    assert unclosed.reasoning_tokens == 3, "a reply cut short while thinking: all of it"
 
 
 # -- chat_template_kwargs reach the template; the prompt's open <think> is noticed ---------------

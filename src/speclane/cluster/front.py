@@ -333,9 +333,9 @@ class ClusterEngine:
         sync_s = self.cluster.counter_sync_ms / 1000.0
         next_sync = next_status = 0.0
         sent_elsewhere: set[str] | None = None
-        # The replica reports the tenants charged since its last report, except where a
-        # reply may have been lost (a failed poll): then every tenant's, once.
-        charged_complete_due = True
+        # The replica reports the tenants charged after the version of its last report that
+        # arrived (a lost reply is asked for again from the same version).
+        charged_since: tuple[str, int] | None = None
         while not self._stopping:
             now = time.monotonic()
             sync, want_status = now >= next_sync, now >= next_status
@@ -349,7 +349,7 @@ class ClusterEngine:
             try:
                 reply: PollReply = await asyncio.wait_for(
                     client.call("poll", remote, active_elsewhere=elsewhere, wait_s=POLL_WAIT_S, want_charged=sync,
-                                want_status=want_status, charged_changes_only=not charged_complete_due),
+                                want_status=want_status, charged_since=charged_since),
                     timeout)
             except Exception as exc:  # noqa: BLE001 - whatever failed, the replica's streams must not hang
                 if not isinstance(exc, ReplicaUnavailable | TimeoutError):
@@ -357,7 +357,7 @@ class ClusterEngine:
                 await self._replica_down(i, f"{type(exc).__name__}: {exc}")
                 next_sync = next_status = 0.0
                 sent_elsewhere = None
-                charged_complete_due = True
+                self.shared.resend(i)  # the remote service that poll carried may never have arrived
                 continue
             if reply.incarnation != self._incarnations[i]:
                 if self._incarnations[i] is not None:  # restarted between two polls
@@ -373,7 +373,7 @@ class ClusterEngine:
                 self._deliver(i, out)
             if reply.charged is not None:
                 self.shared.report(i, reply.incarnation, reply.charged, complete=reply.charged_complete)
-                charged_complete_due = charged_complete_due and not reply.charged_complete
+                charged_since = (reply.incarnation, reply.charged_version)
                 next_sync = now + sync_s
             if reply.status is not None:
                 self.statuses[i] = reply.status

@@ -37,7 +37,8 @@ class PollReply:
     incarnation: str
     outputs: list[RequestOutput]
     charged: dict[str, float] | None = None  # lane service per tenant, when asked
-    charged_complete: bool = True  # charged holds every tenant's, not only those charged since the last poll
+    charged_complete: bool = True  # charged holds every tenant's, not only those charged after the version asked
+    charged_version: int = 0  # the lane's version of charged (ask from it next time)
     status: dict[str, Any] | None = None  # when asked
     tick_s: list[float] = field(default_factory=list)  # tick times since the last poll
     spec_wait_s: list[float] = field(default_factory=list)  # finished lane requests' waits
@@ -137,21 +138,22 @@ class ReplicaHost:
 
     def poll(self, remote_service: dict[str, float] | None = None, *, active_elsewhere: set[str] | None = None,
              wait_s: float = 0.2, want_charged: bool = False, want_status: bool = False,
-             charged_changes_only: bool = False) -> PollReply:
+             charged_since: tuple[str, int] | None = None) -> PollReply:
         """New outputs (waiting up to ``wait_s`` for some); applies the other replicas' lane
-        service (and who runs there) and returns this one's when asked (every tenant's, or
-        with ``charged_changes_only`` those charged since the last poll that returned it)."""
-        charged = None
-        complete = not charged_changes_only
+        service (and who runs there) and returns this one's when asked: every tenant's, or
+        those charged after ``charged_since`` (an incarnation and a version of its lane, from
+        an earlier reply; a version of an earlier incarnation counts as none)."""
+        charged, version = None, 0
+        since = charged_since[1] if charged_since is not None and charged_since[0] == self.incarnation else 0
         if remote_service or active_elsewhere is not None or want_charged:
-            charged = self.engine.exchange_lane_service(remote_service, active_elsewhere, changes_only=not complete)
+            charged, version = self.engine.exchange_lane_service(remote_service, active_elsewhere, since)
         with self._cond:
             if not self._outbox:
                 self._cond.wait(wait_s)
             outputs, self._outbox = self._outbox, []
         ticks, waits = self._samples.take()
-        return PollReply(self.incarnation, outputs, charged, complete, self.status() if want_status else None, ticks,
-                         waits, time.time())
+        return PollReply(self.incarnation, outputs, charged, since == 0, version, self.status() if want_status else None,
+                         ticks, waits, time.time())
 
     def status(self) -> dict[str, Any]:
         """Counters (as ``/metrics`` reads them) and the lane recorder's state."""

@@ -10,10 +10,13 @@ as ``VirtualCounters.set_remote`` requires. Pure bookkeeping; the front calls it
 
 Tenants are the clients' ``user`` fields where there are no API keys, so there may be many
 thousands, few of them served within one sync. A report may carry only the tenants whose
-charge changed (``complete=False``), and ``remote_for`` recomputes only the tenants some
-report changed since its last call for that replica: a sync costs what changed, not every
-tenant ever seen (the whole table, summed at each of 8 replicas' syncs, took ~13 ms of the
-front's event loop per replica with 10,000 tenants, more than its 50 ms cadence allows).
+charge changed (``complete=False``; the replica's lane answers what changed after the
+version of the front's last report, ``VirtualCounters.charged_since``), and ``remote_for``
+recomputes only the tenants some report changed since its last call for that replica: a
+sync costs what changed, not every tenant ever seen (the whole table, summed at each of 8
+replicas' syncs, took ~13 ms of the front's loop per replica with 10,000 tenants, more
+than its 50 ms cadence allows). ``resend`` sends a replica every value again, after a
+poll that carried some failed.
 """
 
 from __future__ import annotations
@@ -37,8 +40,7 @@ class SharedService:
                 self._retired.update(self._current[replica])
             self._incarnation[replica] = incarnation
             self._current[replica] = {}
-            self._sent[replica] = {}  # a fresh lane knows nothing yet
-            self._stale[replica] = set(self._retired).union(*self._current)
+            self.resend(replica)  # a fresh lane knows nothing yet
         current = self._current[replica]
         changed = set(charged).union(current) if complete else set(charged)
         if complete:
@@ -47,6 +49,12 @@ class SharedService:
         for other, stale in enumerate(self._stale):
             if other != replica:
                 stale |= changed
+
+    def resend(self, replica: int) -> None:
+        """Send ``replica`` every tenant's value again at its next ``remote_for`` (what was
+        sent may not have arrived)."""
+        self._sent[replica] = {}
+        self._stale[replica] = set(self._retired).union(*self._current)
 
     def remote_for(self, replica: int) -> dict[str, float]:
         """Per tenant, the service charged elsewhere; only the values that changed since the

@@ -66,8 +66,8 @@ class IncrementalDetokenizer:
         # still become a stop string, so that ending is held back.
         self._stop_prefixes = frozenset(s[:i] for s in self.stop for i in range(1, len(s)))
         self._max_prefix_len = max((len(p) for p in self._stop_prefixes), default=0)
-        # min_tokens: stop strings are looked for from the token after the first min_tokens
-        # on (vLLM's rule); the text of those first tokens is released as it comes.
+        # min_tokens: a stop string counts where it completes after the first min_tokens
+        # tokens (vLLM's rule), even where it starts within them.
         self._min_tokens = min_tokens
 
         # Decoding window, as vLLM: ids[prefix_offset:read_offset] is text already released
@@ -172,16 +172,18 @@ class IncrementalDetokenizer:
 
     def _release(self, delta: str, final: bool = False) -> DetokStep:
         """Add decoded text to the pending text; release what cannot start a stop string."""
-        if not self.stop or self._num_output_tokens <= self._min_tokens:
+        if not self.stop:
             self._emit(delta)
             return DetokStep(delta)
         if not delta and not final:
             return DetokStep("")
         pending = self._pending + delta
         # A stop string can only start inside the pending text: every released character was
-        # checked not to begin one. The first to complete (smallest end) wins.
+        # checked not to begin one. The first to complete (smallest end) wins. Within the
+        # first min_tokens tokens none completes, but a possible start is held all the same:
+        # a stop string that starts there and completes after them counts.
         best: tuple[int, int, str] | None = None
-        for stop in self.stop:
+        for stop in self.stop if self._num_output_tokens > self._min_tokens else ():
             start = pending.find(stop)
             if start >= 0:
                 candidate = (start + len(stop), start, stop)

@@ -269,16 +269,16 @@ class LLMEngine:
             self._pending_aborts.append(request_id)
 
     def exchange_lane_service(self, remote: dict[str, float] | None, active_elsewhere: set[str] | None = None,
-                              *, changes_only: bool = False) -> dict[str, float]:
+                              since: int = 0) -> tuple[dict[str, float], int]:
         """Take the lane service the other replicas charged per tenant (``remote``, cumulative;
         None: nothing new) and the tenants with requests there (None: unchanged), and return
-        what this engine charged (replicas, ``cluster/``): every tenant's, or
-        (``changes_only``) those charged since the last call. Any thread: the lane changes
-        under the engine's lock, between ticks' scheduling."""
+        what this engine charged after version ``since`` (0: every tenant's) with the version
+        now (replicas, ``cluster/``). Any thread: the lane changes under the engine's lock,
+        between ticks' scheduling."""
         with self._lock:
             if remote or active_elsewhere is not None:
                 self.scheduler.lane.set_remote_service(remote or {}, active_elsewhere)
-            return self.scheduler.lane.charged_service(changes_only=changes_only)
+            return self.scheduler.lane.charged_service(since)
 
     def has_unfinished(self) -> bool:
         with self._lock:

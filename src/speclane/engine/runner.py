@@ -142,7 +142,7 @@ class ModelRunner:
                 matcher = self._matcher(seq.request)
                 if matcher is not None:  # what the grammar allows, then what it forces; exact-match verify
                     draft = Draft(matcher.draft(draft.chain().token_ids, seq.num_draft_tokens))
-                elif seq.request.sampling.counts_rows and draft.parents is not None:
+                elif draft.parents is not None and self._rows_follow_drafts(seq.request):
                     draft = draft.chain()  # penalties and min_tokens count a row's drafts as a chain (logits.py)
                 drafts.append(draft)
             else:
@@ -237,13 +237,22 @@ class ModelRunner:
             params = seq.request.sampling
             if params.logprobs is not None:
                 raw[seq.request_id] = logits[first:cursor].clone()
-            held = HeldStops.of(params, seq.request.eos_token_ids, seq.request.num_output_tokens) \
-                if params.min_tokens else None
+            held = self._held_stops(seq.request)
             if params.logit_bias or params.penalized or seq.request.grammar is not None or held is not None:
                 with torch.inference_mode():  # the logits are the forward's inference tensors
                     constrain(logits[first:cursor], params, self._matcher(seq.request), proposed,
                               self._history(seq.request, logits.shape[-1]) if params.penalized else None, held)
         return raw
+
+    @staticmethod
+    def _held_stops(request: Request) -> HeldStops | None:
+        params = request.sampling
+        return HeldStops.of(params, request.eos_token_ids, request.num_output_tokens) if params.min_tokens else None
+
+    def _rows_follow_drafts(self, request: Request) -> bool:
+        """Whether a row's processing counts the drafts before it (penalties, stops held for
+        min_tokens): such a round drafts a chain, row i after draft i - 1."""
+        return request.sampling.penalized or self._held_stops(request) is not None
 
     def _share_hidden(self, seqs: list[ScheduledSeq], fed: list[list[int]], kept: list[list[int] | int],
                       hidden: torch.Tensor) -> None:

@@ -34,6 +34,7 @@ of tenants t, using min-heaps with lazy deletion.
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from dataclasses import dataclass
 
 
@@ -70,7 +71,8 @@ class VirtualCounters:
         self._active: list[tuple[float, str]] = []  # lazy min-heap of active counters
         self._idle: list[tuple[float, str]] = []  # lazy min-heap of idle tenants kept for debt
         self._charged: dict[str, float] = {}  # rounds / weight run here per tenant, once shared
-        self._unreported: set[str] = set()  # tenants charged since the last report
+        self._version = 0  # charges so far, once shared: a reader asks for what came after one it has
+        self._changed: OrderedDict[str, int] = OrderedDict()  # tenant -> version of its last charge, oldest first
         self._shared = False  # charged or set_remote called: this lane is one of several
         self._remote: dict[str, float] = {}  # the same, charged on the other replicas
         self._elsewhere: set[str] = set()  # tenants with requests on other replicas
@@ -101,15 +103,24 @@ class VirtualCounters:
             else:
                 return counter
 
-    def charged(self, *, changes_only: bool = False) -> dict[str, float]:
+    def charged(self) -> dict[str, float]:
         """Lane service run here per tenant (rounds / weight) since the lane was first shared
-        (this call or ``set_remote``): what a replica reports to the others. A copy: every
-        tenant's, or (``changes_only``) those charged since the last call."""
+        (this call, ``charged_since`` or ``set_remote``): what a replica reports to the
+        others. A copy."""
+        return self.charged_since(0)[0]
+
+    def charged_since(self, version: int) -> tuple[dict[str, float], int]:
+        """The tenants charged after ``version`` (0: every tenant) with their cumulative
+        service, and the version now: a reader that passes back the last version it
+        received gets what changed since, at the cost of what changed, and loses nothing
+        where a reply of its never arrived (it asks again from the same version)."""
         self._shared = True
-        tenants, self._unreported = self._unreported, set()
-        if changes_only:
-            return {tenant: self._charged[tenant] for tenant in tenants}
-        return dict(self._charged)
+        changed: dict[str, float] = {}
+        for tenant in reversed(self._changed):  # newest first, down to the reader's version
+            if self._changed[tenant] <= version:
+                break
+            changed[tenant] = self._charged[tenant]
+        return changed, self._version
 
     # -- changes --------------------------------------------------------------------
     def set_remote(self, service: dict[str, float], active_elsewhere: set[str] | None = None) -> None:
@@ -178,7 +189,9 @@ class VirtualCounters:
         t.rounds += 1
         if self._shared:
             self._charged[tenant] = self._charged.get(tenant, 0.0) + 1.0 / t.weight
-            self._unreported.add(tenant)
+            self._version += 1
+            self._changed[tenant] = self._version
+            self._changed.move_to_end(tenant)
         if reserved:
             t.reserved -= 1
 

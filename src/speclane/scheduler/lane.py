@@ -233,10 +233,10 @@ class SpecLane:
         """The tenant's virtual lane service (rounds / weight, plus idle lifts)."""
         return self._counters.service(tenant)
 
-    def charged_service(self, *, changes_only: bool = False) -> dict[str, float]:
+    def charged_service(self, since: int = 0) -> tuple[dict[str, float], int]:
         """Lane service run here per tenant, cumulative (replicas share it, ``fairness.py``):
-        every tenant's, or those charged since the last call."""
-        return self._counters.charged(changes_only=changes_only)
+        the tenants charged after version ``since`` (0: all), and the version now."""
+        return self._counters.charged_since(since)
 
     def set_remote_service(self, service: dict[str, float], active_elsewhere: set[str] | None = None) -> None:
         """What the other replicas charged each tenant (cumulative; keys only grow, so the

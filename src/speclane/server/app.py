@@ -95,6 +95,7 @@ class _Server:
         engine = async_engine.engine
         self.reasoning = reads_reasoning(reasoning_parser, engine.tokenizer.chat_template)
         self.think_end_token = think_end_token(engine.tokenizer) if self.reasoning else None
+        self.decode = engine.tokenizer.decode
         self.async_engine = async_engine
         self.keys = keys
         self.model_name = model_name
@@ -115,7 +116,7 @@ class _Server:
                        principal: Principal, *, chat: bool) -> Response:
         self.check_model(body.model)
         if self.keys is None:
-            principal = Principal(tenant=body.user or principal.tenant, may_share_prefix_cache=True)
+            principal = Principal(tenant=body.end_user or principal.tenant, may_share_prefix_cache=True)
         principal.check_priority(body.priority)
         principal.check_cache_scope(body.cache_scope)
         build = chat_input if chat else completion_input
@@ -156,7 +157,8 @@ class _Server:
                           top_logprobs=engine_input.top_logprobs,
                           texts=self.token_texts if engine_input.top_logprobs is not None else None,
                           reasoning=chat and self.reasoning, opens_thinking=engine_input.opens_thinking,
-                          think_end_token=self.think_end_token)
+                          think_end_token=self.think_end_token,
+                          decode=self.decode if self.reasoning and self.think_end_token is None else None)
 
         def cancelled(out: Any) -> APIError:
             return self.tracker.cancelled_error(out.request_id, out.finish_reason, getattr(out, "error", None))
@@ -275,7 +277,7 @@ def create_app(
     async def tokenize_endpoint(body: TokenizeRequest, who: Principal = Depends(principal)) -> TokenizeResponse:
         if body.model is not None:
             server.check_model(body.model)
-        return await anyio.to_thread.run_sync(tokenize, body, server.vocab, server.token_texts)
+        return await anyio.to_thread.run_sync(tokenize, body, server.vocab)
 
     @app.post("/detokenize", response_model=DetokenizeResponse, responses={k: _ERRORS[k] for k in (400, 401, 404)})
     async def detokenize_endpoint(body: DetokenizeRequest, who: Principal = Depends(principal)) -> DetokenizeResponse:

@@ -108,6 +108,8 @@ def render_chat(request: ChatCompletionRequest, tokenizer: Tokenizer) -> str:
     ``chat_template_kwargs``; a template that refuses them is a 400."""
     offered = request.tools or () if request.tool_mode != "none" else ()
     messages, variables = chat_messages(request.messages, offered, tokenizer)
+    if request.continue_final_message:
+        messages[-1] = {**messages[-1], "content": messages[-1]["content"] + CONTINUE_HERE}
     extra = request.chat_template_kwargs or {}
     try:
         rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=request.add_generation_prompt,
@@ -120,19 +122,21 @@ def render_chat(request: ChatCompletionRequest, tokenizer: Tokenizer) -> str:
         # A variable of a type the template does not expect (a number where it adds text).
         raise APIError(400, f"the model's chat template failed with chat_template_kwargs: {type(exc).__name__}: "
                             f"{exc}", param="chat_template_kwargs") from None
-    return _continuing(rendered, request.messages[-1].text) if request.continue_final_message else rendered
+    return _continuing(rendered) if request.continue_final_message else rendered
 
 
-def _continuing(rendered: str, final: str) -> str:
-    """The rendered chat cut right after its last message's text, so the reply continues it
-    (transformers' ``continue_final_message``): what the template writes after it (the end
-    of the turn) goes. A template that trims the text is cut after the trimmed text."""
-    for text in (final, final.strip()):
-        end = rendered.rfind(text)
-        if end >= 0:
-            return rendered[: end + len(text)]
-    raise APIError(400, "continue_final_message: the model's chat template does not write the last message's "
-                        "text as it is, so the reply cannot continue it", param="messages")
+# Written after the last message's text for continue_final_message: the rendered chat is
+# cut where it is, so what the template writes after the text (the end of the turn) goes,
+# wherever that text also occurs (a message "end" is inside ChatML's "<|im_end|>").
+CONTINUE_HERE = "\u2063<speclane:continue-here>\u2063"
+
+
+def _continuing(rendered: str) -> str:
+    """The chat rendered with ``CONTINUE_HERE`` after its last message, cut there."""
+    if rendered.count(CONTINUE_HERE) != 1:
+        raise APIError(400, "continue_final_message: the model's chat template does not write the last message's "
+                            "text as it is, so the reply cannot continue it", param="messages")
+    return rendered[: rendered.index(CONTINUE_HERE)]
 
 
 def _engine_input(request: ChatCompletionRequest | CompletionRequest, prompt_ids: list[int],

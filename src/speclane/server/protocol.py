@@ -250,6 +250,11 @@ class _GenerationRequest(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, max_length=MAX_USER_CHARS)
+    safety_identifier: str | None = Field(default=None, max_length=MAX_USER_CHARS,
+                                          description="OpenAI's end-user id: the tenant where user is absent")
+    prompt_cache_key: str | None = Field(default=None, max_length=MAX_USER_CHARS,
+                                         description="accepted, not needed: the prefix cache finds shared prefixes")
+    prompt_cache_retention: Literal["in-memory", "24h"] | None = None  # accepted, see prompt_cache_key
     prediction: Prediction | None = None
     priority: int = Field(default=0, ge=INT32_MIN, le=INT32_MAX, description="lower is more urgent")
     speculative: bool = Field(default=True, description="false keeps the request out of the lane")
@@ -287,6 +292,11 @@ class _GenerationRequest(_Strict):
     service_tier: str | None = None  # accepted, ignored: use priority
 
     _only_neutral = neutral_values(_NEUTRAL)
+
+    @property
+    def end_user(self) -> str | None:
+        """Who the client says the request is for (``user``, or OpenAI's newer ``safety_identifier``)."""
+        return self.user or self.safety_identifier
 
     @field_validator("n", mode="before")
     @classmethod
@@ -366,9 +376,9 @@ class ChatCompletionRequest(_GenerationRequest):
             if self.add_generation_prompt:
                 raise ValueError("continue_final_message: set add_generation_prompt to false with it (the reply "
                                  "continues the last message instead of opening a turn)")
-            if last.role != "assistant" or not last.text.strip():
+            if last.role != "assistant" or not last.text.strip() or last.tool_calls:
                 raise ValueError("continue_final_message: the last message must be an assistant message with text "
-                                 "content, the start the reply continues")
+                                 "content (and no tool_calls), the start the reply continues")
         choice = self.tool_choice
         if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
             raise ValueError(f"tool_choice: no tool named '{choice.function.name[:64]}' in tools")

@@ -15,8 +15,9 @@ only what may be the start of a tag. A reply that starts with anything but ``<th
 reply cut short while thinking is all reasoning.
 
 ``usage.completion_tokens_details.reasoning_tokens`` counts a thinking reply's tokens up to
-its ``</think>`` where the tokenizer has that tag as one token (Qwen3's, DeepSeek-R1's do;
-``think_end_token``), and all of them where the reply never closes it.
+the one that ends its ``</think>`` (by its id where the tokenizer has that tag as one token,
+as Qwen3's and DeepSeek-R1's do, ``think_end_token``; else by decoding the reply's tokens
+once, when the tag has come), and all of them where the reply never closes it.
 """
 
 from __future__ import annotations
@@ -68,6 +69,11 @@ class ReasoningSplitter:
         self.thought = thinking  # the reply has been inside a thinking block
         self._held = ""  # text that may begin a tag (or, at the start, whitespace before one)
         self._strip = thinking  # drop the whitespace that opens the reasoning or the answer
+
+    @property
+    def closed(self) -> bool:
+        """The reply thought and has closed its thinking block."""
+        return self.thought and self._state == "answer"
 
     def feed(self, text: str) -> tuple[str, str]:
         text = self._held + text

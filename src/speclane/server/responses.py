@@ -111,7 +111,8 @@ def chat_body(request: ResponsesRequest) -> dict[str, Any]:
     """The chat completion request (as JSON) that answers ``request``."""
     body: dict[str, Any] = {"model": request.model, "messages": chat_messages(request)}
     plain = {"max_completion_tokens": request.max_output_tokens, "temperature": request.temperature,
-             "top_p": request.top_p, "top_k": request.top_k, "user": request.user, "metadata": request.metadata,
+             "top_p": request.top_p, "top_k": request.top_k, "user": request.user,
+             "safety_identifier": request.safety_identifier, "metadata": request.metadata,
              "parallel_tool_calls": request.parallel_tool_calls, "service_tier": request.service_tier}
     body.update({key: value for key, value in plain.items() if value is not None})
     if request.priority != 0:

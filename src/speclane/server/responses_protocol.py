@@ -197,6 +197,9 @@ class ResponsesRequest(_Strict):
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
     user: str | None = Field(default=None, max_length=MAX_USER_CHARS)
+    safety_identifier: str | None = Field(default=None, max_length=MAX_USER_CHARS)  # the tenant where user is absent
+    prompt_cache_key: str | None = Field(default=None, max_length=MAX_USER_CHARS)  # accepted, not needed
+    prompt_cache_retention: Literal["in-memory", "24h"] | None = None  # accepted, not needed
     metadata: dict[str, str] | None = None  # echoed, not stored
     priority: int = Field(default=0, ge=INT32_MIN, le=INT32_MAX, description="lower is more urgent")
     speculative: bool = Field(default=True, description="false keeps the request out of the lane")

@@ -35,7 +35,7 @@ from speclane.engine.engine import RequestOutput
 from speclane.request import TokenLogprob
 from speclane.server.errors import APIError
 from speclane.server.logprobs import TokenTexts, chat_logprobs, completion_logprobs
-from speclane.server.reasoning import ReasoningSplitter
+from speclane.server.reasoning import CLOSE, ReasoningSplitter
 from speclane.server.tools import ParsedCall, ToolCallParser
 
 T = TypeVar("T")
@@ -62,6 +62,19 @@ class ResponseMeta:
         return "chat.completion.chunk" if self.chat else "text_completion"
 
 
+def tokens_through(token_ids: list[int], text: str, decode: Callable[[list[int]], str]) -> int:
+    """How many of ``token_ids`` it takes for their decoded text to hold ``text`` (which
+    it does); a binary search, since a longer prefix's text holds a shorter one's."""
+    low, high = 1, len(token_ids)
+    while low < high:
+        middle = (low + high) // 2
+        if text in decode(token_ids[:middle]):
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
 def sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
@@ -77,7 +90,9 @@ class Reading:
     texts: TokenTexts | None = None  # needed with logprobs
     reasoning: bool = False  # a chat reply's <think> block is reasoning_content
     opens_thinking: bool = False  # the prompt ends inside <think>: the reply starts in it
-    think_end_token: int | None = None  # </think> as one token: reasoning tokens are counted
+    think_end_token: int | None = None  # </think> as one token: reasoning tokens are counted by it
+    # Where </think> is several tokens: the tokenizer's decode, to find the token that ends it.
+    decode: Callable[[list[int]], str] | None = None
 
 
 @dataclass
@@ -106,7 +121,10 @@ class ChoiceState:
         self.content: list[str] = []
         self.reasoning: list[str] = []
         self.num_tokens = 0
-        self.think_end_at: int | None = None  # tokens up to and including the first </think> token
+        self.think_end_at: int | None = None  # tokens up to and including the one that ends the first </think>
+        # The reply's token ids, kept only where </think> is found by decoding them.
+        self.token_ids: list[int] | None = [] if reading.reasoning and reading.think_end_token is None \
+            and reading.decode is not None else None
         self.calls: list[ParsedCall] = []
         self.logprobs: list[TokenLogprob] = []
         self.text_offset = 0  # completions: characters of text in the logprobs so far
@@ -124,6 +142,11 @@ class ChoiceState:
             if out.finished:
                 reasoning, rest = self.splitter.finish()
                 delta.reasoning, text = delta.reasoning + reasoning, text + rest
+            if self.token_ids is not None and self.think_end_at is None:
+                self.token_ids.extend(out.token_ids)
+                if self.splitter.closed and self.reading.decode is not None:
+                    self.think_end_at = tokens_through(self.token_ids, CLOSE, self.reading.decode)
+                    self.token_ids = None  # counted: nothing more to keep
         events = self.parser.feed(text) if self.parser is not None else [text] if text else []
         if out.finished:
             self.final = out
@@ -143,7 +166,7 @@ class ChoiceState:
     @property
     def reasoning_tokens(self) -> int | None:
         """Tokens of the reply's thinking (``reasoning.py``); None where they cannot be told."""
-        if self.splitter is None or self.reading.think_end_token is None:
+        if self.splitter is None or self.reading.think_end_token is None and self.reading.decode is None:
             return None
         if not self.splitter.thought:
             return 0

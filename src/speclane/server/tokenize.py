@@ -19,7 +19,6 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from speclane.server.errors import APIError, validation_message
-from speclane.server.logprobs import TokenTexts
 from speclane.server.prompts import Vocabulary, render_chat
 from speclane.server.protocol import INT32_MAX, MAX_TOOLS, ChatCompletionRequest, ChatMessage, Tool
 
@@ -36,7 +35,7 @@ class TokenizeRequest(_Strict):
     messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
     tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    add_generation_prompt: bool = True
+    add_generation_prompt: bool | None = None  # default true (with messages)
     continue_final_message: bool = False
     add_special_tokens: bool | None = Field(
         default=None, description="default: as the generation endpoints encode; true or false: with or without "
@@ -47,8 +46,10 @@ class TokenizeRequest(_Strict):
     def _one_input(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("send either prompt (text) or messages (a chat), not both and not neither")
-        if self.prompt is not None and (self.tools or self.chat_template_kwargs or self.continue_final_message):
-            raise ValueError("tools, chat_template_kwargs and continue_final_message go with messages, not with prompt")
+        if self.prompt is not None and (self.tools or self.chat_template_kwargs or self.continue_final_message
+                                        or self.add_generation_prompt is not None):
+            raise ValueError("tools, chat_template_kwargs, add_generation_prompt and continue_final_message go with "
+                             "messages, not with prompt")
         return self
 
 
@@ -68,13 +69,13 @@ class DetokenizeResponse(BaseModel):
     prompt: str
 
 
-def tokenize(request: TokenizeRequest, vocab: Vocabulary, texts: TokenTexts) -> TokenizeResponse:
+def tokenize(request: TokenizeRequest, vocab: Vocabulary) -> TokenizeResponse:
     tokenizer = vocab.tokenizer
     if request.messages is not None:
         try:  # the chat endpoint's rules (unique tool names, tool results that answer a call, ...)
             chat = ChatCompletionRequest(model=request.model or "", messages=request.messages, tools=request.tools,
                                          chat_template_kwargs=request.chat_template_kwargs,
-                                         add_generation_prompt=request.add_generation_prompt,
+                                         add_generation_prompt=request.add_generation_prompt is not False,
                                          continue_final_message=request.continue_final_message)
         except ValidationError as exc:
             message, param = validation_message(exc.errors())
@@ -85,7 +86,7 @@ def tokenize(request: TokenizeRequest, vocab: Vocabulary, texts: TokenTexts) -> 
         assert request.prompt is not None  # _one_input
         ids = (tokenizer.encode_prompt(request.prompt) if request.add_special_tokens is None
                else tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens))
-    strs = [texts.get(token)[0] for token in ids] if request.return_token_strs else None
+    strs = [tokenizer.id_to_token(token) or "" for token in ids] if request.return_token_strs else None
     return TokenizeResponse(count=len(ids), max_model_len=vocab.max_model_len, tokens=ids, token_strs=strs)
 
 

@@ -69,6 +69,7 @@ def run_cluster(lane: LaneConfig, jobs: Sequence[SimJob], setup: Setup, *, repli
     router = Router(replicas, capacity=setup.scheduler.max_num_seqs, max_queue=len(jobs) + 1,
                     affinity_slack=affinity_slack)
     shared = SharedService(replicas)
+    versions = [0] * replicas  # of each replica's last report, as the front keeps them
     ledger = ShareLedger()
     seq = itertools.count()
     arrivals = [(job.arrival_s, next(seq), job) for job in jobs]
@@ -84,7 +85,8 @@ def run_cluster(lane: LaneConfig, jobs: Sequence[SimJob], setup: Setup, *, repli
             schedulers[pending.replica].add_request(job_request(pending.payload, now), now)
         if sync_ms is not None and now >= next_sync:
             for i, s in enumerate(schedulers):
-                shared.report(i, "sim", s.lane.charged_service(changes_only=True), complete=False)
+                charged, versions[i] = s.lane.charged_service(versions[i])
+                shared.report(i, "sim", charged, complete=False)
             for i, s in enumerate(schedulers):
                 s.lane.set_remote_service(shared.remote_for(i), router.tenants_elsewhere(i))
             next_sync = now + sync_ms / 1000.0
