@@ -10,7 +10,7 @@ from typing import Any
 
 from speclane.config import EngineConfig
 from speclane.engine.engine import LLMEngine
-from speclane.request import SamplingParams
+from speclane.request import SamplingParams, TokenLogprob
 
 
 @dataclass
@@ -20,6 +20,7 @@ class Completion:
     token_ids: list[int]
     finish_reason: str | None
     usage: dict[str, Any] = field(default_factory=dict)
+    prompt_logprobs: list[TokenLogprob] | None = None  # with SamplingParams.prompt_logprobs: from the second token
 
 
 class LLM:
@@ -75,6 +76,7 @@ class LLM:
             raise
         texts: dict[str, list[str]] = {rid: [] for rid in ids}
         tokens: dict[str, list[int]] = {rid: [] for rid in ids}
+        prompt_logprobs: dict[str, list[TokenLogprob] | None] = dict.fromkeys(ids)
         finals: dict[str, Any] = {}
         try:
             while len(finals) < len(ids):
@@ -83,13 +85,16 @@ class LLM:
                         continue
                     texts[out.request_id].append(out.text)
                     tokens[out.request_id].extend(out.token_ids)
+                    if out.prompt_logprobs is not None:
+                        prompt_logprobs[out.request_id] = out.prompt_logprobs
                     if out.finished:
                         finals[out.request_id] = out
         except BaseException:  # an interrupt, or the engine failed: the next call starts clean
             self._abandon([rid for rid in ids if rid not in finals])
             raise
         return [
-            Completion(prompt, "".join(texts[rid]), tokens[rid], finals[rid].finish_reason, finals[rid].usage)
+            Completion(prompt, "".join(texts[rid]), tokens[rid], finals[rid].finish_reason, finals[rid].usage,
+                       prompt_logprobs[rid])
             for prompt, rid in zip(prompts, ids, strict=True)
         ]
 

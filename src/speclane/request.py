@@ -90,6 +90,10 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     # Tokens less likely than min_p times the likeliest are not sampled (0: none).
     min_p: float = 0.0
+    # vLLM's: None, or each prompt token's logprob (from the second on) and this many most
+    # likely alternatives at its position, from the model's own distribution. Such a prompt
+    # is computed whole: the prefix cache is not read for it.
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -118,6 +122,8 @@ class SamplingParams:
                 raise ValueError(f"each stop string must have 1 to {MAX_STOP_STRING_CHARS} characters")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"logprobs must be 0 to {MAX_TOP_LOGPROBS} alternatives; got {self.logprobs}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"prompt_logprobs must be 0 to {MAX_TOP_LOGPROBS} alternatives; got {self.prompt_logprobs}")
         if len(self.logit_bias) > MAX_LOGIT_BIAS:
             raise ValueError(f"logit_bias accepts at most {MAX_LOGIT_BIAS} tokens; got {len(self.logit_bias)}")
         for token, bias in self.logit_bias:
@@ -137,7 +143,7 @@ class SamplingParams:
         for name in ("max_tokens", "top_k", "min_tokens"):
             if not _is_integer(getattr(self, name)):
                 raise ValueError(f"{name} must be an integer; got {getattr(self, name)!r}")
-        for name in ("seed", "logprobs"):
+        for name in ("seed", "logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None and not _is_integer(getattr(self, name)):
                 raise ValueError(f"{name} must be an integer or None; got {getattr(self, name)!r}")
         for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p"):
@@ -171,7 +177,7 @@ class TokenLogprob:
     """A chosen token's log-probability and the most likely alternatives at its position."""
 
     token_id: int
-    logprob: float
+    logprob: float | None  # None for a prompt's first token (completions' echo): nothing predicts it
     top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first
 
 
@@ -219,6 +225,9 @@ class Request:
     num_cached_tokens: int | None = None  # prompt tokens read from the prefix cache at the first admission
     spec: SpecStats = field(default_factory=SpecStats)
     first_token_s: float | None = None
+    # With sampling.prompt_logprobs: the entries of prompt positions 1, 2, ... so far (the
+    # first token has none), in prompt order, kept through preemption.
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = tuple(self.prompt_token_ids)
@@ -243,6 +252,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Asked for its prompt's logprobs and has not got them all yet."""
+        return self.sampling.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens - 1
 
     @property
     def prefill_done(self) -> bool:

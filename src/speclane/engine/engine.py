@@ -57,13 +57,16 @@ class RequestOutput:
     speculative: dict[str, float | int] = field(default_factory=dict)
     error: str | None = None
     logprobs: list[TokenLogprob] | None = None  # one per token_ids entry, when the request asked
+    # With prompt_logprobs, on the request's first output: the entries of prompt positions
+    # 1, 2, ... (the first token has none).
+    prompt_logprobs: list[TokenLogprob] | None = None
 
     def then(self, later: RequestOutput) -> RequestOutput:
         """This output and the request's next one as one (a paced stream's chunk): the new
         text, tokens and logprobs of both; the counts and the end of the later."""
         logprobs = None if self.logprobs is None and later.logprobs is None else [*(self.logprobs or ()), *(later.logprobs or ())]
         return dataclasses.replace(later, text=self.text + later.text, token_ids=[*self.token_ids, *later.token_ids],
-                                   logprobs=logprobs)
+                                   logprobs=logprobs, prompt_logprobs=self.prompt_logprobs or later.prompt_logprobs)
 
     @property
     def usage(self) -> dict[str, object]:
@@ -184,6 +187,7 @@ class LLMEngine:
         self._pending_aborts: list[str] = []
         self._detoks: dict[str, IncrementalDetokenizer] = {}
         self._last_token_s: dict[str, float] = {}
+        self._prompt_logprobs_due: set[str] = set()  # asked for them; its first output carries them
         self._grammars: GrammarCompiler | None = None
         self._grammars_lock = threading.Lock()
 
@@ -261,6 +265,8 @@ class LLMEngine:
             self.scheduler.add_request(request, request.arrival_s)
             self._detoks[request_id] = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, sampling.stop,
                                                             min_tokens=sampling.min_tokens)
+            if sampling.prompt_logprobs is not None:
+                self._prompt_logprobs_due.add(request_id)
         return request
 
     def abort_request(self, request_id: str) -> None:
@@ -362,7 +368,16 @@ class LLMEngine:
             cached_tokens=request.num_cached_tokens or 0,
             speculative=request.spec.as_dict(),
             logprobs=logprobs if request.sampling.logprobs is not None else None,
+            prompt_logprobs=self._take_prompt_logprobs(request),
         )
+
+    def _take_prompt_logprobs(self, request: Request) -> list[TokenLogprob] | None:
+        """Once, on the request's first output: its prompt logprobs, if it has them all (an
+        abort before its first token may leave them partial: None then)."""
+        if request.request_id not in self._prompt_logprobs_due:
+            return None
+        self._prompt_logprobs_due.discard(request.request_id)
+        return None if request.needs_prompt_logprobs else list(request.prompt_logprobs)
 
     def _follow_free_cores(self) -> None:
         """Between ticks, on the engine thread (the thread whose OpenMP regions run the forward)."""

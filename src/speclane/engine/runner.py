@@ -39,10 +39,11 @@ from speclane.grammar.compiler import CompiledGrammar
 from speclane.grammar.matcher import GrammarMatcher
 from speclane.models.kv_cache import KVCache
 from speclane.models.llama import LlamaModel, RaggedBatch
-from speclane.request import Request
+from speclane.request import Request, TokenLogprob
 from speclane.scheduler.plan import RunnerResult, ScheduledSeq, SchedulerPlan, SeqResult
 
 logger = logging.getLogger(__name__)
+PROMPT_LOGPROB_ROWS = 128  # prompt rows whose logits are computed at once (each a float32 vocabulary)
 
 
 class ModelRunner:
@@ -176,6 +177,7 @@ class ModelRunner:
                 num_sampled = len(draft.token_ids) + 1
                 rows.extend(range(offset + len(tokens) - num_sampled, offset + len(tokens)))
             offset += len(tokens)
+        prompt_logprobs = self._prompt_logprobs(seqs, fed, hidden)
         logits = self.model.logits(hidden[rows]) if rows else None  # [R, vocab] float32
         raw = self._constrain(seqs, drafts, logits) if logits is not None else {}
         # Greedy rows' argmax in one call for the tick, by numpy: per sequence torch's cost
@@ -188,8 +190,10 @@ class ModelRunner:
         kept: list[list[int] | int] = []  # per sequence: its rows that stay in the cache (a count: the first ones)
         cursor = 0
         for seq, tokens, draft in zip(seqs, fed, drafts, strict=True):
+            prompt_entries, prompt_from = prompt_logprobs.get(seq.request_id, ((), 0))
             if not seq.sample:  # a chunk in the middle of a prompt
-                results.append(SeqResult(seq.request_id))
+                results.append(SeqResult(seq.request_id, prompt_logprobs=prompt_entries,
+                                         prompt_logprobs_from=prompt_from))
                 kept.append(len(tokens))
                 continue
             proposed = draft.token_ids
@@ -207,7 +211,8 @@ class ModelRunner:
             num_top = seq.request.sampling.logprobs
             path_rows = [0] + [j + 1 for j in verdict.path]  # the rows the kept tokens were chosen from
             logprobs = token_logprobs(raw[seq.request_id][path_rows], verdict.token_ids, num_top) if num_top is not None else ()
-            results.append(SeqResult(seq.request_id, tuple(verdict.token_ids), len(proposed), logprobs))
+            results.append(SeqResult(seq.request_id, tuple(verdict.token_ids), len(proposed), logprobs,
+                                     prompt_entries, prompt_from))
             # Keep the fed tokens and the accepted drafts; the rejected ones lie past the
             # verified length, which the scheduler's next plan starts from.
             fed_count = len(seq.token_ids)
@@ -243,6 +248,38 @@ class ModelRunner:
                     constrain(logits[first:cursor], params, self._matcher(seq.request), proposed,
                               self._history(seq.request, logits.shape[-1]) if params.penalized else None, held)
         return raw
+
+    def _prompt_logprobs(self, seqs: list[ScheduledSeq], fed: list[list[int]],
+                         hidden: torch.Tensor) -> dict[str, tuple[tuple[TokenLogprob, ...], int]]:
+        """Per request that asked for its prompt's logprobs and feeds prompt positions this
+        tick: the entries of the prompt tokens those positions predict that it has not got
+        yet, and the prompt position of the first. Each row's distribution is the model's
+        own (raw logits, the scored token's exact), ``PROMPT_LOGPROB_ROWS`` rows at a time (a
+        row is a vocabulary of float32)."""
+        found: dict[str, tuple[tuple[TokenLogprob, ...], int]] = {}
+        offset = 0
+        for seq, tokens in zip(seqs, fed, strict=True):
+            request = seq.request
+            if request.sampling.prompt_logprobs is None or seq.start >= request.num_prompt_tokens:
+                offset += len(tokens)
+                continue
+            first = max(seq.start, len(request.prompt_logprobs))  # position p predicts prompt token p + 1
+            last = min(seq.start + len(seq.token_ids), request.num_prompt_tokens - 1)
+            if first < last:
+                rows = list(range(offset + first - seq.start, offset + last - seq.start))
+                targets = list(request.prompt_token_ids[first + 1 : last + 1])
+                entries: list[TokenLogprob] = []
+                for at in range(0, len(rows), PROMPT_LOGPROB_ROWS):
+                    rows_hidden = hidden[rows[at : at + PROMPT_LOGPROB_ROWS]]
+                    chosen = torch.tensor(targets[at : at + PROMPT_LOGPROB_ROWS], dtype=torch.long)
+                    with torch.inference_mode():  # the logits are inference tensors
+                        block = self.model.logits(rows_hidden)
+                        # A scored token is often none of a row's refined candidates: its own logit exact.
+                        block[torch.arange(len(chosen)), chosen] = self.model.token_logits(rows_hidden, chosen)
+                    entries += token_logprobs(block, chosen.tolist(), request.sampling.prompt_logprobs or 0)
+                found[seq.request_id] = (tuple(entries), first + 1)
+            offset += len(tokens)
+        return found
 
     @staticmethod
     def _held_stops(request: Request) -> HeldStops | None:

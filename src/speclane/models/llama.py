@@ -431,6 +431,15 @@ class LlamaModel(nn.Module):
             logits = torch.tanh(logits / cap) * cap
         return logits
 
+    @torch.inference_mode()
+    def token_logits(self, hidden: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        """[N, hidden] (float32), [N] -> [N] float32: each row's logit of its token, exact
+        (the float32 product with the head's exact row, as ``logits`` refines its
+        candidates; a token outside a row's candidates has a coarse value there)."""
+        exact = torch.einsum("nh,nh->n", hidden.float(), self.lm_head.rows(token_ids))
+        cap = self.config.traits.final_softcap
+        return torch.tanh(exact / cap) * cap if cap else exact
+
 
 def _softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
                           cap: float) -> torch.Tensor:

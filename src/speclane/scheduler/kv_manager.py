@@ -168,9 +168,10 @@ class KVManager:
 
     # -- a request's life -------------------------------------------------------------
     def admit(self, request_id: str, tokens: TokenSource, *, tenant: str, weight: float = 1.0, priority: int = 0,
-              global_scope: bool = False) -> Admission | None:
-        """Blocks for every known token of a request (cache hits first), or None when
-        even evicting every cached block would not make room (nothing changes then)."""
+              global_scope: bool = False, read_cache: bool = True) -> Admission | None:
+        """Blocks for every known token of a request (cache hits first, unless not
+        ``read_cache``: a request that needs every position computed), or None when even
+        evicting every cached block would not make room (nothing changes then)."""
         if request_id in self._seqs:
             raise ValueError(f"request {request_id!r} already holds KV blocks")
         if weight <= 0:
@@ -182,9 +183,9 @@ class KVManager:
         part: tuple[int, int] | None = None  # (cached block, j) continuing the hits
         if self.enable_prefix_cache:
             hashes = chain_hashes(tokens.tokens_between(0, n - n % size), size)
-            hits = self.cache.lookup(scope, hashes[: (n - 1) // size])
+            hits = self.cache.lookup(scope, hashes[: (n - 1) // size]) if read_cache else []
             start = len(hits) * size
-            if start < n - 1:  # positions [start, n - 1): the last known token is computed
+            if read_cache and start < n - 1:  # positions [start, n - 1): the last known token is computed
                 part = self.cache.longest_child(scope, hashes[len(hits) - 1] if hits else ROOT_HASH,
                                                 tokens.tokens_between(start, min(start + size, n - 1)))
         need = self.pool.blocks_needed(n) - len(hits)

@@ -78,6 +78,10 @@ class SeqResult:
     token_ids: tuple[int, ...] = ()
     num_draft_tokens: int = 0
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token_ids entry when the request asks for them
+    # With prompt_logprobs, for a prompt chunk: the entries of the prompt tokens this chunk's
+    # rows predict, the first at prompt position ``prompt_logprobs_from``.
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
+    prompt_logprobs_from: int = 0
 
     @property
     def num_accepted_tokens(self) -> int:

@@ -317,7 +317,8 @@ class Scheduler:
             if not self.config.enable_chunked_prefill and seqs and request.num_tokens > budget:
                 break  # the whole prompt must fit in one tick; wait for a lighter one
             admission = self.kv.admit(request.request_id, request, tenant=request.tenant, weight=request.tenant_weight,
-                                      priority=request.priority, global_scope=request.global_cache_scope)
+                                      priority=request.priority, global_scope=request.global_cache_scope,
+                                      read_cache=not request.needs_prompt_logprobs)
             if admission is None:
                 break  # the pool is full of live requests: wait until one leaves
             if admission.copy is not None:
@@ -467,6 +468,9 @@ class Scheduler:
             request = self.running.get(rid)
             if request is None:  # aborted while the tick ran
                 continue
+            if res.prompt_logprobs:  # a chunk recomputed after a preemption brings entries already kept
+                request.prompt_logprobs.extend(res.prompt_logprobs[len(request.prompt_logprobs) + 1
+                                                                   - res.prompt_logprobs_from:])
             # The fed tokens and the accepted drafts stay in the cache; rejected drafts do not.
             request.num_computed_tokens = seq.start + len(seq.token_ids) + res.num_accepted_tokens
             appended, status = self._append(request, res.token_ids)

@@ -59,6 +59,7 @@ from speclane.server.responses import create_response
 from speclane.server.responses_protocol import ResponseObject, ResponsesRequest
 from speclane.server.streaming import (
     CANCELLED,
+    Echo,
     EventStreamResponse,
     Reading,
     ResponseMeta,
@@ -158,7 +159,9 @@ class _Server:
                           texts=self.token_texts if engine_input.top_logprobs is not None else None,
                           reasoning=chat and self.reasoning, opens_thinking=engine_input.opens_thinking,
                           think_end_token=self.think_end_token,
-                          decode=self.decode if self.reasoning and self.think_end_token is None else None)
+                          decode=self.decode if self.reasoning and self.think_end_token is None else None,
+                          echo=Echo(engine_input.echo_text, tuple(engine_input.prompt_token_ids))
+                          if engine_input.echo_text is not None else None)
 
         def cancelled(out: Any) -> APIError:
             return self.tracker.cancelled_error(out.request_id, out.finish_reason, getattr(out, "error", None))

@@ -92,6 +92,7 @@ def completion_logprobs(entries: Sequence[TokenLogprob], top: int, texts: TokenT
         logprobs.append(entry.logprob)
         offsets.append(offset)
         offset += len(token)
-        tops.append({texts.get(token_id)[0]: logprob for token_id, logprob in entry.top[:top]})
+        tops.append(None if entry.logprob is None  # an echoed prompt's first token: nothing predicts it
+                    else {texts.get(token_id)[0]: logprob for token_id, logprob in entry.top[:top]})
     return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops if top else None,
             "text_offset": offsets}

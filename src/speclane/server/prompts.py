@@ -56,13 +56,16 @@ class EngineInput:
     tool_parsing: Literal["none", "auto", "forced"] = "none"
     tool_names: tuple[str, ...] = ()
     top_logprobs: int | None = None  # alternatives to report per token; None: no logprobs
+    echo_text: str | None = None  # completions' echo: the prompt's text, sent before the answer
     opens_thinking: bool = False  # the rendered chat prompt ends inside <think> (reasoning.py)
 
     def sampling_for(self, choice: int) -> SamplingParams:
         """Choice i samples with seed + i (vLLM's convention), so it equals a single request with that seed."""
-        if choice == 0 or self.sampling.seed is None:
+        if choice == 0:
             return self.sampling
-        return dataclasses.replace(self.sampling, seed=self.sampling.seed + choice)
+        # Choices past the first read the first's prompt KV: its prompt logprobs serve all.
+        seed = None if self.sampling.seed is None else self.sampling.seed + choice
+        return dataclasses.replace(self.sampling, seed=seed, prompt_logprobs=None)
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,15 @@ def completion_input(request: CompletionRequest, vocab: Vocabulary) -> EngineInp
             if not 0 <= token < vocab.vocab_size:  # type: ignore[operator]
                 raise APIError(400, f"prompt[{index}]: token id {token} is outside the vocabulary "
                                     f"(0 to {vocab.vocab_size - 1})", param="prompt")
-    return _engine_input(request, prompt_ids, vocab)  # type: ignore[arg-type]
+    engine_input = _engine_input(request, prompt_ids, vocab)  # type: ignore[arg-type]
+    if not request.echo:
+        return engine_input
+    if request.logprobs is not None and request.num_choices > 1:
+        raise APIError(400, "echo with logprobs takes one choice: send n=1 (the prompt's logprobs are the same in "
+                            "every choice)", param="n")
+    text = prompt if isinstance(prompt, str) else vocab.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+    sampling = dataclasses.replace(engine_input.sampling, prompt_logprobs=engine_input.top_logprobs)
+    return dataclasses.replace(engine_input, echo_text=text, sampling=sampling)
 
 
 def render_chat(request: ChatCompletionRequest, tokenizer: Tokenizer) -> str:

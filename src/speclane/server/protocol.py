@@ -233,7 +233,6 @@ def neutral_values(table: dict[str, tuple[Callable[[Any], bool], str]]) -> Any:
 
 _NEUTRAL: dict[str, tuple[Callable[[Any], bool], str]] = {
     "best_of": (lambda v: v in (None, 1), "only best_of=1 is supported: omit the field"),
-    "echo": (lambda v: v is None or v is False, "not supported: omit the field"),
     "suffix": (lambda v: v is None or v == "", "not supported: omit the field"),
 }
 
@@ -424,7 +423,8 @@ class CompletionRequest(_GenerationRequest):
     max_tokens: int | None = Field(default=COMPLETION_DEFAULT_MAX_TOKENS, ge=1, description="null: 16, as OpenAI")
     logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS,
                                  description="the chosen token's logprob and this many alternatives")
-    echo: Literal[False] | None = None
+    echo: bool | None = Field(default=None, description="the prompt before the answer (with logprobs: the prompt "
+                                                         "tokens' logprobs first, the first token's null)")
     suffix: Literal[""] | None = None
     best_of: int | None = Field(default=None, ge=1, le=1)
 

@@ -80,6 +80,14 @@ def sse(payload: dict[str, Any]) -> bytes:
 
 
 @dataclass(frozen=True)
+class Echo:
+    """A completion's prompt as its answer starts (``echo``): its text and token ids."""
+
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Reading:
     """How a request's outputs become choices: thinking split off or not (``reasoning.py``),
     tool calls parsed or not, logprobs or not."""
@@ -91,6 +99,7 @@ class Reading:
     reasoning: bool = False  # a chat reply's <think> block is reasoning_content
     opens_thinking: bool = False  # the prompt ends inside <think>: the reply starts in it
     think_end_token: int | None = None  # </think> as one token: reasoning tokens are counted by it
+    echo: Echo | None = None  # completions' echo: the prompt, sent before the answer
     # Where </think> is several tokens: the tokenizer's decode, to find the token that ends it.
     decode: Callable[[list[int]], str] | None = None
 
@@ -128,6 +137,7 @@ class ChoiceState:
         self.calls: list[ParsedCall] = []
         self.logprobs: list[TokenLogprob] = []
         self.text_offset = 0  # completions: characters of text in the logprobs so far
+        self.echo = reading.echo  # the prompt to send before the answer, until the first output
         self.final: RequestOutput | None = None
 
     def feed(self, out: RequestOutput) -> Delta:
@@ -137,6 +147,12 @@ class ChoiceState:
             self.think_end_at = self.num_tokens + out.token_ids.index(end) + 1
         self.num_tokens += len(out.token_ids)
         text = out.text
+        echo, self.echo = self.echo, None
+        if echo is not None:  # completions' echo: the prompt first, its logprobs before the answer's
+            text = echo.text + text
+            if self.reading.top_logprobs is not None:
+                delta.logprobs = [TokenLogprob(echo.token_ids[0], None), *(out.prompt_logprobs or ()),
+                                  *delta.logprobs]
         if self.splitter is not None:  # the thinking first; tool calls are read in the answer only
             delta.reasoning, text = self.splitter.feed(text)
             if out.finished:
