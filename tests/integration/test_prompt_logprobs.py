@@ -48,9 +48,9 @@ def engines(llm_f32, llm_default) -> dict[str, LLMEngine]:
             "the default model": llm_default.engine}
 
 
-# float32 throughout; the default model's bfloat16 head refines a row's top candidates and
-# the scored token exactly, the rest of the row (the normaliser's tail) coarsely.
-TOLERANCE = {"one chunk": 1e-4, "chunks of 8": 1e-4, "the default model": 2e-3}
+# The scored token's logit and the normaliser are float32 products with the head's rows,
+# for the default model's bfloat16 head too (its coarse logits alone were ~0.009 off).
+TOLERANCE = {"one chunk": 1e-4, "chunks of 8": 1e-4, "the default model": 1e-4}
 
 
 @pytest.mark.parametrize("name", list(TOLERANCE))

@@ -254,8 +254,9 @@ class ModelRunner:
         """Per request that asked for its prompt's logprobs and feeds prompt positions this
         tick: the entries of the prompt tokens those positions predict that it has not got
         yet, and the prompt position of the first. Each row's distribution is the model's
-        own (raw logits, the scored token's exact), ``PROMPT_LOGPROB_ROWS`` rows at a time (a
-        row is a vocabulary of float32)."""
+        own: the scored token's logit and each row's normaliser exact (float32 products with
+        the head's rows), ``PROMPT_LOGPROB_ROWS`` rows at a time (a row is a vocabulary of
+        float32)."""
         found: dict[str, tuple[tuple[TokenLogprob, ...], int]] = {}
         offset = 0
         for seq, tokens in zip(seqs, fed, strict=True):
@@ -274,9 +275,11 @@ class ModelRunner:
                     chosen = torch.tensor(targets[at : at + PROMPT_LOGPROB_ROWS], dtype=torch.long)
                     with torch.inference_mode():  # the logits are inference tensors
                         block = self.model.logits(rows_hidden)
-                        # A scored token is often none of a row's refined candidates: its own logit exact.
+                        # A scored token is often none of a row's refined candidates: its own
+                        # logit exact, and the row's normaliser over exact logits.
                         block[torch.arange(len(chosen)), chosen] = self.model.token_logits(rows_hidden, chosen)
-                    entries += token_logprobs(block, chosen.tolist(), request.sampling.prompt_logprobs or 0)
+                        normaliser = self.model.log_normaliser(rows_hidden)
+                    entries += token_logprobs(block, chosen.tolist(), request.sampling.prompt_logprobs or 0, normaliser)
                 found[seq.request_id] = (tuple(entries), first + 1)
             offset += len(tokens)
         return found

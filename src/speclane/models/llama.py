@@ -432,6 +432,21 @@ class LlamaModel(nn.Module):
         return logits
 
     @torch.inference_mode()
+    def log_normaliser(self, hidden: torch.Tensor, block: int = 8192) -> torch.Tensor:
+        """[N, hidden] -> [N] float32: each row's log-sum-exp over the whole vocabulary of
+        exact logits (float32 products with every row of the head, ``block`` rows at a
+        time): what ``logits``' coarse tail leaves ~0.01 off with a bfloat16 head."""
+        h = hidden.float()
+        cap = self.config.traits.final_softcap
+        total: torch.Tensor | None = None
+        for start in range(0, self.config.vocab_size, block):
+            part = h @ self.lm_head.rows(torch.arange(start, min(start + block, self.config.vocab_size))).T
+            part = torch.logsumexp(torch.tanh(part / cap) * cap if cap else part, dim=-1)
+            total = part if total is None else torch.logaddexp(total, part)
+        assert total is not None
+        return total
+
+    @torch.inference_mode()
     def token_logits(self, hidden: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
         """[N, hidden] (float32), [N] -> [N] float32: each row's logit of its token, exact
         (the float32 product with the head's exact row, as ``logits`` refines its
