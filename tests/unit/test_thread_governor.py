@@ -116,6 +116,21 @@ def test_a_neighbour_already_there_when_decoding_starts_sets_the_first_tick_s_th
     assert _ticks(machine, governor, 1.0) is None and governor.threads == 1
 
 
+def test_a_neighbour_that_came_while_the_engine_idled_is_judged_on_the_idle_stretch_alone():
+    """A request decodes quietly and ends 0.45 s into a window; a busy loop starts and runs
+    1.2 s before the next request. Judged over the whole window (our decoding included) the
+    loop read as 0.73 of a core and both threads stayed beside it; from the end of the
+    last request, it is the whole core it is."""
+    machine = _Machine()
+    governor = ThreadGovernor(2, cores=2, read=machine.read, clock=lambda: machine.now)
+    assert _ticks(machine, governor, 1.05) is None  # windows at 0.1 s and 0.6 s
+    governor.idle()  # the request finished
+    machine.others_rate, machine.ours_rate = 1.0, 0.0
+    machine.advance(1.2)
+    machine.ours_rate = 1.0
+    assert governor.update() == 1 and governor.threads == 1
+
+
 def test_one_window_of_a_client_s_burst_keeps_every_thread():
     """Clients on the same machine starting their next requests take most of a core for
     half a second: one window of it is not a neighbour."""

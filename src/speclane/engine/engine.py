@@ -320,6 +320,8 @@ class LLMEngine:
             self.counters.record_tick(self.scheduler, time.perf_counter() - started)
             released = self.scheduler.take_released()  # finished this tick: free drafter state now
         self.runner.release(released)
+        if self.thread_governor is not None and not self.scheduler.has_unfinished():
+            self.thread_governor.idle()  # the counters of an idle stretch start here
         if self.observer is not None:
             self.observer.on_tick(time.perf_counter() - started)
         return outputs
