@@ -13,7 +13,7 @@ Tokenizing is CPU work proportional to the request (up to the body limit, a few 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -77,6 +77,15 @@ class Vocabulary:
     vocab_size: int  # ids must be < this (the smaller of the tokenizer's and the model's)
     compile_grammar: Callable[[GrammarSpec], CompiledGrammar] | None = None  # the engine's
 
+    def check_ids(self, ids: Iterable[int], param: str, *, indexed: bool = False) -> None:
+        """A 400 naming the first of ``ids`` outside the vocabulary: as ``param[i]`` where
+        ``indexed`` (a list the client sent), else as ``param``."""
+        for index, token in enumerate(ids):
+            if not 0 <= token < self.vocab_size:
+                where = f"{param}[{index}]" if indexed else param
+                raise APIError(400, f"{where}: token id {token} is outside the vocabulary (0 to {self.vocab_size - 1})",
+                               param=param)
+
 
 def chat_input(request: ChatCompletionRequest, vocab: Vocabulary) -> EngineInput:
     prompt = render_chat(request, vocab.tokenizer)
@@ -99,10 +108,7 @@ def completion_input(request: CompletionRequest, vocab: Vocabulary) -> EngineInp
         prompt_ids = vocab.tokenizer.encode_prompt(prompt)
     else:
         prompt_ids = list(prompt)  # type: ignore[arg-type]  # one prompt after validation
-        for index, token in enumerate(prompt_ids):
-            if not 0 <= token < vocab.vocab_size:  # type: ignore[operator]
-                raise APIError(400, f"prompt[{index}]: token id {token} is outside the vocabulary "
-                                    f"(0 to {vocab.vocab_size - 1})", param="prompt")
+        vocab.check_ids(prompt_ids, "prompt", indexed=True)  # type: ignore[arg-type]
     engine_input = _engine_input(request, prompt_ids, vocab)  # type: ignore[arg-type]
     if not request.echo:
         return engine_input
@@ -175,14 +181,8 @@ def _engine_input(request: ChatCompletionRequest | CompletionRequest, prompt_ids
             raise APIError(400, f"the prediction has {len(prediction_ids)} tokens, more than the context "
                                 f"({vocab.max_model_len}): send at most the text you expect back",
                            param="prediction")
-    for key in request.logit_bias or {}:
-        if int(key) >= vocab.vocab_size:
-            raise APIError(400, f"logit_bias: token id {key} is outside the vocabulary (0 to {vocab.vocab_size - 1})",
-                           param="logit_bias")
-    for token in request.stop_token_ids or ():
-        if token >= vocab.vocab_size:
-            raise APIError(400, f"stop_token_ids: token id {token} is outside the vocabulary "
-                                f"(0 to {vocab.vocab_size - 1})", param="stop_token_ids")
+    vocab.check_ids((int(key) for key in request.logit_bias or {}), "logit_bias")
+    vocab.check_ids(request.stop_token_ids or (), "stop_token_ids")
     grammar = None
     if request.constraint_fields or (isinstance(request, ChatCompletionRequest) and request.tool_mode != "none"):
         if vocab.compile_grammar is None:

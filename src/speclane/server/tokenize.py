@@ -91,8 +91,5 @@ def tokenize(request: TokenizeRequest, vocab: Vocabulary) -> TokenizeResponse:
 
 
 def detokenize(request: DetokenizeRequest, vocab: Vocabulary) -> DetokenizeResponse:
-    for index, token in enumerate(request.tokens):
-        if token >= vocab.vocab_size:
-            raise APIError(400, f"tokens[{index}]: token id {token} is outside the vocabulary "
-                                f"(0 to {vocab.vocab_size - 1})", param="tokens")
+    vocab.check_ids(request.tokens, "tokens", indexed=True)
     return DetokenizeResponse(prompt=vocab.tokenizer.decode(request.tokens, skip_special_tokens=False))
