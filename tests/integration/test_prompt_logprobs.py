@@ -48,8 +48,8 @@ def engines(llm_f32, llm_default) -> dict[str, LLMEngine]:
             "the default model": llm_default.engine}
 
 
-# The scored token's logit and the normaliser are float32 products with the head's rows,
-# for the default model's bfloat16 head too (its coarse logits alone were ~0.009 off).
+# Every logit is a float32 product with the head's rows, for the default model's bfloat16
+# head too (its coarse logits, top candidates refined, were ~0.009 off).
 TOLERANCE = {"one chunk": 1e-4, "chunks of 8": 1e-4, "the default model": 1e-4}
 
 

@@ -133,12 +133,9 @@ def _per_row(tally: torch.Tensor, drafted: torch.Tensor, n: int) -> tuple[torch.
     return ids, counts
 
 
-def token_logprobs(raw_rows: torch.Tensor, chosen: list[int], num_top: int,
-                   normaliser: torch.Tensor | None = None) -> tuple[TokenLogprob, ...]:
-    """Each chosen token's logprob and the ``num_top`` most likely tokens at its row;
-    ``normaliser``: each row's log-sum-exp where it is known better than the row's own."""
-    rows = raw_rows[: len(chosen)].float()
-    logprobs = torch.log_softmax(rows, dim=-1) if normaliser is None else rows - normaliser[: len(chosen), None]
+def token_logprobs(raw_rows: torch.Tensor, chosen: list[int], num_top: int) -> tuple[TokenLogprob, ...]:
+    """Each chosen token's logprob and the ``num_top`` most likely tokens at its row."""
+    logprobs = torch.log_softmax(raw_rows[: len(chosen)].float(), dim=-1)
     picked = logprobs[torch.arange(len(chosen)), torch.tensor(chosen, dtype=torch.long)].tolist()
     if num_top:
         values, ids = torch.topk(logprobs, num_top, dim=-1)

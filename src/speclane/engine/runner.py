@@ -254,9 +254,8 @@ class ModelRunner:
         """Per request that asked for its prompt's logprobs and feeds prompt positions this
         tick: the entries of the prompt tokens those positions predict that it has not got
         yet, and the prompt position of the first. Each row's distribution is the model's
-        own: the scored token's logit and each row's normaliser exact (float32 products with
-        the head's rows), ``PROMPT_LOGPROB_ROWS`` rows at a time (a row is a vocabulary of
-        float32)."""
+        own, every logit exact (float32 products with the head's rows),
+        ``PROMPT_LOGPROB_ROWS`` rows at a time (a row is a vocabulary of float32)."""
         found: dict[str, tuple[tuple[TokenLogprob, ...], int]] = {}
         offset = 0
         for seq, tokens in zip(seqs, fed, strict=True):
@@ -271,15 +270,11 @@ class ModelRunner:
                 targets = list(request.prompt_token_ids[first + 1 : last + 1])
                 entries: list[TokenLogprob] = []
                 for at in range(0, len(rows), PROMPT_LOGPROB_ROWS):
-                    rows_hidden = hidden[rows[at : at + PROMPT_LOGPROB_ROWS]]
-                    chosen = torch.tensor(targets[at : at + PROMPT_LOGPROB_ROWS], dtype=torch.long)
-                    with torch.inference_mode():  # the logits are inference tensors
-                        block = self.model.logits(rows_hidden)
-                        # A scored token is often none of a row's refined candidates: its own
-                        # logit exact, and the row's normaliser over exact logits.
-                        block[torch.arange(len(chosen)), chosen] = self.model.token_logits(rows_hidden, chosen)
-                        normaliser = self.model.log_normaliser(rows_hidden)
-                    entries += token_logprobs(block, chosen.tolist(), request.sampling.prompt_logprobs or 0, normaliser)
+                    # A scored token is often none of a row's top candidates, which are all
+                    # that ``logits`` computes exactly with a bfloat16 head: every logit exact.
+                    block = self.model.exact_logits(hidden[rows[at : at + PROMPT_LOGPROB_ROWS]])
+                    entries += token_logprobs(block, targets[at : at + PROMPT_LOGPROB_ROWS],
+                                              request.sampling.prompt_logprobs or 0)
                 found[seq.request_id] = (tuple(entries), first + 1)
             offset += len(tokens)
         return found

@@ -432,28 +432,19 @@ class LlamaModel(nn.Module):
         return logits
 
     @torch.inference_mode()
-    def log_normaliser(self, hidden: torch.Tensor, block: int = 8192) -> torch.Tensor:
-        """[N, hidden] -> [N] float32: each row's log-sum-exp over the whole vocabulary of
-        exact logits (float32 products with every row of the head, ``block`` rows at a
-        time): what ``logits``' coarse tail leaves ~0.01 off with a bfloat16 head."""
+    def exact_logits(self, hidden: torch.Tensor, block: int = 8192) -> torch.Tensor:
+        """[N, hidden] -> [N, vocab] float32: every logit exact, the float32 product of each
+        row with every row of the head (``block`` head rows read at a time), where
+        ``logits`` refines only each row's top candidates of a bfloat16 head (its coarse
+        tail moved a row's normaliser by up to ~0.01)."""
         h = hidden.float()
+        vocab = self.config.vocab_size
+        out = torch.empty(h.shape[0], vocab, dtype=torch.float32)
+        for start in range(0, vocab, block):
+            end = min(start + block, vocab)
+            torch.matmul(h, self.lm_head.rows(torch.arange(start, end)).T, out=out[:, start:end])
         cap = self.config.traits.final_softcap
-        total: torch.Tensor | None = None
-        for start in range(0, self.config.vocab_size, block):
-            part = h @ self.lm_head.rows(torch.arange(start, min(start + block, self.config.vocab_size))).T
-            part = torch.logsumexp(torch.tanh(part / cap) * cap if cap else part, dim=-1)
-            total = part if total is None else torch.logaddexp(total, part)
-        assert total is not None
-        return total
-
-    @torch.inference_mode()
-    def token_logits(self, hidden: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-        """[N, hidden] (float32), [N] -> [N] float32: each row's logit of its token, exact
-        (the float32 product with the head's exact row, as ``logits`` refines its
-        candidates; a token outside a row's candidates has a coarse value there)."""
-        exact = torch.einsum("nh,nh->n", hidden.float(), self.lm_head.rows(token_ids))
-        cap = self.config.traits.final_softcap
-        return torch.tanh(exact / cap) * cap if cap else exact
+        return torch.tanh(out / cap) * cap if cap else out
 
 
 def _softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
