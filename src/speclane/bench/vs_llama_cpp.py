@@ -48,7 +48,7 @@ from typing import Any
 
 from speclane.bench.common import Table, alternate, median
 from speclane.bench.decode import PROMPT, engine_decode_arms
-from speclane.bench.driver import Job, batch_rate, batch_tokens, drive, drive_clients, progress
+from speclane.bench.driver import Job, batch_rate, batch_tokens, drive, drive_clients, progress, run_tenant
 from speclane.bench.gguf_scenario import STREAM_PROMPTS, busy_elsewhere, load_note, ratio
 from speclane.bench.http_streams import (
     CLIENTS_NOTE,
@@ -117,12 +117,15 @@ class StreamArm:
 
     ``fresh_tenant`` (speclane's servers): each call's streams are a tenant of their own
     (``http_streams.new_tenant``), as a new application's traffic would be: the prompts
-    repeat from call to call."""
+    repeat from call to call, and the prefix cache every tenant shares holds them, as
+    llama-server's slots do. ``cold``: no cache holds them; on speclane's servers the new
+    tenant reads only its own (empty) part of the prefix cache, and llama-server's arm
+    is given ``COLD_LLAMA_SERVER`` in ``extra``."""
 
     def __init__(self, url: str, model: str, streams: int, tokens: int, extra: dict[str, Any] | None = None,
-                 fresh_tenant: bool = True, light_client: bool = False) -> None:
+                 fresh_tenant: bool = True, light_client: bool = False, cold: bool = False) -> None:
         self.url, self.model, self.streams, self.tokens, self.extra = url, model, streams, tokens, extra
-        self.fresh_tenant = fresh_tenant
+        self.fresh_tenant, self.cold = fresh_tenant, cold
         self.send = light_streams if light_client else concurrent_streams  # http_streams: the two clients
         self.ttfts: list[float] = []
         self.engine_ttfts: list[float] = []  # speclane's servers only
@@ -132,6 +135,8 @@ class StreamArm:
         """The body fields of this call's requests beyond the prompt (a new tenant per call)."""
         if not self.fresh_tenant:
             return self.extra
+        if self.cold:
+            return {**(self.extra or {}), "user": run_tenant()}
         return new_tenant(self.extra)
 
     def __call__(self) -> float:
@@ -153,6 +158,10 @@ def prompts(n: int) -> list[str]:
 INT8_ENGINE = "speclane, int8 matmul inputs"  # the engine-alone and noisy-neighbour arm
 INT8_SERVER = "speclane, int8 matmul inputs, speculation off"  # the concurrent streams' arm
 LIGHT = ", light client"  # a concurrent streams' arm with http_streams.light_streams, against llama-server's with it
+# A concurrent streams' arm whose prompts no cache holds (StreamArm's ``cold``), against
+# llama-server's with the same: every prompt's whole prefill is in its time to first token.
+COLD = ", cold prompts"
+COLD_LLAMA_SERVER = {"cache_prompt": False}  # llama-server's per-request switch for its slots' prompt cache
 REFERENCE = "llama.cpp llama-server"
 SPEC_OFF = "speclane, speculation off"
 LANE_ON = "speclane, lane on"
@@ -225,6 +234,9 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
                         for name, (url, extra) in many.items()}
             loads[n].update({name + LIGHT: StreamArm(url, model, n, tokens, extra, fresh_tenant=url != theirs,
                                                      light_client=True) for name, (url, extra) in light.items()})
+            loads[n].update({name + COLD: StreamArm(url, model, n, tokens, COLD_LLAMA_SERVER if url == theirs else extra,
+                                                    fresh_tenant=url != theirs, cold=True)
+                             for name, (url, extra) in light.items()})
             rates[n] = alternate(loads[n], repeats, warmup=False)  # type: ignore[arg-type]
         progress("vs-llama-cpp: speculation under load")
         spec = {n: alternate({"off": StreamArm(ours, model, n, tokens, OFF), "auto": StreamArm(ours, model, n, tokens),
@@ -251,8 +263,9 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
 
 
 def same_client_reference(name: str) -> str:
-    """The llama-server arm an arm is compared with: the one driven by the same client."""
-    return REFERENCE + LIGHT if name.endswith(LIGHT) else REFERENCE
+    """The llama-server arm an arm is compared with: the one driven by the same client, its
+    prompts as cold or as cached."""
+    return REFERENCE + next((suffix for suffix in (LIGHT, COLD) if name.endswith(suffix)), "")
 
 
 def _noisy(arms: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
@@ -332,6 +345,12 @@ def _streams_table(arms: dict[int, dict[str, StreamArm]], rates: dict[int, dict[
                        f"on the same cores as the engine. llama-server: -np {max(STREAM_LEVELS)} -c "
                        f"{max(STREAM_LEVELS) * CONTEXT_PER_SLOT}. Targets: 16 streams at least 3x llama-server; "
                        "TTFT at 8 streams at most 0.25x.")
+    table.notes.append("The prompts repeat from run to run. In the rows without 'cold prompts' both servers hold them "
+                       "from the run before (speclane's prefix cache that every tenant shares, llama-server's slots), "
+                       "so the first token waits for little prefill. 'Cold prompts': no cache holds them (speclane: a "
+                       "new tenant's own part of the prefix cache, empty; llama-server: cache_prompt false on each "
+                       "request), so each stream's whole prompt is prefilled before its first token, as for a "
+                       "prompt neither server has seen.")
     table.notes.append(CLIENTS_NOTE)
     return table
 
