@@ -68,3 +68,15 @@ def test_http_runs_of_speclane_carry_a_new_user_and_llama_cpps_none():
     assert ours.request_extra()["user"] != ours.request_extra()["user"]
     theirs = vs.StreamArm("http://y", "m", 8, 64, fresh_tenant=False)
     assert theirs.request_extra() is None
+
+
+def test_cold_arms_ask_for_prompts_no_cache_holds():
+    ours = vs.StreamArm("http://x", "m", 8, 64, {"speculative": False}, cold=True)
+    first, second = ours.request_extra(), ours.request_extra()
+    assert first["speculative"] is False and first["user"] != second["user"]
+    assert "cache_scope" not in first, "a new tenant's own part of the prefix cache: empty"
+    theirs = vs.StreamArm("http://y", "m", 8, 64, vs.COLD_LLAMA_SERVER, fresh_tenant=False, cold=True)
+    assert theirs.request_extra() == {"cache_prompt": False}
+    assert vs.same_client_reference(vs.SPEC_OFF + vs.COLD) == vs.REFERENCE + vs.COLD
+    assert vs.same_client_reference(vs.SPEC_OFF + vs.LIGHT) == vs.REFERENCE + vs.LIGHT
+    assert vs.same_client_reference(vs.SPEC_OFF) == vs.REFERENCE

@@ -48,7 +48,15 @@ from typing import Any
 
 from speclane.bench.common import Table, alternate, median
 from speclane.bench.decode import PROMPT, engine_decode_arms
-from speclane.bench.driver import Job, batch_rate, batch_tokens, drive, drive_clients, progress, run_tenant
+from speclane.bench.driver import (
+    Job,
+    batch_rate,
+    batch_tokens,
+    drive,
+    drive_clients,
+    progress,
+    run_tenant,
+)
 from speclane.bench.gguf_scenario import STREAM_PROMPTS, busy_elsewhere, load_note, ratio
 from speclane.bench.http_streams import (
     CLIENTS_NOTE,
