@@ -15,6 +15,7 @@ from browser_helpers import Browser, find_chromium
 from server_helpers import MODEL, LiveServer, wait_until
 
 from speclane.engine.async_engine import AsyncEngine
+from speclane.scheduler.counts import series_name
 
 pytestmark = pytest.mark.slow
 
@@ -43,21 +44,25 @@ def stream_in_background(url: str, tenant: str, max_tokens: int) -> threading.Th
 
 
 def test_state_counts_each_tenants_rounds_tokens_and_latency(live: LiveServer, idle_after: AsyncEngine) -> None:
-    tenants = ("dash-json-a", "dash-json-b")
+    """A tenant is one name in every view: "_dash-json-b" (a ``user`` with a leading
+    underscore) is "__dash-json-b" in the counters, the tenants table and the timeline."""
+    tenants = ("dash-json-a", "_dash-json-b")
     completion = {tenant: chat(live.url, tenant, 24)["usage"]["completion_tokens"] for tenant in tenants}
     state = httpx.get(live.url + "/dashboard/state").json()
 
     counters = idle_after.engine.counters.snapshot()
     by_tenant = {t["tenant"]: t for t in state["tenants"]}
-    for tenant in tenants:
-        assert by_tenant[tenant]["tokens"] == counters["generated_by_tenant"][tenant] == completion[tenant]
-        assert by_tenant[tenant]["lane_rounds"] == counters["lane_rounds_by_tenant"][tenant] > 0
+    labels = {tenant: series_name(tenant) for tenant in tenants}
+    assert labels["_dash-json-b"] == "__dash-json-b"
+    for tenant, label in labels.items():
+        assert by_tenant[label]["tokens"] == counters["generated_by_tenant"][label] == completion[tenant]
+        assert by_tenant[label]["lane_rounds"] == counters["lane_rounds_by_tenant"][label] > 0
     assert sum(t["token_share"] for t in state["tenants"]) == pytest.approx(1.0)
     assert sum(t["lane_share"] for t in state["tenants"]) == pytest.approx(1.0)
     assert state["latency"]["ttft_ms"]["count"] >= 2
     assert 0 < state["latency"]["itl_ms"]["p50"] <= state["latency"]["itl_ms"]["p99"]
     held = {s["tenant"] for s in state["timeline"] if s["end"] is not None and s["end"] >= s["start"]}
-    assert set(tenants) <= held, "each tenant's grant is a closed segment of the timeline"
+    assert set(labels.values()) <= held, "each tenant's grant is a closed segment of the timeline"
     (replica,) = state["replicas"]
     assert replica["holders"] == [] and replica["waiting"] == {} and state["queue_depth"] == 0
 

@@ -74,3 +74,33 @@ def test_echo_with_logprobs_and_several_choices_is_a_400(http: httpx.Client) -> 
     response = http.post("/v1/completions", json={"model": MODEL, "prompt": CONTEXT, "max_tokens": 1, "echo": True,
                                                   "logprobs": 1, "n": 2})
     assert response.status_code == 400 and response.json()["error"]["param"] == "n"
+
+
+def test_max_tokens_0_with_echo_sends_the_prompt_alone(http: httpx.Client) -> None:
+    """Older scoring clients ask for no answer at all: the prompt's text and logprobs."""
+    ids = tokens_of(http, CONTEXT + RIGHT)
+    alone = complete(http, prompt=ids, max_tokens=0, logprobs=1, echo=True)
+    choice = alone["choices"][0]
+    assert choice["text"] == CONTEXT + RIGHT and choice["finish_reason"] == "length"
+    assert len(choice["logprobs"]["tokens"]) == len(ids)
+    with_answer = complete(http, prompt=ids, max_tokens=1, logprobs=1, echo=True)["choices"][0]["logprobs"]
+    assert choice["logprobs"]["token_logprobs"] == with_answer["token_logprobs"][:-1]
+    assert alone["usage"]["completion_tokens"] == 0 and alone["usage"]["total_tokens"] == len(ids)
+    with http.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": CONTEXT, "max_tokens": 0,
+                                                       "echo": True, "stream": True,
+                                                       "stream_options": {"include_usage": True}}) as response:
+        lines = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+    texts = [choice["text"] for line in lines for choice in line["choices"]]
+    reasons = [choice["finish_reason"] for line in lines for choice in line["choices"] if choice["finish_reason"]]
+    assert "".join(texts) == CONTEXT and reasons == ["length"] and lines[-1]["usage"]["completion_tokens"] == 0
+    two = complete(http, prompt=CONTEXT, max_tokens=0, echo=True, n=2, temperature=1, seed=3)
+    assert [c["text"] for c in two["choices"]] == [CONTEXT, CONTEXT] and two["usage"]["completion_tokens"] == 0
+
+
+def test_max_tokens_0_without_echo_or_with_min_tokens_is_a_400(http: httpx.Client) -> None:
+    response = http.post("/v1/completions", json={"model": MODEL, "prompt": CONTEXT, "max_tokens": 0})
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == "max_tokens" and "echo" in error["message"]
+    response = http.post("/v1/completions", json={"model": MODEL, "prompt": CONTEXT, "max_tokens": 0, "echo": True,
+                                                  "min_tokens": 1})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "min_tokens"

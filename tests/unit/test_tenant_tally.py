@@ -4,7 +4,13 @@ an engine (``scheduler/counts.py``)."""
 from __future__ import annotations
 
 from speclane.config import LaneConfig, SchedulerConfig
-from speclane.scheduler.counts import OTHER_TENANTS, ScheduleCounts, TenantNames, TenantTally
+from speclane.scheduler.counts import (
+    OTHER_TENANTS,
+    ScheduleCounts,
+    TenantNames,
+    TenantTally,
+    series_name,
+)
 from speclane.scheduler.scheduler import Scheduler
 
 
@@ -47,3 +53,12 @@ def test_the_schedulers_round_tally_is_bounded_over_many_tenants() -> None:
     assert len(counts.rounds_by_tenant) == 51
     assert counts.rounds_by_tenant[OTHER_TENANTS] == 10_000 - 50
     assert counts.slice_rounds == 10_000
+
+
+def test_a_tenant_named_like_the_overflow_series_keeps_its_own() -> None:
+    """A ``user`` may be any string: "_other" sent by a client is not the tenants past the cap."""
+    tally = TenantTally(names=TenantNames(cap=2))
+    for tenant in (OTHER_TENANTS, "__other", "c", "d"):
+        tally.add(tenant)
+    assert tally == {"_" + OTHER_TENANTS: 1, "__" + OTHER_TENANTS: 1, OTHER_TENANTS: 2}
+    assert series_name("a_b") == "a_b" and series_name("_a") == "__a"

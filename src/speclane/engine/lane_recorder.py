@@ -20,6 +20,8 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from speclane.scheduler.counts import series_name
+
 if TYPE_CHECKING:
     from speclane.engine.engine import LLMEngine
     from speclane.request import Request
@@ -67,8 +69,10 @@ class LaneRecorder:
         """Read the lane and the counters (engine thread only)."""
         scheduler = self.engine.scheduler
         lane = scheduler.lane
-        holders = lane.holder_view()
-        waiting = lane.waiters_by_tenant()
+        # Tenants named as the per-tenant counters below name them (series_name), so that one
+        # tenant is one name across the dashboard's views.
+        holders = [(rid, series_name(tenant), priority) for rid, tenant, priority in lane.holder_view()]
+        waiting = {series_name(tenant): n for tenant, n in lane.waiters_by_tenant().items()}
         counters = self.engine.counters
         rounds = _delta(counters.lane_rounds_by_tenant, self._last_rounds)
         tokens = _delta(counters.generated_by_tenant, self._last_tokens)

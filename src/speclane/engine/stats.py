@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from speclane.request import Request
-from speclane.scheduler.counts import TenantTally, acceptance_by_position
+from speclane.scheduler.counts import TenantTally, acceptance_by_position, series_name
 from speclane.scheduler.scheduler import Scheduler
 
 
@@ -126,7 +126,8 @@ class EngineCounters:
         self.kv_blocks_total = kv.pool.num_blocks
         self.kv_blocks_free = kv.pool.num_free
         self.kv_blocks_cached = kv.cache.num_cached
-        self.kv_blocks_by_tenant = kv.pool.held_by_tenant()  # a new dict: readers never see it change
+        # A new dict (readers never see it change), named as the per-tenant counters name tenants.
+        self.kv_blocks_by_tenant = {series_name(tenant): n for tenant, n in kv.pool.held_by_tenant().items()}
 
     def record_tokens(self, tenant: str, num_tokens: int) -> None:
         self.generated_by_tenant.add(tenant, num_tokens)

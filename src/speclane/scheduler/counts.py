@@ -21,6 +21,12 @@ MAX_TENANT_SERIES = 1000
 OTHER_TENANTS = "_other"  # the tenants past MAX_TENANT_SERIES, counted together
 
 
+def series_name(tenant: str) -> str:
+    """A tenant's name in per-tenant series: a name that starts with an underscore gets one
+    more, so that no tenant's series is ``OTHER_TENANTS`` (a ``user`` may be any string)."""
+    return "_" + tenant if tenant.startswith("_") else tenant
+
+
 class TenantNames:
     """The tenants an engine's tallies name: the first ``cap`` any of them counts."""
 
@@ -29,12 +35,13 @@ class TenantNames:
         self._named: set[str] = set()
 
     def label(self, tenant: str) -> str:
-        """``tenant`` where it is named (or there is room to name it), else ``OTHER_TENANTS``."""
+        """``tenant``'s ``series_name`` where it is named (or there is room to name it), else
+        ``OTHER_TENANTS``."""
         if tenant in self._named:
-            return tenant
+            return series_name(tenant)
         if len(self._named) < self.cap:
             self._named.add(tenant)
-            return tenant
+            return series_name(tenant)
         return OTHER_TENANTS
 
 

@@ -160,7 +160,7 @@ class _Server:
                           reasoning=chat and self.reasoning, opens_thinking=engine_input.opens_thinking,
                           think_end_token=self.think_end_token,
                           decode=self.decode if self.reasoning and self.think_end_token is None else None,
-                          echo=Echo(engine_input.echo_text, tuple(engine_input.prompt_token_ids))
+                          echo=Echo(engine_input.echo_text, tuple(engine_input.prompt_token_ids), engine_input.echo_only)
                           if engine_input.echo_text is not None else None)
 
         def cancelled(out: Any) -> APIError:

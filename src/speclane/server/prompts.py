@@ -57,6 +57,7 @@ class EngineInput:
     tool_names: tuple[str, ...] = ()
     top_logprobs: int | None = None  # alternatives to report per token; None: no logprobs
     echo_text: str | None = None  # completions' echo: the prompt's text, sent before the answer
+    echo_only: bool = False  # completions' echo with max_tokens 0: the prompt alone, the answer left out
     opens_thinking: bool = False  # the rendered chat prompt ends inside <think> (reasoning.py)
 
     def sampling_for(self, choice: int) -> SamplingParams:
@@ -117,7 +118,7 @@ def completion_input(request: CompletionRequest, vocab: Vocabulary) -> EngineInp
                             "every choice)", param="n")
     text = prompt if isinstance(prompt, str) else vocab.tokenizer.decode(prompt_ids, skip_special_tokens=False)
     sampling = dataclasses.replace(engine_input.sampling, prompt_logprobs=engine_input.top_logprobs)
-    return dataclasses.replace(engine_input, echo_text=text, sampling=sampling)
+    return dataclasses.replace(engine_input, echo_text=text, echo_only=request.echo_only, sampling=sampling)
 
 
 def render_chat(request: ChatCompletionRequest, tokenizer: Tokenizer) -> str:

@@ -52,7 +52,7 @@ FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function names
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's; chat's default is the rest of the context
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
@@ -72,7 +72,7 @@ Stop = Annotated[
 ]
 
 
-class TextPart(_Strict):
+class TextPart(StrictModel):
     type: Literal["text"]
     text: str
 
@@ -84,29 +84,29 @@ def content_text(content: Content) -> str:
     return content if isinstance(content, str) else "".join(part.text for part in content)
 
 
-class StreamOptions(_Strict):
+class StreamOptions(StrictModel):
     include_usage: bool = False
 
 
-class Prediction(_Strict):
+class Prediction(StrictModel):
     """OpenAI Predicted Outputs: text the answer is expected to repeat; drafts come from it."""
 
     type: Literal["content"]
     content: Content
 
 
-class FunctionCall(_Strict):
+class FunctionCall(StrictModel):
     name: str
     arguments: str  # JSON text, as OpenAI sends it
 
 
-class ToolCall(_Strict):
+class ToolCall(StrictModel):
     id: str = Field(min_length=1, max_length=256)
     type: Literal["function"]
     function: FunctionCall
 
 
-class ChatMessage(_Strict):
+class ChatMessage(StrictModel):
     """One message. ``tool_calls`` (and a missing or null ``content``) only on assistant
     messages; ``tool_call_id`` only, and always, on tool messages."""
 
@@ -144,28 +144,28 @@ class ChatMessage(_Strict):
         return "" if self.content is None else content_text(self.content)
 
 
-class FunctionDefinition(_Strict):
+class FunctionDefinition(StrictModel):
     name: Annotated[str, StringConstraints(pattern=FUNCTION_NAME)]
     description: str | None = None
     parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
     strict: bool | None = None  # accepted: the arguments of constrained calls always match
 
 
-class Tool(_Strict):
+class Tool(StrictModel):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class NamedFunction(_Strict):
+class NamedFunction(StrictModel):
     name: str
 
 
-class NamedToolChoice(_Strict):
+class NamedToolChoice(StrictModel):
     type: Literal["function"]
     function: NamedFunction
 
 
-class JSONSchemaFormat(_Strict):
+class JSONSchemaFormat(StrictModel):
     name: Annotated[str, StringConstraints(pattern=FUNCTION_NAME)]
     description: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")  # none: any JSON object
@@ -174,15 +174,15 @@ class JSONSchemaFormat(_Strict):
     model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
 
 
-class TextFormat(_Strict):
+class TextFormat(StrictModel):
     type: Literal["text"]
 
 
-class JSONObjectFormat(_Strict):
+class JSONObjectFormat(StrictModel):
     type: Literal["json_object"]
 
 
-class JSONSchemaResponseFormat(_Strict):
+class JSONSchemaResponseFormat(StrictModel):
     type: Literal["json_schema"]
     json_schema: JSONSchemaFormat
 
@@ -190,7 +190,7 @@ class JSONSchemaResponseFormat(_Strict):
 ResponseFormat = Annotated[TextFormat | JSONObjectFormat | JSONSchemaResponseFormat, Field(discriminator="type")]
 
 
-class StructuredOutputs(_Strict):
+class StructuredOutputs(StrictModel):
     """vLLM's ``structured_outputs``: exactly one constraint."""
 
     json_: dict[str, Any] | bool | str | None = Field(default=None, alias="json")  # a schema, or its JSON text
@@ -237,7 +237,7 @@ _NEUTRAL: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
-class _GenerationRequest(_Strict):
+class _GenerationRequest(StrictModel):
     """The fields both endpoints share."""
 
     model: str
@@ -420,7 +420,8 @@ class CompletionRequest(_GenerationRequest):
     prompt: (PromptText | PromptIds | Annotated[list[PromptText], Field(min_length=1, max_length=1)]
              | Annotated[list[PromptIds], Field(min_length=1, max_length=1)]) = Field(
         description="one prompt: a string or a list of token ids (a batch of one is accepted)")
-    max_tokens: int | None = Field(default=COMPLETION_DEFAULT_MAX_TOKENS, ge=1, description="null: 16, as OpenAI")
+    max_tokens: int | None = Field(default=COMPLETION_DEFAULT_MAX_TOKENS, ge=0,
+                                   description="null: 16, as OpenAI; 0 with echo: the prompt alone, nothing generated")
     logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS,
                                  description="the chosen token's logprob and this many alternatives")
     echo: bool | None = Field(default=None, description="the prompt before the answer (with logprobs: the prompt "
@@ -443,8 +444,26 @@ class CompletionRequest(_GenerationRequest):
             self.prompt = p[0]
         return self
 
+    @model_validator(mode="after")
+    def _nothing_generated_only_with_echo(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens: 0 asks for the prompt alone, which only echo sends back: send echo: true "
+                             "(with logprobs: the prompt's token logprobs), or ask for at least 1 token")
+        if self.max_tokens == 0 and self.min_tokens:
+            raise ValueError("min_tokens: max_tokens 0 asks for no answer, so min_tokens must be 0")
+        return self
+
+    @property
+    def echo_only(self) -> bool:
+        """``max_tokens`` 0 with ``echo`` (scoring clients' request): the prompt alone."""
+        return self.max_tokens == 0 and bool(self.echo)
+
     @property
     def requested_max_tokens(self) -> int | None:
+        # An echo alone still has the engine choose one token (the prompt's last position
+        # is computed by a step that samples), which the answer then leaves out.
+        if self.echo_only:
+            return 1
         return COMPLETION_DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
 
 

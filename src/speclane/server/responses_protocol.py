@@ -24,6 +24,7 @@ from speclane.server.protocol import (
     INT32_MAX,
     INT32_MIN,
     MAX_USER_CHARS,
+    StrictModel,
     neutral_values,
 )
 
@@ -34,8 +35,8 @@ MAX_NAME_CHARS = 64  # of a tool type named in an error message
 
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+class _Strict(StrictModel):
+    model_config = ConfigDict(populate_by_name=True)  # with the base's strict fields, no unknown ones
 
 
 # -- request ---------------------------------------------------------------------------------

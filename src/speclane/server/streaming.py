@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 import uuid
@@ -85,6 +86,7 @@ class Echo:
 
     text: str
     token_ids: tuple[int, ...]
+    only: bool = False  # max_tokens 0: the prompt alone; the one token the engine chose is left out
 
 
 @dataclass(frozen=True)
@@ -138,9 +140,14 @@ class ChoiceState:
         self.logprobs: list[TokenLogprob] = []
         self.text_offset = 0  # completions: characters of text in the logprobs so far
         self.echo = reading.echo  # the prompt to send before the answer, until the first output
+        self.echo_only = reading.echo is not None and reading.echo.only
         self.final: RequestOutput | None = None
 
     def feed(self, out: RequestOutput) -> Delta:
+        if self.echo_only:  # the answer's token is not sent, nor counted
+            reason = "length" if out.finish_reason == "stop" else out.finish_reason  # its end is not the prompt's
+            out = dataclasses.replace(out, text="", token_ids=[], logprobs=None, completion_tokens=0,
+                                      finish_reason=reason)
         delta = Delta(logprobs=list(out.logprobs or ()))
         end = self.reading.think_end_token
         if end is not None and self.think_end_at is None and end in out.token_ids:

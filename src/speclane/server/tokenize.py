@@ -16,20 +16,23 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from speclane.server.errors import APIError, validation_message
 from speclane.server.prompts import Vocabulary, render_chat
-from speclane.server.protocol import INT32_MAX, MAX_TOOLS, ChatCompletionRequest, ChatMessage, Tool
+from speclane.server.protocol import (
+    INT32_MAX,
+    MAX_TOOLS,
+    ChatCompletionRequest,
+    ChatMessage,
+    StrictModel,
+    Tool,
+)
 
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-
-class TokenizeRequest(_Strict):
+class TokenizeRequest(StrictModel):
     model: str | None = None
     prompt: str | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
@@ -60,7 +63,7 @@ class TokenizeResponse(BaseModel):
     token_strs: list[str] | None = None
 
 
-class DetokenizeRequest(_Strict):
+class DetokenizeRequest(StrictModel):
     model: str | None = None
     tokens: list[TokenId]
 
