@@ -69,6 +69,22 @@ def test_streaming_equals_non_streaming(client: openai.OpenAI, idle_after: Async
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_continuous_usage_stats_gives_every_chunk_the_counts_so_far(client: openai.OpenAI,
+                                                                    idle_after: AsyncEngine) -> None:
+    """vLLM's ``stream_options.continuous_usage_stats``: usage on every chunk, never null."""
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=8, temperature=0, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))  # type: ignore[typeddict-unknown-key]
+    usages = [c.usage for c in chunks]
+    assert all(u is not None for u in usages)
+    final = usages[-1]
+    assert chunks[-1].choices == [] and final is not None and 0 < final.completion_tokens <= 8
+    counts = [u.completion_tokens for u in usages if u is not None]
+    assert counts[0] == 0 and counts == sorted(counts) and counts[-2] == final.completion_tokens
+    assert all(u is not None and u.prompt_tokens == final.prompt_tokens
+               and u.total_tokens == u.prompt_tokens + u.completion_tokens for u in usages)
+
+
 def test_completions_endpoint(client: openai.OpenAI, idle_after: AsyncEngine) -> None:
     reply = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0)
     assert reply.object == "text_completion"

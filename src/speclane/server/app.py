@@ -175,7 +175,8 @@ class _Server:
 
         if body.stream:
             events = sse_events(meta, streams, include_usage=body.include_usage, cancelled_error=cancelled,
-                                reading=reading)
+                                reading=reading, continuous_usage=body.continuous_usage,
+                                prompt_tokens=len(engine_input.prompt_token_ids))
             return EventStreamResponse(events, on_close=end,
                                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:

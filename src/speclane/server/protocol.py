@@ -86,6 +86,9 @@ def content_text(content: Content) -> str:
 
 class StreamOptions(StrictModel):
     include_usage: bool = False
+    # vLLM's: with include_usage, every chunk's usage is the usage so far (prompt and
+    # completion tokens), not null; the last chunk's is the whole request's as ever.
+    continuous_usage_stats: bool = False
 
 
 class Prediction(StrictModel):
@@ -340,6 +343,10 @@ class _GenerationRequest(StrictModel):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and self.stream_options is not None and self.stream_options.continuous_usage_stats
 
 
 class ChatCompletionRequest(_GenerationRequest):

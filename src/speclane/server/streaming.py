@@ -7,8 +7,8 @@ call's ``id``, ``type`` and name, then one with its ``arguments``) and logprobs,
 choices interleaved as they come, each chunk naming its choice's ``index``; per choice
 a chunk with an empty delta and its ``finish_reason``; with
 ``stream_options.include_usage`` a last chunk with no choices and the ``usage`` of all
-choices (every earlier chunk then carries ``"usage": null``, as OpenAI does); then
-``data: [DONE]``.
+choices (every earlier chunk then carries ``"usage": null``, as OpenAI does, or with
+vLLM's ``continuous_usage_stats`` the token counts so far); then ``data: [DONE]``.
 A request the server had to cancel (shutdown) or that failed in the engine ends with
 an ``{"error": ...}`` event instead of the finish chunk, then ``data: [DONE]``.
 Leaving a stream early closes the engine stream, which aborts the request; the HTTP
@@ -141,6 +141,7 @@ class ChoiceState:
         self.text_offset = 0  # completions: characters of text in the logprobs so far
         self.echo = reading.echo  # the prompt to send before the answer, until the first output
         self.echo_only = reading.echo is not None and reading.echo.only
+        self.completion_tokens = 0  # as the engine counts them, so far
         self.final: RequestOutput | None = None
 
     def feed(self, out: RequestOutput) -> Delta:
@@ -149,6 +150,7 @@ class ChoiceState:
             out = dataclasses.replace(out, text="", token_ids=[], logprobs=None, completion_tokens=0,
                                       finish_reason=reason)
         delta = Delta(logprobs=list(out.logprobs or ()))
+        self.completion_tokens = out.completion_tokens
         end = self.reading.think_end_token
         if end is not None and self.think_end_at is None and end in out.token_ids:
             self.think_end_at = self.num_tokens + out.token_ids.index(end) + 1
@@ -258,12 +260,19 @@ class ChoiceState:
                 "finish_reason": self.finish_reason}
 
 
-def chunk(meta: ResponseMeta, choices: list[dict[str, Any]], *, include_usage: bool = False) -> dict[str, Any]:
+def chunk(meta: ResponseMeta, choices: list[dict[str, Any]], *, include_usage: bool = False,
+          usage: dict[str, int] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"id": meta.id, "object": meta.chunk_object, "created": meta.created,
                             "model": meta.model, "choices": choices}
     if include_usage:
-        body["usage"] = None
+        body["usage"] = usage
     return body
+
+
+def usage_so_far(states: list[ChoiceState], prompt_tokens: int) -> dict[str, int]:
+    """``continuous_usage_stats``' usage of a chunk: the prompt and every choice's tokens so far."""
+    completion = sum(state.completion_tokens for state in states)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
 
 
 def role_choice(index: int) -> dict[str, Any]:
@@ -345,14 +354,23 @@ async def sse_events(
     include_usage: bool,
     cancelled_error: Callable[[RequestOutput], APIError],
     reading: Reading | None = None,
+    continuous_usage: bool = False,
+    prompt_tokens: int = 0,
 ) -> AsyncIterator[bytes]:
-    """The event stream of one request and its choices; ``cancelled_error`` says why an aborted one ended."""
+    """The event stream of one request and its choices; ``cancelled_error`` says why an
+    aborted one ended. ``continuous_usage`` (with ``include_usage``): each chunk's usage is
+    the counts so far, ``prompt_tokens`` and the choices' tokens."""
     states = [ChoiceState(i, reading or Reading()) for i in range(len(streams))]
     outputs = merged(streams)
+
+    def frame(choices: list[dict[str, Any]]) -> bytes:
+        usage = usage_so_far(states, prompt_tokens) if continuous_usage else None
+        return sse(chunk(meta, choices, include_usage=include_usage, usage=usage))
+
     async with contextlib.aclosing(outputs):  # type: ignore[type-var]
         if meta.chat:
             for state in states:
-                yield sse(chunk(meta, [role_choice(state.index)], include_usage=include_usage))
+                yield frame([role_choice(state.index)])
         try:
             unfinished = len(states)
             async for index, out in outputs:
@@ -361,9 +379,9 @@ async def sse_events(
                     break
                 state = states[index]
                 for choice in state.chunk_choices(state.feed(out), chat=meta.chat):
-                    yield sse(chunk(meta, [choice], include_usage=include_usage))
+                    yield frame([choice])
                 if out.finished:
-                    yield sse(chunk(meta, [state.finish_choice(chat=meta.chat)], include_usage=include_usage))
+                    yield frame([state.finish_choice(chat=meta.chat)])
                     unfinished -= 1
                     if unfinished == 0:
                         if include_usage:
