@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from speclane.version import __version__
+
 __all__ = ["LLM", "SamplingParams", "EngineConfig", "__version__"]
 
 

@@ -4,6 +4,7 @@ Without keys the tenant is ``user``, else ``anonymous``."""
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Iterator
 from typing import Any
 
@@ -78,9 +79,11 @@ def test_key_is_checked_before_the_body(keyed: LiveServer) -> None:
     assert error_of(post(keyed, None, max_tokens=0), 401)
 
 
-def test_health_and_metrics_need_no_key(keyed: LiveServer) -> None:
+def test_health_metrics_and_version_need_no_key(keyed: LiveServer) -> None:
     assert httpx.get(keyed.url + "/health").status_code == 200
     assert httpx.get(keyed.url + "/metrics").status_code == 200
+    version = httpx.get(keyed.url + "/version")
+    assert version.status_code == 200 and version.json() == {"version": importlib.metadata.version("speclane")}
 
 
 def test_priority_beyond_the_allowance_is_403(keyed: LiveServer, added: list[dict[str, Any]]) -> None:

@@ -76,6 +76,7 @@ from speclane.server.tokenize import (
     detokenize,
     tokenize,
 )
+from speclane.version import __version__
 
 QUEUE_FULL_RETRY_AFTER_S = 1
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -301,6 +302,11 @@ def create_app(
             if body["status"] == "unavailable":
                 raise APIError(503, "no replica is serving", code="no_replica")
         return body
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        """vLLM's ``GET /version``: which speclane answers (scripts check it before a run)."""
+        return {"version": __version__}
 
     @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {}}}})
     async def metrics_endpoint() -> Response:
