@@ -1,9 +1,10 @@
 """The FastAPI app (``create_app``) and ``speclane serve`` (``serve``).
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``
-(an adapter over chat, ``responses.py``), ``GET /v1/models`` (these four need a key when
-``--api-keys`` is given), ``GET /health``, ``GET /metrics``, ``GET /dashboard`` and its data ``GET /dashboard/state``
-(``dashboard.py``).
+(an adapter over chat, ``responses.py``), ``GET /v1/models`` and ``GET /v1/models/{model}``,
+``POST /tokenize`` and ``POST /detokenize`` (these need a key when ``--api-keys`` is given),
+``GET /health``, ``GET /version``, ``GET /metrics``, ``GET /dashboard`` and its data
+``GET /dashboard/state`` (``dashboard.py``).
 
 A generation request goes: drain check (503) -> key (401) -> body validation (400) ->
 model (404) -> priority allowance (403) -> tokenize in a worker thread (400 if it does
@@ -231,7 +232,7 @@ def create_app(
             return merge_states([("0", "healthy", recorder.state())], latency=latency.percentiles())
 
     app = FastAPI(title="speclane", summary="OpenAI-compatible server with a fairly shared speculative lane",
-                  version="0.1.0")
+                  version=__version__)
     started = int(time.time())
     app.state.server = server
     app.state.tracker = server.tracker

@@ -269,9 +269,10 @@ def chunk(meta: ResponseMeta, choices: list[dict[str, Any]], *, include_usage: b
     return body
 
 
-def usage_so_far(states: list[ChoiceState], prompt_tokens: int) -> dict[str, int]:
-    """``continuous_usage_stats``' usage of a chunk: the prompt and every choice's tokens so far."""
-    completion = sum(state.completion_tokens for state in states)
+def usage_so_far(state: ChoiceState, prompt_tokens: int) -> dict[str, int]:
+    """``continuous_usage_stats``' usage of a chunk of ``state``'s choice: the prompt and that
+    choice's tokens so far (vLLM's: with ``n``, each choice counts its own)."""
+    completion = state.completion_tokens
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
 
 
@@ -359,18 +360,18 @@ async def sse_events(
 ) -> AsyncIterator[bytes]:
     """The event stream of one request and its choices; ``cancelled_error`` says why an
     aborted one ended. ``continuous_usage`` (with ``include_usage``): each chunk's usage is
-    the counts so far, ``prompt_tokens`` and the choices' tokens."""
+    the counts so far, ``prompt_tokens`` and its choice's tokens."""
     states = [ChoiceState(i, reading or Reading()) for i in range(len(streams))]
     outputs = merged(streams)
 
-    def frame(choices: list[dict[str, Any]]) -> bytes:
-        usage = usage_so_far(states, prompt_tokens) if continuous_usage else None
-        return sse(chunk(meta, choices, include_usage=include_usage, usage=usage))
+    def frame(state: ChoiceState, choice: dict[str, Any]) -> bytes:
+        usage = usage_so_far(state, prompt_tokens) if continuous_usage else None
+        return sse(chunk(meta, [choice], include_usage=include_usage, usage=usage))
 
     async with contextlib.aclosing(outputs):  # type: ignore[type-var]
         if meta.chat:
             for state in states:
-                yield frame([role_choice(state.index)])
+                yield frame(state, role_choice(state.index))
         try:
             unfinished = len(states)
             async for index, out in outputs:
@@ -379,9 +380,9 @@ async def sse_events(
                     break
                 state = states[index]
                 for choice in state.chunk_choices(state.feed(out), chat=meta.chat):
-                    yield frame([choice])
+                    yield frame(state, choice)
                 if out.finished:
-                    yield frame([state.finish_choice(chat=meta.chat)])
+                    yield frame(state, state.finish_choice(chat=meta.chat))
                     unfinished -= 1
                     if unfinished == 0:
                         if include_usage:
