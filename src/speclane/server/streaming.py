@@ -131,7 +131,7 @@ class ChoiceState:
                        if reading.tool_parsing != "none" else None)
         self.content: list[str] = []
         self.reasoning: list[str] = []
-        self.num_tokens = 0
+        self.num_tokens = 0  # the reply's tokens so far (what continuous usage reports)
         self.think_end_at: int | None = None  # tokens up to and including the one that ends the first </think>
         # The reply's token ids, kept only where </think> is found by decoding them.
         self.token_ids: list[int] | None = [] if reading.reasoning and reading.think_end_token is None \
@@ -141,7 +141,6 @@ class ChoiceState:
         self.text_offset = 0  # completions: characters of text in the logprobs so far
         self.echo = reading.echo  # the prompt to send before the answer, until the first output
         self.echo_only = reading.echo is not None and reading.echo.only
-        self.completion_tokens = 0  # as the engine counts them, so far
         self.final: RequestOutput | None = None
 
     def feed(self, out: RequestOutput) -> Delta:
@@ -150,7 +149,6 @@ class ChoiceState:
             out = dataclasses.replace(out, text="", token_ids=[], logprobs=None, completion_tokens=0,
                                       finish_reason=reason)
         delta = Delta(logprobs=list(out.logprobs or ()))
-        self.completion_tokens = out.completion_tokens
         end = self.reading.think_end_token
         if end is not None and self.think_end_at is None and end in out.token_ids:
             self.think_end_at = self.num_tokens + out.token_ids.index(end) + 1
@@ -272,7 +270,7 @@ def chunk(meta: ResponseMeta, choices: list[dict[str, Any]], *, include_usage: b
 def usage_so_far(state: ChoiceState, prompt_tokens: int) -> dict[str, int]:
     """``continuous_usage_stats``' usage of a chunk of ``state``'s choice: the prompt and that
     choice's tokens so far (vLLM's: with ``n``, each choice counts its own)."""
-    completion = state.completion_tokens
+    completion = state.num_tokens
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
 
 
