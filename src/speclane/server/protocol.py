@@ -174,7 +174,7 @@ class JSONSchemaFormat(StrictModel):
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")  # none: any JSON object
     strict: bool | None = None  # accepted: the output always matches the schema
 
-    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)  # with StrictModel's strict fields, no unknown ones
 
 
 class TextFormat(StrictModel):
@@ -202,7 +202,7 @@ class StructuredOutputs(StrictModel):
     grammar: str | None = None  # llguidance's Lark dialect
     json_object: bool | None = None
 
-    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)  # with StrictModel's strict fields, no unknown ones
 
     @model_validator(mode="after")
     def _exactly_one(self) -> StructuredOutputs:
