@@ -29,6 +29,9 @@ class FakeReplica:
         self.charged_asks: list[tuple[str, int] | None] = []  # charged_since of each poll that asked
         self.lose_next_reply = False  # the next poll that asks runs, and its reply is lost
         self.lost_at = -1  # the index in charged_asks of the ask whose reply was lost
+        self.resets_sent: list[list[Any]] = []  # the reset batches of each poll that asked
+        self.drop_next: dict[str, float] = {}  # charges the lane reports dropped in its next reply
+        self.lose_reply_with_resets = False  # the reply of the next poll that carries reset batches is lost
 
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         await asyncio.sleep(0.005)
@@ -44,10 +47,15 @@ class FakeReplica:
             if kwargs.get("want_charged"):
                 since = kwargs.get("charged_since")
                 self.charged_asks.append(since)  # the lane's version is the number of asks so far
+                self.resets_sent.append(list(kwargs.get("resets", ())))
+                if self.lose_reply_with_resets and kwargs.get("resets"):
+                    self.lose_next_reply, self.lose_reply_with_resets = True, False
                 if self.lose_next_reply:
                     self.lose_next_reply, self.lost_at = False, len(self.charged_asks) - 1
                     raise ReplicaUnavailable("the reply was lost")
-                return PollReply("one", [], {}, charged_complete=since is None, charged_version=len(self.charged_asks))
+                dropped, self.drop_next = self.drop_next, {}
+                return PollReply("one", [], {}, charged_complete=since is None, charged_version=len(self.charged_asks),
+                                 charged_dropped=dropped)
             return PollReply("one", [])
         if method == "add":
             self.added.append(args[0])
@@ -121,3 +129,19 @@ def test_the_lane_service_is_asked_for_from_the_version_of_the_last_reply_that_a
     lost = replica.lost_at
     assert replica.charged_asks[lost + 1] == replica.charged_asks[lost] == ("one", lost), \
         "asked again from the version before the lost reply"
+
+
+def test_a_tenant_no_lane_counts_is_reset_on_the_lanes_until_a_reply_says_so(
+        front: tuple[ClusterEngine, FakeReplica]) -> None:
+    """The lane dropped tenant x's charge: the front forgets x and sends the replica a reset
+    batch with each sync until a poll carrying it is answered (scheduler/fairness.py)."""
+    engine, replica = front
+    until(lambda: len(replica.charged_asks) >= 2)
+    replica.lose_reply_with_resets = True  # a reply lost while the batch is pending: sent again
+    replica.drop_next = {"x": 3.0}
+    until(lambda: engine.outages == [1] and len(replica.charged_asks) > replica.lost_at + 2 > 1)
+    batches = [sent for sent in replica.resets_sent if sent]
+    assert batches[0] == [(1, ["x"])] and len(batches) >= 2 and batches[1] == batches[0], \
+        "the batch, and again after the lost reply"
+    assert replica.resets_sent[-1] == [], "no longer once a poll carrying it was answered"
+    assert engine.shared.num_tenants == 0 and engine.shared.pending_resets(0) == []

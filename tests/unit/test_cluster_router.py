@@ -11,7 +11,7 @@ import pytest
 from speclane.cluster.router import Pending, Router, prefix_hashes
 from speclane.cluster.shared_service import SharedService
 from speclane.config import LaneConfig
-from speclane.scheduler.fairness import VirtualCounters
+from speclane.scheduler.fairness import ChargeReport, VirtualCounters
 from speclane.scheduler.lane import SpecLane
 from speclane.scheduler.scheduler import QueueFullError
 
@@ -138,8 +138,9 @@ def test_shared_service_sums_the_other_replicas_and_survives_a_restart() -> None
 
 def test_shared_service_sent_only_changes_agrees_with_summing_everything() -> None:
     """Reports of every tenant or of the changed ones only, restarts between them: what
-    remote_for has sent each replica always equals the sum over the others' incarnations,
-    the retired ones included."""
+    remote_for has sent each replica (less the tenants its reset batches name) always
+    equals the sum over the others' incarnations, the retired ones included, of the
+    tenants some live incarnation counts."""
     rng = random.Random(7)
     replicas, tenants = 3, [f"t{j}" for j in range(12)]
     shared = SharedService(replicas)
@@ -157,10 +158,18 @@ def test_shared_service_sent_only_changes_agrees_with_summing_everything() -> No
         charged[r].update(changed)
         complete = rng.random() < 0.3
         shared.report(r, f"{r}.{incarnation[r]}", dict(charged[r]) if complete else changed, complete=complete)
+        for tenant in [t for t in retired if not any(t in c for c in charged)]:
+            del retired[tenant]  # no live incarnation counts it: forgotten, and reset on every lane
         asked = rng.randrange(replicas)
         if rng.random() < 0.05:  # a poll that carried values failed: they are sent again
             shared.resend(asked)
             known[asked] = {}
+        resets = shared.pending_resets(asked)
+        for _, names in resets:
+            for tenant in names:
+                known[asked].pop(tenant, None)
+        if resets:
+            shared.confirm_resets(asked, resets[-1][0])
         known[asked].update(shared.remote_for(asked))
         expected = Counter(retired)
         for other in range(replicas):
@@ -171,21 +180,55 @@ def test_shared_service_sent_only_changes_agrees_with_summing_everything() -> No
 
 def test_a_lane_reports_the_tenants_charged_after_a_version() -> None:
     counters = VirtualCounters()
-    assert counters.charged_since(0) == ({}, 0)
+    assert counters.charged_since(0) == ChargeReport({}, 0)
     for tenant in ("a", "b"):
         counters.join(tenant, 1.0)
     counters.charge("a", reserved=False)
     counters.charge("a", reserved=False)
     counters.charge("b", reserved=False)
-    changed, version = counters.charged_since(0)
-    assert (changed, version) == ({"a": 2.0, "b": 1.0}, 3)
-    assert counters.charged_since(version) == ({}, 3), "nothing charged since"
+    report = counters.charged_since(0)
+    assert (report.charged, report.version) == ({"a": 2.0, "b": 1.0}, 3)
+    version = report.version
+    assert counters.charged_since(version) == ChargeReport({}, 3), "nothing charged since"
     counters.charge("b", reserved=False)
-    assert counters.charged_since(version) == ({"b": 2.0}, 4)
-    assert counters.charged_since(version) == ({"b": 2.0}, 4), "a reply that never arrived is asked for again"
-    assert counters.charged_since(1) == ({"a": 2.0, "b": 2.0}, 4), "a's last charge was version 2"
-    assert counters.charged_since(2) == ({"b": 2.0}, 4)
+    assert counters.charged_since(version) == ChargeReport({"b": 2.0}, 4)
+    assert counters.charged_since(version) == ChargeReport({"b": 2.0}, 4), "a reply that never arrived is asked for again"
+    assert counters.charged_since(1) == ChargeReport({"a": 2.0, "b": 2.0}, 4), "a's last charge was version 2"
+    assert counters.charged_since(2) == ChargeReport({"b": 2.0}, 4)
     assert counters.charged() == {"a": 2.0, "b": 2.0}, "every tenant's on request"
+
+
+def test_a_lane_reports_a_forgotten_tenants_charge_as_dropped_until_the_reader_has_it() -> None:
+    counters = VirtualCounters()
+    counters.charged()  # shared
+    counters.join("a", 1.0)
+    counters.charge("a", reserved=False)
+    counters.charge("a", reserved=False)
+    counters.leave("a")  # idle at the lift target: forgotten
+    report = counters.charged_since(2)
+    assert report == ChargeReport({}, 3, {"a": 2.0}), "its charge, dropped at version 3"
+    assert counters.charged_since(2) == report, "asked again from the same version (a lost reply): still there"
+    counters.join("a", 1.0)
+    counters.charge("a", reserved=False)
+    assert counters.charged_since(2) == ChargeReport({"a": 1.0}, 4, {"a": 2.0}), "counted from zero again"
+    assert counters.charged_since(3) == ChargeReport({"a": 1.0}, 4), "a reader past the drop has it"
+    assert counters.num_remembered == 1, "the drop is let go once read past"
+
+
+def test_a_reset_folds_remote_service_into_the_counter_once() -> None:
+    counters = VirtualCounters()
+    counters.join("a", 1.0)
+    counters.join("b", 1.0)
+    counters.set_remote({"a": 5.0})
+    counters.charge("a", reserved=False)
+    before = counters.service("a"), counters.key("a")
+    counters.set_remote({}, resets=[(1, ["a", "never-seen"])])
+    assert (counters.service("a"), counters.key("a")) == before, "the counter and the key are unchanged"
+    counters.set_remote({"a": 2.0})
+    assert counters.service("a") == before[0] + 2.0, "remote service counts from zero after the reset"
+    counters.set_remote({}, resets=[(1, ["a"])])
+    counters.set_remote({"a": 3.0})
+    assert counters.service("a") == before[0] + 3.0, "a batch sent again (a lost reply) is not applied twice"
 
 
 def _rounds(lanes: list[SpecLane], members: dict[int, list[tuple[str, str]]], *, sync_every: int | None,
@@ -193,7 +236,7 @@ def _rounds(lanes: list[SpecLane], members: dict[int, list[tuple[str, str]]], *,
     """Run ``ticks`` lane rounds on each lane (1 slot each); every ``sync_every`` ticks the
     lanes exchange their tenants' service as the cluster front does (None: never)."""
     shared = SharedService(len(lanes))
-    versions = [0] * len(lanes)
+    versions = [0] * len(lanes)  # as the front keeps them
     for i, lane in enumerate(lanes):
         for rid, tenant in members[i]:
             lane.add(rid, tenant=tenant, priority=0, now=0.0)
@@ -201,16 +244,25 @@ def _rounds(lanes: list[SpecLane], members: dict[int, list[tuple[str, str]]], *,
     tenant_of = {rid: tenant for group in members.values() for rid, tenant in group}
     for tick in range(ticks):
         if sync_every and tick % sync_every == 0:
-            for i, lane in enumerate(lanes):
-                charged, versions[i] = lane.charged_service(versions[i])  # changes only, as the front asks
-                shared.report(i, "x", charged, complete=False)
-            for i, lane in enumerate(lanes):
-                lane.set_remote_service(shared.remote_for(i))
+            _sync(lanes, shared, versions)
         for lane in lanes:
             for rid in lane.schedule(float(tick)):
                 lane.round_done(rid, elapsed_ms=1.0, now=float(tick))
                 rounds[tenant_of[rid]] = rounds.get(tenant_of[rid], 0) + 1
     return rounds
+
+
+def _sync(lanes: list[SpecLane], shared: SharedService, versions: list[int]) -> None:
+    """One exchange, as the front makes it: changes only, reset batches confirmed."""
+    for i, lane in enumerate(lanes):
+        report = lane.charged_service(versions[i])
+        versions[i] = report.version
+        shared.report(i, "x", report.charged, complete=False, dropped=report.dropped)
+    for i, lane in enumerate(lanes):
+        resets = shared.pending_resets(i)
+        lane.set_remote_service(shared.remote_for(i), resets=resets)
+        if resets:
+            shared.confirm_resets(i, resets[-1][0])
 
 
 def jain(values: list[float]) -> float:
@@ -268,7 +320,8 @@ def test_one_process_serving_never_imports_ray() -> None:
 def test_a_lone_lane_keeps_no_record_of_every_tenant_it_served() -> None:
     """Tenants are the clients' ``user`` fields without API keys: a lane that is no replica
     (never read nor told remote service) forgets a served tenant entirely once it is idle
-    and lifted past; a replica's lane counts from its first exchange."""
+    and lifted past; a replica's lane counts from its first exchange, and forgets the
+    tenant's charge once the front has read it as dropped."""
     lone, shared = VirtualCounters(), VirtualCounters()
     shared.charged()  # a replica exchanges before it serves
     for counters in (lone, shared):
@@ -278,4 +331,8 @@ def test_a_lone_lane_keeps_no_record_of_every_tenant_it_served() -> None:
             counters.charge(tenant, reserved=False)
             counters.leave(tenant)
     assert lone.charged() == {} and len(lone._tenants) <= 1
-    assert len(shared.charged()) == 1000 and shared.charged()["user-7"] == 1.0
+    report = shared.charged_since(0)
+    assert report.charged == {} and len(report.dropped) == 1000 and report.dropped["user-7"] == 1.0, \
+        "each tenant's charge reported dropped"
+    shared.charged_since(report.version)  # the front's next ask: it has them
+    assert shared.num_remembered == 0 and len(shared._tenants) <= 1

@@ -340,6 +340,7 @@ class ClusterEngine:
             now = time.monotonic()
             sync, want_status = now >= next_sync, now >= next_status
             remote = self.shared.remote_for(i) if sync else None
+            resets = self.shared.pending_resets(i) if sync else []
             elsewhere = self.router.tenants_elsewhere(i) if sync else None
             if elsewhere is not None and elsewhere == sent_elsewhere:
                 elsewhere = None  # unchanged since the last sync
@@ -349,7 +350,7 @@ class ClusterEngine:
             try:
                 reply: PollReply = await asyncio.wait_for(
                     client.call("poll", remote, active_elsewhere=elsewhere, wait_s=POLL_WAIT_S, want_charged=sync,
-                                want_status=want_status, charged_since=charged_since),
+                                want_status=want_status, charged_since=charged_since, resets=resets),
                     timeout)
             except Exception as exc:  # noqa: BLE001 - whatever failed, the replica's streams must not hang
                 if not isinstance(exc, ReplicaUnavailable | TimeoutError):
@@ -371,8 +372,11 @@ class ClusterEngine:
                 self._dispatch()
             for out in reply.outputs:
                 self._deliver(i, out)
+            if resets:
+                self.shared.confirm_resets(i, resets[-1][0])
             if reply.charged is not None:
-                self.shared.report(i, reply.incarnation, reply.charged, complete=reply.charged_complete)
+                self.shared.report(i, reply.incarnation, reply.charged, complete=reply.charged_complete,
+                                   dropped=reply.charged_dropped)
                 charged_since = (reply.incarnation, reply.charged_version)
                 next_sync = now + sync_s
             if reply.status is not None:

@@ -28,6 +28,7 @@ from speclane.engine.engine import LLMEngine, RequestOutput
 from speclane.engine.lane_recorder import LaneRecorder
 from speclane.engine.stats import Observers
 from speclane.request import Request, SamplingParams
+from speclane.scheduler.fairness import ResetBatch
 
 log = logging.getLogger("speclane.cluster")
 
@@ -39,6 +40,7 @@ class PollReply:
     charged: dict[str, float] | None = None  # lane service per tenant, when asked
     charged_complete: bool = True  # charged holds every tenant's, not only those charged after the version asked
     charged_version: int = 0  # the lane's version of charged (ask from it next time)
+    charged_dropped: dict[str, float] = field(default_factory=dict)  # charges the lane forgot after the version asked
     status: dict[str, Any] | None = None  # when asked
     tick_s: list[float] = field(default_factory=list)  # tick times since the last poll
     spec_wait_s: list[float] = field(default_factory=list)  # finished lane requests' waits
@@ -138,22 +140,26 @@ class ReplicaHost:
 
     def poll(self, remote_service: dict[str, float] | None = None, *, active_elsewhere: set[str] | None = None,
              wait_s: float = 0.2, want_charged: bool = False, want_status: bool = False,
-             charged_since: tuple[str, int] | None = None) -> PollReply:
+             charged_since: tuple[str, int] | None = None, resets: Sequence[ResetBatch] = ()) -> PollReply:
         """New outputs (waiting up to ``wait_s`` for some); applies the other replicas' lane
-        service (and who runs there) and returns this one's when asked: every tenant's, or
-        those charged after ``charged_since`` (an incarnation and a version of its lane, from
-        an earlier reply; a version of an earlier incarnation counts as none)."""
-        charged, version = None, 0
+        service (who runs there, whose remote service restarts from zero) and returns this
+        one's when asked: every tenant's, or those charged or dropped after ``charged_since``
+        (an incarnation and a version of its lane, from an earlier reply; a version of an
+        earlier incarnation counts as none)."""
+        report = None
         since = charged_since[1] if charged_since is not None and charged_since[0] == self.incarnation else 0
-        if remote_service or active_elsewhere is not None or want_charged:
-            charged, version = self.engine.exchange_lane_service(remote_service, active_elsewhere, since)
+        if remote_service or active_elsewhere is not None or want_charged or resets:
+            report = self.engine.exchange_lane_service(remote_service, active_elsewhere, since, resets)
         with self._cond:
             if not self._outbox:
                 self._cond.wait(wait_s)
             outputs, self._outbox = self._outbox, []
         ticks, waits = self._samples.take()
-        return PollReply(self.incarnation, outputs, charged, since == 0, version, self.status() if want_status else None,
-                         ticks, waits, time.time())
+        return PollReply(self.incarnation, outputs, charged=report.charged if report else None, charged_complete=since == 0,
+                         charged_version=report.version if report else 0,
+                         charged_dropped=report.dropped if report else {},
+                         status=self.status() if want_status else None, tick_s=ticks, spec_wait_s=waits,
+                         sent_s=time.time())
 
     def status(self) -> dict[str, Any]:
         """Counters (as ``/metrics`` reads them) and the lane recorder's state."""

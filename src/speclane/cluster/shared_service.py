@@ -17,11 +17,23 @@ sync costs what changed, not every tenant ever seen (the whole table, summed at 
 replicas' syncs, took ~13 ms of the front's loop per replica with 10,000 tenants, more
 than its 50 ms cadence allows). ``resend`` sends a replica every value again, after a
 poll that carried some failed.
+
+Forgetting (``scheduler/fairness.py``): a lane that forgets a tenant reports its charge
+there as dropped; the charge joins the gone ones and the lane's count of it starts again
+from zero. A tenant whose charges are all gone (no live incarnation counts one) is
+forgotten here too, and every replica is sent a numbered batch of such tenants
+(``pending_resets``, until ``confirm_resets`` says a poll carrying it was answered): each
+lane folds the tenant's remote service into its counter and counts the next values from
+zero, as ``remote_for`` now sends them. So the table holds the tenants some lane still
+counts, not every tenant the cluster served.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
+
+from speclane.scheduler.fairness import ResetBatch
 
 
 class SharedService:
@@ -29,32 +41,80 @@ class SharedService:
         self._current: list[dict[str, float]] = [{} for _ in range(num_replicas)]
         self._incarnation: list[str | None] = [None] * num_replicas
         self._retired: Counter[str] = Counter()  # charged by incarnations that are gone
+        # Per replica: charges its lane dropped (its count restarted from zero); not part of
+        # its own remote service, as its current charges are not.
+        self._dropped: list[Counter[str]] = [Counter() for _ in range(num_replicas)]
         self._sent: list[dict[str, float]] = [{} for _ in range(num_replicas)]
         self._stale: list[set[str]] = [set() for _ in range(num_replicas)]  # tenants to recompute for each
+        self._resets: list[list[ResetBatch]] = [[] for _ in range(num_replicas)]  # batches not yet confirmed
+        self._last_batch = 0
 
-    def report(self, replica: int, incarnation: str, charged: dict[str, float], *, complete: bool = True) -> None:
+    def report(self, replica: int, incarnation: str, charged: dict[str, float], *, complete: bool = True,
+               dropped: dict[str, float] | None = None) -> None:
         """``replica``'s cumulative charges: every tenant's (``complete``) or those that
-        changed since its last report; a new ``incarnation`` retires the old one's."""
+        changed since its last report, and the charges its lane dropped since then; a new
+        ``incarnation`` retires the old one's."""
+        gone: set[str] = set()
         if self._incarnation[replica] != incarnation:
             if self._incarnation[replica] is not None:
                 self._retired.update(self._current[replica])
+                self._retired.update(self._dropped[replica])
+                gone.update(self._current[replica])
+            self._dropped[replica] = Counter()
             self._incarnation[replica] = incarnation
             self._current[replica] = {}
+            self._resets[replica] = []  # a fresh lane has no remote service to reset
             self.resend(replica)  # a fresh lane knows nothing yet
         current = self._current[replica]
         changed = set(charged).union(current) if complete else set(charged)
+        for tenant, charge in (dropped or {}).items():
+            self._dropped[replica][tenant] += charge
+            current.pop(tenant, None)  # the lane counts it from zero again
+            changed.add(tenant)
+            gone.add(tenant)
         if complete:
             current.clear()
         current.update(charged)
         for other, stale in enumerate(self._stale):
             if other != replica:
                 stale |= changed
+        self._forget(tenant for tenant in gone if not any(tenant in c for c in self._current))
+
+    def _forget(self, tenants: Iterable[str]) -> None:
+        """Tenants no live incarnation counts: dropped from every table, and reset on every lane."""
+        batch = sorted(tenants)
+        if not batch:
+            return
+        for tenant in batch:
+            self._retired.pop(tenant, None)
+        for sent, stale, dropped in zip(self._sent, self._stale, self._dropped, strict=True):
+            for tenant in batch:
+                sent.pop(tenant, None)
+                stale.discard(tenant)
+                dropped.pop(tenant, None)
+        self._last_batch += 1
+        for resets in self._resets:
+            resets.append((self._last_batch, batch))
+
+    def pending_resets(self, replica: int) -> list[ResetBatch]:
+        """The reset batches ``replica`` has not confirmed, oldest first (send them all: a
+        lane applies each once)."""
+        return list(self._resets[replica])
+
+    def confirm_resets(self, replica: int, upto: int) -> None:
+        """A poll carrying ``replica``'s batches up to number ``upto`` was answered."""
+        self._resets[replica] = [batch for batch in self._resets[replica] if batch[0] > upto]
+
+    @property
+    def num_tenants(self) -> int:
+        """Tenants some table holds (tests: forgetting bounds it)."""
+        return len(set(self._retired).union(*self._current, *self._dropped, *self._sent))
 
     def resend(self, replica: int) -> None:
         """Send ``replica`` every tenant's value again at its next ``remote_for`` (what was
         sent may not have arrived)."""
         self._sent[replica] = {}
-        self._stale[replica] = set(self._retired).union(*self._current)
+        self._stale[replica] = set(self._retired).union(*self._current, *self._dropped)
 
     def remote_for(self, replica: int) -> dict[str, float]:
         """Per tenant, the service charged elsewhere; only the values that changed since the
@@ -63,7 +123,8 @@ class SharedService:
         changed: dict[str, float] = {}
         for tenant in self._stale[replica]:
             value = self._retired.get(tenant, 0.0) + sum(
-                charged.get(tenant, 0.0) for other, charged in enumerate(self._current) if other != replica)
+                self._current[other].get(tenant, 0.0) + self._dropped[other].get(tenant, 0.0)
+                for other in range(len(self._current)) if other != replica)
             if sent.get(tenant, 0.0) != value:
                 changed[tenant] = value
         self._stale[replica].clear()

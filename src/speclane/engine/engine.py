@@ -37,6 +37,7 @@ from speclane.models.tokenizer import Tokenizer
 from speclane.request import Request, SamplingParams, TokenLogprob, finish_reason
 from speclane.scheduler.block_pool import KV_BLOCK_SIZE
 from speclane.scheduler.counts import TenantTally
+from speclane.scheduler.fairness import ChargeReport, ResetBatch
 from speclane.scheduler.scheduler import Scheduler, default_kv_blocks
 
 log = logging.getLogger(__name__)
@@ -275,15 +276,16 @@ class LLMEngine:
             self._pending_aborts.append(request_id)
 
     def exchange_lane_service(self, remote: dict[str, float] | None, active_elsewhere: set[str] | None = None,
-                              since: int = 0) -> tuple[dict[str, float], int]:
+                              since: int = 0, resets: Sequence[ResetBatch] = ()) -> ChargeReport:
         """Take the lane service the other replicas charged per tenant (``remote``, cumulative;
-        None: nothing new) and the tenants with requests there (None: unchanged), and return
-        what this engine charged after version ``since`` (0: every tenant's) with the version
-        now (replicas, ``cluster/``). Any thread: the lane changes under the engine's lock,
-        between ticks' scheduling."""
+        None: nothing new), the tenants with requests there (None: unchanged) and the tenants
+        whose remote service restarts from zero (``resets``), and return what this engine
+        charged or dropped after version ``since`` (0: every tenant's) with the version now
+        (replicas, ``cluster/``; ``scheduler/fairness.py``). Any thread: the lane changes
+        under the engine's lock, between ticks' scheduling."""
         with self._lock:
-            if remote or active_elsewhere is not None:
-                self.scheduler.lane.set_remote_service(remote or {}, active_elsewhere)
+            if remote or active_elsewhere is not None or resets:
+                self.scheduler.lane.set_remote_service(remote or {}, active_elsewhere, resets)
             return self.scheduler.lane.charged_service(since)
 
     def has_unfinished(self) -> bool:

@@ -27,6 +27,17 @@ service only grows, so counters and keys still only grow between lifts. A tenant
 requests on another replica is active in the cluster: it is neither lifted when it joins
 this lane nor forgotten when it leaves it.
 
+Replicas forget too, so their numbers follow the tenants being served, not every tenant
+ever served. When a replica's lane forgets a tenant it had charged, it reports the charge
+as dropped (``ChargeReport.dropped``, kept until the front's next ask shows it arrived) and
+counts that tenant's charges from zero again; the front adds the dropped charge to what it
+keeps of gone charges (``cluster/shared_service.py``). Once no lane holds a charge of the
+tenant, the front forgets it as well and tells every lane to reset its remote service
+(``set_remote``'s ``resets``): the lane folds that remote service into the tenant's base, so
+its counter is unchanged and the remote service it is told next counts from zero. Resets
+come in numbered batches, each applied once, so one sent again after a lost reply is
+ignored.
+
 Pure bookkeeping: no time, no I/O. Every operation is O(log t) amortized in the number
 of tenants t, using min-heaps with lazy deletion.
 """
@@ -35,7 +46,8 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -63,6 +75,20 @@ class _Tenant:
         return self.base + (self.rounds + self.reserved - rounds) / self.weight + self.remote
 
 
+@dataclass(frozen=True)
+class ChargeReport:
+    """What a replica's lane charged after a version (``VirtualCounters.charged_since``)."""
+
+    charged: dict[str, float]  # tenant -> cumulative service charged here (since its last drop)
+    version: int  # the lane's version now: ask from it next time
+    # tenant -> service charged here that the lane forgot after that version (its count
+    # restarted from zero; a tenant dropped twice sums both)
+    dropped: dict[str, float] = field(default_factory=dict)
+
+
+ResetBatch = tuple[int, Collection[str]]  # (its number, the tenants whose remote service restarts from zero)
+
+
 class VirtualCounters:
     def __init__(self) -> None:
         self._tenants: dict[str, _Tenant] = {}
@@ -76,6 +102,8 @@ class VirtualCounters:
         self._shared = False  # charged or set_remote called: this lane is one of several
         self._remote: dict[str, float] = {}  # the same, charged on the other replicas
         self._elsewhere: set[str] = set()  # tenants with requests on other replicas
+        self._dropped: list[tuple[int, str, float]] = []  # (version, tenant, charge) forgotten, until asked past
+        self._reset_batch = 0  # the number of the last batch of resets applied
 
     # -- reading --------------------------------------------------------------------
     def key(self, tenant: str, handing_back: int = 0) -> float:
@@ -105,31 +133,59 @@ class VirtualCounters:
 
     def charged(self) -> dict[str, float]:
         """Lane service run here per tenant (rounds / weight) since the lane was first shared
-        (this call, ``charged_since`` or ``set_remote``): what a replica reports to the
-        others. A copy."""
-        return self.charged_since(0)[0]
+        (this call, ``charged_since`` or ``set_remote``) and not since dropped: what a
+        replica reports to the others. A copy."""
+        return self.charged_since(0).charged
 
-    def charged_since(self, version: int) -> tuple[dict[str, float], int]:
+    def charged_since(self, version: int) -> ChargeReport:
         """The tenants charged after ``version`` (0: every tenant) with their cumulative
-        service, and the version now: a reader that passes back the last version it
-        received gets what changed since, at the cost of what changed, and loses nothing
-        where a reply of its never arrived (it asks again from the same version)."""
+        service, the charges dropped after it, and the version now: a reader that passes
+        back the last version it received gets what changed since, at the cost of what
+        changed, and loses nothing where a reply of its never arrived (it asks again from
+        the same version). Asking from a version says that everything up to it arrived:
+        the drops up to it are let go."""
         self._shared = True
         changed: dict[str, float] = {}
         for tenant in reversed(self._changed):  # newest first, down to the reader's version
             if self._changed[tenant] <= version:
                 break
             changed[tenant] = self._charged[tenant]
-        return changed, self._version
+        if version:
+            self._dropped = [entry for entry in self._dropped if entry[0] > version]
+        dropped: dict[str, float] = {}
+        for at, tenant, charge in self._dropped:
+            if at > version:
+                dropped[tenant] = dropped.get(tenant, 0.0) + charge
+        return ChargeReport(changed, self._version, dropped)
+
+    @property
+    def num_remembered(self) -> int:
+        """Per-tenant entries held for sharing (charged, remote, drops not yet read): what
+        the replicas' forgetting bounds (tests)."""
+        return len(self._charged) + len(self._remote) + len(self._dropped)
 
     # -- changes --------------------------------------------------------------------
-    def set_remote(self, service: dict[str, float], active_elsewhere: set[str] | None = None) -> None:
+    def set_remote(self, service: dict[str, float], active_elsewhere: set[str] | None = None,
+                   resets: Sequence[ResetBatch] = ()) -> None:
         """The service each tenant was charged on the other replicas (cumulative; a value
         below the one already known is ignored: remote service only grows), and (when not
         None) the tenants with requests on other replicas: those are active in the cluster,
         so joining or leaving this lane neither lifts nor forgets them (their counter goes
-        on as one cluster-wide counter would)."""
+        on as one cluster-wide counter would).
+
+        ``resets``, applied first: batches of tenants the cluster forgot, whose remote
+        service restarts from zero (module docstring); a batch numbered at or below the last
+        one applied was applied already."""
         self._shared = True
+        for number, tenants in resets:
+            if number <= self._reset_batch:
+                continue
+            self._reset_batch = number
+            for name in tenants:
+                self._remote.pop(name, None)
+                t = self._tenants.get(name)
+                if t is not None:  # the same counter, its remote part folded into its base
+                    t.base, t.remote = t.base + t.remote, 0.0
         if active_elsewhere is not None:
             self._elsewhere = set(active_elsewhere)
         for name, value in service.items():
@@ -175,7 +231,7 @@ class VirtualCounters:
         if self._num_active == 0:
             self._floor = max(self._floor, t.counter)
         if t.counter <= self.lift_target() and tenant not in self._elsewhere:
-            del self._tenants[tenant]  # a return would be lifted to at least this anyway
+            self._forget(tenant)  # a return would be lifted to at least this anyway
         else:
             heapq.heappush(self._idle, (t.counter, tenant))
 
@@ -205,4 +261,13 @@ class VirtualCounters:
             counter, name = heapq.heappop(self._idle)
             t = self._tenants.get(name)
             if t is not None and t.num_eligible == 0 and t.counter == counter and name not in self._elsewhere:
-                del self._tenants[name]
+                self._forget(name)
+
+    def _forget(self, name: str) -> None:
+        """Drop an idle tenant's record; once shared, its charge here is reported dropped."""
+        del self._tenants[name]
+        charge = self._charged.pop(name, None)
+        if charge is not None:
+            self._version += 1
+            self._changed.pop(name)
+            self._dropped.append((self._version, name, charge))

@@ -60,13 +60,13 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from speclane.config import LaneConfig
 from speclane.request import SpecStats
 from speclane.scheduler.counts import TenantNames, TenantTally
-from speclane.scheduler.fairness import VirtualCounters
+from speclane.scheduler.fairness import ChargeReport, ResetBatch, VirtualCounters
 
 OrderKey = tuple[float, int]  # (time it became a waiter, sequence number)
 
@@ -233,15 +233,18 @@ class SpecLane:
         """The tenant's virtual lane service (rounds / weight, plus idle lifts)."""
         return self._counters.service(tenant)
 
-    def charged_service(self, since: int = 0) -> tuple[dict[str, float], int]:
+    def charged_service(self, since: int = 0) -> ChargeReport:
         """Lane service run here per tenant, cumulative (replicas share it, ``fairness.py``):
-        the tenants charged after version ``since`` (0: all), and the version now."""
+        the tenants charged after version ``since`` (0: all), the charges dropped after it,
+        and the version now."""
         return self._counters.charged_since(since)
 
-    def set_remote_service(self, service: dict[str, float], active_elsewhere: set[str] | None = None) -> None:
+    def set_remote_service(self, service: dict[str, float], active_elsewhere: set[str] | None = None,
+                           resets: Sequence[ResetBatch] = ()) -> None:
         """What the other replicas charged each tenant (cumulative; keys only grow, so the
-        waiters' heaps re-file lazily) and who has requests there (``fairness.py``)."""
-        self._counters.set_remote(service, active_elsewhere)
+        waiters' heaps re-file lazily), who has requests there, and which tenants' remote
+        service restarts from zero (``fairness.py``)."""
+        self._counters.set_remote(service, active_elsewhere, resets)
 
     # -- the scheduler's calls ------------------------------------------------------
     def add(self, request_id: str, *, tenant: str, priority: int, now: float,

@@ -85,10 +85,14 @@ def run_cluster(lane: LaneConfig, jobs: Sequence[SimJob], setup: Setup, *, repli
             schedulers[pending.replica].add_request(job_request(pending.payload, now), now)
         if sync_ms is not None and now >= next_sync:
             for i, s in enumerate(schedulers):
-                charged, versions[i] = s.lane.charged_service(versions[i])
-                shared.report(i, "sim", charged, complete=False)
+                report = s.lane.charged_service(versions[i])
+                versions[i] = report.version
+                shared.report(i, "sim", report.charged, complete=False, dropped=report.dropped)
             for i, s in enumerate(schedulers):
-                s.lane.set_remote_service(shared.remote_for(i), router.tenants_elsewhere(i))
+                resets = shared.pending_resets(i)
+                s.lane.set_remote_service(shared.remote_for(i), router.tenants_elsewhere(i), resets)
+                if resets:
+                    shared.confirm_resets(i, resets[-1][0])
             next_sync = now + sync_ms / 1000.0
         if not any(s.has_unfinished() for s in schedulers):
             now = max(now, arrivals[0][0]) if arrivals else now
