@@ -23,7 +23,8 @@ def test_step_cost_is_cached_per_model_and_row_count(tmp_path, monkeypatch):
     def measured_again(*args, **kwargs):
         raise AssertionError("the cached table should have been read back")
 
-    monkeypatch.setattr(calibration, "measure_step_cost", measured_again)
+    monkeypatch.setattr(calibration, "measure", measured_again)
+    monkeypatch.setattr(calibration, "stale_widths", lambda *args: [])  # the machine as fast as the table says
     assert calibration.step_cost(model, cache, max_rows=3) == eager
     # The folder passed in is the one read (the environment's by default).
     assert calibration.step_cost(model, cache, max_rows=3, directory=tmp_path) == eager
@@ -32,6 +33,37 @@ def test_step_cost_is_cached_per_model_and_row_count(tmp_path, monkeypatch):
     saved = json.loads(next(tmp_path.glob("step-cost-*.json")).read_text())
     assert len(saved["ms_by_rows"]) == 3
 
+
+
+def test_a_cached_table_the_machine_no_longer_matches_is_measured_again(tmp_path, monkeypatch):
+    """A table saved while the machine ran slow steered adaptive K on every later start: each
+    start checks a few widths and measures again where the table is off by more than
+    SPOT_TOLERANCE."""
+    monkeypatch.setenv("SPECLANE_CALIBRATION_DIR", str(tmp_path))
+    monkeypatch.setattr(threads, "read_sample", lambda: None)
+    cfg = toy_config()
+    model = toy_model(cfg)
+    cache = KVCache(cfg.num_layers, 4, 200, cfg.num_kv_heads, cfg.head_dim, torch.float32)
+    per_row = {"ms": 10.0}
+    widths: list[int] = []
+
+    def fake_forward(model, cache, *, positions, kv_len, batch=1):
+        widths.append(positions)
+        return per_row["ms"] * positions
+
+    monkeypatch.setattr(calibration, "forward_ms", fake_forward)
+    assert calibration.step_cost(model, cache, max_rows=4).ms_by_rows == (10.0, 20.0, 30.0, 40.0)
+    path = next(tmp_path.glob("step-cost-*.json"))
+    widths.clear()
+    per_row["ms"] = 11.0  # 10% slower: within the tolerance, the cached table stands
+    assert calibration.step_cost(model, cache, max_rows=4).ms_by_rows == (10.0, 20.0, 30.0, 40.0)
+    assert set(widths) == {1, 2, 4} and len(widths) == 1 + 3 * 3, "a warm-up, then 3 forwards of each width checked"
+    per_row["ms"] = 6.0  # the table was measured on a slow machine: measured again and saved
+    assert calibration.step_cost(model, cache, max_rows=4).ms_by_rows == (6.0, 12.0, 18.0, 24.0)
+    assert json.loads(path.read_text())["ms_by_rows"] == [6.0, 12.0, 18.0, 24.0]
+    assert calibration.stale_widths(model, cache, calibration.StepCost((6.0, 12.0, 30.0, 24.0)), 4) == [], \
+        "width 3 is not checked"
+    assert calibration.stale_widths(model, cache, calibration.StepCost((6.0, 20.0, 24.0, 24.0)), 4) == [(2, 20.0, 12.0)]
 
 
 def test_calibration_stays_inside_the_models_positions():

@@ -6,11 +6,13 @@ FMAs (torch's kernel worked in blocks of 4 rows), dense kernels are nearly flat,
 attention grows with the context. Measured once per (model shape,
 quantization, dtype, threads, rows) and kept as JSON under
 ``~/.cache/speclane/calibration`` (``RuntimeEnv.calibration_dir``:
-``SPECLANE_CALIBRATION_DIR``); a few seconds the first time for the default model, nothing
+``SPECLANE_CALIBRATION_DIR``); a few seconds the first time for the default model, ~0.1 s
 after.
 
-Start-up never waits long for it: the sweeps stop at ``BUDGET_S`` (a machine busy with
-another process made 5 sweeps take minutes). A table cut short, or measured while other
+Each start checks a cached table on a few widths (``stale_widths``) and measures it again
+where this machine's speed now is off it by more than ``SPOT_TOLERANCE``. Start-up never
+waits long for it: the sweeps stop at ``BUDGET_S`` (a machine busy with another process
+made 5 sweeps take minutes). A table cut short, or measured while other
 processes kept a core busy (``threads.cores_taken``: such a table read twice the quiet
 cost per row), is used for this run only (widths past the last measured one extend its
 slope, ``StepCost.ms``) and is not saved, so a quieter start measures it again.
@@ -60,6 +62,15 @@ def forward_ms(model: LlamaModel, cache: KVCache, *, batch: int = 1, positions: 
 
 SWEEPS = 5  # sweeps of 1..max_rows rows; the table keeps each width's fastest
 BUDGET_S = 20.0  # the most start-up time the sweeps take (a busy machine: fewer sweeps)
+# A cached table is checked at every start on a few widths (fastest of a few forwards,
+# ~0.1 s for the default model) and measured again where it is off by more than this: a
+# table measured while the machine ran slow for a while (other tenants of the host, which
+# no count of this machine's busy cores sees) read 7.7 ms for one row and 1.38x that for
+# two, where this machine then did 4.3-6.6 ms and 1.14-1.30x, and it steered adaptive K on every
+# later start.
+SPOT_WIDTHS = (1, 2)
+SPOT_REPEATS = 3
+SPOT_TOLERANCE = 0.25
 
 
 @dataclass(frozen=True)
@@ -119,17 +130,36 @@ def _key(model: LlamaModel, max_rows: int) -> str:
     return hashlib.sha1("|".join(parts).encode()).hexdigest()[:20]
 
 
+def stale_widths(model: LlamaModel, cache: KVCache, cost: StepCost, max_rows: int) -> list[tuple[int, float, float]]:
+    """The widths ``SPOT_WIDTHS`` (and ``max_rows``) whose fastest of ``SPOT_REPEATS`` forwards
+    now is off ``cost`` by more than ``SPOT_TOLERANCE`` either way: (rows, table ms, now ms)."""
+    limit = min(cache.num_blocks * cache.block_size, model.config.max_position_embeddings)
+    kv_len = max(0, min(CONTEXT, limit - max_rows - 1))
+    forward_ms(model, cache, positions=1, kv_len=kv_len)  # warm-up
+    off = []
+    for rows in sorted({*(w for w in SPOT_WIDTHS if w <= max_rows), max_rows}):
+        now = min(forward_ms(model, cache, positions=rows, kv_len=kv_len) for _ in range(SPOT_REPEATS))
+        if abs(now / cost.ms(rows) - 1.0) > SPOT_TOLERANCE:
+            off.append((rows, cost.ms(rows), now))
+    return off
+
+
 def step_cost(model: LlamaModel, cache: KVCache, max_rows: int, directory: Path | None = None) -> StepCost:
     """The cached calibration for this model and machine, measured (and saved) if missing,
     in ``directory`` (default: ``RuntimeEnv.calibration_dir``, read now)."""
     directory = runtime_env().calibration_dir if directory is None else directory
     path = directory / f"step-cost-{_key(model, max_rows)}.json"
     try:
-        return StepCost(tuple(json.loads(path.read_text())["ms_by_rows"]))
+        cached = StepCost(tuple(json.loads(path.read_text())["ms_by_rows"]))
     except (OSError, ValueError, KeyError, TypeError):
-        pass
-    log.info("measuring the step cost of 1..%d rows for adaptive K (once per model and machine, at most %.0f s)",
-             max_rows, BUDGET_S)
+        log.info("measuring the step cost of 1..%d rows for adaptive K (once per model and machine, at most %.0f s)",
+                 max_rows, BUDGET_S)
+    else:
+        off = stale_widths(model, cache, cached, max_rows)
+        if not off:
+            return cached
+        log.info("the cached step cost is off on this machine now (%s): measuring it again",
+                 ", ".join(f"{rows} rows {table:.1f} ms, now {now:.1f} ms" for rows, table, now in off))
     started, before = time.perf_counter(), threads.read_sample()
     calibration = measure(model, cache, max_rows)
     cost = calibration.cost
