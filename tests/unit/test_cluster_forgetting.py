@@ -11,6 +11,8 @@ import random
 from collections import Counter
 from collections.abc import Iterable
 
+import pytest
+
 from speclane.cluster.shared_service import SharedService
 from speclane.scheduler.fairness import VirtualCounters
 
@@ -57,8 +59,11 @@ class Cluster:
         return [(lane.lift_target(), {t: (lane.service(t), lane.key(t)) for t in lane._tenants}) for lane in self.lanes]
 
 
-def test_a_soak_of_many_tenants_keeps_the_counters_and_forgets_the_idle() -> None:
-    rng = random.Random(11)
+def soak(seed: int, weights: tuple[float, ...], exact: bool) -> tuple[Cluster, Cluster, int, int]:
+    """20,000 joins, rounds and leaves on three lanes, a sync every 7 steps with 5% lost
+    polls and 5% lost replies; with ``exact``, every sync compares the two clusters' lanes.
+    Returns both clusters, the tenants served and the most active at once."""
+    rng = random.Random(seed)
     forgetting, reference = Cluster(SharedService(REPLICAS)), Cluster(Unforgetting(REPLICAS))
     eligible = [Counter[str]() for _ in range(REPLICAS)]
     served: list[str] = []
@@ -74,7 +79,7 @@ def test_a_soak_of_many_tenants_keeps_the_counters_and_forgets_the_idle() -> Non
             else:
                 tenant = f"user-{len(served)}"
                 served.append(tenant)
-                weight[tenant] = rng.choice(WEIGHTS)
+                weight[tenant] = rng.choice(weights)
             for cluster in (forgetting, reference):
                 cluster.lanes[i].join(tenant, weight[tenant])
             eligible[i][tenant] += 1
@@ -94,15 +99,37 @@ def test_a_soak_of_many_tenants_keeps_the_counters_and_forgets_the_idle() -> Non
             failures = [rng.choices(["", "lost", "reply"], [0.9, 0.05, 0.05])[0] for _ in range(REPLICAS)]
             for cluster in (forgetting, reference):
                 cluster.sync(eligible, failures)
-            assert forgetting.state() == reference.state(), f"step {step}"
-    assert len(served) > 1500
+            if exact:
+                assert forgetting.state() == reference.state(), f"step {step}"
     for cluster in (forgetting, reference):
         cluster.sync(eligible, [""] * REPLICAS)
         cluster.sync(eligible, [""] * REPLICAS)
-    assert forgetting.state() == reference.state()
+    return forgetting, reference, len(served), most_active
+
+
+def assert_bounded(forgetting: Cluster, reference: Cluster, served: int, most_active: int) -> None:
+    assert served > 1500
     recorded = len(set().union(*(lane._tenants for lane in forgetting.lanes)))
     held = [lane.num_remembered for lane in forgetting.lanes]
     assert forgetting.shared.num_tenants <= recorded + most_active, (forgetting.shared.num_tenants, recorded)
     assert max(held) <= 2 * (recorded + most_active), held
     assert reference.shared.num_tenants > 1500 and min(lane.num_remembered for lane in reference.lanes) > 1000, \
         "the reference holds every tenant served: the soak would show a leak"
+
+
+@pytest.mark.parametrize("seed", [1, 4, 6, 8, 11])
+def test_a_soak_of_many_tenants_keeps_the_counters_and_forgets_the_idle(seed: int) -> None:
+    forgetting, reference, served, most_active = soak(seed, WEIGHTS, exact=True)
+    assert forgetting.state() == reference.state()
+    assert_bounded(forgetting, reference, served, most_active)
+
+
+def test_with_weights_inexact_in_binary_the_counters_agree_to_rounding_and_stay_bounded() -> None:
+    """1 / 3 is not exact in binary: a reset's fold may round a counter (then re-filed, so an
+    idle record is still forgotten once lifted past)."""
+    forgetting, reference, served, most_active = soak(5, (1.0, 3.0, 0.75), exact=False)
+    for (target, mine), (reference_target, theirs) in zip(forgetting.state(), reference.state(), strict=True):
+        assert target == pytest.approx(reference_target, rel=1e-12)
+        for tenant in mine.keys() & theirs.keys():
+            assert mine[tenant] == pytest.approx(theirs[tenant], rel=1e-12)
+    assert_bounded(forgetting, reference, served, most_active)

@@ -141,7 +141,7 @@ def test_a_tenant_no_lane_counts_is_reset_on_the_lanes_until_a_reply_says_so(
     replica.drop_next = {"x": 3.0}
     until(lambda: engine.outages == [1] and len(replica.charged_asks) > replica.lost_at + 2 > 1)
     batches = [sent for sent in replica.resets_sent if sent]
-    assert batches[0] == [(1, ["x"])] and len(batches) >= 2 and batches[1] == batches[0], \
+    assert batches[0] == [(1, {"x": 0.0})] and len(batches) >= 2 and batches[1] == batches[0], \
         "the batch, and again after the lost reply"
     assert replica.resets_sent[-1] == [], "no longer once a poll carrying it was answered"
     assert engine.shared.num_tenants == 0 and engine.shared.pending_resets(0) == []

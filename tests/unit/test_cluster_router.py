@@ -222,13 +222,60 @@ def test_a_reset_folds_remote_service_into_the_counter_once() -> None:
     counters.set_remote({"a": 5.0})
     counters.charge("a", reserved=False)
     before = counters.service("a"), counters.key("a")
-    counters.set_remote({}, resets=[(1, ["a", "never-seen"])])
+    counters.set_remote({}, resets=[(1, {"a": 5.0, "never-seen": 0.0})])
     assert (counters.service("a"), counters.key("a")) == before, "the counter and the key are unchanged"
     counters.set_remote({"a": 2.0})
     assert counters.service("a") == before[0] + 2.0, "remote service counts from zero after the reset"
-    counters.set_remote({}, resets=[(1, ["a"])])
+    counters.set_remote({}, resets=[(1, {"a": 2.0})])
     counters.set_remote({"a": 3.0})
     assert counters.service("a") == before[0] + 3.0, "a batch sent again (a lost reply) is not applied twice"
+    counters.set_remote({}, resets=[(2, {"a": 4.5})])
+    assert counters.service("a") == before[0] + 4.5, "a value the lane was not sent yet counts before the fold"
+    counters.set_remote({"a": 1.0})
+    assert counters.service("a") == before[0] + 5.5
+
+
+def test_a_restarted_replica_gets_the_resets_made_while_its_first_poll_was_in_flight() -> None:
+    """That poll carried a tenant's value from before the front forgot it; the batches made
+    before it was computed are let go (a fresh lane holds nothing they reset)."""
+    shared = SharedService(2)
+    shared.report(1, "b", {"t": 1.0})
+    shared.report(1, "b", {"u": 1.0}, complete=False)
+    shared.report(1, "b", {}, complete=False, dropped={"u": 1.0})  # u forgotten: batch 1
+    shared.report(0, "a0", {})
+    assert [number for number, _ in shared.pending_resets(0)] == [1]
+    shared.report(1, "b", {"t": 2.0}, complete=False)
+    at_send = shared.last_batch
+    remote = shared.remote_for(0)  # replica 0 restarted: this poll reaches its fresh lane
+    assert remote == {"t": 2.0}
+    shared.report(1, "b", {}, complete=False, dropped={"t": 2.0})  # meanwhile t is forgotten: batch 2
+    fresh = VirtualCounters()
+    fresh.set_remote(remote)
+    shared.report(0, "a1", fresh.charged(), batch_at_send=at_send)
+    assert shared.pending_resets(0) == [(2, {"t": 2.0})], "batch 2 kept, batch 1 let go"
+    fresh.join("t", 1.0)
+    before = fresh.service("t")
+    fresh.set_remote(shared.remote_for(0), resets=shared.pending_resets(0))
+    shared.report(1, "b", {"t": 1.0}, complete=False)  # t runs on replica 1 again, counted from zero
+    fresh.set_remote(shared.remote_for(0))
+    assert fresh.service("t") == before + 1.0
+
+
+def test_an_idle_tenant_that_was_running_elsewhere_is_forgotten_once_it_stops_there() -> None:
+    """Its record outlives the lift target passing it while it runs on another replica; once
+    it runs nowhere, the next lift forgets it (it stayed for the lane's life)."""
+    counters = VirtualCounters()
+    counters.set_remote({}, {"a"})
+    counters.join("a", 1.0)
+    counters.join("b", 1.0)
+    counters.leave("a")  # a runs elsewhere: kept
+    for _ in range(5):
+        counters.charge("b", reserved=False)
+    counters.join("c", 1.0)  # the target passed a's counter, but a runs elsewhere
+    assert "a" in counters._tenants
+    counters.set_remote({}, set())  # a runs nowhere now
+    counters.join("d", 1.0)
+    assert "a" not in counters._tenants
 
 
 def _rounds(lanes: list[SpecLane], members: dict[int, list[tuple[str, str]]], *, sync_every: int | None,

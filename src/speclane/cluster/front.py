@@ -341,6 +341,7 @@ class ClusterEngine:
             sync, want_status = now >= next_sync, now >= next_status
             remote = self.shared.remote_for(i) if sync else None
             resets = self.shared.pending_resets(i) if sync else []
+            batch_at_send = self.shared.last_batch
             elsewhere = self.router.tenants_elsewhere(i) if sync else None
             if elsewhere is not None and elsewhere == sent_elsewhere:
                 elsewhere = None  # unchanged since the last sync
@@ -376,7 +377,7 @@ class ClusterEngine:
                 self.shared.confirm_resets(i, resets[-1][0])
             if reply.charged is not None:
                 self.shared.report(i, reply.incarnation, reply.charged, complete=reply.charged_complete,
-                                   dropped=reply.charged_dropped)
+                                   dropped=reply.charged_dropped, batch_at_send=batch_at_send)
                 charged_since = (reply.incarnation, reply.charged_version)
                 next_sync = now + sync_s
             if reply.status is not None:

@@ -19,13 +19,17 @@ than its 50 ms cadence allows). ``resend`` sends a replica every value again, af
 poll that carried some failed.
 
 Forgetting (``scheduler/fairness.py``): a lane that forgets a tenant reports its charge
-there as dropped; the charge joins the gone ones and the lane's count of it starts again
-from zero. A tenant whose charges are all gone (no live incarnation counts one) is
-forgotten here too, and every replica is sent a numbered batch of such tenants
-(``pending_resets``, until ``confirm_resets`` says a poll carrying it was answered): each
-lane folds the tenant's remote service into its counter and counts the next values from
-zero, as ``remote_for`` now sends them. So the table holds the tenants some lane still
-counts, not every tenant the cluster served.
+there as dropped; the charge is kept apart per replica (in the others' remote service, not
+its own) and the lane's count of it starts again from zero. A tenant none of whose charges
+is counted by a live incarnation any more is forgotten here too, and each replica is sent
+a numbered batch of such tenants, each with the remote service ``remote_for`` would have
+sent it then (``pending_resets``, until ``confirm_resets`` says a poll carrying it was
+answered): the lane takes that value, which it may not have been sent yet, then folds the
+tenant's remote service into its counter and counts the next values from zero, as
+``remote_for`` now sends them. So the table holds the tenants some lane still counts, not
+every tenant the cluster served. A restarted replica's fresh lane needs only the batches
+made after the first poll it answered was computed (``report``'s ``batch_at_send``): that
+poll may have carried a forgotten tenant's old value; the earlier batches are let go.
 """
 
 from __future__ import annotations
@@ -50,10 +54,11 @@ class SharedService:
         self._last_batch = 0
 
     def report(self, replica: int, incarnation: str, charged: dict[str, float], *, complete: bool = True,
-               dropped: dict[str, float] | None = None) -> None:
+               dropped: dict[str, float] | None = None, batch_at_send: int | None = None) -> None:
         """``replica``'s cumulative charges: every tenant's (``complete``) or those that
         changed since its last report, and the charges its lane dropped since then; a new
-        ``incarnation`` retires the old one's."""
+        ``incarnation`` retires the old one's. ``batch_at_send``: ``last_batch`` when the
+        poll this answers was computed (None: unknown, every pending batch is kept)."""
         gone: set[str] = set()
         if self._incarnation[replica] != incarnation:
             if self._incarnation[replica] is not None:
@@ -63,7 +68,8 @@ class SharedService:
             self._dropped[replica] = Counter()
             self._incarnation[replica] = incarnation
             self._current[replica] = {}
-            self._resets[replica] = []  # a fresh lane has no remote service to reset
+            if batch_at_send is not None:  # what a fresh lane cannot hold: nothing sent to it before
+                self._resets[replica] = [batch for batch in self._resets[replica] if batch[0] > batch_at_send]
             self.resend(replica)  # a fresh lane knows nothing yet
         current = self._current[replica]
         changed = set(charged).union(current) if complete else set(charged)
@@ -81,20 +87,32 @@ class SharedService:
         self._forget(tenant for tenant in gone if not any(tenant in c for c in self._current))
 
     def _forget(self, tenants: Iterable[str]) -> None:
-        """Tenants no live incarnation counts: dropped from every table, and reset on every lane."""
-        batch = sorted(tenants)
-        if not batch:
+        """Tenants no live incarnation counts: dropped from every table, and reset on every
+        lane at the remote service it would be sent now."""
+        forgotten = sorted(tenants)
+        if not forgotten:
             return
-        for tenant in batch:
+        self._last_batch += 1
+        for replica, resets in enumerate(self._resets):
+            resets.append((self._last_batch, {tenant: self._remote_value(replica, tenant) for tenant in forgotten}))
+        for tenant in forgotten:
             self._retired.pop(tenant, None)
         for sent, stale, dropped in zip(self._sent, self._stale, self._dropped, strict=True):
-            for tenant in batch:
+            for tenant in forgotten:
                 sent.pop(tenant, None)
                 stale.discard(tenant)
                 dropped.pop(tenant, None)
-        self._last_batch += 1
-        for resets in self._resets:
-            resets.append((self._last_batch, batch))
+
+    @property
+    def last_batch(self) -> int:
+        """The number of the newest reset batch (0: none yet)."""
+        return self._last_batch
+
+    def _remote_value(self, replica: int, tenant: str) -> float:
+        """The tenant's service charged elsewhere than ``replica``."""
+        return self._retired.get(tenant, 0.0) + sum(
+            self._current[other].get(tenant, 0.0) + self._dropped[other].get(tenant, 0.0)
+            for other in range(len(self._current)) if other != replica)
 
     def pending_resets(self, replica: int) -> list[ResetBatch]:
         """The reset batches ``replica`` has not confirmed, oldest first (send them all: a
@@ -122,9 +140,7 @@ class SharedService:
         sent = self._sent[replica]
         changed: dict[str, float] = {}
         for tenant in self._stale[replica]:
-            value = self._retired.get(tenant, 0.0) + sum(
-                self._current[other].get(tenant, 0.0) + self._dropped[other].get(tenant, 0.0)
-                for other in range(len(self._current)) if other != replica)
+            value = self._remote_value(replica, tenant)
             if sent.get(tenant, 0.0) != value:
                 changed[tenant] = value
         self._stale[replica].clear()

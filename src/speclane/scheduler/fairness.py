@@ -30,13 +30,15 @@ this lane nor forgotten when it leaves it.
 Replicas forget too, so their numbers follow the tenants being served, not every tenant
 ever served. When a replica's lane forgets a tenant it had charged, it reports the charge
 as dropped (``ChargeReport.dropped``, kept until the front's next ask shows it arrived) and
-counts that tenant's charges from zero again; the front adds the dropped charge to what it
-keeps of gone charges (``cluster/shared_service.py``). Once no lane holds a charge of the
-tenant, the front forgets it as well and tells every lane to reset its remote service
-(``set_remote``'s ``resets``): the lane folds that remote service into the tenant's base, so
-its counter is unchanged and the remote service it is told next counts from zero. Resets
-come in numbered batches, each applied once, so one sent again after a lost reply is
-ignored.
+counts that tenant's charges from zero again; the front keeps the dropped charge apart
+(``cluster/shared_service.py``). Once no charge the front has heard of is counted by a live
+lane, the front forgets the tenant as well and sends each lane a reset (``set_remote``'s
+``resets``) carrying the tenant's remote service as the front last summed it for that lane:
+the lane first takes that value as it takes any (a value it was not sent yet, a poll that
+was lost, counts), then folds its remote service into the tenant's base, so the counter is
+unchanged (to the float's rounding; exactly where 1 / weight is exact in binary) and the
+remote service it is told next counts from zero. Resets come in numbered batches, each
+applied once, so one sent again after a lost reply is ignored.
 
 Pure bookkeeping: no time, no I/O. Every operation is O(log t) amortized in the number
 of tenants t, using min-heaps with lazy deletion.
@@ -46,7 +48,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 
@@ -86,7 +88,9 @@ class ChargeReport:
     dropped: dict[str, float] = field(default_factory=dict)
 
 
-ResetBatch = tuple[int, Collection[str]]  # (its number, the tenants whose remote service restarts from zero)
+# (its number, tenant -> its remote service before the reset): tenants whose remote service
+# restarts from zero
+ResetBatch = tuple[int, Mapping[str, float]]
 
 
 class VirtualCounters:
@@ -173,30 +177,41 @@ class VirtualCounters:
         so joining or leaving this lane neither lifts nor forgets them (their counter goes
         on as one cluster-wide counter would).
 
-        ``resets``, applied first: batches of tenants the cluster forgot, whose remote
-        service restarts from zero (module docstring); a batch numbered at or below the last
-        one applied was applied already."""
+        ``resets``, applied first: batches of tenants the cluster forgot, each with its
+        remote service before the reset, which restarts from zero (module docstring); a
+        batch numbered at or below the last one applied was applied already."""
         self._shared = True
-        for number, tenants in resets:
+        for number, values in resets:
             if number <= self._reset_batch:
                 continue
             self._reset_batch = number
-            for name in tenants:
+            for name, value in values.items():
+                self._raise_remote(name, value)
                 self._remote.pop(name, None)
                 t = self._tenants.get(name)
-                if t is not None:  # the same counter, its remote part folded into its base
+                if t is not None and t.remote:  # the same counter, its remote part folded into its base
+                    counter = t.counter
                     t.base, t.remote = t.base + t.remote, 0.0
+                    if t.num_eligible == 0 and t.counter != counter:  # re-filed where the fold rounded it
+                        heapq.heappush(self._idle, (t.counter, name))
         if active_elsewhere is not None:
+            for name in self._elsewhere.difference(active_elsewhere):
+                t = self._tenants.get(name)
+                if t is not None and t.num_eligible == 0:  # idle in the whole cluster now: forgettable again
+                    heapq.heappush(self._idle, (t.counter, name))
             self._elsewhere = set(active_elsewhere)
         for name, value in service.items():
-            if value <= self._remote.get(name, 0.0):
-                continue
-            self._remote[name] = value
-            t = self._tenants.get(name)
-            if t is not None:
-                t.remote = value
-                if t.num_eligible == 0:  # re-file its debt at the new counter
-                    heapq.heappush(self._idle, (t.counter, name))
+            self._raise_remote(name, value)
+
+    def _raise_remote(self, name: str, value: float) -> None:
+        if value <= self._remote.get(name, 0.0):
+            return
+        self._remote[name] = value
+        t = self._tenants.get(name)
+        if t is not None:
+            t.remote = value
+            if t.num_eligible == 0:  # re-file its debt at the new counter
+                heapq.heappush(self._idle, (t.counter, name))
 
     def join(self, tenant: str, weight: float) -> None:
         """One more eligible request of ``tenant`` (``weight`` applies when it activates)."""
