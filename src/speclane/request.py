@@ -220,6 +220,7 @@ class Request:
     global_cache_scope: bool = False  # reads and writes the prefix cache's global scope
 
     status: RequestStatus = RequestStatus.WAITING
+    error: str | None = None  # why it failed (FINISHED_ERROR), for its client
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     num_cached_tokens: int | None = None  # prompt tokens read from the prefix cache at the first admission

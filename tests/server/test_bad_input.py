@@ -43,6 +43,10 @@ def completion(**fields: Any) -> bytes:
     return _compact({"model": MODEL, "prompt": "hi", "max_tokens": 2, **fields})
 
 
+ENDLESS = {"$defs": {"n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}}, "required": ["c"]}},
+           "$ref": "#/$defs/n"}
+
+
 def _deep(depth: int) -> bytes:
     return b"[" * depth + b"]" * depth
 
@@ -67,7 +71,20 @@ CASES: list[tuple[str, str, bytes, int, str]] = [
     ("missing content", CHAT, chat(messages=[{"role": "user"}]), 400, "content"),
     ("content a number", CHAT, chat(messages=[{"role": "user", "content": 5}]), 400, "content"),
     ("image content part", CHAT, chat(messages=[{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "http://x"}}]}]), 400, "type"),
+        {"type": "image_url", "image_url": {"url": "http://x"}}]}]), 400, "'image_url' is not supported"),
+    ("empty content parts", CHAT, chat(messages=[{"role": "user", "content": []}]), 400, "at least 1 item"),
+    ("an OpenAI field this server does not read", CHAT, chat(reasoning_effort="low"), 400, "does not read"),
+    ("a raw control character", CHAT, b'{"model": "x\x00"}', 400, "control character at character"),
+    ("max_tokens and max_completion_tokens differ", CHAT, chat(max_tokens=2, max_completion_tokens=5), 400,
+     "one of the two"),
+    ("two tool calls with one id", CHAT, chat(messages=[*HI, {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}},
+        {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}]}]), 400, "own id"),
+    ("malformed tool parameters, tool_choice auto", CHAT, chat(tools=[{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "nonsense"}}}]), 400, "tools[0].function.parameters"),
+    # Every JSON value of it nests without end: the parser gives up mid-answer
+    ("a schema no finite JSON matches", CHAT, chat(max_tokens=16, response_format={"type": "json_schema",
+        "json_schema": {"name": "n", "schema": ENDLESS}}), 400, "grammar"),
     ("missing model", CHAT, json.dumps({"messages": HI}).encode(), 400, "model"),
     ("max_tokens 0", CHAT, chat(max_tokens=0), 400, "max_tokens"),
     ("max_tokens negative", CHAT, chat(max_tokens=-5), 400, "max_tokens"),
@@ -184,6 +201,45 @@ def test_json_without_its_content_type_is_400(live: LiveServer, content_type: st
     response = httpx.post(live.url + CHAT, content=chat(), headers=headers, timeout=60)
     error = assert_openai_error(response, 400)
     assert "Content-Type: application/json" in error["message"]
+
+
+def test_a_response_format_error_names_its_field_once(client: httpx.Client) -> None:
+    response = client.post(CHAT, content=chat(response_format={"type": "json_schema"}))
+    assert assert_openai_error(response, 400)["param"] == "response_format.json_schema"
+    response = client.post(CHAT, content=chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": 5}}))
+    assert assert_openai_error(response, 400)["param"] == "response_format.json_schema.schema"
+
+
+def test_a_grammar_the_parser_gives_up_on_ends_the_stream_with_an_error_event(client: httpx.Client) -> None:
+    """Mid-answer (the first chunks are out): an error event naming the grammar, then [DONE]."""
+    body = chat(max_tokens=16, stream=True, response_format={"type": "json_schema", "json_schema": {
+        "name": "n", "schema": ENDLESS}})
+    with client.stream("POST", CHAT, content=body) as response:
+        assert response.status_code == 200
+        events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == "grammar_failed" and "grammar" in error["message"], error
+
+
+def test_the_completions_default_length_shrinks_to_fit_the_context(client: httpx.Client) -> None:
+    """No max_tokens sent: the default 16 shrinks to what the context leaves, as vLLM's does;
+    one sent is checked as sent."""
+    body = {"model": MODEL, "prompt": [9] * (MAX_MODEL_LEN - 4)}
+    response = client.post(COMPLETIONS, content=_compact(body))
+    assert response.status_code == 200, response.text
+    assert 1 <= response.json()["usage"]["completion_tokens"] <= 4
+    error = assert_openai_error(client.post(COMPLETIONS, content=_compact({**body, "max_tokens": 16})), 400)
+    assert error["param"] == "max_tokens" and "at most 4" in error["message"]
+
+
+def test_head_is_answered_wherever_get_is(client: httpx.Client) -> None:
+    for path in ("/health", "/v1/models", "/version"):
+        got, head = client.get(path), client.head(path)
+        assert head.status_code == got.status_code == 200 and head.content == b"", path
+        assert head.headers["content-length"] == got.headers["content-length"], path
+    assert client.head(CHAT).status_code == 405, "a POST route stays POST"
 
 
 def test_unknown_route_and_method(client: httpx.Client) -> None:

@@ -47,7 +47,7 @@ def test_completion_prompt_forms() -> None:
 
 
 @pytest.mark.parametrize(("fields", "param", "words"), [
-    ({"frobnicate": 1}, "frobnicate", "unknown field"),
+    ({"frobnicate": 1}, "frobnicate", "unsupported field"),
     ({"n": 9}, "n", "at most 8"),
     ({"max_tokens": "5"}, "max_tokens", "integer"),
     ({"temperature": True}, "temperature", "number"),
@@ -65,7 +65,7 @@ def test_completion_prompt_forms() -> None:
     ({"response_format": {"type": "json_object"}, "guided_regex": "a+"}, "guided_regex", "at most one"),
     ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "exactly one"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "a string or a list"),
-    ({"stream_options": {"include_usage": True}}, None, "stream=true"),
+    ({"stream_options": {"include_usage": True}}, "stream_options", "stream=true"),
     ({"tools": [{"type": "function"}]}, "tools[0].function", "required"),
     ({"user": "u" * 257}, "user", "256"),
 ])

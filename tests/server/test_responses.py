@@ -135,7 +135,7 @@ def test_tools_tool_choice_and_text_formats_take_chat_shapes() -> None:
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools", "web_search"),
     ({"input": "x", "tools": [{"type": "function", "name": "f"}, {"type": "file_search"}]}, "tools", "file_search"),
     ({"input": "x", "tool_choice": {"type": "web_search_preview"}}, "tool_choice", "function"),
-    ({"input": "x", "frobnicate": 1}, "frobnicate", "unknown field"),
+    ({"input": "x", "frobnicate": 1}, "frobnicate", "unsupported field"),
     ({"input": ""}, "input", "at least 1"),
     ({"input": []}, "input", "at least 1"),
     ({"input": 5}, "input", "string or a list"),

@@ -57,6 +57,7 @@ class RequestOutput:
     cached_tokens: int = 0  # prompt tokens read from the prefix cache
     speculative: dict[str, float | int] = field(default_factory=dict)
     error: str | None = None
+    bad_request: bool = False  # ``error`` is the request's own to fix (its grammar), not the server's
     logprobs: list[TokenLogprob] | None = None  # one per token_ids entry, when the request asked
     # With prompt_logprobs, on the request's first output: the entries of prompt positions
     # 1, 2, ... (the first token has none).
@@ -373,6 +374,8 @@ class LLMEngine:
             speculative=request.spec.as_dict(),
             logprobs=logprobs if request.sampling.logprobs is not None else None,
             prompt_logprobs=self._take_prompt_logprobs(request),
+            error=request.error if finished else None,
+            bad_request=finished and request.error is not None,
         )
 
     def _take_prompt_logprobs(self, request: Request) -> list[TokenLogprob] | None:

@@ -204,15 +204,19 @@ class ModelRunner:
                                    draft.parents)
             cursor += n
             matcher = self._matcher(seq.request)
+            error = None
             if matcher is not None and not matcher.consume(verdict.token_ids):
-                # Never expected (every row was masked); the matcher now allows only an
-                # end-of-sequence token, so the request ends instead of the engine.
-                logger.error("%s: the grammar refused a chosen token: %s", seq.request_id, matcher.error)
+                # Every row was masked, so the parser gave up: a limit of its own (a schema
+                # whose required fields nest without end has no finite JSON, and llguidance
+                # stops at "Too many items"). Its mask then allows only an end-of-sequence
+                # token; the request fails with the parser's reason, the engine goes on.
+                error = f"the output could not follow the request's grammar: {matcher.error or 'unknown'}"
+                logger.warning("%s: %s", seq.request_id, error)
             num_top = seq.request.sampling.logprobs
             path_rows = [0] + [j + 1 for j in verdict.path]  # the rows the kept tokens were chosen from
             logprobs = token_logprobs(raw[seq.request_id][path_rows], verdict.token_ids, num_top) if num_top is not None else ()
             results.append(SeqResult(seq.request_id, tuple(verdict.token_ids), len(proposed), logprobs,
-                                     prompt_entries, prompt_from))
+                                     prompt_entries, prompt_from, error=error))
             # Keep the fed tokens and the accepted drafts; the rejected ones lie past the
             # verified length, which the scheduler's next plan starts from.
             fed_count = len(seq.token_ids)

@@ -82,6 +82,9 @@ class SeqResult:
     # rows predict, the first at prompt position ``prompt_logprobs_from``.
     prompt_logprobs: tuple[TokenLogprob, ...] = ()
     prompt_logprobs_from: int = 0
+    # The request cannot go on, and why (its client's to fix: a grammar the parser gave
+    # up on); the scheduler ends it with FINISHED_ERROR after this tick's tokens.
+    error: str | None = None
 
     @property
     def num_accepted_tokens(self) -> int:

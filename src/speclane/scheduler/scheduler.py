@@ -474,6 +474,8 @@ class Scheduler:
             # The fed tokens and the accepted drafts stay in the cache; rejected drafts do not.
             request.num_computed_tokens = seq.start + len(seq.token_ids) + res.num_accepted_tokens
             appended, status = self._append(request, res.token_ids)
+            if res.error is not None:
+                status, request.error = RequestStatus.FINISHED_ERROR, res.error
             if status is None:
                 self.kv.commit(rid, request.num_computed_tokens, request)
             if res.token_ids and request.first_token_s is None:

@@ -41,6 +41,7 @@ from speclane.scheduler.scheduler import QueueFullError
 from speclane.server.auth import KeyTable, Principal, resolve_principal
 from speclane.server.dashboard import install_dashboard
 from speclane.server.errors import APIError, install_error_handlers
+from speclane.server.head import HeadAsGetMiddleware
 from speclane.server.lifecycle import ABORT_WAIT_S, DEFAULT_GRACE_S, DrainingServer, RequestTracker
 from speclane.server.limits import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
 from speclane.server.logprobs import TokenTexts
@@ -166,7 +167,8 @@ class _Server:
                           if engine_input.echo_text is not None else None)
 
         def cancelled(out: Any) -> APIError:
-            return self.tracker.cancelled_error(out.request_id, out.finish_reason, getattr(out, "error", None))
+            return self.tracker.cancelled_error(out.request_id, out.finish_reason, getattr(out, "error", None),
+                                                getattr(out, "bad_request", False))
 
         def end() -> None:
             # Closing the engine streams early aborts the requests, but only once a stream
@@ -188,9 +190,9 @@ class _Server:
                 raise APIError(500, f"the engine failed: {exc}", code="engine_stopped") from None
             if states is None:
                 return Response(status_code=499)  # nobody is listening; uvicorn drops it
-            final = states[-1].final
-            if final is not None and final.finish_reason in CANCELLED:
-                raise cancelled(final)
+            ended = next((s.final for s in states if s.final is not None and s.final.finish_reason in CANCELLED), None)
+            if ended is not None:  # any choice's: the answer is not whole
+                raise cancelled(ended)
         finally:
             end()
         return JSONResponse(choices_body(meta, states))
@@ -240,6 +242,7 @@ def create_app(
     install_error_handlers(app)
     install_dashboard(app, dashboard_state)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
+    app.add_middleware(HeadAsGetMiddleware)
 
     def admitting() -> None:
         server.tracker.check_admitting()

@@ -72,13 +72,18 @@ _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "null"}
 
 def _param(loc: Sequence[Any]) -> str | None:
     parts: list[str] = []
+    previous = None
     for item in loc[1:] if loc and loc[0] == "body" else loc:
         if isinstance(item, int):
             parts.append(f"[{item}]")
-        elif _is_type_tag(item):
+        elif _is_type_tag(item) or item == previous:
+            # A discriminated union puts its tag before the member's fields, and OpenAI's
+            # members hold their body under a field named as the tag ({"type": "json_schema",
+            # "json_schema": {...}}): one name, not two.
             continue
         else:
             parts.append(("." if parts else "") + str(item))
+        previous = item
     return "".join(parts) or None
 
 
@@ -124,14 +129,19 @@ def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | 
     ctx = err.get("ctx") or {}
     if kind == "json_invalid":
         pos = loc[1] if len(loc) > 1 else "?"
-        return f"the body is not valid JSON ({ctx.get('error', 'decode error')} at character {pos})", None
+        reason = str(ctx.get("error", "decode error")).removesuffix(" at")  # the parser's own ends in "at"
+        return f"the body is not valid JSON ({reason} at character {pos})", None
     if kind == "missing" and param is None:
         return "the request body is missing: send a JSON object", None
     if kind in ("model_attributes_type", "dict_type", "model_type") and param is None:
         return "the request body must be a JSON object", None
     if kind == "extra_forbidden":
-        message = (f"unknown field '{param}': remove it (accepted are OpenAI's fields plus "
-                   "'priority', 'speculative' and 'top_k')")
+        message = (f"unsupported field '{param}': this server does not read it, so it is refused rather than "
+                   "ignored; remove it (docs/api.md lists the fields it reads)")
+    elif kind == "literal_error" and param is not None and param.endswith(".type"):
+        # A content part or item of a kind this server does not take (an image, audio, a
+        # refusal part): say so, not only which kinds it does take.
+        message = f"{param}: '{str(err.get('input'))[:64]}' is not supported here (expected {ctx.get('expected')})"
     elif kind == "missing":
         message = f"'{param}' is required"
     elif kind == "value_error":
@@ -177,7 +187,8 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     elif status == 405:
         message = f"{request.method} is not allowed on {request.url.path}"
     elif status == 400:
-        message = "the body could not be parsed: send one JSON object"
+        message = ("the body could not be parsed: send one JSON object, in UTF-8 and uncompressed (no "
+                   "Content-Encoding)")
     else:
         message = str(exc.detail)
     headers = dict(exc.headers or {})

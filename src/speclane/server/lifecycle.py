@@ -58,8 +58,11 @@ class RequestTracker:
         self._live.discard(request_id)
         self._cancelled.discard(request_id)
 
-    def cancelled_error(self, request_id: str, finish_reason: str | None, error: str | None = None) -> APIError:
+    def cancelled_error(self, request_id: str, finish_reason: str | None, error: str | None = None,
+                        bad_request: bool = False) -> APIError:
         """Why a request ended without an answer (its client is still listening)."""
+        if bad_request:  # the engine could not go on with what the request asked (its grammar)
+            return APIError(400, error or "the request could not be completed", code="grammar_failed")
         if request_id in self._cancelled or self.draining:
             return APIError(503, "the server is shutting down and cancelled this request after its grace "
                                  "period: retry it on another server or later", code="shutting_down")

@@ -169,6 +169,9 @@ def _engine_input(request: ChatCompletionRequest | CompletionRequest, prompt_ids
                        param="messages" if isinstance(request, ChatCompletionRequest) else "prompt",
                        code="context_length_exceeded")
     requested = request.requested_max_tokens
+    if (isinstance(request, CompletionRequest) and requested is not None
+            and ("max_tokens" not in request.model_fields_set or request.max_tokens is None)):
+        requested = min(requested, room)  # the default (16) shrinks to fit, as vLLM's does: the client asked for none
     if requested is not None and requested > room:
         field = ("max_completion_tokens" if isinstance(request, ChatCompletionRequest)
                  and request.max_completion_tokens is not None else "max_tokens")

@@ -77,7 +77,7 @@ class TextPart(StrictModel):
     text: str
 
 
-Content = str | list[TextPart]
+Content = str | Annotated[list[TextPart], Field(min_length=1)]
 
 
 def content_text(content: Content) -> str:
@@ -311,14 +311,16 @@ class _GenerationRequest(StrictModel):
     @classmethod
     def _token_id_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         for key in value or {}:
-            if not key.isascii() or not key.isdigit() or len(key) > 10:
+            if not key.isascii() or not key.isdigit():
                 raise ValueError(f"keys are token ids written as decimal strings (got '{key[:20]}')")
+            if len(key) > 10:  # past any vocabulary (and int32): no need to read it
+                raise ValueError(f"token id '{key[:20]}...' is outside the vocabulary")
         return value
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> _GenerationRequest:
         if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options needs stream=true")
+            raise ValueError("stream_options: needs stream=true")
         if self.seed is not None and self.seed + self.num_choices - 1 >= 2**63:
             raise ValueError(f"seed: choice i uses seed + i, so with n={self.num_choices} the seed must be "
                              f"below 2**63 - {self.num_choices - 1}")
@@ -370,6 +372,9 @@ class ChatCompletionRequest(_GenerationRequest):
     def _chat_rules(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs: needs logprobs=true")
+        if None not in (self.max_tokens, self.max_completion_tokens) and self.max_tokens != self.max_completion_tokens:
+            raise ValueError("max_completion_tokens: max_tokens asks for another length; send one of the two "
+                             "(max_tokens is its older name)")
         names = [tool.function.name for tool in self.tools or ()]
         duplicate = next((name for i, name in enumerate(names) if name in names[:i]), None)
         if duplicate is not None:
@@ -396,6 +401,9 @@ class ChatCompletionRequest(_GenerationRequest):
         seen: set[str] = set()
         for index, message in enumerate(self.messages):
             for call in message.tool_calls or ():
+                if call.id in seen:  # a tool message would answer either: which one is ambiguous
+                    raise ValueError(f"messages[{index}]: tool call id '{call.id[:64]}' is used by an earlier call; "
+                                     "each call needs its own id")
                 seen.add(call.id)
             if message.role == "tool" and message.tool_call_id not in seen:
                 raise ValueError(f"messages[{index}]: tool_call_id '{(message.tool_call_id or '')[:64]}' matches no "
