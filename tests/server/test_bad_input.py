@@ -72,7 +72,7 @@ CASES: list[tuple[str, str, bytes, int, str]] = [
     ("content a number", CHAT, chat(messages=[{"role": "user", "content": 5}]), 400, "content"),
     ("image content part", CHAT, chat(messages=[{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x"}}]}]), 400, "'image_url' is not supported"),
-    ("empty content parts", CHAT, chat(messages=[{"role": "user", "content": []}]), 400, "at least 1 item"),
+    ("empty content parts", CHAT, chat(messages=[{"role": "user", "content": []}]), 400, "at least one part"),
     ("an OpenAI field this server does not read", CHAT, chat(reasoning_effort="low"), 400, "does not read"),
     ("a raw control character", CHAT, b'{"model": "x\x00"}', 400, "control character at character"),
     ("max_tokens and max_completion_tokens differ", CHAT, chat(max_tokens=2, max_completion_tokens=5), 400,

@@ -77,7 +77,7 @@ class TextPart(StrictModel):
     text: str
 
 
-Content = str | Annotated[list[TextPart], Field(min_length=1)]
+Content = str | list[TextPart]
 
 
 def content_text(content: Content) -> str:
@@ -130,6 +130,8 @@ class ChatMessage(StrictModel):
                 raise ValueError("an assistant message needs content or tool_calls")
         elif self.content is None:
             raise ValueError(f"content is required in a {self.role} message")
+        elif self.content == []:  # an assistant's tool calls may come with no parts
+            raise ValueError(f"content: a {self.role} message's list of parts needs at least one part")
         if self.tool_calls is not None and self.role != "assistant":
             raise ValueError("tool_calls belong to assistant messages only")
         if self.role == "tool" and not self.tool_call_id:
