@@ -103,3 +103,31 @@ def test_agent_fields_are_accepted() -> None:
                   {"guided_json": '{"type": "object"}'}):
         assert CompletionRequest.model_validate({"model": "m", "prompt": "x", "logprobs": 5, **extra}).constraint_fields
     assert completion_error(logprobs=6)[1] == "logprobs"
+
+
+def test_a_tools_parameters_must_be_a_schema_but_may_use_keywords_no_grammar_implements() -> None:
+    """Under tool_choice "auto" the schema is the model's to read: ``format: uri`` and
+    ``uniqueItems`` (pydantic's and MCP's) pass; a schema that is no schema does not."""
+    def tools(parameters: Any) -> dict[str, Any]:
+        return {"tools": [{"type": "function", "function": {"name": "f", "parameters": parameters}}]}
+
+    fine = {"type": "object", "properties": {"url": {"type": "string", "format": "uri"},
+                                             "tags": {"type": "array", "uniqueItems": True, "items": {"type": "string"}}},
+            "$defs": {"n": {"type": ["object", "null"], "properties": {"next": {"$ref": "#/$defs/n"}}}}}
+    ChatCompletionRequest.model_validate({"model": "m", "messages": HI, **tools(fine)})
+    for parameters, words in (({"type": "nonsense"}, "'nonsense' is not a JSON type"),
+                              ({"properties": {"a": {"type": 42}}}, "properties.a.type: 42"),
+                              ({"$ref": "#/defs/x"}, "points at nothing"),
+                              ({"anyOf": {"type": "string"}}, "anyOf: a list of schemas")):
+        message, param = chat_error(**tools(parameters))
+        assert param == "tools[0].function.parameters" and words in message, message
+
+
+def test_tool_call_ids_are_unique_within_a_message_not_across_turns() -> None:
+    call = {"id": "call_0", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    turns = [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [call]},
+             {"role": "tool", "tool_call_id": "call_0", "content": "1"}]
+    # a later round may number its calls from 0 again
+    ChatCompletionRequest.model_validate({"model": "m", "messages": turns + turns[1:]})
+    message, param = chat_error(messages=[turns[0], {"role": "assistant", "tool_calls": [call, call]}])
+    assert param == "messages[1]" and "its own id" in message

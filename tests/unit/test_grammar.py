@@ -84,6 +84,9 @@ def test_once_the_grammar_is_complete_only_end_of_sequence_is_allowed(compiler, 
     assert matcher.consume(tokenizer.encode("yes"))
     assert matcher.is_stopped
     assert set(matcher.allowed().nonzero().flatten().tolist()) == set(tokenizer.eos_token_ids)
+    ends = sorted(tokenizer.eos_token_ids)
+    assert matcher.consume(ends + ends) and matcher.error is None, \
+        "any end-of-sequence token, again and again (ignore_eos), is no grammar failure"
 
 
 def test_forced_tokens_are_drafted_and_drafting_leaves_the_state_unchanged(compiler, tokenizer):

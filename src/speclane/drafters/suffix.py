@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from speclane import draft_tree
 from speclane.drafters.base import Draft
 from speclane.drafters.suffix_index import SuffixIndex, SuffixParams, alignments, vote
-from speclane.request import Request
+from speclane.request import Request, RequestStatus
 
 DEFAULT_CACHE_TOKENS = 8192  # per tenant
 DEFAULT_MAX_TENANTS = 64
@@ -111,8 +111,9 @@ class SuffixDrafter:
                      parents=None if draft_tree.is_chain(parents) else tuple(parents))
 
     def finish(self, request: Request) -> None:
-        """Keep the finished request's output in its tenant's store (module docstring)."""
-        if self.cache_tokens == 0 or not request.output_token_ids:
+        """Keep the finished request's output in its tenant's store (module docstring); not a
+        failed one's (its text is what went wrong, not what the tenant writes)."""
+        if self.cache_tokens == 0 or not request.output_token_ids or request.status == RequestStatus.FINISHED_ERROR:
             return
         store = self.tenants.get(request.tenant)
         if store is None:

@@ -210,7 +210,8 @@ class ModelRunner:
                 # whose required fields nest without end has no finite JSON, and llguidance
                 # stops at "Too many items"). Its mask then allows only an end-of-sequence
                 # token; the request fails with the parser's reason, the engine goes on.
-                error = f"the output could not follow the request's grammar: {matcher.error or 'unknown'}"
+                reason = (matcher.error or "unknown").strip().splitlines()[0][:300]  # not its state or grammar dump
+                error = f"the output could not follow the request's grammar: {reason}"
                 logger.warning("%s: %s", seq.request_id, error)
             num_top = seq.request.sampling.logprobs
             path_rows = [0] + [j + 1 for j in verdict.path]  # the rows the kept tokens were chosen from

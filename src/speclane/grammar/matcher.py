@@ -69,8 +69,15 @@ class GrammarMatcher:
         return kept
 
     def consume(self, tokens: list[int] | tuple[int, ...]) -> bool:
-        """Advance over tokens the runner chose (each allowed by its row's mask)."""
-        return all(self._matcher.consume_token(token) for token in tokens) if tokens else True
+        """Advance over tokens the runner chose (each allowed by its row's mask). A complete
+        grammar takes any of the model's end-of-sequence tokens (llguidance's own check
+        knows one; a request with ``ignore_eos`` goes on choosing them)."""
+        for token in tokens:
+            if self._matcher.is_stopped() and token in self._eos:
+                continue
+            if not self._matcher.consume_token(token):
+                return False
+        return True
 
 
 def _allowed(matcher: llguidance.LLMatcher, bits: np.ndarray, vocab_size: int, eos: list[int]) -> torch.Tensor:

@@ -92,15 +92,6 @@ def request_grammar(request: ChatCompletionRequest | CompletionRequest, compile_
     if mode == "none":
         return None if constraint is None else _compile(compile_grammar, constraint.spec, constraint.param)
     assert isinstance(request, ChatCompletionRequest) and request.tools
-    # Every offered tool's schema compiles, whatever the choice (OpenAI checks them on every
-    # request): an unsupported keyword is refused, not ignored, and a schema that is wrong
-    # under "auto" is not found only when a later request forces the call. Compiled
-    # grammars are cached, so a tool list sent again costs a lookup.
-    for index, tool in enumerate(request.tools):
-        if tool.function.parameters is not None:
-            params = tool.function.parameters
-            _compile(compile_grammar, lambda params=params: GrammarSpec.json_schema(params),  # type: ignore[misc]
-                     f"tools[{index}].function.parameters")
     tools = request.tools
     if mode == "named":
         assert isinstance(request.tool_choice, NamedToolChoice)
@@ -112,6 +103,11 @@ def request_grammar(request: ChatCompletionRequest | CompletionRequest, compile_
             raise APIError(400, f"{constraint.param}: with tools offered (tool_choice 'auto'), only a JSON "
                                 "constraint can apply (the reply is a call or the JSON); send tool_choice 'none' "
                                 "to constrain the reply alone", param=constraint.param)
+    for index, tool in enumerate(request.tools):  # an unsupported keyword in a schema is refused, not ignored
+        if tool in tools and tool.function.parameters is not None:
+            params = tool.function.parameters
+            _compile(compile_grammar, lambda params=params: GrammarSpec.json_schema(params),  # type: ignore[misc]
+                     f"tools[{index}].function.parameters")
     answer = constraint.schema if constraint is not None else None
     lark = tool_call_grammar(tools, parallel=request.parallel_tool_calls is not False, answer=answer)
     return _compile(compile_grammar, lambda: GrammarSpec.lark(lark), constraint.param if constraint else "tools")

@@ -38,6 +38,7 @@ from speclane.request import (
     MAX_TOP_LOGPROBS,
     SpecStats,
 )
+from speclane.server.schema_shape import shape_error
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_USER_CHARS = 256
@@ -154,6 +155,13 @@ class FunctionDefinition(StrictModel):
     description: str | None = None
     parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
     strict: bool | None = None  # accepted: the arguments of constrained calls always match
+
+    @field_validator("parameters", mode="after")
+    @classmethod
+    def _a_schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and (error := shape_error(value)) is not None:
+            raise ValueError(f"not a JSON schema: {error}")
+        return value
 
 
 class Tool(StrictModel):
@@ -402,11 +410,14 @@ class ChatCompletionRequest(_GenerationRequest):
                              "tool_choice 'required' or a named function (the output is the tool call)")
         seen: set[str] = set()
         for index, message in enumerate(self.messages):
-            for call in message.tool_calls or ():
-                if call.id in seen:  # a tool message would answer either: which one is ambiguous
-                    raise ValueError(f"messages[{index}]: tool call id '{call.id[:64]}' is used by an earlier call; "
-                                     "each call needs its own id")
-                seen.add(call.id)
+            ids = [call.id for call in message.tool_calls or ()]
+            for at, call_id in enumerate(ids):
+                # Within one message a tool result could answer either call; across turns
+                # the order says which (some servers number each round's calls from 0).
+                if call_id in ids[:at]:
+                    raise ValueError(f"messages[{index}]: two tool calls have the id '{call_id[:64]}': each call "
+                                     "of a message needs its own id")
+            seen.update(ids)
             if message.role == "tool" and message.tool_call_id not in seen:
                 raise ValueError(f"messages[{index}]: tool_call_id '{(message.tool_call_id or '')[:64]}' matches no "
                                  "tool call of an earlier assistant message")

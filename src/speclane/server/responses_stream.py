@@ -183,5 +183,6 @@ class ResponseStream:
         message = str(error.get("message") or "the request failed")
         events.append(self._event("error", code=error.get("code"), message=message, param=error.get("param")))
         events.append(self._event("response.failed", response=self._response(
-            "failed", usage=response_usage(self.usage), error={"code": "server_error", "message": message})))
+            "failed", usage=response_usage(self.usage),
+            error={"code": error.get("code") or "server_error", "message": message})))  # grammar_failed: the request's
         return events
