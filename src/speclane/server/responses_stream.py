@@ -183,6 +183,11 @@ class ResponseStream:
         message = str(error.get("message") or "the request failed")
         events.append(self._event("error", code=error.get("code"), message=message, param=error.get("param")))
         events.append(self._event("response.failed", response=self._response(
-            "failed", usage=response_usage(self.usage),
-            error={"code": error.get("code") or "server_error", "message": message})))  # grammar_failed: the request's
+            "failed", usage=response_usage(self.usage), error={"code": _failed_code(error), "message": message})))
         return events
+
+
+def _failed_code(error: dict[str, Any]) -> str:
+    """``response.failed``'s code, one of those OpenAI's schema lists (the SDK refuses others):
+    a failure the request caused (its grammar: ``grammar_failed``) is ``invalid_prompt``."""
+    return "invalid_prompt" if error.get("code") == "grammar_failed" else "server_error"
