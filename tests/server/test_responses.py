@@ -140,6 +140,7 @@ def test_tools_tool_choice_and_text_formats_take_chat_shapes() -> None:
     ({"input": []}, "input", "at least 1"),
     ({"input": 5}, "input", "string or a list"),
     ({"input": [{"type": "input_image", "image_url": "x"}]}, "input[0]", "function_call"),
+    ({"input": [{"role": "user", "content": []}]}, "input[0].message", "at least one part"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input[0].message.content[0].type", "input_text"),
     ({}, "input", "required"),

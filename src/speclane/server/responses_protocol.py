@@ -18,6 +18,7 @@ from pydantic import (
     Field,
     Tag,
     field_validator,
+    model_validator,
 )
 
 from speclane.server.protocol import (
@@ -61,6 +62,12 @@ class InputMessage(_Strict):
     content: str | list[InputText]
     id: str | None = None  # an earlier output item sent back: accepted, not used
     status: ItemStatus | None = None
+
+    @model_validator(mode="after")
+    def _parts_if_a_list(self) -> InputMessage:
+        if self.content == [] and self.role != "assistant":  # as chat refuses it
+            raise ValueError(f"content: a {self.role} message's list of parts needs at least one part")
+        return self
 
 
 class FunctionCallItem(_Strict):
