@@ -14,6 +14,7 @@ from speclane.config import LaneConfig
 from speclane.scheduler.fairness import ChargeReport, VirtualCounters
 from speclane.scheduler.lane import SpecLane
 from speclane.scheduler.scheduler import QueueFullError
+from speclane.sim.cluster import exchange_service
 
 
 def pending(rid: str, tenant: str, weight: float = 1.0, prompt: tuple[int, ...] = ()) -> Pending:
@@ -291,25 +292,12 @@ def _rounds(lanes: list[SpecLane], members: dict[int, list[tuple[str, str]]], *,
     tenant_of = {rid: tenant for group in members.values() for rid, tenant in group}
     for tick in range(ticks):
         if sync_every and tick % sync_every == 0:
-            _sync(lanes, shared, versions)
+            exchange_service(shared, lanes, versions)
         for lane in lanes:
             for rid in lane.schedule(float(tick)):
                 lane.round_done(rid, elapsed_ms=1.0, now=float(tick))
                 rounds[tenant_of[rid]] = rounds.get(tenant_of[rid], 0) + 1
     return rounds
-
-
-def _sync(lanes: list[SpecLane], shared: SharedService, versions: list[int]) -> None:
-    """One exchange, as the front makes it: changes only, reset batches confirmed."""
-    for i, lane in enumerate(lanes):
-        report = lane.charged_service(versions[i])
-        versions[i] = report.version
-        shared.report(i, "x", report.charged, complete=False, dropped=report.dropped)
-    for i, lane in enumerate(lanes):
-        resets = shared.pending_resets(i)
-        lane.set_remote_service(shared.remote_for(i), resets=resets)
-        if resets:
-            shared.confirm_resets(i, resets[-1][0])
 
 
 def jain(values: list[float]) -> float:

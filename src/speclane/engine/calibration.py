@@ -93,10 +93,7 @@ def measure(model: LlamaModel, cache: KVCache, max_rows: int, repeats: int = SWE
     the table's ratios. With the median of 3 on a noisy 2-core machine a 5-row forward
     came out 1.22x a 4-row one (``bench decode``, measured properly: 1.06x), and a copy
     stream drafted 3 where 4 paid."""
-    # The cache has room for K draft positions past the context; the model's positions may
-    # not (a model whose limit is the served length): stay inside both.
-    limit = min(cache.num_blocks * cache.block_size, model.config.max_position_embeddings)
-    kv_len = max(0, min(CONTEXT, limit - max_rows - 1))
+    kv_len = _context(model, cache, max_rows)
     deadline = clock() + (BUDGET_S if budget_s is None else budget_s)
     forward_ms(model, cache, positions=1, kv_len=kv_len)  # warm-up
     samples: list[list[float]] = [[] for _ in range(max_rows)]
@@ -112,6 +109,14 @@ def measure(model: LlamaModel, cache: KVCache, max_rows: int, repeats: int = SWE
             break
     measured = [min(s) for s in samples if s]
     return Calibration(StepCost.from_measurements(measured), sweeps)
+
+
+def _context(model: LlamaModel, cache: KVCache, max_rows: int) -> int:
+    """Cached positions before the measured rows: ``CONTEXT``, or less where the cache or the
+    model's positions hold fewer. The cache has room for K draft positions past the context;
+    the model's positions may not (a model whose limit is the served length): stay inside both."""
+    limit = min(cache.num_blocks * cache.block_size, model.config.max_position_embeddings)
+    return max(0, min(CONTEXT, limit - max_rows - 1))
 
 
 def measure_step_cost(model: LlamaModel, cache: KVCache, max_rows: int, repeats: int = SWEEPS) -> StepCost:
@@ -133,8 +138,7 @@ def _key(model: LlamaModel, max_rows: int) -> str:
 def stale_widths(model: LlamaModel, cache: KVCache, cost: StepCost, max_rows: int) -> list[tuple[int, float, float]]:
     """The widths ``SPOT_WIDTHS`` (and ``max_rows``) whose fastest of ``SPOT_REPEATS`` forwards
     now is off ``cost`` by more than ``SPOT_TOLERANCE`` either way: (rows, table ms, now ms)."""
-    limit = min(cache.num_blocks * cache.block_size, model.config.max_position_embeddings)
-    kv_len = max(0, min(CONTEXT, limit - max_rows - 1))
+    kv_len = _context(model, cache, max_rows)
     forward_ms(model, cache, positions=1, kv_len=kv_len)  # warm-up
     off = []
     for rows in sorted({*(w for w in SPOT_WIDTHS if w <= max_rows), max_rows}):

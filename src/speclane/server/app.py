@@ -190,9 +190,9 @@ class _Server:
                 raise APIError(500, f"the engine failed: {exc}", code="engine_stopped") from None
             if states is None:
                 return Response(status_code=499)  # nobody is listening; uvicorn drops it
-            ended = next((s.final for s in states if s.final is not None and s.final.finish_reason in CANCELLED), None)
-            if ended is not None:  # any choice's: the answer is not whole
-                raise cancelled(ended)
+            final = states[-1].final
+            if final is not None and final.finish_reason in CANCELLED:
+                raise cancelled(final)
         finally:
             end()
         return JSONResponse(choices_body(meta, states))

@@ -81,6 +81,13 @@ class TextPart(StrictModel):
 Content = str | list[TextPart]
 
 
+def check_parts(role: str, content: object) -> None:
+    """A message's list of parts holds one at least (an assistant's tool calls may come with
+    none; chat's and Responses' messages alike)."""
+    if content == [] and role != "assistant":
+        raise ValueError(f"content: a {role} message's list of parts needs at least one part")
+
+
 def content_text(content: Content) -> str:
     return content if isinstance(content, str) else "".join(part.text for part in content)
 
@@ -131,8 +138,8 @@ class ChatMessage(StrictModel):
                 raise ValueError("an assistant message needs content or tool_calls")
         elif self.content is None:
             raise ValueError(f"content is required in a {self.role} message")
-        elif self.content == []:  # an assistant's tool calls may come with no parts
-            raise ValueError(f"content: a {self.role} message's list of parts needs at least one part")
+        else:
+            check_parts(self.role, self.content)
         if self.tool_calls is not None and self.role != "assistant":
             raise ValueError("tool_calls belong to assistant messages only")
         if self.role == "tool" and not self.tool_call_id:

@@ -26,6 +26,7 @@ from speclane.server.protocol import (
     INT32_MIN,
     MAX_USER_CHARS,
     StrictModel,
+    check_parts,
     neutral_values,
 )
 
@@ -65,8 +66,7 @@ class InputMessage(_Strict):
 
     @model_validator(mode="after")
     def _parts_if_a_list(self) -> InputMessage:
-        if self.content == [] and self.role != "assistant":  # as chat refuses it
-            raise ValueError(f"content: a {self.role} message's list of parts needs at least one part")
+        check_parts(self.role, self.content)
         return self
 
 

@@ -21,12 +21,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from speclane.cluster.router import Pending, Router
 from speclane.cluster.shared_service import SharedService
 from speclane.config import LaneConfig
+from speclane.scheduler.lane import SpecLane
 from speclane.scheduler.scheduler import Scheduler
 from speclane.sim.acceptance import RateAcceptance
 from speclane.sim.bounds import ShareLedger, jain
@@ -84,15 +85,7 @@ def run_cluster(lane: LaneConfig, jobs: Sequence[SimJob], setup: Setup, *, repli
         while (pending := router.place_next()) is not None:
             schedulers[pending.replica].add_request(job_request(pending.payload, now), now)
         if sync_ms is not None and now >= next_sync:
-            for i, s in enumerate(schedulers):
-                report = s.lane.charged_service(versions[i])
-                versions[i] = report.version
-                shared.report(i, "sim", report.charged, complete=False, dropped=report.dropped)
-            for i, s in enumerate(schedulers):
-                resets = shared.pending_resets(i)
-                s.lane.set_remote_service(shared.remote_for(i), router.tenants_elsewhere(i), resets)
-                if resets:
-                    shared.confirm_resets(i, resets[-1][0])
+            exchange_service(shared, [s.lane for s in schedulers], versions, router.tenants_elsewhere)
             next_sync = now + sync_ms / 1000.0
         if not any(s.has_unfinished() for s in schedulers):
             now = max(now, arrivals[0][0]) if arrivals else now
@@ -125,6 +118,23 @@ def run_cluster(lane: LaneConfig, jobs: Sequence[SimJob], setup: Setup, *, repli
         now += max(elapsed_ms, 0.001) / 1000.0
     counts.update(sim_time_s=now, wall_s=time.perf_counter() - started)
     return out
+
+
+def exchange_service(shared: SharedService, lanes: Sequence[SpecLane], versions: list[int],
+                     elsewhere: Callable[[int], set[str]] | None = None) -> None:
+    """One sync of the lanes' service, as the cluster front makes it when no poll fails:
+    each lane's changes and drops since ``versions[i]`` (updated), then each lane's remote
+    service, who runs elsewhere (``elsewhere(i)``; None: unchanged) and its reset batches,
+    confirmed."""
+    for i, lane in enumerate(lanes):
+        report = lane.charged_service(versions[i])
+        versions[i] = report.version
+        shared.report(i, "one", report.charged, complete=False, dropped=report.dropped)
+    for i, lane in enumerate(lanes):
+        resets = shared.pending_resets(i)
+        lane.set_remote_service(shared.remote_for(i), elsewhere(i) if elsewhere is not None else None, resets)
+        if resets:
+            shared.confirm_resets(i, resets[-1][0])
 
 
 def _backlog(schedulers: Sequence[Scheduler]) -> dict[int, dict[str, list[float]]]:
