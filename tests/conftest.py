@@ -14,6 +14,10 @@ torch's OpenMP threads slow down by 10-30x when a core is taken away from them. 
 a short ``max_model_len`` only to keep the KV cache small; nothing else differs from the
 named configuration. A test that borrows an engine must leave it idle (every request
 finished or aborted); ``_engine_left_idle`` checks that after each test.
+
+The default model's tokenizer and a grammar compiler over it (``default_tokenizer``,
+``grammar_compiler``) are shared too: building llguidance's view of the vocabulary
+takes a few hundred ms.
 """
 
 from __future__ import annotations
@@ -23,6 +27,19 @@ from collections.abc import Iterator
 import pytest
 
 TEST_THREADS = 1
+
+
+@pytest.fixture(scope="session")
+def default_tokenizer():
+    from speclane.models.loader import DEFAULT_MODEL, resolve_model
+    from speclane.models.tokenizer import Tokenizer
+    return Tokenizer.from_gguf(resolve_model(DEFAULT_MODEL))
+
+
+@pytest.fixture(scope="session")
+def grammar_compiler(default_tokenizer):
+    from speclane.grammar.compiler import GrammarCompiler
+    return GrammarCompiler(default_tokenizer, default_tokenizer.vocab_size)
 
 
 @pytest.fixture(scope="session")

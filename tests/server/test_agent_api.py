@@ -108,6 +108,36 @@ def test_required_and_named_tool_choice(client: openai.OpenAI, idle_after: Async
     assert named.choices[0].finish_reason == "tool_calls"
 
 
+def weather_history(city: str) -> list[Any]:
+    """Two earlier turns that called get_weather, so the small model calls it again under "auto"."""
+    def called(i: int, name: str, unit: str) -> dict[str, Any]:
+        return {"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{i}", "type": "function",
+                "function": {"name": "get_weather", "arguments": json.dumps({"city": name, "unit": unit})}}]}
+    return [{"role": "user", "content": "Weather in Paris?"}, called(1, "Paris", "celsius"),
+            {"role": "user", "content": "Weather in Boston?"}, called(2, "Boston", "fahrenheit"),
+            {"role": "user", "content": f"Weather in {city}?"}]
+
+
+def test_strict_tools_hold_auto_calls_to_their_schema(client: openai.OpenAI, idle_after: AsyncEngine) -> None:
+    cities = ["Tokyo in kelvin", "Oslo in kelvin", "Rome, metric"]
+
+    def calls(strict: bool, city: str, **fields: Any) -> Any:
+        tools = [{"type": "function", "function": {**TOOLS[1]["function"], "strict": strict}}]
+        reply = client.chat.completions.create(model=MODEL, messages=weather_history(city), tools=tools,
+                                               max_tokens=64, temperature=0, **fields)
+        return reply if fields.get("stream") else reply.choices[0]
+
+    loose = [calls(False, city).message.tool_calls for city in cities]
+    units = [json.loads(c[0].function.arguments).get("unit") for c in loose if c]
+    assert set(units) - {"celsius", "fahrenheit"}, units  # the model's own unit: why strict matters here
+    for city in cities:
+        choice = calls(True, city)
+        assert len(assert_valid_calls(choice.message)) == 1 and choice.finish_reason == "tool_calls"
+    streamed = "".join(delta.function.arguments or "" for chunk in calls(True, cities[0], stream=True)
+                       for choice in chunk.choices for delta in choice.delta.tool_calls or () if delta.function)
+    assert streamed == calls(True, cities[0]).message.tool_calls[0].function.arguments
+
+
 def test_streamed_tool_calls_reassemble_to_the_plain_answer(client: openai.OpenAI, idle_after: AsyncEngine) -> None:
     fields: dict[str, Any] = dict(model=MODEL, messages=ASK_ADD, tools=TOOLS, tool_choice="required", max_tokens=64,
                                   temperature=0)

@@ -11,28 +11,17 @@ import torch
 from speclane.bench.structured_cases import CASES, FIXED_KEY_CASES
 from speclane.grammar.compiler import GrammarCompiler, GrammarError
 from speclane.grammar.spec import GrammarSpec
-from speclane.models.loader import DEFAULT_MODEL, resolve_model
 from speclane.models.tokenizer import Tokenizer
 
 
-@pytest.fixture(scope="module")
-def tokenizer() -> Tokenizer:
-    return Tokenizer.from_gguf(resolve_model(DEFAULT_MODEL))
-
-
-@pytest.fixture(scope="module")
-def compiler(tokenizer: Tokenizer) -> GrammarCompiler:
-    return GrammarCompiler(tokenizer, tokenizer.vocab_size)
-
-
-def test_a_grammar_is_compiled_once_per_distinct_spec(compiler: GrammarCompiler):
+def test_a_grammar_is_compiled_once_per_distinct_spec(grammar_compiler: GrammarCompiler):
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    first = compiler.compile(GrammarSpec.json_schema(schema))
-    hits = compiler.hits
-    assert compiler.compile(GrammarSpec.json_schema(dict(schema))) is first
-    assert compiler.hits == hits + 1
+    first = grammar_compiler.compile(GrammarSpec.json_schema(schema))
+    hits = grammar_compiler.hits
+    assert grammar_compiler.compile(GrammarSpec.json_schema(dict(schema))) is first
+    assert grammar_compiler.hits == hits + 1
     reordered = {"required": ["a"], "properties": {"a": {"type": "integer"}}, "type": "object"}
-    assert compiler.compile(GrammarSpec.json_schema(reordered)) is not first  # key order is part of a schema
+    assert grammar_compiler.compile(GrammarSpec.json_schema(reordered)) is not first  # key order is part of a schema
 
 
 @pytest.mark.parametrize(("spec", "words"), [
@@ -42,9 +31,9 @@ def test_a_grammar_is_compiled_once_per_distinct_spec(compiler: GrammarCompiler)
     (lambda: GrammarSpec.regex("[a-"), "regex"),
     (lambda: GrammarSpec.lark("start: undefined_rule"), "undefined_rule"),
 ])
-def test_an_invalid_grammar_is_an_error_that_names_the_problem(compiler: GrammarCompiler, spec, words: str):
+def test_an_invalid_grammar_is_an_error_that_names_the_problem(grammar_compiler: GrammarCompiler, spec, words: str):
     with pytest.raises(GrammarError, match=words):
-        compiler.compile(spec())
+        grammar_compiler.compile(spec())
 
 
 def test_specs_reject_empty_or_malformed_input():
@@ -54,64 +43,64 @@ def test_specs_reject_empty_or_malformed_input():
             build()
 
 
-def walk(compiler: GrammarCompiler, tokenizer: Tokenizer, spec: GrammarSpec, text: str) -> list[int]:
+def walk(grammar_compiler: GrammarCompiler, default_tokenizer: Tokenizer, spec: GrammarSpec, text: str) -> list[int]:
     """The text's tokens, each checked against the mask of its position."""
-    matcher = compiler.compile(spec).new_matcher()
-    tokens = tokenizer.encode(text)
+    matcher = grammar_compiler.compile(spec).new_matcher()
+    tokens = default_tokenizer.encode(text)
     for token in tokens:
-        assert matcher.allowed()[token], f"{tokenizer.decode([token])!r} refused in {text!r}"
+        assert matcher.allowed()[token], f"{default_tokenizer.decode([token])!r} refused in {text!r}"
         assert matcher.consume([token])
-    assert matcher.is_stopped or matcher.allowed()[sorted(tokenizer.eos_token_ids)].any()
+    assert matcher.is_stopped or matcher.allowed()[sorted(default_tokenizer.eos_token_ids)].any()
     return tokens
 
 
 @pytest.mark.parametrize("case", CASES + FIXED_KEY_CASES, ids=lambda c: c.name)
-def test_each_schema_admits_its_example_in_the_served_layout(compiler, tokenizer, case):
-    walk(compiler, tokenizer, GrammarSpec.json_schema(case.schema), json.dumps(case.example, ensure_ascii=False))
+def test_each_schema_admits_its_example_in_the_served_layout(grammar_compiler, default_tokenizer, case):
+    walk(grammar_compiler, default_tokenizer, GrammarSpec.json_schema(case.schema), json.dumps(case.example, ensure_ascii=False))
 
 
-def test_choice_and_regex_admit_only_their_language(compiler, tokenizer):
-    walk(compiler, tokenizer, GrammarSpec.choice(["yes", 'no, "never"']), 'no, "never"')
-    matcher = compiler.compile(GrammarSpec.choice(["yes", "no"])).new_matcher()
-    assert not matcher.allowed()[tokenizer.encode("maybe")[0]]
-    walk(compiler, tokenizer, GrammarSpec.regex(r"[0-9]{3}-[a-z]+"), "123-abc")
-    matcher = compiler.compile(GrammarSpec.regex(r"[0-9]{3}")).new_matcher()
-    assert not matcher.allowed()[tokenizer.encode("a")[0]]
+def test_choice_and_regex_admit_only_their_language(grammar_compiler, default_tokenizer):
+    walk(grammar_compiler, default_tokenizer, GrammarSpec.choice(["yes", 'no, "never"']), 'no, "never"')
+    matcher = grammar_compiler.compile(GrammarSpec.choice(["yes", "no"])).new_matcher()
+    assert not matcher.allowed()[default_tokenizer.encode("maybe")[0]]
+    walk(grammar_compiler, default_tokenizer, GrammarSpec.regex(r"[0-9]{3}-[a-z]+"), "123-abc")
+    matcher = grammar_compiler.compile(GrammarSpec.regex(r"[0-9]{3}")).new_matcher()
+    assert not matcher.allowed()[default_tokenizer.encode("a")[0]]
 
 
-def test_once_the_grammar_is_complete_only_end_of_sequence_is_allowed(compiler, tokenizer):
-    matcher = compiler.compile(GrammarSpec.choice(["yes"])).new_matcher()
-    assert matcher.consume(tokenizer.encode("yes"))
+def test_once_the_grammar_is_complete_only_end_of_sequence_is_allowed(grammar_compiler, default_tokenizer):
+    matcher = grammar_compiler.compile(GrammarSpec.choice(["yes"])).new_matcher()
+    assert matcher.consume(default_tokenizer.encode("yes"))
     assert matcher.is_stopped
-    assert set(matcher.allowed().nonzero().flatten().tolist()) == set(tokenizer.eos_token_ids)
-    ends = sorted(tokenizer.eos_token_ids)
+    assert set(matcher.allowed().nonzero().flatten().tolist()) == set(default_tokenizer.eos_token_ids)
+    ends = sorted(default_tokenizer.eos_token_ids)
     assert matcher.consume(ends + ends) and matcher.error is None, \
         "any end-of-sequence token, again and again (ignore_eos), is no grammar failure"
 
 
-def test_forced_tokens_are_drafted_and_drafting_leaves_the_state_unchanged(compiler, tokenizer):
+def test_forced_tokens_are_drafted_and_drafting_leaves_the_state_unchanged(grammar_compiler, default_tokenizer):
     case = FIXED_KEY_CASES[0]
-    matcher = compiler.compile(GrammarSpec.json_schema(case.schema)).new_matcher()
+    matcher = grammar_compiler.compile(GrammarSpec.json_schema(case.schema)).new_matcher()
     before = matcher.allowed().clone()
     forced = matcher.draft([], 8)
-    assert tokenizer.decode(forced).startswith('{"first_name"'), tokenizer.decode(forced)
+    assert default_tokenizer.decode(forced).startswith('{"first_name"'), default_tokenizer.decode(forced)
     assert torch.equal(matcher.allowed(), before)
-    example = tokenizer.encode(json.dumps(case.example))
+    example = default_tokenizer.encode(json.dumps(case.example))
     # A draft that breaks the grammar is cut at the first refused token.
-    bad = example[:3] + tokenizer.encode("}}}")
+    bad = example[:3] + default_tokenizer.encode("}}}")
     assert matcher.draft(bad, 8)[:3] == example[:3]
-    assert len(matcher.draft(bad, 8)) <= 8 and tokenizer.encode("}}}")[0] not in matcher.draft(bad, 8)[3:4]
+    assert len(matcher.draft(bad, 8)) <= 8 and default_tokenizer.encode("}}}")[0] not in matcher.draft(bad, 8)[3:4]
     assert torch.equal(matcher.allowed(), before)
 
 
-def test_masks_give_each_verified_position_the_state_after_the_drafts_before_it(compiler, tokenizer):
+def test_masks_give_each_verified_position_the_state_after_the_drafts_before_it(grammar_compiler, default_tokenizer):
     case = CASES[0]
     spec = GrammarSpec.json_schema(case.schema)
-    matcher = compiler.compile(spec).new_matcher()
-    draft = tokenizer.encode(json.dumps(case.example))[:6]
+    matcher = grammar_compiler.compile(spec).new_matcher()
+    draft = default_tokenizer.encode(json.dumps(case.example))[:6]
     masks = matcher.masks(draft)
-    assert masks.shape == (7, tokenizer.vocab_size)
-    reference = compiler.compile(spec).new_matcher()
+    assert masks.shape == (7, default_tokenizer.vocab_size)
+    reference = grammar_compiler.compile(spec).new_matcher()
     for i in range(7):
         assert torch.equal(masks[i], reference.allowed()), f"row {i}"
         if i < len(draft):
@@ -119,19 +108,19 @@ def test_masks_give_each_verified_position_the_state_after_the_drafts_before_it(
     assert torch.equal(matcher.allowed(), masks[0])  # rolled back
 
 
-def test_a_matcher_that_consumed_a_refused_token_allows_only_end_of_sequence(compiler, tokenizer):
-    matcher = compiler.compile(GrammarSpec.regex("[0-9]+")).new_matcher()
-    assert not matcher.consume(tokenizer.encode("abc"))
+def test_a_matcher_that_consumed_a_refused_token_allows_only_end_of_sequence(grammar_compiler, default_tokenizer):
+    matcher = grammar_compiler.compile(GrammarSpec.regex("[0-9]+")).new_matcher()
+    assert not matcher.consume(default_tokenizer.encode("abc"))
     assert matcher.error
-    assert set(matcher.allowed().nonzero().flatten().tolist()) == set(tokenizer.eos_token_ids)
+    assert set(matcher.allowed().nonzero().flatten().tolist()) == set(default_tokenizer.eos_token_ids)
 
 
-def test_a_draft_that_ends_the_grammar_with_end_of_sequence_leaves_the_state_unchanged(compiler, tokenizer):
+def test_a_draft_that_ends_the_grammar_with_end_of_sequence_leaves_the_state_unchanged(grammar_compiler, default_tokenizer):
     # llguidance does not count a consumed end-of-sequence token in its rollback history,
     # so trying a draft must not consume it on the request's own matcher.
-    matcher = compiler.compile(GrammarSpec.choice(["yes please"])).new_matcher()
-    tokens = tokenizer.encode("yes please")
-    eos = sorted(tokenizer.eos_token_ids)[0]
+    matcher = grammar_compiler.compile(GrammarSpec.choice(["yes please"])).new_matcher()
+    tokens = default_tokenizer.encode("yes please")
+    eos = sorted(default_tokenizer.eos_token_ids)[0]
     assert matcher.draft(tokens + [eos], 8) == tokens + [eos]
     masks = matcher.masks(tokens + [eos])
     assert masks.shape[0] == len(tokens) + 2

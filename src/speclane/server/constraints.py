@@ -17,8 +17,8 @@ from typing import Any
 from speclane.grammar.compiler import CompiledGrammar
 from speclane.grammar.spec import GrammarSpec
 from speclane.server.errors import APIError
-from speclane.server.protocol import ChatCompletionRequest, CompletionRequest, NamedToolChoice
-from speclane.server.tools import tool_call_grammar
+from speclane.server.protocol import ChatCompletionRequest, CompletionRequest, NamedToolChoice, Tool
+from speclane.server.tools import opened_calls_grammar, strict_tools, tool_call_grammar
 
 Compile = Callable[[GrammarSpec], CompiledGrammar]
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -98,19 +98,29 @@ def request_grammar(request: ChatCompletionRequest | CompletionRequest, compile_
         tools = [t for t in tools if t.function.name == request.tool_choice.function.name]
     elif mode == "auto":
         if constraint is None:
-            return None
+            if not strict_tools(tools):
+                return None
+            _compile_parameters(request.tools, compile_grammar, lambda tool: bool(tool.function.strict))
+            lark = opened_calls_grammar(tools, parallel=request.parallel_tool_calls is not False)
+            return _compile(compile_grammar, lambda: GrammarSpec.lark(lark), "tools")
         if constraint.schema is None:
             raise APIError(400, f"{constraint.param}: with tools offered (tool_choice 'auto'), only a JSON "
                                 "constraint can apply (the reply is a call or the JSON); send tool_choice 'none' "
                                 "to constrain the reply alone", param=constraint.param)
-    for index, tool in enumerate(request.tools):  # an unsupported keyword in a schema is refused, not ignored
-        if tool in tools and tool.function.parameters is not None:
-            params = tool.function.parameters
-            _compile(compile_grammar, lambda params=params: GrammarSpec.json_schema(params),  # type: ignore[misc]
-                     f"tools[{index}].function.parameters")
+    _compile_parameters(request.tools, compile_grammar, lambda tool: tool in tools)
     answer = constraint.schema if constraint is not None else None
     lark = tool_call_grammar(tools, parallel=request.parallel_tool_calls is not False, answer=answer)
     return _compile(compile_grammar, lambda: GrammarSpec.lark(lark), constraint.param if constraint else "tools")
+
+
+def _compile_parameters(tools: list[Tool], compile_grammar: Compile, held: Callable[[Tool], bool]) -> None:
+    """Compile each ``held`` tool's ``parameters`` alone, so a keyword the engine cannot
+    enforce is a 400 naming that tool, never a looser constraint."""
+    for index, tool in enumerate(tools):
+        if held(tool) and tool.function.parameters is not None:
+            params = tool.function.parameters
+            _compile(compile_grammar, lambda params=params: GrammarSpec.json_schema(params),  # type: ignore[misc]
+                     f"tools[{index}].function.parameters")
 
 
 def _compile(compile_grammar: Compile, spec: Callable[[], GrammarSpec] | GrammarSpec, param: str) -> CompiledGrammar:

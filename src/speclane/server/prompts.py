@@ -28,7 +28,7 @@ from speclane.server.protocol import (
     content_text,
 )
 from speclane.server.reasoning import prompt_opens_thinking
-from speclane.server.tools import chat_messages
+from speclane.server.tools import chat_messages, strict_tools
 
 if TYPE_CHECKING:
     from speclane.grammar.compiler import CompiledGrammar
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 # OpenAI's default temperature is 1; below this, treat it as greedy (0) — dividing logits
 # by a denormal-small temperature overflows to inf and the distribution to NaN.
 DEFAULT_TEMPERATURE = 1.0
+ToolParsing = Literal["none", "auto", "tagged", "forced"]
 GREEDY_BELOW = 1e-5
 
 
@@ -52,8 +53,9 @@ class EngineInput:
     prediction_token_ids: list[int]
     grammar: CompiledGrammar | None = None
     num_choices: int = 1
-    # How replies are read: "none" (plain text), "auto" (calls or text), "forced" (calls).
-    tool_parsing: Literal["none", "auto", "forced"] = "none"
+    # How replies are read: "none" (plain text), "auto" (calls or text), "tagged" (calls,
+    # only in <tool_call> blocks, which strict tools' grammar holds, or text), "forced" (calls).
+    tool_parsing: ToolParsing = "none"
     tool_names: tuple[str, ...] = ()
     top_logprobs: int | None = None  # alternatives to report per token; None: no logprobs
     echo_text: str | None = None  # completions' echo: the prompt's text, sent before the answer
@@ -92,14 +94,17 @@ def chat_input(request: ChatCompletionRequest, vocab: Vocabulary) -> EngineInput
     prompt = render_chat(request, vocab.tokenizer)
     prompt_ids = vocab.tokenizer.encode(prompt, add_special_tokens=False)
     engine_input = _engine_input(request, prompt_ids, vocab)
+    mode = request.tool_mode
+    parsing: ToolParsing = "none" if mode == "none" else "forced" if mode != "auto" else \
+        "tagged" if strict_tools(request.tools or ()) and not request.constraint_fields else "auto"
     # A grammar decides the reply from its first token: it is the answer even where the
     # template opened <think> (it cannot close a block it never let the model write).
-    engine_input = dataclasses.replace(engine_input,
-                                       opens_thinking=engine_input.grammar is None and prompt_opens_thinking(prompt))
-    mode = request.tool_mode
+    # Strict tools' grammar leaves text free until a call opens.
+    free_start = engine_input.grammar is None or parsing == "tagged"
+    engine_input = dataclasses.replace(engine_input, opens_thinking=free_start and prompt_opens_thinking(prompt))
     if mode == "none":
         return engine_input
-    return dataclasses.replace(engine_input, tool_parsing="auto" if mode == "auto" else "forced",
+    return dataclasses.replace(engine_input, tool_parsing=parsing,
                                tool_names=tuple(t.function.name for t in request.tools or ()))
 
 

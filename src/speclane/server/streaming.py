@@ -94,7 +94,7 @@ class Reading:
     """How a request's outputs become choices: thinking split off or not (``reasoning.py``),
     tool calls parsed or not, logprobs or not."""
 
-    tool_parsing: str = "none"  # "none", "auto" or "forced" (see EngineInput)
+    tool_parsing: str = "none"  # "none", "auto", "tagged" or "forced" (see EngineInput)
     tool_names: tuple[str, ...] = ()
     top_logprobs: int | None = None
     texts: TokenTexts | None = None  # needed with logprobs

@@ -225,25 +225,57 @@ def _json_rule(schema: dict[str, Any] | bool) -> str:
     return "%json " + json.dumps(body, ensure_ascii=False, separators=(",", ":"))
 
 
+def _call_rules(tools: Sequence[Tool], opening: str, *, schemas: Callable[[Tool], bool]) -> list[str]:
+    """``call: call_0 | call_1 ...``, each ``opening`` then the Hermes JSON naming the tool,
+    its arguments held to the tool's ``parameters`` where ``schemas(tool)``, else any object."""
+    lines = ["call: " + " | ".join(f"call_{i}" for i in range(len(tools)))]
+    for i, tool in enumerate(tools):
+        head = f'{opening}\n{{"name": {json.dumps(tool.function.name)}, "arguments": '
+        lines.append(f"call_{i}: {_lark_string(head)} args_{i} {_lark_string('}' + chr(10) + CLOSE)}")
+        params = tool.function.parameters if tool.function.parameters is not None and schemas(tool) else ANY_OBJECT
+        lines.append(f"args_{i}: {_json_rule(params)}")
+    return lines
+
+
 def tool_call_grammar(tools: Sequence[Tool], *, parallel: bool, answer: dict[str, Any] | bool | None = None) -> str:
     """A Lark grammar for one call (or, with ``parallel``, one or more) to one of ``tools``;
     with ``answer``, a JSON value matching that schema is allowed instead of the calls."""
     # Calls follow one another directly: right after "</tool_call>" a model weighs the end
     # of its turn against "<", which it rarely picks, where a newline would have led it
     # into one more (forced) call after another.
-    lines = [f"calls: call{'+' if parallel else ''}",
-             "call: " + " | ".join(f"call_{i}" for i in range(len(tools)))]
-    for i, tool in enumerate(tools):
-        head = f'{OPEN}\n{{"name": {json.dumps(tool.function.name)}, "arguments": '
-        lines.append(f"call_{i}: {_lark_string(head)} args_{i} {_lark_string('}' + chr(10) + CLOSE)}")
-        params = tool.function.parameters if tool.function.parameters is not None else ANY_OBJECT
-        lines.append(f"args_{i}: {_json_rule(params)}")
+    lines = [f"calls: call{'+' if parallel else ''}", *_call_rules(tools, OPEN, schemas=lambda tool: True)]
     if answer is not None:
         lines.insert(0, "start: calls | answer")
         lines.append(f"answer: {_json_rule(answer)}")
     else:
         lines.insert(0, "start: calls")
     return "\n".join(lines) + "\n"
+
+
+def strict_tools(tools: Sequence[Tool]) -> bool:
+    """Whether any tool asks for ``strict`` arguments (then "auto" is held to a grammar)."""
+    return any(tool.function.strict for tool in tools)
+
+
+def opened_calls_grammar(tools: Sequence[Tool], *, parallel: bool) -> str:
+    """"auto" with strict tools: free text, and wherever the model writes ``<tool_call>``
+    a call to one of ``tools`` (at most one without ``parallel``), a strict tool's arguments
+    held to its ``parameters``, any other's to a JSON object.
+
+    The opening is a lazy lexeme (llguidance's trigger for calls inside running text): the
+    text ends at the first ``<tool_call>``, which then must go on as a call. Text after the
+    one call ``parallel`` false allows never contains the opening."""
+    text = "/(.|\\n)*/"
+    tail = text if parallel else f"{text} & ~/(.|\\n)*{OPEN}(.|\\n)*/"
+    calls = "(opened call)*" if parallel else "(opened call)?"
+    return "\n".join([
+        "%llguidance {}",
+        f"start: {calls} tail",
+        "tail: TAIL",
+        f"TAIL: {tail}",
+        f"opened[lazy]: {text} {_lark_string(OPEN)}",
+        *_call_rules(tools, "", schemas=lambda tool: bool(tool.function.strict)),
+    ]) + "\n"
 
 
 # -- parsing the reply -----------------------------------------------------------------------
