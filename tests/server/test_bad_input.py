@@ -209,6 +209,10 @@ def test_a_response_format_error_names_its_field_once(client: httpx.Client) -> N
     response = client.post(CHAT, content=chat(response_format={"type": "json_schema", "json_schema": {
         "name": "x", "schema": 5}}))
     assert assert_openai_error(response, 400)["param"] == "response_format.json_schema.schema"
+    # Responses' format is flat: its union's tag is no field of the body
+    response = client.post("/v1/responses", json={"model": MODEL, "input": "x", "text": {"format": {
+        "type": "json_schema", "name": "x", "schema": 5}}})
+    assert assert_openai_error(response, 400)["param"] == "text.format.schema"
 
 
 def test_a_grammar_the_parser_gives_up_on_ends_the_stream_with_an_error_event(client: httpx.Client) -> None:

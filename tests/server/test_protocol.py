@@ -17,13 +17,13 @@ _TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "o
 def chat_error(**fields: Any) -> tuple[str, str | None]:
     with pytest.raises(ValidationError) as caught:
         ChatCompletionRequest.model_validate({"model": "m", "messages": HI, **fields})
-    return validation_message(caught.value.errors())
+    return validation_message(caught.value.errors(), {"model": "m", "messages": HI, **fields})
 
 
 def completion_error(**fields: Any) -> tuple[str, str | None]:
     with pytest.raises(ValidationError) as caught:
         CompletionRequest.model_validate({"model": "m", "prompt": "x", **fields})
-    return validation_message(caught.value.errors())
+    return validation_message(caught.value.errors(), {"model": "m", "prompt": "x", **fields})
 
 
 def test_openai_shapes_are_accepted() -> None:

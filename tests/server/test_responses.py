@@ -34,9 +34,10 @@ def request(**fields: Any) -> ResponsesRequest:
 
 
 def rejection(**fields: Any) -> tuple[str, str | None]:
+    """The 400's message and param, as the server words them (it has the body)."""
     with pytest.raises(ValidationError) as info:
         request(**fields)
-    return validation_message(info.value.errors())
+    return validation_message(info.value.errors(), {"model": MODEL, **fields})
 
 
 # -- request -> chat ---------------------------------------------------------------------------
@@ -140,9 +141,13 @@ def test_tools_tool_choice_and_text_formats_take_chat_shapes() -> None:
     ({"input": []}, "input", "at least 1"),
     ({"input": 5}, "input", "string or a list"),
     ({"input": [{"type": "input_image", "image_url": "x"}]}, "input[0]", "function_call"),
-    ({"input": [{"role": "user", "content": []}]}, "input[0].message", "at least one part"),
+    ({"input": [{"role": "user", "content": []}]}, "input[0]", "at least one part"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-     "input[0].message.content[0].type", "input_text"),
+     "input[0].content[0].type", "input_text"),
+    ({"input": [{"type": "function_call_output", "call_id": 5, "output": "x"}]}, "input[0].call_id", "string"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "x", "schema": 5}}}, "text.format.schema",
+     "an object"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema", "required"),
     ({}, "input", "required"),
     ({"input": "x", "max_output_tokens": 0}, "max_output_tokens", "greater"),
     ({"input": "x", "temperature": 3}, "temperature", "less"),

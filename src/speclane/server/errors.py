@@ -70,19 +70,29 @@ _NAMED_FIELD = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\[\d+\])?(?:\.[A-Za-z_][A
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "null"}
 
 
-def _param(loc: Sequence[Any]) -> str | None:
+def _param(loc: Sequence[Any], body: Any = None, *, missing: bool = False) -> str | None:
+    """The field ``loc`` names, as the client wrote it. Where the request ``body`` is known,
+    a name the body does not hold at that point (a union member's tag, as Responses' flat
+    ``text.format`` carries, or a default one) is left out, except the last of a ``missing``
+    field's."""
     parts: list[str] = []
     previous = None
-    for item in loc[1:] if loc and loc[0] == "body" else loc:
+    items = list(loc[1:] if loc and loc[0] == "body" else loc)
+    node = body
+    for at, item in enumerate(items):
         if isinstance(item, int):
             parts.append(f"[{item}]")
-        elif _is_type_tag(item) or item == previous:
+            node = node[item] if isinstance(node, list) and 0 <= item < len(node) else None
+            continue
+        if _is_type_tag(item) or item == previous:
             # A discriminated union puts its tag before the member's fields, and OpenAI's
             # members hold their body under a field named as the tag ({"type": "json_schema",
             # "json_schema": {...}}): one name, not two.
             continue
-        else:
-            parts.append(("." if parts else "") + str(item))
+        if isinstance(node, dict) and item not in node and not (missing and at == len(items) - 1):
+            continue  # a tag: the member's fields sit in this same object
+        parts.append(("." if parts else "") + str(item))
+        node = node.get(item) if isinstance(node, dict) else None
         previous = item
     return "".join(parts) or None
 
@@ -92,12 +102,12 @@ def _is_type_tag(item: Any) -> bool:
                                       or item.startswith("constrained-"))
 
 
-def _expected_types(errors: Sequence[Mapping[str, Any]], param: str | None) -> str | None:
+def _expected_types(errors: Sequence[Mapping[str, Any]], param: str | None, body: Any = None) -> str | None:
     """For a value that matched no member of a union: "a string or a list"."""
     names: list[str] = []
     for err in errors:
         loc = tuple(err.get("loc", ()))
-        if _param(loc) != param or not err.get("type", "").endswith("_type"):
+        if _param(loc, body) != param or not err.get("type", "").endswith("_type"):
             continue
         tag = next((item for item in reversed(loc) if _is_type_tag(item)), None)
         if tag is None:
@@ -118,14 +128,15 @@ def _first_meaningful(errors: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
     return errors[0]
 
 
-def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | None]:
-    """(message, param) for the most telling of pydantic's errors; the rest are counted."""
+def validation_message(errors: Sequence[Mapping[str, Any]], body: Any = None) -> tuple[str, str | None]:
+    """(message, param) for the most telling of pydantic's errors; the rest are counted.
+    ``body``, the request as sent, lets a param leave out the union tags it does not hold."""
     if not errors:
         return "the request is invalid", None
     err = _first_meaningful(errors)
     kind = err.get("type", "")
     loc = tuple(err.get("loc", ()))
-    param = _param(loc)
+    param = _param(loc, body, missing=kind == "missing")
     ctx = err.get("ctx") or {}
     if kind == "json_invalid":
         pos = loc[1] if len(loc) > 1 else "?"
@@ -149,7 +160,7 @@ def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | 
             ctx.get("error", err.get("msg")))
         if param is None and (named := _NAMED_FIELD.match(message)):
             param = named.group(1)
-    elif (expected := _expected_types(errors, param)) is not None:
+    elif (expected := _expected_types(errors, param, body)) is not None:
         return f"{param}: the value should be {expected}", param
     else:
         message = f"{param}: {err.get('msg', 'invalid value')}" if param else str(err.get("msg", "invalid value"))
@@ -170,7 +181,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     if request.method == "POST" and not _is_json(request.headers.get("content-type")):
         return APIError(400, "the body must be JSON sent with the header 'Content-Type: application/json'").response()
-    message, param = validation_message(exc.errors())
+    message, param = validation_message(exc.errors(), getattr(exc, "body", None))
     return APIError(400, message, param=param).response()
 
 
