@@ -136,6 +136,21 @@ def test_strict_tools_hold_auto_calls_to_their_schema(client: openai.OpenAI, idl
     streamed = "".join(delta.function.arguments or "" for chunk in calls(True, cities[0], stream=True)
                        for choice in chunk.choices for delta in choice.delta.tool_calls or () if delta.function)
     assert streamed == calls(True, cities[0]).message.tool_calls[0].function.arguments
+    single = calls(True, cities[1], parallel_tool_calls=False)
+    assert len(assert_valid_calls(single.message)) == 1 and single.finish_reason == "tool_calls"
+    # the Responses API: its flat tool, history items and function_call output
+    items: list[Any] = []
+    for message in weather_history(cities[0]):
+        if message.get("tool_calls"):
+            items += [{"type": "function_call", "call_id": c["id"], "name": c["function"]["name"],
+                       "arguments": c["function"]["arguments"]} for c in message["tool_calls"]]
+        else:
+            items.append(message)
+    response = client.responses.create(model=MODEL, input=items, max_output_tokens=64, temperature=0, tools=[
+        {"type": "function", "name": "get_weather", "parameters": WEATHER_SCHEMA, "strict": True}])
+    called = [item for item in response.output if item.type == "function_call"]
+    assert len(called) == 1 and called[0].name == "get_weather"
+    jsonschema.validate(json.loads(called[0].arguments), WEATHER_SCHEMA)
 
 
 def test_streamed_tool_calls_reassemble_to_the_plain_answer(client: openai.OpenAI, idle_after: AsyncEngine) -> None:

@@ -4,17 +4,21 @@ opens with ``<tool_call>`` is held to the tool's schema (the default model's rea
 from __future__ import annotations
 
 import copy
+import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from speclane.engine.engine import RequestOutput
 from speclane.grammar.compiler import GrammarCompiler
 from speclane.grammar.spec import GrammarSpec
 from speclane.models.tokenizer import Tokenizer
 from speclane.server.errors import APIError
 from speclane.server.prompts import Vocabulary, chat_input
 from speclane.server.protocol import ChatCompletionRequest, Tool
-from speclane.server.tools import call_text, opened_calls_grammar
+from speclane.server.streaming import ChoiceState, Reading
+from speclane.server.tools import Thinking, call_text, opened_calls_grammar
 
 WEATHER = {"type": "object", "properties": {
     "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
@@ -28,45 +32,71 @@ def tool(name: str, parameters: dict[str, Any] | None = None, *, strict: bool | 
     return {"type": "function", "function": function}
 
 
-def follows(grammar_compiler: GrammarCompiler, default_tokenizer: Tokenizer, tools: list[dict[str, Any]], text: str, *,
-            parallel: bool = True) -> bool:
+@pytest.fixture
+def follows(grammar_compiler: GrammarCompiler, default_tokenizer: Tokenizer) -> Callable[..., bool]:
     """Whether the grammar lets the model write ``text`` and then end its reply."""
-    lark = opened_calls_grammar([Tool.model_validate(t) for t in tools], parallel=parallel)
-    matcher = grammar_compiler.compile(GrammarSpec.lark(lark)).new_matcher()
-    for token in default_tokenizer.encode(text):
-        if not matcher.allowed()[token]:
-            return False
-        assert matcher.consume([token])
-    return bool(matcher.allowed()[sorted(default_tokenizer.eos_token_ids)].any())
+    def check(tools: list[dict[str, Any]], text: str, *, parallel: bool = True, thinking: Thinking = "none") -> bool:
+        lark = opened_calls_grammar([Tool.model_validate(t) for t in tools], parallel=parallel, thinking=thinking)
+        matcher = grammar_compiler.compile(GrammarSpec.lark(lark)).new_matcher()
+        for token in default_tokenizer.encode(text):
+            if not matcher.allowed()[token]:
+                return False
+            assert matcher.consume([token])
+        return bool(matcher.allowed()[sorted(default_tokenizer.eos_token_ids)].any())
+    return check
 
 
-def test_text_is_free_and_an_opened_call_follows_the_schema(grammar_compiler, default_tokenizer):
-    tools = [tool("get_weather", WEATHER)]
-    assert follows(grammar_compiler, default_tokenizer, tools, "It is sunny. Use <tool call> tags, {\"json\": 1} or `code`.")
-    assert follows(grammar_compiler, default_tokenizer, tools, "Let me check.\n" + call_text("get_weather", {
-        "city": "Oslo", "unit": "celsius"}) + "\nDone.")
-    assert not follows(grammar_compiler, default_tokenizer, tools, "Let me check.\n" + call_text("get_weather", {
-        "city": "Oslo", "unit": "kelvin"}))
-    assert not follows(grammar_compiler, default_tokenizer, tools, call_text("get_weather", {"city": "Oslo"}))
-    assert not follows(grammar_compiler, default_tokenizer, tools, call_text("get_time", {}))
-    assert not follows(grammar_compiler, default_tokenizer, tools, "<tool_call>\nnot a call")
-    assert not follows(grammar_compiler, default_tokenizer, tools, "cut short <tool_call>\n{\"name\": ")  # no end inside a call
+def weather(unit: str = "celsius", city: str = "Oslo") -> str:
+    return call_text("get_weather", {"city": city, "unit": unit})
 
 
-def test_a_tool_that_is_not_strict_takes_any_object_beside_a_strict_one(grammar_compiler, default_tokenizer):
-    tools = [tool("get_weather", WEATHER), tool("note", {"type": "object", "required": ["text"]}, strict=False)]
-    assert follows(grammar_compiler, default_tokenizer, tools, call_text("note", {"anything": [1, 2]}))
-    assert not follows(grammar_compiler, default_tokenizer, tools, call_text("note", [1]))
-    assert not follows(grammar_compiler, default_tokenizer, tools, call_text("get_weather", {"anything": 1}))
+TOOLS = [tool("get_weather", WEATHER)]
 
 
-def test_without_parallel_calls_a_reply_opens_at_most_one(grammar_compiler, default_tokenizer):
-    tools = [tool("get_weather", WEATHER)]
-    one = call_text("get_weather", {"city": "Oslo", "unit": "celsius"})
-    assert follows(grammar_compiler, default_tokenizer, tools, f"{one}\nand the text after it", parallel=False)
-    assert not follows(grammar_compiler, default_tokenizer, tools, f"{one}\n{one}", parallel=False)
-    assert not follows(grammar_compiler, default_tokenizer, tools, f"{one} then <tool_call> as text", parallel=False)
-    assert follows(grammar_compiler, default_tokenizer, tools, f"{one}\n{one}", parallel=True)
+def test_text_is_free_and_an_opened_call_follows_the_schema(follows):
+    assert follows(TOOLS, "It is sunny. Use <tool call> tags, {\"json\": 1} or `code`.")
+    assert follows(TOOLS, f"Let me check.\n{weather()}")
+    assert not follows(TOOLS, f"Let me check.\n{weather('kelvin')}")
+    assert not follows(TOOLS, call_text("get_weather", {"city": "Oslo"}))
+    assert not follows(TOOLS, call_text("get_time", {}))
+    assert not follows(TOOLS, "<tool_call>\nnot a call")
+    assert not follows(TOOLS, "cut short <tool_call>\n{\"name\": ")  # no end inside a call
+    assert not follows(TOOLS, f"{weather()}\nDone.")  # a turn that called ends with its calls
+    assert not follows(TOOLS, f"{weather()}\u3000")
+
+
+def test_a_tool_that_is_not_strict_takes_any_object_beside_a_strict_one(follows):
+    tools = [*TOOLS, tool("note", {"type": "object", "required": ["text"]}, strict=False)]
+    assert follows(tools, call_text("note", {"anything": [1, 2]}))
+    assert not follows(tools, call_text("note", [1]))
+    assert not follows(tools, call_text("get_weather", {"anything": 1}))
+
+
+def test_without_parallel_calls_a_reply_opens_at_most_one(follows):
+    assert follows(TOOLS, f"Both.\n{weather()}{weather('fahrenheit', 'Lima')}", parallel=True)
+    assert not follows(TOOLS, f"Both.\n{weather()}{weather('kelvin', 'Lima')}", parallel=True)
+    assert follows(TOOLS, f"One.\n{weather()}", parallel=False)
+    assert not follows(TOOLS, f"{weather()}{weather()}", parallel=False)
+    assert not follows(TOOLS, f"{weather()} then <tool_call> as text", parallel=False)
+
+
+def test_a_thinking_block_the_prompt_opened_is_free_and_the_answer_after_it_is_held(follows):
+    thought = "The format is <tool_call> with JSON; kelvin is wrong here.\n</think>\n\n"
+    assert follows(TOOLS, thought + weather(), thinking="open", parallel=False)  # the mention uses up nothing
+    assert not follows(TOOLS, thought + weather("kelvin"), thinking="open")
+    assert follows(TOOLS, "Still thinking about <tool_call> and", thinking="open")  # cut short while thinking
+    assert follows(TOOLS, thought + "No call needed.", thinking="open")
+
+
+def test_a_thinking_block_the_model_opens_is_free_and_a_reply_without_one_is_held(follows):
+    thought = "  <think>\nMaybe <tool_call> kelvin.\n</think>\n\n"
+    assert follows(TOOLS, thought + weather(), thinking="may", parallel=False)
+    assert not follows(TOOLS, thought + weather("kelvin"), thinking="may")
+    assert follows(TOOLS, f"Checking.\n{weather()}", thinking="may")
+    assert not follows(TOOLS, f"Checking.\n{weather('kelvin')}", thinking="may")
+    assert not follows(TOOLS, f"{weather()}<think>{weather('kelvin')}", thinking="may")  # only at the start
+    assert follows(TOOLS, "<think>cut short at <tool_call>", thinking="may")
+    assert follows(TOOLS, "", thinking="may") and follows(TOOLS, "", thinking="open")
 
 
 def request(tools: list[dict[str, Any]], **fields: Any) -> ChatCompletionRequest:
@@ -84,7 +114,7 @@ def test_auto_compiles_a_grammar_only_where_a_tool_is_strict(grammar_compiler, d
     required = chat_input(request([tool("get_weather", WEATHER)], tool_choice="required"), vocab)
     assert required.tool_parsing == "forced" and required.grammar is not strict.grammar
     answer = chat_input(request([tool("get_weather", WEATHER)], response_format={"type": "json_object"}), vocab)
-    assert answer.tool_parsing == "auto"  # calls or the JSON answer: the existing grammar of both
+    assert answer.tool_parsing == "tagged"  # calls or the JSON answer: bare JSON is the answer
 
 
 def test_a_strict_schema_the_engine_cannot_enforce_is_refused_naming_the_tool(grammar_compiler, default_tokenizer):
@@ -96,10 +126,58 @@ def test_a_strict_schema_the_engine_cannot_enforce_is_refused_naming_the_tool(gr
     assert chat_input(request([tool("get_weather", WEATHER), tool("label", tags, strict=False)]), vocab).grammar
 
 
-def test_strict_tools_leave_a_template_opened_think_block_to_the_model(grammar_compiler, default_tokenizer):
-    thinking = copy.copy(default_tokenizer)
-    thinking.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}<think>\n"
-    vocab = Vocabulary(thinking, 2048, default_tokenizer.vocab_size, grammar_compiler.compile)
-    assert chat_input(request([tool("get_weather", WEATHER)]), vocab).opens_thinking
-    assert not chat_input(request([tool("get_weather", WEATHER)], tool_choice="required"), vocab).opens_thinking
+def vocabulary(tokenizer: Tokenizer, compiler: GrammarCompiler, template: str, *, reasoning: bool = False) -> (
+        Vocabulary):
+    """The default model's tokenizer with another chat template."""
+    templated = copy.copy(tokenizer)
+    templated.chat_template = template
+    return Vocabulary(templated, 2048, tokenizer.vocab_size, compiler.compile, reasoning=reasoning)
 
+
+def test_strict_tools_leave_a_template_opened_think_block_to_the_model(grammar_compiler, default_tokenizer):
+    opened = "{% for m in messages %}{{ m.content }}{% endfor %}<think>\n"
+    for reasoning, shape in ((False, "start: body"), (True, "start: thought body | UNCLOSED\n")):
+        vocab = vocabulary(default_tokenizer, grammar_compiler, opened, reasoning=reasoning)
+        strict = chat_input(request(TOOLS), vocab)
+        assert strict.opens_thinking and shape in strict.grammar.spec.source
+        assert not chat_input(request(TOOLS, tool_choice="required"), vocab).opens_thinking
+    vocab = vocabulary(default_tokenizer, grammar_compiler, "{% for m in messages %}{{ m.content }}{% endfor %}",
+                       reasoning=True)
+    assert "first_body" in chat_input(request(TOOLS), vocab).grammar.spec.source
+
+
+def test_a_model_whose_calls_are_not_tool_call_blocks_keeps_auto_free(grammar_compiler, default_tokenizer):
+    """Llama 3's bare JSON calls: no grammar to hold them, and bare JSON is still read as a call."""
+    llama_like = ("{% if tools %}{% for t in tools %}{{ t | tojson }}{% endfor %}{% endif %}"
+                  "{% for m in messages %}{{ m.content }}{% endfor %}")
+    plain = chat_input(request(TOOLS), vocabulary(default_tokenizer, grammar_compiler, llama_like))
+    assert plain.grammar is None and plain.tool_parsing == "auto"
+    hermes_like = llama_like + "{# calls in <tool_call></tool_call> tags #}"
+    held = chat_input(request(TOOLS), vocabulary(default_tokenizer, grammar_compiler, hermes_like))
+    assert held.grammar is not None and held.tool_parsing == "tagged"
+
+
+def test_held_replies_read_calls_from_tool_call_blocks_only():
+    """Bare JSON is no call where the grammar held only <tool_call> blocks: nothing checked it."""
+    bare = json.dumps({"name": "get_weather", "arguments": {"city": "Oslo", "unit": "kelvin"}})
+    for parsing, calls in (("auto", 1), ("tagged", 0)):
+        state = ChoiceState(0, Reading(tool_parsing=parsing, tool_names=("get_weather",)))
+        state.feed(RequestOutput("r", bare, [], True, "stop", 5, 1))
+        message = state.answer(chat=True)["message"]
+        assert len(message.get("tool_calls") or ()) == calls
+        assert (message["content"] == bare) == (calls == 0)
+    state = ChoiceState(0, Reading(tool_parsing="tagged", tool_names=("get_weather",)))
+    state.feed(RequestOutput("r", f"Checking.\n{weather()}", [], True, "stop", 5, 1))
+    assert state.answer(chat=True)["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+def test_without_parallel_calls_only_the_first_call_is_read():
+    """"auto" without strict tools has no grammar to stop a second call: the parser drops it."""
+    two = f"Both.\n{weather()}\n{weather('fahrenheit', 'Lima')}"
+    bare = json.dumps([{"name": "get_weather", "arguments": {"city": c, "unit": "celsius"}} for c in ("A", "B")])
+    for text, parsing in ((two, "auto"), (two, "tagged"), (bare, "auto")):
+        for single, expected in ((False, 2), (True, 1)):
+            state = ChoiceState(0, Reading(tool_parsing=parsing, tool_names=("get_weather",), single_call=single))
+            state.feed(RequestOutput("r", text, [], True, "stop", 5, 1))
+            message = state.answer(chat=True)["message"]
+            assert len(message["tool_calls"]) == expected and message["content"] in (None, "Both."), message

@@ -106,7 +106,7 @@ class _Server:
         model_vocab = getattr(getattr(getattr(engine, "model", None), "config", None), "vocab_size", None)
         self.vocab = Vocabulary(engine.tokenizer, engine.max_model_len,
                                 min(engine.tokenizer.vocab_size, model_vocab or engine.tokenizer.vocab_size),
-                                compile_grammar=getattr(engine, "compile_grammar", None))
+                                compile_grammar=getattr(engine, "compile_grammar", None), reasoning=self.reasoning)
         self.token_texts = TokenTexts(engine.tokenizer)
         self.tracker = RequestTracker(async_engine)
         self.kv_cache = getattr(engine, "kv_pool", None)  # GET /health's view of the KV pool
@@ -158,6 +158,7 @@ class _Server:
                 raise APIError(503, str(exc), code="engine_stopped", headers={"Retry-After": "5"}) from None
             raise
         reading = Reading(tool_parsing=engine_input.tool_parsing, tool_names=engine_input.tool_names,
+                          single_call=engine_input.single_call,
                           top_logprobs=engine_input.top_logprobs,
                           texts=self.token_texts if engine_input.top_logprobs is not None else None,
                           reasoning=chat and self.reasoning, opens_thinking=engine_input.opens_thinking,

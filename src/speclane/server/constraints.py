@@ -18,7 +18,7 @@ from speclane.grammar.compiler import CompiledGrammar
 from speclane.grammar.spec import GrammarSpec
 from speclane.server.errors import APIError
 from speclane.server.protocol import ChatCompletionRequest, CompletionRequest, NamedToolChoice, Tool
-from speclane.server.tools import opened_calls_grammar, strict_tools, tool_call_grammar
+from speclane.server.tools import Thinking, opened_calls_grammar, strict_tools, tool_call_grammar
 
 Compile = Callable[[GrammarSpec], CompiledGrammar]
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -84,9 +84,13 @@ def _constraint(request: ChatCompletionRequest | CompletionRequest, param: str) 
     return Constraint(param, GrammarSpec.lark(request.guided_grammar or ""))
 
 
-def request_grammar(request: ChatCompletionRequest | CompletionRequest, compile_grammar: Compile) -> (
-        CompiledGrammar | None):
-    """The compiled grammar the output must match, or None when it is free."""
+def request_grammar(request: ChatCompletionRequest | CompletionRequest, compile_grammar: Compile, *,
+                    tagged_calls: Thinking | None = None) -> CompiledGrammar | None:
+    """The compiled grammar the output must match, or None when it is free.
+
+    ``tagged_calls``: where the model writes calls in ``<tool_call>`` blocks, how its reply
+    may think first; "auto" with strict tools then holds the calls it opens. None: the
+    model's calls take another form, which "auto" leaves free (and parses as it comes)."""
     constraint = output_constraint(request)
     mode = request.tool_mode if isinstance(request, ChatCompletionRequest) else "none"
     if mode == "none":
@@ -98,10 +102,10 @@ def request_grammar(request: ChatCompletionRequest | CompletionRequest, compile_
         tools = [t for t in tools if t.function.name == request.tool_choice.function.name]
     elif mode == "auto":
         if constraint is None:
-            if not strict_tools(tools):
+            if tagged_calls is None or not strict_tools(tools):
                 return None
             _compile_parameters(request.tools, compile_grammar, lambda tool: bool(tool.function.strict))
-            lark = opened_calls_grammar(tools, parallel=request.parallel_tool_calls is not False)
+            lark = opened_calls_grammar(tools, parallel=request.parallel_tool_calls is not False, thinking=tagged_calls)
             return _compile(compile_grammar, lambda: GrammarSpec.lark(lark), "tools")
         if constraint.schema is None:
             raise APIError(400, f"{constraint.param}: with tools offered (tool_choice 'auto'), only a JSON "

@@ -28,7 +28,7 @@ from speclane.server.protocol import (
     content_text,
 )
 from speclane.server.reasoning import prompt_opens_thinking
-from speclane.server.tools import chat_messages, strict_tools
+from speclane.server.tools import Thinking, chat_messages, writes_tagged_calls
 
 if TYPE_CHECKING:
     from speclane.grammar.compiler import CompiledGrammar
@@ -57,6 +57,7 @@ class EngineInput:
     # only in <tool_call> blocks, which strict tools' grammar holds, or text), "forced" (calls).
     tool_parsing: ToolParsing = "none"
     tool_names: tuple[str, ...] = ()
+    single_call: bool = False  # parallel_tool_calls false: at most one call is read
     top_logprobs: int | None = None  # alternatives to report per token; None: no logprobs
     echo_text: str | None = None  # completions' echo: the prompt's text, sent before the answer
     echo_only: bool = False  # completions' echo with max_tokens 0: the prompt alone, the answer left out
@@ -79,6 +80,7 @@ class Vocabulary:
     max_model_len: int
     vocab_size: int  # ids must be < this (the smaller of the tokenizer's and the model's)
     compile_grammar: Callable[[GrammarSpec], CompiledGrammar] | None = None  # the engine's
+    reasoning: bool = False  # replies' thinking blocks are read apart (--reasoning-parser)
 
     def check_ids(self, ids: Iterable[int], param: str, *, indexed: bool = False) -> None:
         """A 400 naming the first of ``ids`` outside the vocabulary: as ``param[i]`` where
@@ -93,18 +95,24 @@ class Vocabulary:
 def chat_input(request: ChatCompletionRequest, vocab: Vocabulary) -> EngineInput:
     prompt = render_chat(request, vocab.tokenizer)
     prompt_ids = vocab.tokenizer.encode(prompt, add_special_tokens=False)
-    engine_input = _engine_input(request, prompt_ids, vocab)
+    opens_thinking = prompt_opens_thinking(prompt)
+    thinking: Thinking = "none" if not vocab.reasoning else "open" if opens_thinking else "may"
+    tagged = thinking if writes_tagged_calls(vocab.tokenizer.chat_template) else None
+    engine_input = _engine_input(request, prompt_ids, vocab, tagged_calls=tagged)
     mode = request.tool_mode
-    parsing: ToolParsing = "none" if mode == "none" else "forced" if mode != "auto" else \
-        "tagged" if strict_tools(request.tools or ()) and not request.constraint_fields else "auto"
+    # Under "auto" a grammar (strict tools' calls, or calls or a JSON answer) holds the
+    # <tool_call> blocks: they are the calls, and bare JSON is never read as one (it was
+    # not held to a tool's schema; beside a JSON answer, it is the answer).
+    held = mode == "auto" and engine_input.grammar is not None
+    parsing: ToolParsing = "none" if mode == "none" else "forced" if mode != "auto" else "tagged" if held else "auto"
     # A grammar decides the reply from its first token: it is the answer even where the
     # template opened <think> (it cannot close a block it never let the model write).
     # Strict tools' grammar leaves text free until a call opens.
-    free_start = engine_input.grammar is None or parsing == "tagged"
-    engine_input = dataclasses.replace(engine_input, opens_thinking=free_start and prompt_opens_thinking(prompt))
+    free_start = engine_input.grammar is None or held and not request.constraint_fields
+    engine_input = dataclasses.replace(engine_input, opens_thinking=free_start and opens_thinking)
     if mode == "none":
         return engine_input
-    return dataclasses.replace(engine_input, tool_parsing=parsing,
+    return dataclasses.replace(engine_input, tool_parsing=parsing, single_call=request.parallel_tool_calls is False,
                                tool_names=tuple(t.function.name for t in request.tools or ()))
 
 
@@ -163,7 +171,7 @@ def _continuing(rendered: str) -> str:
 
 
 def _engine_input(request: ChatCompletionRequest | CompletionRequest, prompt_ids: list[int],
-                  vocab: Vocabulary) -> EngineInput:
+                  vocab: Vocabulary, *, tagged_calls: Thinking | None = None) -> EngineInput:
     num_prompt = len(prompt_ids)
     if num_prompt == 0:
         raise APIError(400, "the prompt is empty: send at least one token of text", param="prompt")
@@ -196,7 +204,7 @@ def _engine_input(request: ChatCompletionRequest | CompletionRequest, prompt_ids
     if request.constraint_fields or (isinstance(request, ChatCompletionRequest) and request.tool_mode != "none"):
         if vocab.compile_grammar is None:
             raise APIError(400, "this server has no grammar engine: omit the output constraint")
-        grammar = request_grammar(request, vocab.compile_grammar)
+        grammar = request_grammar(request, vocab.compile_grammar, tagged_calls=tagged_calls)
     top = _top_logprobs(request)
     return EngineInput(
         prompt_token_ids=prompt_ids,

@@ -161,7 +161,7 @@ class FunctionDefinition(StrictModel):
     name: Annotated[str, StringConstraints(pattern=FUNCTION_NAME)]
     description: str | None = None
     parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
-    strict: bool | None = None  # accepted: the arguments of constrained calls always match
+    strict: bool | None = None  # true: under "auto" too, the calls' arguments are held to ``parameters`` (tools.py)
 
     @field_validator("parameters", mode="after")
     @classmethod

@@ -96,6 +96,7 @@ class Reading:
 
     tool_parsing: str = "none"  # "none", "auto", "tagged" or "forced" (see EngineInput)
     tool_names: tuple[str, ...] = ()
+    single_call: bool = False  # parallel_tool_calls false: calls after the first are dropped
     top_logprobs: int | None = None
     texts: TokenTexts | None = None  # needed with logprobs
     reasoning: bool = False  # a chat reply's <think> block is reasoning_content
@@ -127,7 +128,7 @@ class ChoiceState:
         self.reading = reading
         self.splitter = ReasoningSplitter(thinking=reading.opens_thinking) if reading.reasoning else None
         self.parser = (ToolCallParser(reading.tool_names, bare_json=reading.tool_parsing == "auto",
-                                      forced=reading.tool_parsing == "forced")
+                                      forced=reading.tool_parsing == "forced", single=reading.single_call)
                        if reading.tool_parsing != "none" else None)
         self.content: list[str] = []
         self.reasoning: list[str] = []

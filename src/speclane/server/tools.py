@@ -32,7 +32,9 @@ Parsing (``auto``, ``required``, named). Text before and between calls stays
 ``content``; each complete ``<tool_call>`` block whose JSON names a known tool and gives
 its ``arguments`` (or ``parameters``) as an object becomes a call; a block that does not
 parse stays content. With ``auto``, a reply that is one bare JSON object (or a list of
-them) naming a known tool with its arguments is a call too. ``ToolCallParser`` works on
+them) naming a known tool with its arguments is a call too, unless a grammar held the
+reply (strict tools, a JSON answer): its calls are the ``<tool_call>`` blocks it held.
+With ``parallel_tool_calls: false`` a call after the first is dropped. ``ToolCallParser`` works on
 the text as it streams: it holds back text that may be the start of a ``<tool_call>``
 tag, whitespace that may come before a call, and a reply that starts like bare JSON,
 until it knows; a call is emitted once its block is complete. The non-streaming answer
@@ -48,7 +50,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import jinja2
 import jinja2.meta
@@ -257,25 +259,55 @@ def strict_tools(tools: Sequence[Tool]) -> bool:
     return any(tool.function.strict for tool in tools)
 
 
-def opened_calls_grammar(tools: Sequence[Tool], *, parallel: bool) -> str:
-    """"auto" with strict tools: free text, and wherever the model writes ``<tool_call>``
-    a call to one of ``tools`` (at most one without ``parallel``), a strict tool's arguments
-    held to its ``parameters``, any other's to a JSON object.
+def writes_tagged_calls(template: str | None) -> bool:
+    """Whether the model is asked for calls in ``<tool_call>`` blocks: the generic preamble
+    asks for them, and a template that renders the tools itself shows them (Qwen's, Hermes's).
+    Llama 3's bare JSON and Mistral's ``[TOOL_CALLS]`` are other formats."""
+    return template is None or not template_uses_tools(template) or OPEN in template
+
+
+# How a reply may begin with a thinking block, as the reasoning splitter reads it: never
+# ("none"), inside one the prompt opened ("open"), or with one the model opens ("may").
+Thinking = Literal["none", "open", "may"]
+
+_TEXT = r"/(.|\n)*/"
+_NO_CALL = rf"{_TEXT} & ~/(.|\n)*{OPEN}(.|\n)*/"  # text that opens no call
+_OPENS_THINKING = r"~/\s*<think>(.|\n)*/"  # text that does not open a thinking block
+_NOT_CLOSING = r"~/(.|\n)*<\/think>(.|\n)*/"  # text that does not close one
+
+
+def opened_calls_grammar(tools: Sequence[Tool], *, parallel: bool, thinking: Thinking = "none") -> str:
+    """"auto" with strict tools: free text, or text then calls where the model writes
+    ``<tool_call>``, each to one of ``tools``, a strict tool's arguments held to its
+    ``parameters``, any other's to a JSON object; one call without ``parallel``.
 
     The opening is a lazy lexeme (llguidance's trigger for calls inside running text): the
-    text ends at the first ``<tool_call>``, which then must go on as a call. Text after the
-    one call ``parallel`` false allows never contains the opening."""
-    text = "/(.|\\n)*/"
-    tail = text if parallel else f"{text} & ~/(.|\\n)*{OPEN}(.|\\n)*/"
-    calls = "(opened call)*" if parallel else "(opened call)?"
-    return "\n".join([
-        "%llguidance {}",
-        f"start: {calls} tail",
-        "tail: TAIL",
-        f"TAIL: {tail}",
-        f"opened[lazy]: {text} {_lark_string(OPEN)}",
-        *_call_rules(tools, "", schemas=lambda tool: bool(tool.function.strict)),
-    ]) + "\n"
+    text ends at the first ``<tool_call>``, which then must go on as a call. Further calls
+    follow directly, as under "required" (``tool_call_grammar``), and the last ends the
+    turn: a reply that called cannot ramble on in would-be calls (nor in whitespace). A thinking block (``thinking``) is free text, ``<tool_call>``
+    included, up to its first ``</think>``: its calls would be reasoning, never parsed; a
+    reply may end inside it (cut short)."""
+    more = f"({_lark_string(OPEN)} call)* " if parallel else ""
+    lines = ["%llguidance {}",
+             f"body: opened call {more}| TAIL",
+             f"TAIL: {_NO_CALL}",
+             f"TEXT: {_TEXT}",
+             f"opened[lazy]: TEXT {_lark_string(OPEN)}"]
+    if thinking == "none":
+        lines.insert(1, "start: body")
+    elif thinking == "open":
+        lines[1:1] = ["start: thought body | UNCLOSED",
+                      'thought[lazy]: TEXT "</think>"',
+                      f"UNCLOSED: {_TEXT} & {_NOT_CLOSING}"]
+    else:  # the block, where there is one, opens the reply (after whitespace)
+        lines[1:1] = ["start: thought body | UNCLOSED | first_body",
+                      r'thought[lazy]: /\s*<think>/ TEXT "</think>"',
+                      rf"UNCLOSED: /\s*<think>(.|\n)*/ & {_NOT_CLOSING}",
+                      f"first_body: first_opened call {more}| FIRST_TAIL",
+                      f"first_opened[lazy]: NOT_THINKING {_lark_string(OPEN)}",
+                      f"NOT_THINKING: {_TEXT} & {_OPENS_THINKING}",
+                      f"FIRST_TAIL: {_NO_CALL} & {_OPENS_THINKING}"]
+    return "\n".join([*lines, *_call_rules(tools, "", schemas=lambda tool: bool(tool.function.strict))]) + "\n"
 
 
 # -- parsing the reply -----------------------------------------------------------------------
@@ -297,10 +329,11 @@ Event = str | ParsedCall  # a piece of content, or a complete call
 class ToolCallParser:
     """Splits a reply, fed as it streams, into content pieces and complete calls."""
 
-    def __init__(self, names: Sequence[str], *, bare_json: bool, forced: bool = False) -> None:
+    def __init__(self, names: Sequence[str], *, bare_json: bool, forced: bool = False, single: bool = False) -> None:
         self._names = frozenset(names)
         self._bare_json = bare_json
         self._forced = forced  # the grammar allows only calls: an unfinished one was cut short
+        self._single = single  # parallel_tool_calls false: calls after the first are dropped
         self._buffer = ""
         self._in_call = False
         self._bare = False  # the reply starts like bare JSON: held until the end
@@ -343,7 +376,7 @@ class ToolCallParser:
         events: list[Event] = []
         rest, self._buffer = self._buffer, ""
         if self._bare:
-            calls = self._bare_calls(rest)
+            calls = self._bare_calls(rest)[:1 if self._single else None]
             if calls:
                 events.extend(calls)
                 self.num_calls += len(calls)
@@ -375,6 +408,9 @@ class ToolCallParser:
         call = self._call(body)
         if call is None:
             self._content(OPEN + body + (CLOSE if closed else ""), events)
+            return
+        if self._single and self.num_calls:
+            self._after_call = True  # a call the client did not allow: neither call nor content
             return
         self._held_space = ""
         self.num_calls += 1
