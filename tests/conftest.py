@@ -23,21 +23,26 @@ takes a few hundred ms.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from speclane.grammar.compiler import GrammarCompiler
+    from speclane.models.tokenizer import Tokenizer
 
 TEST_THREADS = 1
 
 
 @pytest.fixture(scope="session")
-def default_tokenizer():
+def default_tokenizer() -> Tokenizer:
     from speclane.models.loader import DEFAULT_MODEL, resolve_model
     from speclane.models.tokenizer import Tokenizer
     return Tokenizer.from_gguf(resolve_model(DEFAULT_MODEL))
 
 
 @pytest.fixture(scope="session")
-def grammar_compiler(default_tokenizer):
+def grammar_compiler(default_tokenizer: Tokenizer) -> GrammarCompiler:
     from speclane.grammar.compiler import GrammarCompiler
     return GrammarCompiler(default_tokenizer, default_tokenizer.vocab_size)
 

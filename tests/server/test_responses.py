@@ -531,6 +531,9 @@ def http(live: LiveServer) -> Iterator[httpx.Client]:
     ({"input": ""}, "input"),
     ({"input": []}, "input"),
     ({"input": "x", "max_output_tokens": 100_000}, "max_output_tokens"),
+    # a strict tool's schema must compile; Responses' tools are flat
+    ({"input": "x", "tools": [{"type": "function", "name": "f", "strict": True, "parameters": {
+        "type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}}]}, "tools[0].parameters"),
 ])
 def test_bad_input_is_a_400_in_openai_shape(http: httpx.Client, fields: dict[str, Any], param: str) -> None:
     response = http.post("/v1/responses", json={"model": MODEL, **fields})

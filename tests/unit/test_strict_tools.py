@@ -18,7 +18,8 @@ from speclane.server.errors import APIError
 from speclane.server.prompts import Vocabulary, chat_input
 from speclane.server.protocol import ChatCompletionRequest, Tool
 from speclane.server.streaming import ChoiceState, Reading
-from speclane.server.tools import Thinking, call_text, opened_calls_grammar
+from speclane.server.tool_grammar import Thinking, opened_calls_grammar
+from speclane.server.tools import call_text
 
 WEATHER = {"type": "object", "properties": {
     "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
@@ -112,7 +113,7 @@ def test_auto_compiles_a_grammar_only_where_a_tool_is_strict(grammar_compiler, d
         plain = chat_input(request([loose]), vocab)
         assert plain.grammar is None and plain.tool_parsing == "auto"
     required = chat_input(request([tool("get_weather", WEATHER)], tool_choice="required"), vocab)
-    assert required.tool_parsing == "forced" and required.grammar is not strict.grammar
+    assert required.tool_parsing == "forced" and required.grammar.spec.source.startswith("start: calls")
     answer = chat_input(request([tool("get_weather", WEATHER)], response_format={"type": "json_object"}), vocab)
     assert answer.tool_parsing == "tagged"  # calls or the JSON answer: bare JSON is the answer
 
@@ -172,12 +173,26 @@ def test_held_replies_read_calls_from_tool_call_blocks_only():
 
 
 def test_without_parallel_calls_only_the_first_call_is_read():
-    """"auto" without strict tools has no grammar to stop a second call: the parser drops it."""
-    two = f"Both.\n{weather()}\n{weather('fahrenheit', 'Lima')}"
-    bare = json.dumps([{"name": "get_weather", "arguments": {"city": c, "unit": "celsius"}} for c in ("A", "B")])
+    """Where no grammar stops a second call ("auto" without strict tools), the parser drops it,
+    streamed or not."""
+    two = f"Both.\n{weather(city='Oslo')}\n{weather('fahrenheit', 'Lima')}"
+    bare = json.dumps([{"name": "get_weather", "arguments": {"city": c, "unit": "celsius"}} for c in ("Oslo", "B")])
     for text, parsing in ((two, "auto"), (two, "tagged"), (bare, "auto")):
         for single, expected in ((False, 2), (True, 1)):
-            state = ChoiceState(0, Reading(tool_parsing=parsing, tool_names=("get_weather",), single_call=single))
-            state.feed(RequestOutput("r", text, [], True, "stop", 5, 1))
-            message = state.answer(chat=True)["message"]
-            assert len(message["tool_calls"]) == expected and message["content"] in (None, "Both."), message
+            for size in (len(text), 3):  # whole, then streamed in small pieces
+                state = ChoiceState(0, Reading(tool_parsing=parsing, tool_names=("get_weather",), single_call=single))
+                pieces = [text[i:i + size] for i in range(0, len(text), size)]
+                for i, piece in enumerate(pieces):
+                    state.feed(RequestOutput("r", piece, [], i == len(pieces) - 1, "stop", 5, i + 1))
+                message = state.answer(chat=True)["message"]
+                assert len(message["tool_calls"]) == expected and message["content"] in (None, "Both."), message
+                assert json.loads(message["tool_calls"][0]["function"]["arguments"])["city"] == "Oslo"
+
+
+def test_a_held_call_cut_short_is_dropped_not_content():
+    text = f"Checking.\n{weather()}"[:-20]  # max_tokens ended it inside the call
+    for parsing, content in (("tagged", "Checking.\n"), ("auto", text)):
+        state = ChoiceState(0, Reading(tool_parsing=parsing, tool_names=("get_weather",)))
+        state.feed(RequestOutput("r", text, [], True, "length", 5, 1))
+        message = state.answer(chat=True)["message"]
+        assert message["content"] == content and not message.get("tool_calls"), message

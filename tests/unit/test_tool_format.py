@@ -13,6 +13,7 @@ from tokenizers import models
 
 from speclane.models.tokenizer import Tokenizer
 from speclane.server.protocol import ChatCompletionRequest
+from speclane.server.tool_grammar import tool_call_grammar
 from speclane.server.tools import (
     PREAMBLE,
     ParsedCall,
@@ -20,7 +21,6 @@ from speclane.server.tools import (
     call_text,
     chat_messages,
     nine_character_id,
-    tool_call_grammar,
 )
 
 ADD = {"type": "function", "function": {"name": "add", "description": "Add", "parameters": {
@@ -171,5 +171,5 @@ def test_streamed_pieces_equal_the_whole_answer(text: str, content: str, calls: 
 
 def test_a_forced_call_cut_short_is_dropped() -> None:
     text = call_text("add", {"a": 1}) + '<tool_call>\n{"name": "add", "argu'
-    assert summary(parse(text, 1, bare_json=False, forced=True)) == ("", [("add", '{"a": 1}')])
+    assert summary(parse(text, 1, bare_json=False, held=True)) == ("", [("add", '{"a": 1}')])
     assert summary(parse(text, 1, bare_json=False))[0] == '<tool_call>\n{"name": "add", "argu'

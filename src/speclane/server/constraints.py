@@ -18,10 +18,21 @@ from speclane.grammar.compiler import CompiledGrammar
 from speclane.grammar.spec import GrammarSpec
 from speclane.server.errors import APIError
 from speclane.server.protocol import ChatCompletionRequest, CompletionRequest, NamedToolChoice, Tool
-from speclane.server.tools import Thinking, opened_calls_grammar, strict_tools, tool_call_grammar
+from speclane.server.tool_grammar import (
+    Thinking,
+    opened_calls_grammar,
+    strict_tools,
+    tool_call_grammar,
+)
 
 Compile = Callable[[GrammarSpec], CompiledGrammar]
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+@dataclass(frozen=True)
+class OutputGrammar:
+    compiled: CompiledGrammar
+    free_text_first: bool = False  # strict tools' calls under "auto": the text is free until a call opens
 
 
 @dataclass(frozen=True)
@@ -85,8 +96,8 @@ def _constraint(request: ChatCompletionRequest | CompletionRequest, param: str) 
 
 
 def request_grammar(request: ChatCompletionRequest | CompletionRequest, compile_grammar: Compile, *,
-                    tagged_calls: Thinking | None = None) -> CompiledGrammar | None:
-    """The compiled grammar the output must match, or None when it is free.
+                    tagged_calls: Thinking | None = None) -> OutputGrammar | None:
+    """The grammar the output must match, or None when it is free.
 
     ``tagged_calls``: where the model writes calls in ``<tool_call>`` blocks, how its reply
     may think first; "auto" with strict tools then holds the calls it opens. None: the
@@ -94,7 +105,7 @@ def request_grammar(request: ChatCompletionRequest | CompletionRequest, compile_
     constraint = output_constraint(request)
     mode = request.tool_mode if isinstance(request, ChatCompletionRequest) else "none"
     if mode == "none":
-        return None if constraint is None else _compile(compile_grammar, constraint.spec, constraint.param)
+        return None if constraint is None else OutputGrammar(_compile(compile_grammar, constraint.spec, constraint.param))
     assert isinstance(request, ChatCompletionRequest) and request.tools
     tools = request.tools
     if mode == "named":
@@ -106,7 +117,7 @@ def request_grammar(request: ChatCompletionRequest | CompletionRequest, compile_
                 return None
             _compile_parameters(request.tools, compile_grammar, lambda tool: bool(tool.function.strict))
             lark = opened_calls_grammar(tools, parallel=request.parallel_tool_calls is not False, thinking=tagged_calls)
-            return _compile(compile_grammar, lambda: GrammarSpec.lark(lark), "tools")
+            return OutputGrammar(_compile(compile_grammar, lambda: GrammarSpec.lark(lark), "tools"), free_text_first=True)
         if constraint.schema is None:
             raise APIError(400, f"{constraint.param}: with tools offered (tool_choice 'auto'), only a JSON "
                                 "constraint can apply (the reply is a call or the JSON); send tool_choice 'none' "
@@ -114,7 +125,7 @@ def request_grammar(request: ChatCompletionRequest | CompletionRequest, compile_
     _compile_parameters(request.tools, compile_grammar, lambda tool: tool in tools)
     answer = constraint.schema if constraint is not None else None
     lark = tool_call_grammar(tools, parallel=request.parallel_tool_calls is not False, answer=answer)
-    return _compile(compile_grammar, lambda: GrammarSpec.lark(lark), constraint.param if constraint else "tools")
+    return OutputGrammar(_compile(compile_grammar, lambda: GrammarSpec.lark(lark), constraint.param if constraint else "tools"))
 
 
 def _compile_parameters(tools: list[Tool], compile_grammar: Compile, held: Callable[[Tool], bool]) -> None:

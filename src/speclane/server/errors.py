@@ -72,9 +72,9 @@ _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "null"}
 
 def _param(loc: Sequence[Any], body: Any = None, *, missing: bool = False) -> str | None:
     """The field ``loc`` names, as the client wrote it. Where the request ``body`` is known,
-    a name the body does not hold at that point (a union member's tag, as Responses' flat
-    ``text.format`` carries, or a default one) is left out, except the last of a ``missing``
-    field's."""
+    a name the body does not hold at that point is a union member's tag (Responses' flat
+    ``text.format``, or an input item without its ``type``) and is left out, except the
+    last name of a ``missing`` field's."""
     parts: list[str] = []
     previous = None
     items = list(loc[1:] if loc and loc[0] == "body" else loc)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import jinja2
 
@@ -28,7 +28,8 @@ from speclane.server.protocol import (
     content_text,
 )
 from speclane.server.reasoning import prompt_opens_thinking
-from speclane.server.tools import Thinking, chat_messages, writes_tagged_calls
+from speclane.server.tool_grammar import Thinking, writes_tagged_calls
+from speclane.server.tools import ToolParsing, chat_messages
 
 if TYPE_CHECKING:
     from speclane.grammar.compiler import CompiledGrammar
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
 # OpenAI's default temperature is 1; below this, treat it as greedy (0) — dividing logits
 # by a denormal-small temperature overflows to inf and the distribution to NaN.
 DEFAULT_TEMPERATURE = 1.0
-ToolParsing = Literal["none", "auto", "tagged", "forced"]
 GREEDY_BELOW = 1e-5
 
 
@@ -53,9 +53,7 @@ class EngineInput:
     prediction_token_ids: list[int]
     grammar: CompiledGrammar | None = None
     num_choices: int = 1
-    # How replies are read: "none" (plain text), "auto" (calls or text), "tagged" (calls,
-    # only in <tool_call> blocks, which strict tools' grammar holds, or text), "forced" (calls).
-    tool_parsing: ToolParsing = "none"
+    tool_parsing: ToolParsing = "none"  # how replies are read (tools.py)
     tool_names: tuple[str, ...] = ()
     single_call: bool = False  # parallel_tool_calls false: at most one call is read
     top_logprobs: int | None = None  # alternatives to report per token; None: no logprobs
@@ -98,20 +96,14 @@ def chat_input(request: ChatCompletionRequest, vocab: Vocabulary) -> EngineInput
     opens_thinking = prompt_opens_thinking(prompt)
     thinking: Thinking = "none" if not vocab.reasoning else "open" if opens_thinking else "may"
     tagged = thinking if writes_tagged_calls(vocab.tokenizer.chat_template) else None
-    engine_input = _engine_input(request, prompt_ids, vocab, tagged_calls=tagged)
+    engine_input = _engine_input(request, prompt_ids, vocab, tagged_calls=tagged, opens_thinking=opens_thinking)
     mode = request.tool_mode
+    if mode == "none":
+        return engine_input
     # Under "auto" a grammar (strict tools' calls, or calls or a JSON answer) holds the
     # <tool_call> blocks: they are the calls, and bare JSON is never read as one (it was
     # not held to a tool's schema; beside a JSON answer, it is the answer).
-    held = mode == "auto" and engine_input.grammar is not None
-    parsing: ToolParsing = "none" if mode == "none" else "forced" if mode != "auto" else "tagged" if held else "auto"
-    # A grammar decides the reply from its first token: it is the answer even where the
-    # template opened <think> (it cannot close a block it never let the model write).
-    # Strict tools' grammar leaves text free until a call opens.
-    free_start = engine_input.grammar is None or held and not request.constraint_fields
-    engine_input = dataclasses.replace(engine_input, opens_thinking=free_start and opens_thinking)
-    if mode == "none":
-        return engine_input
+    parsing: ToolParsing = "forced" if mode != "auto" else "auto" if engine_input.grammar is None else "tagged"
     return dataclasses.replace(engine_input, tool_parsing=parsing, single_call=request.parallel_tool_calls is False,
                                tool_names=tuple(t.function.name for t in request.tools or ()))
 
@@ -171,7 +163,10 @@ def _continuing(rendered: str) -> str:
 
 
 def _engine_input(request: ChatCompletionRequest | CompletionRequest, prompt_ids: list[int],
-                  vocab: Vocabulary, *, tagged_calls: Thinking | None = None) -> EngineInput:
+                  vocab: Vocabulary, *, tagged_calls: Thinking | None = None, opens_thinking: bool = False) -> (
+        EngineInput):
+    """The request's engine input; ``opens_thinking``: the rendered prompt ends inside
+    ``<think>``, kept where the reply's start is free (no grammar decides it)."""
     num_prompt = len(prompt_ids)
     if num_prompt == 0:
         raise APIError(400, "the prompt is empty: send at least one token of text", param="prompt")
@@ -200,11 +195,11 @@ def _engine_input(request: ChatCompletionRequest | CompletionRequest, prompt_ids
                            param="prediction")
     vocab.check_ids((int(key) for key in request.logit_bias or {}), "logit_bias")
     vocab.check_ids(request.stop_token_ids or (), "stop_token_ids")
-    grammar = None
+    output = None
     if request.constraint_fields or (isinstance(request, ChatCompletionRequest) and request.tool_mode != "none"):
         if vocab.compile_grammar is None:
             raise APIError(400, "this server has no grammar engine: omit the output constraint")
-        grammar = request_grammar(request, vocab.compile_grammar, tagged_calls=tagged_calls)
+        output = request_grammar(request, vocab.compile_grammar, tagged_calls=tagged_calls)
     top = _top_logprobs(request)
     return EngineInput(
         prompt_token_ids=prompt_ids,
@@ -212,9 +207,12 @@ def _engine_input(request: ChatCompletionRequest | CompletionRequest, prompt_ids
         priority=request.priority,
         speculative=request.speculative,
         prediction_token_ids=prediction_ids,
-        grammar=grammar,
+        grammar=output.compiled if output is not None else None,
         num_choices=request.num_choices,
         top_logprobs=top,
+        # A grammar decides the reply from its first token: it is the answer even where the
+        # template opened <think> (it cannot close a block it never let the model write).
+        opens_thinking=opens_thinking and (output is None or output.free_text_first),
     )
 
 

@@ -161,7 +161,9 @@ class FunctionDefinition(StrictModel):
     name: Annotated[str, StringConstraints(pattern=FUNCTION_NAME)]
     description: str | None = None
     parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
-    strict: bool | None = None  # true: under "auto" too, the calls' arguments are held to ``parameters`` (tools.py)
+    # true: under "auto" too, calls' arguments are held to ``parameters`` where the model's
+    # calls are <tool_call> blocks (tool_grammar.py)
+    strict: bool | None = None
 
     @field_validator("parameters", mode="after")
     @classmethod

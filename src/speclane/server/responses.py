@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -133,6 +134,7 @@ def chat_body(request: ResponsesRequest) -> dict[str, Any]:
     return body
 
 
+_FLAT_TOOL = re.compile(r"^(tools\[\d+\]\.)function\.")
 # chat's field -> the Responses field it came from, for the chat endpoint's own 400s
 _CHAT_PARAMS = {"messages": "input", "max_completion_tokens": "max_output_tokens", "response_format": "text.format"}
 
@@ -151,6 +153,10 @@ def in_responses_terms(error: APIError) -> APIError:
     """A chat error that names a chat field, naming the Responses field instead (status,
     code and headers unchanged)."""
     head = (error.param or "").split(".")[0].split("[")[0]
+    if head == "tools" and error.param and (flat := _FLAT_TOOL.sub(r"\1", error.param)) != error.param:
+        # Responses' function tools are flat: tools[i].parameters, not tools[i].function.parameters
+        return APIError(error.status, error.message.replace(error.param, flat), param=flat, code=error.code,
+                        headers=error.headers)
     if head not in _CHAT_PARAMS:
         return error
     if head == "messages":  # an index in it counts chat messages, so say so

@@ -37,7 +37,7 @@ from speclane.request import TokenLogprob
 from speclane.server.errors import APIError
 from speclane.server.logprobs import TokenTexts, chat_logprobs, completion_logprobs
 from speclane.server.reasoning import CLOSE, ReasoningSplitter
-from speclane.server.tools import ParsedCall, ToolCallParser
+from speclane.server.tools import ParsedCall, ToolCallParser, ToolParsing
 
 T = TypeVar("T")
 DONE = b"data: [DONE]\n\n"
@@ -94,7 +94,7 @@ class Reading:
     """How a request's outputs become choices: thinking split off or not (``reasoning.py``),
     tool calls parsed or not, logprobs or not."""
 
-    tool_parsing: str = "none"  # "none", "auto", "tagged" or "forced" (see EngineInput)
+    tool_parsing: ToolParsing = "none"
     tool_names: tuple[str, ...] = ()
     single_call: bool = False  # parallel_tool_calls false: calls after the first are dropped
     top_logprobs: int | None = None
@@ -128,7 +128,7 @@ class ChoiceState:
         self.reading = reading
         self.splitter = ReasoningSplitter(thinking=reading.opens_thinking) if reading.reasoning else None
         self.parser = (ToolCallParser(reading.tool_names, bare_json=reading.tool_parsing == "auto",
-                                      forced=reading.tool_parsing == "forced", single=reading.single_call)
+                                      held=reading.tool_parsing in ("forced", "tagged"), single=reading.single_call)
                        if reading.tool_parsing != "none" else None)
         self.content: list[str] = []
         self.reasoning: list[str] = []

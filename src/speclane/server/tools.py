@@ -1,5 +1,5 @@
-"""Tool calling on chat: the prompt that offers the tools, the grammar that forces a call,
-and the parser that turns a reply back into OpenAI's ``tool_calls``.
+"""Tool calling on chat: the prompt that offers the tools, and the parser that turns a
+reply back into OpenAI's ``tool_calls``.
 
 The call format is Hermes's, which Qwen 2.5 and 3 use natively::
 
@@ -21,20 +21,16 @@ tool results as one user message per run of results, each result in
 ``<tool_response>...</tool_response>`` (user, because many templates accept no other
 role). With ``tool_choice: "none"`` no tools are offered and replies are never parsed.
 
-Grammar. ``tool_choice: "required"`` or a named function constrains the reply to one
-call (``parallel_tool_calls: false``) or one or more, separated by newlines, each to a
-function of the choice with arguments that match its ``parameters`` schema (a Lark
-grammar that embeds each schema with ``%json``); nothing else may be generated, so even
-a small model answers with calls that parse and validate. Calls follow one another with
-nothing between them, and a call cut short by ``max_tokens`` is dropped.
+The grammars that hold calls to the tools' schemas are ``tool_grammar.py``'s.
 
 Parsing (``auto``, ``required``, named). Text before and between calls stays
 ``content``; each complete ``<tool_call>`` block whose JSON names a known tool and gives
 its ``arguments`` (or ``parameters``) as an object becomes a call; a block that does not
 parse stays content. With ``auto``, a reply that is one bare JSON object (or a list of
 them) naming a known tool with its arguments is a call too, unless a grammar held the
-reply (strict tools, a JSON answer): its calls are the ``<tool_call>`` blocks it held.
-With ``parallel_tool_calls: false`` a call after the first is dropped. ``ToolCallParser`` works on
+reply (strict tools, a JSON answer): its calls are the ``<tool_call>`` blocks it held,
+and one it held but ``max_tokens`` cut short is dropped, as under ``required``. With
+``parallel_tool_calls: false`` a call after the first is dropped. ``ToolCallParser`` works on
 the text as it streams: it holds back text that may be the start of a ``<tool_call>``
 tag, whitespace that may come before a call, and a reply that starts like bare JSON,
 until it knows; a call is emitted once its block is complete. The non-streaming answer
@@ -55,7 +51,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import jinja2
 import jinja2.meta
 
-from speclane.grammar.compiler import JSON_OPTIONS
 from speclane.models.tokenizer import template_environment
 from speclane.server.protocol import ChatMessage, Tool
 
@@ -213,103 +208,6 @@ def _generic_messages(messages: Sequence[ChatMessage], tools: Sequence[Tool], *,
     return out
 
 
-# -- the grammar -----------------------------------------------------------------------------
-
-
-def _lark_string(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)
-
-
-def _json_rule(schema: dict[str, Any] | bool) -> str:
-    """``%json`` with the compiler's fixed spacing, so a call reads as ``call_text`` writes it."""
-    body = {**schema, "x-guidance": JSON_OPTIONS} if isinstance(schema, dict) else {
-        "x-guidance": JSON_OPTIONS} if schema else {"not": {}}
-    return "%json " + json.dumps(body, ensure_ascii=False, separators=(",", ":"))
-
-
-def _call_rules(tools: Sequence[Tool], opening: str, *, schemas: Callable[[Tool], bool]) -> list[str]:
-    """``call: call_0 | call_1 ...``, each ``opening`` then the Hermes JSON naming the tool,
-    its arguments held to the tool's ``parameters`` where ``schemas(tool)``, else any object."""
-    lines = ["call: " + " | ".join(f"call_{i}" for i in range(len(tools)))]
-    for i, tool in enumerate(tools):
-        head = f'{opening}\n{{"name": {json.dumps(tool.function.name)}, "arguments": '
-        lines.append(f"call_{i}: {_lark_string(head)} args_{i} {_lark_string('}' + chr(10) + CLOSE)}")
-        params = tool.function.parameters if tool.function.parameters is not None and schemas(tool) else ANY_OBJECT
-        lines.append(f"args_{i}: {_json_rule(params)}")
-    return lines
-
-
-def tool_call_grammar(tools: Sequence[Tool], *, parallel: bool, answer: dict[str, Any] | bool | None = None) -> str:
-    """A Lark grammar for one call (or, with ``parallel``, one or more) to one of ``tools``;
-    with ``answer``, a JSON value matching that schema is allowed instead of the calls."""
-    # Calls follow one another directly: right after "</tool_call>" a model weighs the end
-    # of its turn against "<", which it rarely picks, where a newline would have led it
-    # into one more (forced) call after another.
-    lines = [f"calls: call{'+' if parallel else ''}", *_call_rules(tools, OPEN, schemas=lambda tool: True)]
-    if answer is not None:
-        lines.insert(0, "start: calls | answer")
-        lines.append(f"answer: {_json_rule(answer)}")
-    else:
-        lines.insert(0, "start: calls")
-    return "\n".join(lines) + "\n"
-
-
-def strict_tools(tools: Sequence[Tool]) -> bool:
-    """Whether any tool asks for ``strict`` arguments (then "auto" is held to a grammar)."""
-    return any(tool.function.strict for tool in tools)
-
-
-def writes_tagged_calls(template: str | None) -> bool:
-    """Whether the model is asked for calls in ``<tool_call>`` blocks: the generic preamble
-    asks for them, and a template that renders the tools itself shows them (Qwen's, Hermes's).
-    Llama 3's bare JSON and Mistral's ``[TOOL_CALLS]`` are other formats."""
-    return template is None or not template_uses_tools(template) or OPEN in template
-
-
-# How a reply may begin with a thinking block, as the reasoning splitter reads it: never
-# ("none"), inside one the prompt opened ("open"), or with one the model opens ("may").
-Thinking = Literal["none", "open", "may"]
-
-_TEXT = r"/(.|\n)*/"
-_NO_CALL = rf"{_TEXT} & ~/(.|\n)*{OPEN}(.|\n)*/"  # text that opens no call
-_OPENS_THINKING = r"~/\s*<think>(.|\n)*/"  # text that does not open a thinking block
-_NOT_CLOSING = r"~/(.|\n)*<\/think>(.|\n)*/"  # text that does not close one
-
-
-def opened_calls_grammar(tools: Sequence[Tool], *, parallel: bool, thinking: Thinking = "none") -> str:
-    """"auto" with strict tools: free text, or text then calls where the model writes
-    ``<tool_call>``, each to one of ``tools``, a strict tool's arguments held to its
-    ``parameters``, any other's to a JSON object; one call without ``parallel``.
-
-    The opening is a lazy lexeme (llguidance's trigger for calls inside running text): the
-    text ends at the first ``<tool_call>``, which then must go on as a call. Further calls
-    follow directly, as under "required" (``tool_call_grammar``), and the last ends the
-    turn: a reply that called cannot ramble on in would-be calls (nor in whitespace). A thinking block (``thinking``) is free text, ``<tool_call>``
-    included, up to its first ``</think>``: its calls would be reasoning, never parsed; a
-    reply may end inside it (cut short)."""
-    more = f"({_lark_string(OPEN)} call)* " if parallel else ""
-    lines = ["%llguidance {}",
-             f"body: opened call {more}| TAIL",
-             f"TAIL: {_NO_CALL}",
-             f"TEXT: {_TEXT}",
-             f"opened[lazy]: TEXT {_lark_string(OPEN)}"]
-    if thinking == "none":
-        lines.insert(1, "start: body")
-    elif thinking == "open":
-        lines[1:1] = ["start: thought body | UNCLOSED",
-                      'thought[lazy]: TEXT "</think>"',
-                      f"UNCLOSED: {_TEXT} & {_NOT_CLOSING}"]
-    else:  # the block, where there is one, opens the reply (after whitespace)
-        lines[1:1] = ["start: thought body | UNCLOSED | first_body",
-                      r'thought[lazy]: /\s*<think>/ TEXT "</think>"',
-                      rf"UNCLOSED: /\s*<think>(.|\n)*/ & {_NOT_CLOSING}",
-                      f"first_body: first_opened call {more}| FIRST_TAIL",
-                      f"first_opened[lazy]: NOT_THINKING {_lark_string(OPEN)}",
-                      f"NOT_THINKING: {_TEXT} & {_OPENS_THINKING}",
-                      f"FIRST_TAIL: {_NO_CALL} & {_OPENS_THINKING}"]
-    return "\n".join([*lines, *_call_rules(tools, "", schemas=lambda tool: bool(tool.function.strict))]) + "\n"
-
-
 # -- parsing the reply -----------------------------------------------------------------------
 
 
@@ -325,14 +223,18 @@ class ParsedCall:
 
 Event = str | ParsedCall  # a piece of content, or a complete call
 
+# How replies are read: "none" (plain text), "auto" (calls or text), "tagged" (calls only
+# from <tool_call> blocks, which a grammar held, or text), "forced" (calls).
+ToolParsing = Literal["none", "auto", "tagged", "forced"]
+
 
 class ToolCallParser:
     """Splits a reply, fed as it streams, into content pieces and complete calls."""
 
-    def __init__(self, names: Sequence[str], *, bare_json: bool, forced: bool = False, single: bool = False) -> None:
+    def __init__(self, names: Sequence[str], *, bare_json: bool, held: bool = False, single: bool = False) -> None:
         self._names = frozenset(names)
         self._bare_json = bare_json
-        self._forced = forced  # the grammar allows only calls: an unfinished one was cut short
+        self._held = held  # a grammar held the calls: an unfinished one was cut short
         self._single = single  # parallel_tool_calls false: calls after the first are dropped
         self._buffer = ""
         self._in_call = False
@@ -383,7 +285,7 @@ class ToolCallParser:
             else:
                 self._content(rest, events)
         elif self._in_call:
-            if not self._forced or self._call(rest) is not None:
+            if not self._held or self._call(rest) is not None:
                 self._block(rest, events, closed=False)
         else:
             self._content(rest, events)
