@@ -245,5 +245,8 @@ def test_fair_lane_shares_count_only_ticks_where_every_tenant_waits():
     # A alone holds the lane until t=2, then the three take turns until B finishes at 3, then A and C.
     held = [(0.5, Counter()), (1.9, Counter(A=10)), (2.2, Counter(A=11, B=1)), (2.5, Counter(A=11, B=1, C=1)),
             (2.9, Counter(A=11, B=1, C=1)), (3.5, Counter(A=20, B=1, C=5))]
-    assert ls._contended_shares(held, timelines) == {"A": 1 / 3, "B": 1 / 3, "C": 1 / 3}
-    assert ls._contended_shares(held[:2], timelines) == {}  # never all three
+    assert ls._contended_rounds(held, timelines) == Counter(A=1, B=1, C=1)
+    assert ls._shares(ls._contended_rounds(held, timelines)) == {"A": 1 / 3, "B": 1 / 3, "C": 1 / 3}
+    assert ls._shares(ls._contended_rounds(held[:2], timelines)) == {}  # never all three
+    # runs pool their rounds: a run where A held 3 and one where B held 1 share 3 : 1
+    assert ls._shares(Counter(A=3) + Counter(B=1)) == {"A": 0.75, "B": 0.25}

@@ -40,33 +40,56 @@ def fairness_workload(factory: EngineFactory, quick: bool) -> list[Job]:
     return jobs
 
 
+REPEATS = 3  # runs of the workload per policy, the policies alternating; their lane rounds pooled
+
+
 def fairness(factory: EngineFactory, quick: bool = False) -> tuple[list[Table], dict]:
     table = Table("Fairness: tenant A streams long and keeps sending; B and C send shorter requests later",
-                  ["policy", "lane share A / B / C (contention)", "Jain (lane share)", "first grant p50 s", "first grant max s",
-                   "tok/s A / B / C", "grants", "yields"])
+                  ["policy", "lane share A / B / C (contention)", "Jain (lane share)", "Jain per run",
+                   "first grant p50 s", "first grant max s", "tok/s A / B / C", "grants", "yields"])
+    repeats = 1 if quick else REPEATS
+    held: dict[str, Counter] = defaultdict(Counter)
+    per_run: dict[str, list[float]] = defaultdict(list)
+    waits: dict[str, list[float]] = defaultdict(list)
+    rates: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    lane_counts: dict[str, Counter] = defaultdict(Counter)
     raw: dict[str, dict] = {}
-    for policy, options in POLICIES.items():
-        progress(f"fairness {policy}")
-        engine = factory.engine(spec_mode="slice", **options)
-        samples: list[tuple[float, Counter]] = []
+    for run in range(repeats):
+        for policy, options in POLICIES.items():
+            progress(f"fairness {policy}, run {run + 1} of {repeats}")
+            engine = factory.engine(spec_mode="slice", **options)
+            samples: list[tuple[float, Counter]] = []
 
-        def on_tick(now: float, engine=engine, samples=samples) -> None:
-            samples.append((now, Counter(engine.scheduler.lane.held_rounds_by_tenant)))
+            def on_tick(now: float, engine=engine, samples=samples) -> None:
+                samples.append((now, Counter(engine.scheduler.lane.held_rounds_by_tenant)))
 
-        timelines, wall = drive(engine, fairness_workload(factory, quick), on_tick=on_tick)
-        events = engine.scheduler.lane.events
-        window = _contention_window(timelines)  # for the plots: from the second tenant's arrival
-        shares = _contended_shares(samples, timelines)
-        first_grant = _first_grant_waits(timelines, events)
-        rates = {t: median([tl.tok_per_s() for tl in timelines.values() if tl.job.options["tenant"] == t]) for t in "ABC"}
+            timelines, _ = drive(engine, fairness_workload(factory, quick), on_tick=on_tick)
+            events = engine.scheduler.lane.events
+            contended = _contended_rounds(samples, timelines)
+            held[policy].update(contended)
+            per_run[policy].append(jain([_shares(contended).get(t, 0) for t in "ABC"]))
+            waits[policy] += list(_first_grant_waits(timelines, events).values())
+            for tl in timelines.values():
+                rates[policy][tl.job.options["tenant"]].append(tl.tok_per_s())
+            lane_counts[policy].update({"grants": engine.counters.lane_grants, "yields": engine.counters.lane_yields})
+            if run == 0:  # the plots draw one run
+                raw[policy] = {"timelines": timelines, "events": events, "window": _contention_window(timelines),
+                               "samples": samples, "clock0": _clock0(timelines)}
+    for policy in POLICIES:
+        shares = _shares(held[policy])
         table.add(policy, " / ".join(f"{shares.get(t, 0):.2f}" for t in "ABC"), jain([shares.get(t, 0) for t in "ABC"]),
-                  percentile(list(first_grant.values()), 50), max(first_grant.values(), default=float("nan")),
-                  " / ".join(f"{rates[t]:.1f}" for t in "ABC"), engine.counters.lane_grants, engine.counters.lane_yields)
-        raw[policy] = {"timelines": timelines, "events": events, "window": window, "samples": samples, "clock0": _clock0(timelines)}
+                  ", ".join(f"{j:.3f}" for j in per_run[policy]), percentile(waits[policy], 50),
+                  max(waits[policy], default=float("nan")),
+                  " / ".join(f"{median(rates[policy][t]):.1f}" for t in "ABC"),
+                  lane_counts[policy]["grants"], lane_counts[policy]["yields"])
     table.notes.append("Lane share: each tenant's fraction of the lane's held rounds (a holder's tick, drafting or kept at "
                        "K = 0 by adaptive K: what the lane charges) over the ticks at which every tenant had an unfinished "
                        "request (where a fair lane owes each a third; B and C send short requests, so between them only A "
                        "and one other, or A alone, contend). "
+                       f"{repeats} run(s) of the workload per policy, the policies alternating, each on a fresh engine; the "
+                       "share and Jain's index pool the runs' contended rounds (one run's few grants in its short contention "
+                       "window make its index noisy: 'Jain per run'); first grants, tok/s (median), grants and yields are "
+                       "over all runs. "
                        "First grant: from a request's arrival to its first lane grant (requests that never got the lane count their whole life). "
                        f"One slot, K up to {factory.base.lane.num_draft_tokens} beside other streams, {factory.base.lane.drafter} drafter, grant budget 8 rounds.")
     return [table], raw
@@ -86,9 +109,9 @@ def _contention_window(timelines: dict[str, Timeline]) -> tuple[float, float]:
     return starts[1], ends[-2]  # from the second tenant's arrival until only one tenant is left
 
 
-def _contended_shares(samples: list[tuple[float, Counter]], timelines: dict[str, Timeline]) -> dict[str, float]:
-    """Each tenant's fraction of the lane rounds held between consecutive tick samples
-    (time, held rounds by tenant) that end while every tenant has an unfinished request."""
+def _contended_rounds(samples: list[tuple[float, Counter]], timelines: dict[str, Timeline]) -> Counter:
+    """The lane rounds each tenant held between consecutive tick samples (time, held rounds
+    by tenant) that end while every tenant has an unfinished request."""
     spans = [(tl.job.options["tenant"], tl.added_s, tl.finished_s if tl.finished_s is not None else math.inf)
              for tl in timelines.values()]
     tenants = {tenant for tenant, _, _ in spans}
@@ -96,6 +119,10 @@ def _contended_shares(samples: list[tuple[float, Counter]], timelines: dict[str,
     for (_, before), (now, after) in zip(samples, samples[1:], strict=False):
         if {tenant for tenant, start, end in spans if start <= now < end} == tenants:
             held.update(after - before)
+    return held
+
+
+def _shares(held: Counter) -> dict[str, float]:
     total = sum(held.values())
     return {k: v / total for k, v in held.items()} if total else {}
 
