@@ -24,9 +24,9 @@ from speclane.server.tool_grammar import (
     strict_tools,
     tool_call_grammar,
 )
+from speclane.server.tools import ANY_OBJECT
 
 Compile = Callable[[GrammarSpec], CompiledGrammar]
-ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 
 @dataclass(frozen=True)
