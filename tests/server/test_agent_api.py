@@ -95,7 +95,7 @@ def test_regex_and_choice_through_extra_body(client: openai.OpenAI, idle_after: 
 
 def test_required_and_named_tool_choice(client: openai.OpenAI, idle_after: AsyncEngine) -> None:
     required = client.chat.completions.create(model=MODEL, messages=ASK_ADD, tools=TOOLS, tool_choice="required",
-                                              max_tokens=64, temperature=0)
+                                              max_tokens=128, temperature=0)
     choice = required.choices[0]
     assert_valid_calls(choice.message)
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
@@ -106,6 +106,18 @@ def test_required_and_named_tool_choice(client: openai.OpenAI, idle_after: Async
     calls = assert_valid_calls(named.choices[0].message)
     assert len(calls) == 1 and calls[0].function.name == "get_weather"
     assert named.choices[0].finish_reason == "tool_calls"
+
+
+def test_required_calls_written_on_lines_of_their_own_are_all_made(client: openai.OpenAI,
+                                                                   idle_after: AsyncEngine) -> None:
+    """The model writes a newline after its first call and then the second: both are made (a
+    grammar that held calls back to back ended the turn at that newline, with one call)."""
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "What is the weather in Paris and in Tokyo?"}],
+        tools=TOOLS[1:], tool_choice="required", max_tokens=160, temperature=0)
+    calls = assert_valid_calls(reply.choices[0].message)
+    assert [json.loads(c.function.arguments)["city"] for c in calls] == ["Paris", "Tokyo"]
+    assert reply.choices[0].finish_reason == "tool_calls" and reply.choices[0].message.content is None
 
 
 def weather_history(city: str) -> list[Any]:
@@ -154,7 +166,7 @@ def test_strict_tools_hold_auto_calls_to_their_schema(client: openai.OpenAI, idl
 
 
 def test_streamed_tool_calls_reassemble_to_the_plain_answer(client: openai.OpenAI, idle_after: AsyncEngine) -> None:
-    fields: dict[str, Any] = dict(model=MODEL, messages=ASK_ADD, tools=TOOLS, tool_choice="required", max_tokens=64,
+    fields: dict[str, Any] = dict(model=MODEL, messages=ASK_ADD, tools=TOOLS, tool_choice="required", max_tokens=128,
                                   temperature=0)
     whole = client.chat.completions.create(**fields).choices[0]
     calls: dict[int, dict[str, str]] = {}

@@ -18,7 +18,7 @@ from speclane.server.errors import APIError
 from speclane.server.prompts import Vocabulary, chat_input
 from speclane.server.protocol import ChatCompletionRequest, Tool
 from speclane.server.streaming import ChoiceState, Reading
-from speclane.server.tool_grammar import Thinking, opened_calls_grammar
+from speclane.server.tool_grammar import Thinking, opened_calls_grammar, tool_call_grammar
 from speclane.server.tools import call_text
 
 WEATHER = {"type": "object", "properties": {
@@ -36,8 +36,11 @@ def tool(name: str, parameters: dict[str, Any] | None = None, *, strict: bool | 
 @pytest.fixture
 def follows(grammar_compiler: GrammarCompiler, default_tokenizer: Tokenizer) -> Callable[..., bool]:
     """Whether the grammar lets the model write ``text`` and then end its reply."""
-    def check(tools: list[dict[str, Any]], text: str, *, parallel: bool = True, thinking: Thinking = "none") -> bool:
-        lark = opened_calls_grammar([Tool.model_validate(t) for t in tools], parallel=parallel, thinking=thinking)
+    def check(tools: list[dict[str, Any]], text: str, *, parallel: bool = True, thinking: Thinking = "none",
+              forced: bool = False) -> bool:
+        parsed = [Tool.model_validate(t) for t in tools]
+        lark = (tool_call_grammar(parsed, parallel=parallel) if forced  # "required"
+                else opened_calls_grammar(parsed, parallel=parallel, thinking=thinking))
         matcher = grammar_compiler.compile(GrammarSpec.lark(lark)).new_matcher()
         for token in default_tokenizer.encode(text):
             if not matcher.allowed()[token]:
@@ -79,6 +82,20 @@ def test_without_parallel_calls_a_reply_opens_at_most_one(follows):
     assert follows(TOOLS, f"One.\n{weather()}", parallel=False)
     assert not follows(TOOLS, f"{weather()}{weather()}", parallel=False)
     assert not follows(TOOLS, f"{weather()} then <tool_call> as text", parallel=False)
+
+
+@pytest.mark.parametrize("forced", [False, True], ids=["auto", "required"])
+def test_calls_may_stand_on_lines_of_their_own_and_nothing_else_follows(follows, forced):
+    """One newline after each call (Qwen and Hermes write their calls so), then another call
+    or the end of the turn: never text, and never a run of whitespace."""
+    two = f"{weather()}\n{weather('fahrenheit', 'Lima')}"
+    assert follows(TOOLS, two, forced=forced) and follows(TOOLS, two + "\n", forced=forced)
+    assert follows(TOOLS, f"{weather()}{weather('fahrenheit', 'Lima')}", forced=forced)
+    assert follows(TOOLS, f"{weather()}\n", parallel=False, forced=forced)
+    assert not follows(TOOLS, two, parallel=False, forced=forced)
+    assert not follows(TOOLS, f"{weather()}\n\n", forced=forced)
+    assert not follows(TOOLS, f"{weather()}\nDone.", forced=forced)
+    assert not follows(TOOLS, f"{weather()}\n{weather('kelvin')}", forced=forced)
 
 
 def test_a_thinking_block_the_prompt_opened_is_free_and_the_answer_after_it_is_held(follows):

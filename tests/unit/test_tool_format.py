@@ -137,9 +137,9 @@ def test_a_template_that_wants_nine_character_call_ids_gets_them_paired() -> Non
 def test_the_grammar_names_each_function_and_embeds_its_schema() -> None:
     req = request()
     one = tool_call_grammar(req.tools or (), parallel=False)
-    assert one.startswith("start: calls\ncalls: call\n") and '\\"name\\": \\"add\\"' in one
+    assert one.startswith("start: calls\ncalls: call BETWEEN?\n") and '\\"name\\": \\"add\\"' in one
     assert "%json" in one and '"required":["a"]' in one
-    assert "calls: call+" in tool_call_grammar(req.tools or (), parallel=True, answer={"type": "object"})
+    assert "calls: call (BETWEEN? call)* BETWEEN?" in tool_call_grammar(req.tools or (), parallel=True, answer={"type": "object"})
 
 
 def parse(text: str, pieces: int | None = None, **options: Any) -> list[str | ParsedCall]:

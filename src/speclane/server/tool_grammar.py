@@ -5,10 +5,11 @@ llguidance that embed each tool's ``parameters`` with ``%json``.
 Forced. ``tool_choice: "required"`` or a named function constrains the reply to one
 call (``parallel_tool_calls: false``) or one or more, each to a function of the choice
 with arguments that match its ``parameters``; nothing else may be generated, so even a
-small model answers with calls that parse and validate. Calls follow one another with
-nothing between them (a newline would lead a model that then wants to end its turn into
-one more forced call), and a call cut short by ``max_tokens`` is dropped. With a JSON
-answer (``response_format`` under "auto") the reply is the calls or that JSON.
+small model answers with calls that parse and validate. A newline may follow each call
+(``BETWEEN``); after it comes another call or the end of the turn, never text, so a model
+that writes calls on lines of their own (Qwen, Hermes) makes all of them, and one that
+wants to stop after its newline can. A call cut short by ``max_tokens`` is dropped. With a
+JSON answer (``response_format`` under "auto") the reply is the calls or that JSON.
 
 Opened. Under "auto", tools marked ``strict`` hold the calls the model opens: the text
 is free until it writes ``<tool_call>``, then the call must follow. Only for models asked
@@ -51,6 +52,12 @@ def _json_rule(schema: dict[str, Any] | bool) -> str:
     return "%json " + json.dumps(body, ensure_ascii=False, separators=(",", ":"))
 
 
+# What may stand between two calls and after the last: one newline, as Qwen and Hermes write
+# them. One, not any whitespace: a rule that repeats let a model that had called write
+# spaces until max_tokens; after it, only another call or the end of the turn.
+_BETWEEN = f"BETWEEN: {_lark_string(chr(10))}"
+
+
 def _call_rules(tools: Sequence[Tool], opening: str, *, schemas: Callable[[Tool], bool]) -> list[str]:
     """``call: call_0 | call_1 ...``, each ``opening`` then the Hermes JSON naming the tool,
     its arguments held to the tool's ``parameters`` where ``schemas(tool)``, else any object."""
@@ -66,7 +73,8 @@ def _call_rules(tools: Sequence[Tool], opening: str, *, schemas: Callable[[Tool]
 def tool_call_grammar(tools: Sequence[Tool], *, parallel: bool, answer: dict[str, Any] | bool | None = None) -> str:
     """A Lark grammar for one call (or, with ``parallel``, one or more) to one of ``tools``;
     with ``answer``, a JSON value matching that schema is allowed instead of the calls."""
-    lines = [f"calls: call{'+' if parallel else ''}", *_call_rules(tools, OPEN, schemas=lambda tool: True)]
+    lines = [f"calls: call{' (BETWEEN? call)*' if parallel else ''} BETWEEN?", _BETWEEN,
+             *_call_rules(tools, OPEN, schemas=lambda tool: True)]
     if answer is not None:
         lines.insert(0, "start: calls | answer")
         lines.append(f"answer: {_json_rule(answer)}")
@@ -100,13 +108,15 @@ def opened_calls_grammar(tools: Sequence[Tool], *, parallel: bool, thinking: Thi
 
     The opening is a lazy lexeme (llguidance's trigger for calls inside running text): the
     text ends at the first ``<tool_call>``, which then must go on as a call. Further calls
-    follow directly, as under "required", and the last ends the turn: a reply that called
-    cannot ramble on in would-be calls (nor in whitespace). A thinking block (``thinking``)
+    follow, each after at most a newline, as under "required", and the last (and its
+    newline) ends the turn: a reply that called cannot ramble on in would-be calls (nor in
+    whitespace). A thinking block (``thinking``)
     is free text, ``<tool_call>`` included, up to its first ``</think>``: its calls would be
     reasoning, never parsed; a reply may end inside it (cut short)."""
-    more = f"({_lark_string(OPEN)} call)* " if parallel else ""
+    more = f"(BETWEEN? {_lark_string(OPEN)} call)* " if parallel else ""
     lines = ["%llguidance {}",
-             f"body: opened call {more}| TAIL",
+             f"body: opened call {more}BETWEEN? | TAIL",
+             _BETWEEN,
              f"TAIL: {_NO_CALL}",
              f"TEXT: {_TEXT}",
              f"opened[lazy]: TEXT {_lark_string(OPEN)}"]
@@ -120,7 +130,7 @@ def opened_calls_grammar(tools: Sequence[Tool], *, parallel: bool, thinking: Thi
         lines[1:1] = ["start: thought body | UNCLOSED | first_body",
                       rf"thought[lazy]: /\s*{_in_regex(THINK_OPEN)}/ TEXT {_lark_string(THINK_CLOSE)}",
                       rf"UNCLOSED: /\s*{_in_regex(THINK_OPEN)}(.|\n)*/ & {_NOT_CLOSING_THINKING}",
-                      f"first_body: first_opened call {more}| FIRST_TAIL",
+                      f"first_body: first_opened call {more}BETWEEN? | FIRST_TAIL",
                       f"first_opened[lazy]: NOT_THINKING {_lark_string(OPEN)}",
                       f"NOT_THINKING: {_TEXT} & {_NOT_OPENING_THINKING}",
                       f"FIRST_TAIL: {_NO_CALL} & {_NOT_OPENING_THINKING}"]
