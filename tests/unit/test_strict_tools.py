@@ -135,6 +135,17 @@ def test_auto_compiles_a_grammar_only_where_a_tool_is_strict(grammar_compiler, d
     assert answer.tool_parsing == "tagged"  # calls or the JSON answer: bare JSON is the answer
 
 
+def test_stop_strings_do_not_cut_forced_calls(grammar_compiler, default_tokenizer):
+    """A forced reply is calls: an agent's stop string ("\n", a city the call names) would cut
+    one and leave an empty answer; under "auto" the text is the model's and stop strings apply."""
+    vocab = Vocabulary(default_tokenizer, 2048, default_tokenizer.vocab_size, grammar_compiler.compile)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice in ("required", named):
+        forced = chat_input(request(TOOLS, tool_choice=choice, stop=["\n", "Oslo"]), vocab)
+        assert forced.tool_parsing == "forced" and forced.sampling.stop == ()
+    assert chat_input(request(TOOLS, stop=["\n"]), vocab).sampling.stop == ("\n",)
+
+
 def test_a_strict_schema_the_engine_cannot_enforce_is_refused_naming_the_tool(grammar_compiler, default_tokenizer):
     vocab = Vocabulary(default_tokenizer, 2048, default_tokenizer.vocab_size, grammar_compiler.compile)
     tags = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}
@@ -213,3 +224,24 @@ def test_a_held_call_cut_short_is_dropped_not_content():
         state.feed(RequestOutput("r", text, [], True, "length", 5, 1))
         message = state.answer(chat=True)["message"]
         assert message["content"] == content and not message.get("tool_calls"), message
+
+
+@pytest.mark.parametrize("parsing", ["forced", "tagged"])
+def test_a_cut_reply_keeps_its_whole_calls_and_drops_the_tag_it_began(parsing):
+    """max_tokens may cut a held reply anywhere: after a call, inside the next call's opening
+    tag (Gemma's tokenizer writes ``<tool_call>`` in five tokens), or inside a call's closing
+    tag. A call whose JSON is whole is kept wherever its tag was cut; a begun tag is no text."""
+    call = weather()
+    cuts = {call + "\n<tool": 1, call + "\n<": 1, call[: -len("tool_call>")]: 1, call[: -len("</tool_call>")]: 1,
+            call[:-2]: 1, call[:30]: 0}
+    for text, calls in cuts.items():
+        for size in (len(text), 2):
+            state = ChoiceState(0, Reading(tool_parsing=parsing, tool_names=("get_weather",)))
+            pieces = [text[i:i + size] for i in range(0, len(text), size)]
+            streamed = []
+            for i, piece in enumerate(pieces):
+                streamed.append(state.feed(RequestOutput("r", piece, [], i == len(pieces) - 1, "length", 5, i + 1)))
+            message = state.answer(chat=True)["message"]
+            assert len(message.get("tool_calls") or ()) == calls, (text, message)
+            assert not any(delta.content for delta in streamed), (text, streamed)
+            assert message["content"] is None or (parsing == "tagged" and message["content"] == ""), (text, message)

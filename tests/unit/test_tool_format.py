@@ -74,6 +74,30 @@ def test_the_generic_format_writes_hermes_calls_and_results() -> None:
     assert without[0]["content"] == "Be brief." and PREAMBLE[:7] not in without[0]["content"]
 
 
+# Gemma's check that roles alternate.
+ALTERNATING_TEMPLATE = (
+    "{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+)
+
+
+def test_the_users_words_after_tool_results_join_the_results_turn() -> None:
+    """The generic format sends tool results as a user turn; the user's next message joins it,
+    so a template that checks roles alternate renders the conversation OpenAI accepts."""
+    tok = tokenizer(ALTERNATING_TEMPLATE)
+    follow_up: list[Any] = [*HISTORY[1:], {"role": "user", "content": "And 2 + 2?"}]
+    req = ChatCompletionRequest.model_validate({"model": "m", "messages": follow_up, "tools": [ADD]})
+    messages, _ = chat_messages(req.messages, req.tools or (), tok)
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]  # (the preamble opens the first)
+    assert messages[2]["content"] == "<tool_response>\n2\n</tool_response>\n\nAnd 2 + 2?"
+    tok.apply_chat_template(messages)  # alternates
+    more: list[Any] = [*follow_up, {"role": "assistant", "content": "4"}, {"role": "user", "content": "Thanks."}]
+    roles = [m["role"] for m in chat_messages(ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": more, "tools": [ADD]}).messages, [], tok)[0]]
+    assert roles == ["user", "assistant", "user", "assistant", "user"]
+
+
 # Gemma 2's way: no system role at all; and a template whose tools branch uses {% break %}.
 NO_SYSTEM_TEMPLATE = (
     "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"

@@ -104,6 +104,10 @@ def chat_input(request: ChatCompletionRequest, vocab: Vocabulary) -> EngineInput
     # <tool_call> blocks: they are the calls, and bare JSON is never read as one (it was
     # not held to a tool's schema; beside a JSON answer, it is the answer).
     parsing: ToolParsing = "forced" if mode != "auto" else "auto" if engine_input.grammar is None else "tagged"
+    if parsing == "forced" and engine_input.sampling.stop:
+        # A forced reply is its calls, markup and arguments: a stop string found in them (an
+        # agent's "\n") would cut the call and leave an empty answer that says it stopped.
+        engine_input = dataclasses.replace(engine_input, sampling=dataclasses.replace(engine_input.sampling, stop=()))
     return dataclasses.replace(engine_input, tool_parsing=parsing, single_call=request.parallel_tool_calls is False,
                                tool_names=tuple(t.function.name for t in request.tools or ()))
 

@@ -250,7 +250,9 @@ class ChoiceState:
             self.text_offset = 0
             return {"index": self.index, "text": text, "logprobs": self.completion_logprobs(self.logprobs),
                     "finish_reason": self.finish_reason}
-        message: dict[str, Any] = {"role": "assistant", "content": text if text or not self.calls else None}
+        # Forced calls leave no room for text: an answer whose one call was cut short is null, not "".
+        calls_only = bool(self.calls) or self.reading.tool_parsing == "forced"
+        message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls_only else None}
         if self.splitter is not None:
             message["reasoning_content"] = "".join(self.reasoning) or None
         if self.calls:

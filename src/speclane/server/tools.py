@@ -187,6 +187,12 @@ def _generic_messages(messages: Sequence[ChatMessage], tools: Sequence[Tool], *,
                 out.append({"role": "user", "content": result, "tool_results": True})
             continue
         text = m.text
+        if m.role == "user" and out and out[-1].get("tool_results"):
+            # The results are a user turn here, so the user's next words join it: two user
+            # turns in a row are what templates that check roles alternate (Gemma's) reject.
+            out[-1]["content"] += "\n\n" + text
+            out[-1]["tool_results"] = False
+            continue
         if m.tool_calls:
             calls = "\n".join(call_text(c.function.name, _arguments_object(c.function.arguments))
                               for c in m.tool_calls)
@@ -285,10 +291,15 @@ class ToolCallParser:
             else:
                 self._content(rest, events)
         elif self._in_call:
-            if not self._held or self._call(rest) is not None:
-                self._block(rest, events, closed=False)
-        else:
-            self._content(rest, events)
+            # A call cut short: its JSON may be whole, its closing tag begun ("}\n</").
+            stripped = rest.rstrip()
+            body = stripped[: len(stripped) - partial_tag(stripped, CLOSE)]
+            if self._call(body) is None:
+                body = rest
+            if not self._held or self._call(body) is not None:
+                self._block(body, events, closed=False)
+        elif not (self._held and rest.strip() and OPEN.startswith(rest.strip())):
+            self._content(rest, events)  # (held: the start of a call's tag, cut short, is dropped with it)
         if self.num_calls == 0 and self._held_space:
             events.append(self._held_space)
         self._held_space = ""
