@@ -331,3 +331,12 @@ def test_1000_random_events_through_the_engine_leave_nothing_behind(llm_f32):
     gc.collect()
     alive = [ref() for ref in refs if ref() is not None]
     assert not alive, f"{len(alive)} request objects are still referenced, e.g. {alive[0].request_id}"
+
+
+def test_a_new_engines_gauges_are_true_before_its_first_tick(llm_f32):
+    """What /metrics reads of an engine that has served nothing (a replica just started or
+    restarted): its whole KV pool free, nothing running; not zeros until a first request."""
+    engine = LLMEngine.from_parts(llm_f32.engine.config, llm_f32.engine.model, llm_f32.engine.tokenizer)
+    snapshot = engine.counters.snapshot()
+    assert snapshot["kv_blocks_total"] == engine.scheduler.kv.pool.num_blocks > 0
+    assert snapshot["kv_blocks_free"] == snapshot["kv_blocks_total"] and snapshot["running"] == 0

@@ -184,6 +184,7 @@ class LLMEngine:
                                    cheap_starts=getattr(self.drafter, "cheap_starts", False))
         self.runner = ModelRunner(self.model, self.cache, self.drafter)
         self.counters = EngineCounters(generated_by_tenant=TenantTally(names=self.scheduler.tenant_names))
+        self.counters.refresh(self.scheduler)  # the gauges (KV pool, queues) are true before the first tick
         self.observer = observer
         self._lock = threading.Lock()
         self._pending_aborts: list[str] = []

@@ -149,7 +149,20 @@ def render_chat(request: ChatCompletionRequest, tokenizer: Tokenizer) -> str:
         # A variable of a type the template does not expect (a number where it adds text).
         raise APIError(400, f"the model's chat template failed with chat_template_kwargs: {type(exc).__name__}: "
                             f"{exc}", param="chat_template_kwargs") from None
+    _check_instructions_kept(request, rendered)
     return _continuing(rendered) if request.continue_final_message else rendered
+
+
+def _check_instructions_kept(request: ChatCompletionRequest, rendered: str) -> None:
+    """A 400 where a chat of instructions alone lost them: some templates (Gemma's) write a
+    system message only into the first user turn, so with none the prompt is empty of it."""
+    if any(m.role != "system" and m.role != "developer" for m in request.messages):
+        return
+    for index, message in enumerate(request.messages):
+        if message.text.strip() and message.text.strip() not in rendered:
+            raise APIError(400, f"the model's chat template leaves out a {message.role} message when no user message "
+                                "follows it: send the request as a user message, or add one",
+                           param=f"messages[{index}]")
 
 
 # Written after the last message's text for continue_final_message: the rendered chat is
