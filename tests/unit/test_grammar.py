@@ -59,6 +59,37 @@ def test_each_schema_admits_its_example_in_the_served_layout(grammar_compiler, d
     walk(grammar_compiler, default_tokenizer, GrammarSpec.json_schema(case.schema), json.dumps(case.example, ensure_ascii=False))
 
 
+def admits(grammar_compiler: GrammarCompiler, default_tokenizer: Tokenizer, spec: GrammarSpec, text: str) -> bool:
+    """Whether the grammar lets the model write ``text`` and end there."""
+    matcher = grammar_compiler.compile(spec).new_matcher()
+    for token in default_tokenizer.encode(text):
+        if not matcher.allowed()[token]:
+            return False
+        assert matcher.consume([token])
+    return matcher.is_stopped or bool(matcher.allowed()[sorted(default_tokenizer.eos_token_ids)].any())
+
+
+def test_an_object_that_lists_its_properties_gets_no_others(grammar_compiler, default_tokenizer):
+    """As vLLM, llama.cpp and OpenAI's strict mode generate it; Pydantic's schemas say nothing
+    of other keys, and a small model added some (a weather tool's "temperature")."""
+    city = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    nested = {"type": "object", "properties": {"where": city, "list": {"type": "array", "items": city}}}
+    for schema, closed, extra in (
+            (city, '{"city": "Paris"}', '{"city": "Paris", "temperature": 25}'),
+            (nested, '{"where": {"city": "Oslo"}, "list": [{"city": "Rome"}]}', '{"where": {"city": "Oslo", "x": 1}}'),
+            (nested, '{"list": []}', '{"list": [{"city": "Rome", "x": 1}]}'),
+            ({"type": "object", "$defs": {"C": city}, "properties": {"c": {"$ref": "#/$defs/C"}}}, '{"c": {"city": "A"}}',
+             '{"c": {"city": "A", "x": 1}}')):
+        spec = GrammarSpec.json_schema(schema)
+        assert admits(grammar_compiler, default_tokenizer, spec, closed)
+        assert not admits(grammar_compiler, default_tokenizer, spec, extra)
+    open_ones = ({**city, "additionalProperties": True}, {"type": "object"},
+                 {"allOf": [city, {"type": "object", "properties": {"temperature": {"type": "number"}}}]})
+    for schema in open_ones:  # said so, no properties listed, or properties that add up across allOf
+        assert admits(grammar_compiler, default_tokenizer, GrammarSpec.json_schema(schema),
+                      '{"city": "Paris", "temperature": 25}')
+
+
 def test_choice_and_regex_admit_only_their_language(grammar_compiler, default_tokenizer):
     walk(grammar_compiler, default_tokenizer, GrammarSpec.choice(["yes", 'no, "never"']), 'no, "never"')
     matcher = grammar_compiler.compile(GrammarSpec.choice(["yes", "no"])).new_matcher()

@@ -98,6 +98,16 @@ def test_calls_may_stand_on_lines_of_their_own_and_nothing_else_follows(follows,
     assert not follows(TOOLS, f"{weather()}\n{weather('kelvin')}", forced=forced)
 
 
+@pytest.mark.parametrize("forced", [False, True], ids=["auto", "required"])
+def test_arguments_hold_only_the_properties_a_schema_lists(follows, forced):
+    """A schema without "additionalProperties" (Pydantic's, LangChain's) still gets no others."""
+    loose = {key: value for key, value in WEATHER.items() if key != "additionalProperties"}
+    tools = [tool("get_weather", loose)]
+    assert follows(tools, weather(), forced=forced)
+    assert not follows(tools, call_text("get_weather", {"city": "Oslo", "unit": "celsius", "temperature": 25}),
+                       forced=forced)
+
+
 def test_a_thinking_block_the_prompt_opened_is_free_and_the_answer_after_it_is_held(follows):
     thought = "The format is <tool_call> with JSON; kelvin is wrong here.\n</think>\n\n"
     assert follows(TOOLS, thought + weather(), thinking="open", parallel=False)  # the mention uses up nothing

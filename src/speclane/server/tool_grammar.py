@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from speclane.grammar.compiler import JSON_OPTIONS
+from speclane.grammar.spec import closed_objects
 from speclane.server.protocol import Tool
 from speclane.server.reasoning import CLOSE as THINK_CLOSE
 from speclane.server.reasoning import OPEN as THINK_OPEN
@@ -47,7 +48,7 @@ def _in_regex(text: str) -> str:
 
 def _json_rule(schema: dict[str, Any] | bool) -> str:
     """``%json`` with the compiler's fixed spacing, so a call reads as ``call_text`` writes it."""
-    body = {**schema, "x-guidance": JSON_OPTIONS} if isinstance(schema, dict) else {
+    body = {**closed_objects(schema), "x-guidance": JSON_OPTIONS} if isinstance(schema, dict) else {
         "x-guidance": JSON_OPTIONS} if schema else {"not": {}}
     return "%json " + json.dumps(body, ensure_ascii=False, separators=(",", ":"))
 
