@@ -1,16 +1,20 @@
 """``speclane``: serve, generate, bench, simulate, models, train-mtp.
 
 Engine flags are generated from the config dataclasses (``config.add_arguments``).
-User errors end with one clear line on stderr and exit status 2, never a traceback.
+User errors end with one clear line on stderr and exit status 2, never a traceback; a
+config field an error names is named as its flag (``--max-model-len``, not ``max_model_len``).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 
 from speclane import config as cfg
+
+DESCRIPTION = "speclane: an OpenAI-compatible LLM server whose speculative decoding is shared fairly"
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -32,8 +36,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                               top_k=args.top_k, min_p=args.min_p, seed=args.seed, stop=tuple(args.stop or ()),
                               presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
                               repetition_penalty=args.repetition_penalty, min_tokens=args.min_tokens)
+    prompt = _prompt_text(args.prompt)
     llm = LLM(config=engine_config)
-    prompt_ids = llm.encode_prompt(args.prompt, chat=not args.raw)
+    prompt_ids = llm.encode_prompt(prompt, chat=not args.raw)
+    room = llm.engine.max_model_len - len(prompt_ids)
+    if args.max_tokens > room:
+        raise ValueError(f"--max-tokens is {args.max_tokens} but the prompt has {len(prompt_ids)} tokens and the context "
+                         f"is {llm.engine.max_model_len}: ask for at most {max(room, 0)}")
     engine = llm.engine
     engine.add_request("cli", prompt_ids, sampling)
     final = None
@@ -49,6 +58,18 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
         print(json.dumps(final.usage, indent=2), file=sys.stderr)
     return 0
+
+
+def _prompt_text(prompt: str | None) -> str:
+    """The prompt argument, or standard input where it is ``-`` or left out and piped."""
+    if prompt is not None and prompt != "-":
+        return prompt
+    if prompt is None and sys.stdin.isatty():
+        raise ValueError("give the prompt as an argument, or pipe it in (`-` reads standard input)")
+    text = sys.stdin.read()
+    if not text.strip():
+        raise ValueError("the prompt read from standard input is empty")
+    return text.rstrip("\n")
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -89,13 +110,13 @@ def _port(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="speclane", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="speclane", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     cfg.add_arguments(p, sections=(*cfg.SECTIONS, cfg.ClusterConfig))
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=_port, default=8000, help="TCP port, 0 to 65535 (0: any free one)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    p.add_argument("--port", type=_port, default=8000, help="TCP port, 0 to 65535 (0: any free one; default: %(default)s)")
     p.add_argument("--api-keys", default=None, help="JSON or TOML file of API keys (key, tenant, weight, max priority)")
     p.add_argument("--stream-interval-ms", type=float, default=cfg.DEFAULT_STREAM_INTERVAL_MS,
                    help="a stream sends at most one chunk per this many ms (tokens that come meanwhile share it); "
@@ -108,18 +129,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("generate", help="generate text for one prompt")
     cfg.add_arguments(p)
-    p.add_argument("prompt")
-    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("prompt", nargs="?", help="the prompt; `-` or none with a pipe: read from standard input")
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default: %(default)s)")
     p.add_argument("--min-tokens", type=int, default=0, help="no stop ends the answer before it holds this many tokens")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default: %(default)s)")
+    p.add_argument("--top-p", type=float, default=1.0, help="keep the likeliest tokens up to this probability mass "
+                   "(default: %(default)s)")
     p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens (0: no cut)")
     p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below this share of the likeliest")
     p.add_argument("--presence-penalty", type=float, default=0.0, help="-2 to 2, once a token is in the answer")
     p.add_argument("--frequency-penalty", type=float, default=0.0, help="-2 to 2, per time a token is in the answer")
     p.add_argument("--repetition-penalty", type=float, default=1.0,
                    help="divides the logits of tokens in the prompt or answer (1: none)")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: none)")
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
     p.add_argument("--usage", action="store_true", help="print the usage (with speculative counters) to stderr")
@@ -128,8 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("models", help="list known model names and where they resolve")
     p.set_defaults(func=_cmd_models)
 
-    p = sub.add_parser("bench", help="run a benchmark scenario")
-    p.add_argument("scenario")
+    from speclane.bench.cli import SCENARIOS  # names and one line each: no torch imported
+
+    p = sub.add_parser("bench", help="run a benchmark scenario", formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="scenarios:\n" + "\n".join(f"  {name:13s} {what}" for name, what in SCENARIOS.items()))
+    p.add_argument("scenario", help="one of the scenarios listed above")
     cfg.add_arguments(p)
     p.add_argument("--out", default="bench-out")
     p.add_argument("--quick", action="store_true", help="a short run (smoke test)")
@@ -157,6 +182,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _in_flags(message: str, parser: argparse.ArgumentParser, command: str) -> str:
+    """``message`` with the config fields it names (``max_model_len``) written as the
+    command's flags (``--max-model-len``): the engine's checks speak its Python API's names."""
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
+    flags = {action.dest: action.option_strings[0] for action in subparsers.choices[command]._actions  # noqa: SLF001
+             if action.option_strings and "_" in action.dest}
+    return re.sub(r"(?<![\w-])[a-z]+(?:_[a-z0-9]+)+\b", lambda m: flags.get(m.group(0), m.group(0)), message)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -165,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except (ValueError, ModelLoadError) as exc:
-        print(f"speclane {args.command}: error: {exc}", file=sys.stderr)
+        print(f"speclane {args.command}: error: {_in_flags(str(exc), parser, args.command)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -173,3 +207,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+

@@ -259,12 +259,17 @@ def add_arguments(parser: argparse.ArgumentParser, sections: tuple[type, ...] = 
         for f in fields(section):
             flag = "--" + f.name.replace("_", "-")
             kind = hints[f.name]
-            help_text = f"{f.metadata.get('help', '')} (default: {f.default}; env SPECLANE_{f.name.upper()})"
+            described = f.metadata.get("help", "")
+            default = "" if "(default:" in described else f"default: {f.default if f.default != '' else 'none'}; "
+            help_text = f"{described} ({default}env SPECLANE_{f.name.upper()})"
             help_text = help_text.replace("%", "%%")  # argparse formats help with %
             if kind is bool:
                 group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
             else:
                 group.add_argument(flag, dest=f.name, type=kind, default=None, help=help_text)
+
+
+_KIND_WORDS = {int: "an integer", float: "a number"}
 
 
 def _from_env(section: type, env: Mapping[str, str]) -> dict[str, Any]:
@@ -278,7 +283,8 @@ def _from_env(section: type, env: Mapping[str, str]) -> dict[str, Any]:
         try:
             values[f.name] = _parse_bool(raw) if kind is bool else kind(raw)
         except ValueError as exc:
-            raise ValueError(f"SPECLANE_{f.name.upper()}: {exc}") from None
+            reason = exc if kind is bool else f"not {_KIND_WORDS.get(kind, kind.__name__)}: {raw!r}"
+            raise ValueError(f"SPECLANE_{f.name.upper()}: {reason}") from None
     return values
 
 

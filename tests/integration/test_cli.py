@@ -22,11 +22,11 @@ FAST = ["--dtype", "float32", "--quantization", "none", "--spec-mode", "off", "-
         "--max-model-len", "256"]
 
 
-def speclane(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def speclane(*args: str, timeout: float = 300, stdin: str = "") -> subprocess.CompletedProcess[str]:
     script = Path(sys.executable).parent / "speclane"
     command = [str(script)] if script.exists() else [sys.executable, "-m", "speclane.cli"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=timeout, env=env, input=stdin)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], message: str) -> None:
@@ -69,6 +69,19 @@ def test_cli_models_lists_the_default_and_where_it_resolves():
 def test_cli_rejects_a_prompt_longer_than_max_model_len():
     result = speclane("generate", "word " * 300, "--raw", *FAST)
     assert_one_line_error(result, "but --max-model-len is 256")
+
+
+def test_cli_rejects_max_tokens_past_the_context():
+    result = speclane("generate", "Hi", "--max-tokens", "3000", *FAST)
+    assert_one_line_error(result, "--max-tokens is 3000 but the prompt has")
+
+
+@pytest.mark.slow
+def test_cli_generate_reads_a_piped_prompt():
+    for args in ((), ("-",)):
+        result = speclane("generate", *args, "--max-tokens", "12", *FAST, stdin="What is the capital of France?\n")
+        assert result.returncode == 0 and "Paris" in result.stdout, result.stderr
+    assert_one_line_error(speclane("generate", "-", *FAST, stdin="  \n"), "standard input is empty")
 
 
 @pytest.mark.slow

@@ -54,3 +54,36 @@ def test_simulate_refuses_replicas_below_one_and_a_bad_sync_interval(flag, value
 
     assert main(["simulate", "--out", str(tmp_path), "--requests", "10", flag, value]) == 2
     assert flag in capsys.readouterr().err
+
+
+def test_serve_refuses_a_port_another_process_holds_before_the_model_loads(capsys):
+    import socket
+
+    from speclane.cli import main
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert main(["serve", "--port", str(port), "--model", "no-such-model"]) == 2  # the model is never looked up
+    err = capsys.readouterr().err
+    assert err.startswith(f"speclane serve: error: cannot listen on 127.0.0.1:{port}") and "in use" in err
+
+
+def test_errors_name_the_flags_and_the_environment_variables(capsys, monkeypatch):
+    from speclane.cli import main
+
+    assert main(["generate", "--max-model-len", "8", "hi"]) == 2
+    assert capsys.readouterr().err.strip() == "speclane generate: error: --max-model-len must be >= 16; got 8"
+    monkeypatch.setenv("SPECLANE_SPEC_SLOTS", "abc")
+    assert main(["generate", "hi"]) == 2
+    assert capsys.readouterr().err.strip() == "speclane generate: error: SPECLANE_SPEC_SLOTS: not an integer: 'abc'"
+
+
+def test_bench_help_lists_the_scenarios(capsys):
+    from speclane.bench.cli import SCENARIOS
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "--help"])
+    out = capsys.readouterr().out
+    assert all(name in out for name in SCENARIOS)

@@ -18,6 +18,7 @@ over through asyncio queues. A client that disconnects aborts its request: strea
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -320,6 +321,21 @@ def create_app(
     return app
 
 
+def check_listening(host: str, port: int) -> None:
+    """A ValueError where ``host:port`` cannot be listened on (another process holds it, an
+    address not of this machine), found before the model loads: uvicorn finds it only when it
+    starts, after the load and calibration, and exits with its own status."""
+    if port == 0:
+        return
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds it
+            probe.bind((host, port))
+    except OSError as exc:
+        raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
 def serve(engine_config: EngineConfig, *, host: str = "127.0.0.1", port: int = 8000,
           api_keys: str | Path | None = None, grace_s: float | None = None, log_level: str = "info",
           env: RuntimeEnv | None = None, cluster: ClusterConfig | None = None,
@@ -333,6 +349,7 @@ def serve(engine_config: EngineConfig, *, host: str = "127.0.0.1", port: int = 8
     grace = grace_s if grace_s is not None else (env or runtime_env()).shutdown_grace_s(DEFAULT_GRACE_S)
     _configure_logging(log_level)
     keys = KeyTable.load(api_keys) if api_keys else None  # a bad key file fails before the model loads
+    check_listening(host, port)  # and a port another process holds
     async_engine: AsyncEngine | ClusterEngine
     if cluster is not None and (cluster.replicas > 1 or cluster.ray_address):
         try:
