@@ -8,6 +8,7 @@ config field an error names is named as its flag (``--max-model-len``, not ``max
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -64,12 +65,12 @@ def _prompt_text(prompt: str | None) -> str:
     """The prompt argument, or standard input where it is ``-`` or left out and piped."""
     if prompt is not None and prompt != "-":
         return prompt
-    if prompt is None and sys.stdin.isatty():
+    if sys.stdin is None or (prompt is None and sys.stdin.isatty()):
         raise ValueError("give the prompt as an argument, or pipe it in (`-` reads standard input)")
     text = sys.stdin.read()
     if not text.strip():
         raise ValueError("the prompt read from standard input is empty")
-    return text.rstrip("\n")
+    return text.rstrip("\r\n")
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -182,13 +183,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _in_flags(message: str, parser: argparse.ArgumentParser, command: str) -> str:
-    """``message`` with the config fields it names (``max_model_len``) written as the
-    command's flags (``--max-model-len``): the engine's checks speak its Python API's names."""
+def _in_flags(message: str, parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """``message`` with the config field it opens with (``max_model_len must be ...``, the
+    engine's checks speak its Python API's names) written as the user set it: the flag
+    (``--max-model-len``), or the environment variable where no flag was given."""
+    opening = re.match(r"([a-z]+(?:_[a-z0-9]+)+) ", message)
+    if opening is None:
+        return message
+    field = opening.group(1)
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
-    flags = {action.dest: action.option_strings[0] for action in subparsers.choices[command]._actions  # noqa: SLF001
-             if action.option_strings and "_" in action.dest}
-    return re.sub(r"(?<![\w-])[a-z]+(?:_[a-z0-9]+)+\b", lambda m: flags.get(m.group(0), m.group(0)), message)
+    flags = {action.dest: action.option_strings[0] for action in subparsers.choices[args.command]._actions  # noqa: SLF001
+             if action.option_strings}
+    if field not in flags:
+        return message
+    variable = f"SPECLANE_{field.upper()}"
+    name = variable if getattr(args, field, None) is None and variable in os.environ else flags[field]
+    return name + message[len(field):]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -199,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except (ValueError, ModelLoadError) as exc:
-        print(f"speclane {args.command}: error: {_in_flags(str(exc), parser, args.command)}", file=sys.stderr)
+        print(f"speclane {args.command}: error: {_in_flags(str(exc), parser, args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -207,4 +217,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -233,3 +233,20 @@ def test_a_round_that_may_not_seed_leaves_a_head_without_its_seed_alone():
     assert cheap.token_ids == [7] and cheap.catch_up_ms is None and head.calls == 0
     assert auto.propose(_request("a"), 4).token_ids == [40, 41, 42, 43] and head.calls == 1
     assert auto.propose(_request("a"), 4, may_seed=False).token_ids == [40, 41, 42, 43] and head.calls == 2
+
+
+
+def test_a_short_run_of_misses_leaves_new_requests_a_head_prior_of_its_long_run():
+    """The engine-wide rate is the prior a new request starts from: after many rounds where
+    about half the head's first drafts held, a few misses in a row must not bring it so low
+    that the head's proposals never beat an empty one again (and never run to say so)."""
+    auto = AutoDrafter(Fixed([]), None, Fixed([40]))
+    for i in range(60):
+        request = _request(f"r{i}")
+        auto.propose(request, 1)  # the head drafts 40
+        request.output_token_ids.append(40 if i % 2 == 0 and i < 54 else 99)  # held every other round, then six misses
+        auto.propose(request, 1)  # reads the round
+        auto.release(request.request_id)
+    newcomer = _request("new")
+    auto.propose(newcomer, 1)
+    assert 0.35 < auto.rate(auto.states["new"], "mtp") < 0.5

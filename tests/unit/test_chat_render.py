@@ -43,3 +43,12 @@ def test_instructions_are_kept_with_a_user_message_or_by_a_template_that_writes_
     assert "Be brief.\n\nHi" in folded
     alone = render_chat(chat(("system", "Be brief.")), tokenizer(CHATML_TEMPLATE))
     assert "<|system|>Be brief." in alone
+
+
+# A template that writes each message as JSON (escaping quotes and newlines) or trims it.
+ESCAPING_TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content | tojson }}|{{ m.content | trim }}\n{% endfor %}"
+
+
+def test_a_template_that_escapes_or_trims_the_instructions_keeps_them() -> None:
+    text = render_chat(chat(("system", '  Say "ahoy"\nthen stop. ')), tokenizer(ESCAPING_TEMPLATE))
+    assert '\\"ahoy\\"' in text

@@ -87,3 +87,23 @@ def test_bench_help_lists_the_scenarios(capsys):
         build_parser().parse_args(["bench", "--help"])
     out = capsys.readouterr().out
     assert all(name in out for name in SCENARIOS)
+
+
+def test_the_port_check_binds_as_uvicorn_does():
+    """Every address the host resolves to, IPv6 apart from IPv4: a port held on 127.0.0.1
+    leaves [::] free, and the message writes an IPv6 host in brackets."""
+    import socket
+
+    from speclane.server.app import check_listening
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(ValueError, match=f"cannot listen on 127.0.0.1:{port}: address already in use"):
+            check_listening("127.0.0.1", port)
+        if socket.has_ipv6:
+            try:
+                check_listening("::", port)
+            except ValueError as exc:
+                assert "Address family" in str(exc) or "not available" in str(exc), exc  # no IPv6 on this host

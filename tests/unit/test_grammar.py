@@ -83,11 +83,18 @@ def test_an_object_that_lists_its_properties_gets_no_others(grammar_compiler, de
         spec = GrammarSpec.json_schema(schema)
         assert admits(grammar_compiler, default_tokenizer, spec, closed)
         assert not admits(grammar_compiler, default_tokenizer, spec, extra)
-    open_ones = ({**city, "additionalProperties": True}, {"type": "object"},
-                 {"allOf": [city, {"type": "object", "properties": {"temperature": {"type": "number"}}}]})
-    for schema in open_ones:  # said so, no properties listed, or properties that add up across allOf
+    temperature = {"type": "object", "properties": {"temperature": {"type": "number"}}}
+    open_ones = (  # said so; no properties listed; or properties that join another schema's
+        {**city, "additionalProperties": True}, {"type": "object"}, {"allOf": [city, temperature]},
+        {"$defs": {"City": city}, "$ref": "#/$defs/City", "properties": {"temperature": {"type": "number"}}},
+        {"$defs": {"City": city}, "allOf": [{"$ref": "#/$defs/City"}, temperature]},
+        {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city", "temperature"]})
+    for schema in open_ones:
         assert admits(grammar_compiler, default_tokenizer, GrammarSpec.json_schema(schema),
-                      '{"city": "Paris", "temperature": 25}')
+                      '{"city": "Paris", "temperature": 25}'), schema
+    branches = {**temperature, "anyOf": [city, {"type": "object", "properties": {"town": {"type": "string"}}}]}
+    assert admits(grammar_compiler, default_tokenizer, GrammarSpec.json_schema(branches),
+                  '{"temperature": 25, "city": "Paris"}')  # the branch's key beside the parent's (in that order)
 
 
 def test_choice_and_regex_admit_only_their_language(grammar_compiler, default_tokenizer):

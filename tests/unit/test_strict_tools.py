@@ -255,3 +255,14 @@ def test_a_cut_reply_keeps_its_whole_calls_and_drops_the_tag_it_began(parsing):
             assert len(message.get("tool_calls") or ()) == calls, (text, message)
             assert not any(delta.content for delta in streamed), (text, streamed)
             assert message["content"] is None or (parsing == "tagged" and message["content"] == ""), (text, message)
+
+
+def test_tagged_text_that_ends_in_a_bracket_stays_text():
+    """Under "auto" with strict tools the text is free: a reply may end in "<" or "<t"."""
+    for text in ("Use a <", "see <t"):
+        for size in (len(text), 1):
+            state = ChoiceState(0, Reading(tool_parsing="tagged", tool_names=("get_weather",)))
+            pieces = [text[i:i + size] for i in range(0, len(text), size)]
+            for i, piece in enumerate(pieces):
+                state.feed(RequestOutput("r", piece, [], i == len(pieces) - 1, "stop", 5, i + 1))
+            assert state.answer(chat=True)["message"]["content"] == text

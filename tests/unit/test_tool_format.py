@@ -96,6 +96,12 @@ def test_the_users_words_after_tool_results_join_the_results_turn() -> None:
     roles = [m["role"] for m in chat_messages(ChatCompletionRequest.model_validate(
         {"model": "m", "messages": more, "tools": [ADD]}).messages, [], tok)[0]]
     assert roles == ["user", "assistant", "user", "assistant", "user"]
+    late = ChatCompletionRequest.model_validate({"model": "m", "tools": [ADD], "messages": [
+        *follow_up, {"role": "tool", "tool_call_id": "c1", "content": "still 2"}]})  # results after the user's words
+    merged = chat_messages(late.messages, late.tools or (), tok)[0]
+    assert [m["role"] for m in merged] == ["user", "assistant", "user"]
+    assert merged[2]["content"].endswith("And 2 + 2?\n<tool_response>\nstill 2\n</tool_response>")
+    tok.apply_chat_template(merged)
 
 
 # Gemma 2's way: no system role at all; and a template whose tools branch uses {% break %}.

@@ -29,7 +29,8 @@ worth it on a CPU, where every verified row costs its multiply-adds.
 
 The rates are decayed counts (recent rounds weigh more), per request with the engine-wide
 rate as a prior worth ``PRIOR_WEIGHT`` tried positions, so a request's own record takes
-over after a few rounds (a copy's lookup is worth more than a chat's). A round's outcome
+over after a few rounds (a copy's lookup is worth more than a chat's); the engine-wide
+rate keeps a long memory (``ENGINE_DECAY``). A round's outcome
 is read at the request's next round (or when it finishes): the tokens that followed the
 round's start, compared with what was drafted.
 
@@ -57,7 +58,12 @@ from speclane.drafters.suffix import SuffixDrafter
 from speclane.request import Request
 
 PRIOR_WEIGHT = 4.0  # tried positions the engine-wide rate is worth in a request's estimate
-DECAY = 0.9  # per round, on the counts behind a rate
+DECAY = 0.9  # per round, on the counts behind a request's rate: it follows the text
+# Per round, on the engine-wide counts, the prior every new request starts from: a long
+# run's rate. At DECAY it held ~10 rounds, and a few misses in a row (a chat's stretch
+# the head did not know) set the head's prior to ~0.2 where it keeps ~0.45 of first
+# positions: its proposals then never beat an empty one, so it never ran again to say so.
+ENGINE_DECAY = 0.99
 SOURCES = ("suffix", "lookup", "mtp")
 # Before any round is seen: per-position acceptance of lookup and the head, and the
 # suffix drafter's accepted over predicted.
@@ -68,10 +74,11 @@ INITIAL = {"suffix": 1.0, "lookup": 0.5, "mtp": 0.5}
 class _Rate:
     hits: float = 0.0
     tries: float = 0.0
+    decay: float = DECAY
 
     def add(self, hits: float, tries: float) -> None:
-        self.hits = self.hits * DECAY + hits
-        self.tries = self.tries * DECAY + tries
+        self.hits = self.hits * self.decay + hits
+        self.tries = self.tries * self.decay + tries
 
 
 @dataclass
@@ -107,7 +114,7 @@ class AutoDrafter:
         self.head_ms: float | None = None  # decayed mean wall ms of a head proposal, seeds left out (None: none yet)
         self.needs_hidden_states = head is not None
         self.cheap_starts = head is not None  # a round that may not seed the head drafts from the others
-        self.rates = {s: _Rate(INITIAL[s] * PRIOR_WEIGHT, PRIOR_WEIGHT) for s in SOURCES}
+        self.rates = {s: _Rate(INITIAL[s] * PRIOR_WEIGHT, PRIOR_WEIGHT, ENGINE_DECAY) for s in SOURCES}
         self.states: dict[str, _RequestState] = {}
         self.chosen = dict.fromkeys(SOURCES, 0)  # rounds each drafter won (for benchmarks)
 

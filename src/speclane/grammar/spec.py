@@ -8,10 +8,12 @@ its clients' key order: properties are generated in the order the schema lists t
 
 An object that lists its ``properties`` and says nothing of others is closed to them
 (``closed_objects``), as vLLM (xgrammar's strict mode), llama.cpp and OpenAI's strict mode
-generate it: JSON Schema would allow any other key, and a small model fills that room
-(a weather tool's arguments gained a ``"temperature"``; a three-field answer ran on in
-fields of its own to ``max_tokens``). Pydantic and LangChain leave ``additionalProperties``
-out, so their schemas would otherwise be open.
+generate it: JSON Schema allows any other key there, and a model given that room writes
+keys no one asked for (Pydantic and LangChain leave ``additionalProperties`` out, so their
+schemas are open as written). Where an object's properties join others' (``allOf``,
+``anyOf`` or ``oneOf`` beside them, a ``$ref`` beside them or into an ``allOf``, a
+``required`` key it does not list), it stays as written: closed, it would refuse the
+keys the other part brings.
 """
 
 from __future__ import annotations
@@ -28,33 +30,64 @@ _ONE = ("additionalProperties", "items", "contains", "not", "if", "then", "else"
         "unevaluatedItems", "unevaluatedProperties", "additionalItems")
 _LIST = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
 _MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_OPENING = ("additionalProperties", "patternProperties", "unevaluatedProperties")  # what says others may come
+_SPEAKS_OF_OTHERS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+_JOINING = ("allOf", "anyOf", "oneOf", "$ref")  # beside properties: another schema's properties join them
 
 
 def closed_objects(schema: Any) -> Any:
     """``schema`` with ``"additionalProperties": false`` on each object schema that lists
-    ``properties`` and none of ``_OPENING`` (module docstring). A schema with ``allOf`` anywhere
-    is left as it is: its branches' properties add up, and one closed to its own would
-    refuse the others'."""
-    if not isinstance(schema, dict) or '"allOf"' in json.dumps(schema):
+    ``properties``, says nothing of others (``_SPEAKS_OF_OTHERS``) and whose properties
+    join no other schema's (module docstring)."""
+    if not isinstance(schema, dict):
         return schema
-    return _close(schema)
+    joined: set[str] = set()
+    _joined_refs(schema, joined)
+    return _close(schema, "#", joining=False, joined=joined)
 
 
-def _close(node: Any) -> Any:
+def _joined_refs(node: Any, out: set[str]) -> None:
+    """The ``$ref`` targets whose properties join another schema's: a ``$ref`` beside
+    ``properties``, in an ``allOf``, or in an ``anyOf``/``oneOf`` beside ``properties``."""
+    if isinstance(node, list):
+        for item in node:
+            _joined_refs(item, out)
+        return
+    if not isinstance(node, dict):
+        return
+    listed = isinstance(node.get("properties"), dict)
+    if listed and isinstance(node.get("$ref"), str):
+        out.add(node["$ref"])
+    for key in ("allOf", "anyOf", "oneOf"):
+        if isinstance(node.get(key), list) and (key == "allOf" or listed):
+            out.update(item["$ref"] for item in node[key] if isinstance(item, dict) and isinstance(item.get("$ref"), str))
+    for value in node.values():
+        _joined_refs(value, out)
+
+
+def _close(node: Any, path: str, *, joining: bool, joined: set[str]) -> Any:
+    """``joining``: this schema's properties join another's (an ``allOf`` branch, a branch
+    beside its parent's properties, a joined ``$ref``'s target)."""
     if not isinstance(node, dict):
         return node
     out = dict(node)
+    properties = out.get("properties")
+    listed = isinstance(properties, dict)
     for key in _ONE:
         if isinstance(out.get(key), dict):
-            out[key] = _close(out[key])
+            out[key] = _close(out[key], f"{path}/{key}", joining=False, joined=joined)
     for key in _LIST:
         if isinstance(out.get(key), list):
-            out[key] = [_close(item) for item in out[key]]
+            branch_joins = key == "allOf" or (key in ("anyOf", "oneOf") and listed)
+            out[key] = [_close(item, f"{path}/{key}/{i}", joining=branch_joins, joined=joined)
+                        for i, item in enumerate(out[key])]
     for key in _MAP:
         if isinstance(out.get(key), dict):
-            out[key] = {name: _close(sub) for name, sub in out[key].items()}
-    if isinstance(out.get("properties"), dict) and not any(key in out for key in _OPENING):
+            out[key] = {name: _close(sub, f"{path}/{key}/{name}", joining=f"{path}/{key}/{name}" in joined, joined=joined)
+                        for name, sub in out[key].items()}
+    required = out.get("required", [])
+    closable = (listed and not joining and not any(key in out for key in (*_SPEAKS_OF_OTHERS, *_JOINING))
+                and isinstance(required, list) and all(name in properties for name in required))
+    if closable:
         out["additionalProperties"] = False
     return out
 

@@ -17,8 +17,8 @@ over through asyncio queues. A client that disconnects aborts its request: strea
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -324,16 +324,23 @@ def create_app(
 def check_listening(host: str, port: int) -> None:
     """A ValueError where ``host:port`` cannot be listened on (another process holds it, an
     address not of this machine), found before the model loads: uvicorn finds it only when it
-    starts, after the load and calibration, and exits with its own status."""
+    starts, after the load and calibration, and exits with its own status. The probe binds as
+    uvicorn does (asyncio's ``create_server``: every address the host resolves to)."""
     if port == 0:
         return
+
+    async def probe() -> None:
+        server = await asyncio.get_running_loop().create_server(asyncio.Protocol, host=host, port=port,
+                                                                reuse_address=True)
+        server.close()
+        await server.wait_closed()
+
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds it
-            probe.bind((host, port))
+        asyncio.run(probe())
     except OSError as exc:
-        raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        where = f"[{host}]:{port}" if ":" in host else f"{host or '*'}:{port}"
+        reason = str(exc.strerror or exc).rsplit("): ", 1)[-1]  # asyncio's names the address again
+        raise ValueError(f"cannot listen on {where}: {reason}") from None
 
 
 def serve(engine_config: EngineConfig, *, host: str = "127.0.0.1", port: int = 8000,

@@ -133,14 +133,20 @@ def completion_input(request: CompletionRequest, vocab: Vocabulary) -> EngineInp
 def render_chat(request: ChatCompletionRequest, tokenizer: Tokenizer) -> str:
     """The chat prompt the model's template renders from the request's messages, tools and
     ``chat_template_kwargs``; a template that refuses them is a 400."""
+    rendered = _apply_template(request, tokenizer)
+    _check_instructions_kept(request, tokenizer)
+    return _continuing(rendered) if request.continue_final_message else rendered
+
+
+def _apply_template(request: ChatCompletionRequest, tokenizer: Tokenizer) -> str:
     offered = request.tools or () if request.tool_mode != "none" else ()
     messages, variables = chat_messages(request.messages, offered, tokenizer)
     if request.continue_final_message:
         messages[-1] = {**messages[-1], "content": messages[-1]["content"] + CONTINUE_HERE}
     extra = request.chat_template_kwargs or {}
     try:
-        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=request.add_generation_prompt,
-                                                 **{**extra, **variables})
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=request.add_generation_prompt,
+                                             **{**extra, **variables})
     except jinja2.TemplateError as exc:
         raise APIError(400, f"the model's chat template rejected the messages: {exc}", param="messages") from None
     except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
@@ -149,17 +155,22 @@ def render_chat(request: ChatCompletionRequest, tokenizer: Tokenizer) -> str:
         # A variable of a type the template does not expect (a number where it adds text).
         raise APIError(400, f"the model's chat template failed with chat_template_kwargs: {type(exc).__name__}: "
                             f"{exc}", param="chat_template_kwargs") from None
-    _check_instructions_kept(request, rendered)
-    return _continuing(rendered) if request.continue_final_message else rendered
 
 
-def _check_instructions_kept(request: ChatCompletionRequest, rendered: str) -> None:
+_PROBE = "speclane-instructions-probe-"  # plain ASCII: a template's escaping or trimming leaves it whole
+
+
+def _check_instructions_kept(request: ChatCompletionRequest, tokenizer: Tokenizer) -> None:
     """A 400 where a chat of instructions alone lost them: some templates (Gemma's) write a
-    system message only into the first user turn, so with none the prompt is empty of it."""
-    if any(m.role != "system" and m.role != "developer" for m in request.messages):
+    system message only into the first user turn, so with none the prompt is empty of it.
+    Rendered once more with each message's text a probe, so a template that escapes or
+    trims the text is not taken for one that leaves it out."""
+    if any(m.role not in ("system", "developer") for m in request.messages):
         return
+    probes = [m.model_copy(update={"content": f"{_PROBE}{i}"}) for i, m in enumerate(request.messages)]
+    rendered = _apply_template(request.model_copy(update={"messages": probes}), tokenizer)
     for index, message in enumerate(request.messages):
-        if message.text.strip() and message.text.strip() not in rendered:
+        if message.text.strip() and f"{_PROBE}{index}" not in rendered:
             raise APIError(400, f"the model's chat template leaves out a {message.role} message when no user message "
                                 "follows it: send the request as a user message, or add one",
                            param=f"messages[{index}]")

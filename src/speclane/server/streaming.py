@@ -128,7 +128,8 @@ class ChoiceState:
         self.reading = reading
         self.splitter = ReasoningSplitter(thinking=reading.opens_thinking) if reading.reasoning else None
         self.parser = (ToolCallParser(reading.tool_names, bare_json=reading.tool_parsing == "auto",
-                                      held=reading.tool_parsing in ("forced", "tagged"), single=reading.single_call)
+                                      held=reading.tool_parsing in ("forced", "tagged"), single=reading.single_call,
+                                      calls_only=reading.tool_parsing == "forced")
                        if reading.tool_parsing != "none" else None)
         self.content: list[str] = []
         self.reasoning: list[str] = []

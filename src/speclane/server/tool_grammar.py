@@ -54,8 +54,8 @@ def _json_rule(schema: dict[str, Any] | bool) -> str:
 
 
 # What may stand between two calls and after the last: one newline, as Qwen and Hermes write
-# them. One, not any whitespace: a rule that repeats let a model that had called write
-# spaces until max_tokens; after it, only another call or the end of the turn.
+# them. One, not any whitespace: a rule that repeats lets a model that has called write
+# spaces until max_tokens; after the newline comes another call or the end of the turn.
 _BETWEEN = f"BETWEEN: {_lark_string(chr(10))}"
 
 

@@ -188,10 +188,11 @@ def _generic_messages(messages: Sequence[ChatMessage], tools: Sequence[Tool], *,
             continue
         text = m.text
         if m.role == "user" and out and out[-1].get("tool_results"):
-            # The results are a user turn here, so the user's next words join it: two user
-            # turns in a row are what templates that check roles alternate (Gemma's) reject.
-            out[-1]["content"] += "\n\n" + text
-            out[-1]["tool_results"] = False
+            # The results are a user turn here, so the user's next words join it (and results
+            # after them too): two user turns in a row are what templates that check roles
+            # alternate (Gemma's) reject.
+            if text:
+                out[-1]["content"] += "\n\n" + text
             continue
         if m.tool_calls:
             calls = "\n".join(call_text(c.function.name, _arguments_object(c.function.arguments))
@@ -237,10 +238,12 @@ ToolParsing = Literal["none", "auto", "tagged", "forced"]
 class ToolCallParser:
     """Splits a reply, fed as it streams, into content pieces and complete calls."""
 
-    def __init__(self, names: Sequence[str], *, bare_json: bool, held: bool = False, single: bool = False) -> None:
+    def __init__(self, names: Sequence[str], *, bare_json: bool, held: bool = False, single: bool = False,
+                 calls_only: bool = False) -> None:
         self._names = frozenset(names)
         self._bare_json = bare_json
         self._held = held  # a grammar held the calls: an unfinished one was cut short
+        self._calls_only = calls_only  # the grammar allowed no text at all (forced calls)
         self._single = single  # parallel_tool_calls false: calls after the first are dropped
         self._buffer = ""
         self._in_call = False
@@ -298,8 +301,11 @@ class ToolCallParser:
                 body = rest
             if not self._held or self._call(body) is not None:
                 self._block(body, events, closed=False)
-        elif not (self._held and rest.strip() and OPEN.startswith(rest.strip())):
-            self._content(rest, events)  # (held: the start of a call's tag, cut short, is dropped with it)
+        elif not (self._held and (self._calls_only or self.num_calls) and rest.strip() and OPEN.startswith(rest.strip())):
+            # Where the grammar let no text be written (forced calls, or after a held call),
+            # the start of a call's tag is a call cut short and goes with it; text that ends
+            # in "<" under "tagged" stays text.
+            self._content(rest, events)
         if self.num_calls == 0 and self._held_space:
             events.append(self._held_space)
         self._held_space = ""
