@@ -41,7 +41,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     llm = LLM(config=engine_config)
     prompt_ids = llm.encode_prompt(prompt, chat=not args.raw)
     room = llm.engine.max_model_len - len(prompt_ids)
-    if args.max_tokens > room:
+    if 0 < room < args.max_tokens:  # (a prompt that fills the context is the engine's error, with its numbers)
         raise ValueError(f"--max-tokens is {args.max_tokens} but the prompt has {len(prompt_ids)} tokens and the context "
                          f"is {llm.engine.max_model_len}: ask for at most {max(room, 0)}")
     engine = llm.engine

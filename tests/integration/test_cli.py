@@ -100,7 +100,7 @@ def test_cli_generate_takes_the_sampling_penalties():
                          "--repetition-penalty", "1.3", "--min-p", "0.05", *FAST)
     assert plain.returncode == penalised.returncode == 0, penalised.stderr
     assert penalised.stdout.strip() and penalised.stdout != plain.stdout
-    assert_one_line_error(speclane("generate", "hi", "--min-p", "2", *FAST), "min_p must be in [0, 1]")
+    assert_one_line_error(speclane("generate", "hi", "--min-p", "2", *FAST), "--min-p must be in [0, 1]")
 
 
 @pytest.mark.slow
