@@ -111,6 +111,7 @@ class _Server:
         self.token_texts = TokenTexts(engine.tokenizer)
         self.tracker = RequestTracker(async_engine)
         self.kv_cache = getattr(engine, "kv_pool", None)  # GET /health's view of the KV pool
+        self.max_queue = engine.config.scheduler.max_queue  # each choice of a request waits in it
 
     def check_model(self, model: str) -> None:
         if model != self.model_name:
@@ -128,6 +129,9 @@ class _Server:
         engine_input: EngineInput = await anyio.to_thread.run_sync(build, body, self.vocab)
         meta = ResponseMeta.new(chat=chat, model=self.model_name)
         n = engine_input.num_choices
+        if n > self.max_queue:  # its choices could never all wait: a 429 would be retried forever
+            raise APIError(400, f"n is {n} but this server queues at most {self.max_queue} requests (--max-queue), "
+                                f"one per choice: ask for at most {self.max_queue} choices", param="n")
         # One engine request per choice; choices 1.. copy choice 0's prompt KV.
         rids = [meta.id] if n == 1 else [f"{meta.id}-{i}" for i in range(n)]
         self.tracker.check_admitting()  # again: tokenizing took time
