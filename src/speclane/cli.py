@@ -43,7 +43,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     room = llm.engine.max_model_len - len(prompt_ids)
     if 0 < room < args.max_tokens:  # (a prompt that fills the context is the engine's error, with its numbers)
         raise ValueError(f"--max-tokens is {args.max_tokens} but the prompt has {len(prompt_ids)} tokens and the context "
-                         f"is {llm.engine.max_model_len}: ask for at most {max(room, 0)}")
+                         f"is {llm.engine.max_model_len}: ask for at most {room}")
     engine = llm.engine
     engine.add_request("cli", prompt_ids, sampling)
     final = None
@@ -183,21 +183,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _in_flags(message: str, parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
-    """``message`` with the config field it opens with (``max_model_len must be ...``, the
-    engine's checks speak its Python API's names) written as the user set it: the flag
+def _in_flags(message: str, args: argparse.Namespace) -> str:
+    """``message`` with the option it opens with (``max_model_len must be ...``, the engine's
+    checks speak its Python API's names) written as the user set it: the flag
     (``--max-model-len``), or the environment variable where no flag was given."""
     opening = re.match(r"([a-z]+(?:_[a-z0-9]+)+) ", message)
-    if opening is None:
+    if opening is None or not hasattr(args, opening.group(1)):  # not an option of this command
         return message
     field = opening.group(1)
-    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
-    flags = {action.dest: action.option_strings[0] for action in subparsers.choices[args.command]._actions  # noqa: SLF001
-             if action.option_strings}
-    if field not in flags:
-        return message
     variable = f"SPECLANE_{field.upper()}"
-    name = variable if getattr(args, field, None) is None and variable in os.environ else flags[field]
+    name = variable if getattr(args, field) is None and variable in os.environ else cfg.flag(field)
     return name + message[len(field):]
 
 
@@ -209,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except (ValueError, ModelLoadError) as exc:
-        print(f"speclane {args.command}: error: {_in_flags(str(exc), parser, args)}", file=sys.stderr)
+        print(f"speclane {args.command}: error: {_in_flags(str(exc), args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -251,22 +251,27 @@ def _parse_bool(text: str) -> bool:
     raise ValueError(f"expected a boolean (true/false), got {text!r}")
 
 
+def flag(name: str) -> str:
+    """The command-line flag of a config field (or any option): ``max_model_len`` -> ``--max-model-len``."""
+    return "--" + name.replace("_", "-")
+
+
 def add_arguments(parser: argparse.ArgumentParser, sections: tuple[type, ...] = SECTIONS) -> None:
     """Add one ``--flag`` per config field; defaults come from the dataclass."""
     for section in sections:
         hints = get_type_hints(section)
         group = parser.add_argument_group(section.__name__)
         for f in fields(section):
-            flag = "--" + f.name.replace("_", "-")
+            option = flag(f.name)
             kind = hints[f.name]
             described = f.metadata.get("help", "")
             default = "" if "(default:" in described else f"default: {f.default if f.default != '' else 'none'}; "
             help_text = f"{described} ({default}env SPECLANE_{f.name.upper()})"
             help_text = help_text.replace("%", "%%")  # argparse formats help with %
             if kind is bool:
-                group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+                group.add_argument(option, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
             else:
-                group.add_argument(flag, dest=f.name, type=kind, default=None, help=help_text)
+                group.add_argument(option, dest=f.name, type=kind, default=None, help=help_text)
 
 
 _KIND_WORDS = {int: "an integer", float: "a number"}

@@ -252,8 +252,8 @@ class ChoiceState:
             return {"index": self.index, "text": text, "logprobs": self.completion_logprobs(self.logprobs),
                     "finish_reason": self.finish_reason}
         # Forced calls leave no room for text: an answer whose one call was cut short is null, not "".
-        calls_only = bool(self.calls) or self.reading.tool_parsing == "forced"
-        message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls_only else None}
+        null_if_empty = bool(self.calls) or self.reading.tool_parsing == "forced"
+        message: dict[str, Any] = {"role": "assistant", "content": text if text or not null_if_empty else None}
         if self.splitter is not None:
             message["reasoning_content"] = "".join(self.reasoning) or None
         if self.calls:

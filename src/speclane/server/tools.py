@@ -296,11 +296,11 @@ class ToolCallParser:
         elif self._in_call:
             # A call cut short: its JSON may be whole, its closing tag begun ("}\n</").
             stripped = rest.rstrip()
-            body = stripped[: len(stripped) - partial_tag(stripped, CLOSE)]
-            if self._call(body) is None:
-                body = rest
-            if not self._held or self._call(body) is not None:
-                self._block(body, events, closed=False)
+            whole = stripped[: len(stripped) - partial_tag(stripped, CLOSE)]
+            if self._call(whole) is not None:
+                self._block(whole, events, closed=False)
+            elif not self._held:  # unheld, what the model wrote stays (as content)
+                self._block(rest, events, closed=False)
         elif not (self._held and (self._calls_only or self.num_calls) and rest.strip() and OPEN.startswith(rest.strip())):
             # Where the grammar let no text be written (forced calls, or after a held call),
             # the start of a call's tag is a call cut short and goes with it; text that ends
