@@ -7,7 +7,8 @@ drafters`` reports the held-out half).
 Arms: speculation off; suffix; mtp; auto as ``--drafter auto`` builds it (the suffix
 drafter and the MTP head, scored per millisecond with the engine's calibrated step cost);
 auto with prompt lookup competing too; auto scoring per expected token (its step cost
-withdrawn). Each prompt is answered by every arm in turn, ``--passes`` times, each pass its
+withdrawn); with ``--probe-rounds``, auto at each of several head probe intervals
+(``HEAD_PROBE_ROUNDS``, 0 for none). Each prompt is answered by every arm in turn, ``--passes`` times, each pass its
 own tenant; a prompt's ratio is each arm's best pass over off's best pass (decode rate
 after the first token). Prints the median ratio per category and overall, and the rounds
 each auto arm gave each drafter.
@@ -36,6 +37,8 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument("--skip", default="", help="comma-separated arms to leave out")
+    parser.add_argument("--probe-rounds", default="",
+                        help="comma-separated head probe intervals to add as arms ('auto, probe N'; 0: no probe)")
     args = parser.parse_args()
     factory = EngineFactory(EngineConfig.from_flat(num_threads=2))
     engines = {"off": factory.engine(spec_mode="off"),
@@ -47,6 +50,9 @@ def main() -> int:
     assert engines["auto"].drafter.step_ms is not None, "auto got no step cost (adaptive K off?)"
     engines["auto with lookup"].drafter.lookup = NgramDrafter()
     engines["auto per token"].drafter.step_ms = None
+    for n in filter(None, args.probe_rounds.split(",")):
+        engine = engines[f"auto, probe {n}"] = factory.engine(spec_mode="slice", drafter="auto")
+        engine.drafter.probe_rounds = int(n) or 1 << 30
     for name in args.skip.split(","):
         engines.pop(name, None)
     tok = factory.tokenizer
@@ -78,7 +84,7 @@ def main() -> int:
     print(f"prompts where some arm's text differs from off: {differ}")
     for name in engines:
         if name.startswith("auto"):
-            print(name, "rounds by drafter:", engines[name].drafter.chosen)
+            print(name, "rounds by drafter:", engines[name].drafter.chosen, "head probes:", engines[name].drafter.probes)
     return 0
 
 

@@ -3,7 +3,7 @@ runs the MTP head only when it is expected to win, and learns each drafter's acc
 
 import pytest
 
-from speclane.drafters.auto import AutoDrafter, geometric
+from speclane.drafters.auto import HEAD_PROBE_ROUNDS, AutoDrafter, geometric
 from speclane.drafters.base import Draft
 from speclane.request import Request, SamplingParams
 
@@ -250,3 +250,33 @@ def test_a_short_run_of_misses_leaves_new_requests_a_head_prior_of_its_long_run(
     newcomer = _request("new")
     auto.propose(newcomer, 1)
     assert 0.35 < auto.rate(auto.states["new"], "mtp") < 0.5
+
+
+def test_a_head_priced_out_runs_as_a_probe_after_a_run_of_rounds_with_no_cheap_draft():
+    """The head's rate is learnt only from rounds it runs: priced out, it would never run to
+    show its rate is better than the estimate. A run of rounds in which the cheap drafters
+    find nothing ends in one head round."""
+    head = Fixed([40])
+    auto = AutoDrafter(Fixed([]), None, head)
+    auto.use_step_cost(lambda rows: 5.0 * rows)  # a one-token head draft at rate 0.5: 1.5 / 10 ms < 1 / 5 ms
+    request = _request()
+    for _ in range(HEAD_PROBE_ROUNDS - 1):
+        assert auto.propose(request, 1).token_ids == []
+        request.output_token_ids.append(99)
+    assert head.calls == 0
+    assert auto.propose(request, 1).token_ids == [40] and head.calls == 1 and auto.probes == 1
+    request.output_token_ids.extend([40, 41])  # the probe's draft held: the head's rate rises
+    before = auto.rate(auto.states["r"], "mtp")
+    auto.propose(request, 1)
+    assert auto.rate(auto.states["r"], "mtp") > before
+
+
+def test_no_probe_while_a_cheap_drafter_has_a_proposal():
+    head = Fixed([40])
+    auto = AutoDrafter(Fixed([7], [0.9]), None, head)
+    auto.use_step_cost(lambda rows: 5.0 * rows)
+    request = _request()
+    for _ in range(3 * HEAD_PROBE_ROUNDS):
+        assert auto.propose(request, 1).token_ids == [7]
+        request.output_token_ids.extend([7, 8])
+    assert head.calls == 0

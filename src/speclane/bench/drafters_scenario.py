@@ -114,7 +114,7 @@ def drafters(factory: EngineFactory, quick: bool = False, new_tokens: int = 64, 
     if chosen:
         rounds = sum(chosen.values()) or 1
         speed.notes.append("auto's drafted rounds by drafter: " + ", ".join(f"{s} {n / rounds:.0%}" for s, n in chosen.items())
-                           + f"; auto's per-prompt speed-up below 1.0x on {sum(r < 1 for r in every)} of {len(every)} prompts.")
+                           + f" ({getattr(auto, 'probes', 0)} head rounds run as probes); auto's per-prompt speed-up below 1.0x on {sum(r < 1 for r in every)} of {len(every)} prompts.")
     trees = engines[TREE_ARM].runner
     speed.notes.append(f"'{TREE_ARM}': {trees.tree_rounds} rounds drafted a tree, {trees.branch_rounds} of them accepted a "
                        "branch other than the first; its branches need an estimated probability of at least "

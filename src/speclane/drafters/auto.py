@@ -32,7 +32,10 @@ rate as a prior worth ``PRIOR_WEIGHT`` tried positions, so a request's own recor
 over after a few rounds (a copy's lookup is worth more than a chat's); the engine-wide
 rate keeps a long memory (``ENGINE_DECAY``). A round's outcome
 is read at the request's next round (or when it finishes): the tokens that followed the
-round's start, compared with what was drafted.
+round's start, compared with what was drafted. A rate is learnt only from the rounds its
+drafter wins, so a head priced out would never run to show it was priced wrong: after
+``HEAD_PROBE_ROUNDS`` rounds in a row in which the cheap drafters found nothing and the
+head was passed over, the head runs once anyway (a probe, scored as any round).
 
 The head's hidden-state catch-up is the MTP drafter's: ``observe_tick`` goes to it every forward,
 and a round that the head skips leaves its positions pending for the next head round.
@@ -64,6 +67,16 @@ DECAY = 0.9  # per round, on the counts behind a request's rate: it follows the 
 # the head did not know) set the head's prior to ~0.2 where it keeps ~0.45 of first
 # positions: its proposals then never beat an empty one, so it never ran again to say so.
 ENGINE_DECAY = 0.99
+# The head's rate is only learnt from the rounds it runs, so a low estimate (a stretch of
+# text the head did not know, or a category where copying won) would keep it from ever
+# running again to correct it: on the held-out half, two early misses in verbatim copy set
+# its prior to 0.2 and it drafted none of open chat's rounds, where alone it kept 0.45.
+# So a request whose cheap drafters found nothing this many rounds in a row, the head
+# passed over each time, runs the head once (a probe); its outcome is scored as any round's.
+# Tuning half, 8 prompts a category (benchmarks/compare_auto.py --probe-rounds 0,4,8,16):
+# all prompts' median over off 1.09x (no probe), 1.10x, 1.11x, 1.14x, within a run's noise
+# of each other in a run where the head was not trapped; 16 spends fewest rounds on probes.
+HEAD_PROBE_ROUNDS = 16
 SOURCES = ("suffix", "lookup", "mtp")
 # Before any round is seen: per-position acceptance of lookup and the head, and the
 # suffix drafter's accepted over predicted.
@@ -94,6 +107,7 @@ class _Round:
 class _RequestState:
     rates: dict[str, _Rate] = field(default_factory=lambda: {s: _Rate() for s in SOURCES})
     last: _Round | None = None
+    idle_rounds: int = 0  # rounds in a row with no cheap proposal and the head passed over
 
 
 def geometric(rate: float, n: int) -> float:
@@ -117,6 +131,8 @@ class AutoDrafter:
         self.rates = {s: _Rate(INITIAL[s] * PRIOR_WEIGHT, PRIOR_WEIGHT, ENGINE_DECAY) for s in SOURCES}
         self.states: dict[str, _RequestState] = {}
         self.chosen = dict.fromkeys(SOURCES, 0)  # rounds each drafter won (for benchmarks)
+        self.probes = 0  # head rounds run as probes (for benchmarks)
+        self.probe_rounds = HEAD_PROBE_ROUNDS
 
     def observe_tick(self, spans: Sequence[HiddenSpan], hidden: torch.Tensor) -> None:
         if self.head is not None:
@@ -156,7 +172,13 @@ class AutoDrafter:
             # priced the round without it).
             if may_seed or not self.head.needs_seed(request.request_id):
                 head_worth = self._worth(geometric(self.rate(state, "mtp"), k), k, self.head_ms or 0.0)
-                head = self._run_head(request, k) if head_worth > worth else head
+                probe = not draft.token_ids and state.idle_rounds + 1 >= self.probe_rounds
+                if head_worth > worth or probe:
+                    self.probes += head_worth <= worth
+                    head = self._run_head(request, k)
+                    state.idle_rounds = 0
+                elif not draft.token_ids:
+                    state.idle_rounds += 1
             if head.token_ids:
                 source, draft = "mtp", head
             else:  # adaptive K times head rounds only
