@@ -8,7 +8,8 @@ Arms: speculation off; suffix; mtp; auto as ``--drafter auto`` builds it (the su
 drafter and the MTP head, scored per millisecond with the engine's calibrated step cost);
 auto with prompt lookup competing too; auto scoring per expected token (its step cost
 withdrawn); with ``--probe-rounds``, auto at each of several head probe intervals
-(``HEAD_PROBE_ROUNDS``, 0 for none). Each prompt is answered by every arm in turn, ``--passes`` times, each pass its
+(``HEAD_PROBE_ROUNDS``, 0 for none); with ``--seed-after``, at each of several waits before
+a request's head is seeded (``HEAD_SEED_AFTER``). Each prompt is answered by every arm in turn, ``--passes`` times, each pass its
 own tenant; a prompt's ratio is each arm's best pass over off's best pass (decode rate
 after the first token). Prints the median ratio per category and overall, and the rounds
 each auto arm gave each drafter.
@@ -39,6 +40,9 @@ def main() -> int:
     parser.add_argument("--skip", default="", help="comma-separated arms to leave out")
     parser.add_argument("--probe-rounds", default="",
                         help="comma-separated head probe intervals to add as arms ('auto, probe N'; 0: no probe)")
+    parser.add_argument("--seed-after", default="",
+                        help="comma-separated rounds without a cheap draft before a request's head is seeded, "
+                             "added as arms ('auto, seed after N')")
     args = parser.parse_args()
     factory = EngineFactory(EngineConfig.from_flat(num_threads=2))
     engines = {"off": factory.engine(spec_mode="off"),
@@ -53,6 +57,9 @@ def main() -> int:
     for n in filter(None, args.probe_rounds.split(",")):
         engine = engines[f"auto, probe {n}"] = factory.engine(spec_mode="slice", drafter="auto")
         engine.drafter.probe_rounds = int(n) or 1 << 30
+    for n in filter(None, args.seed_after.split(",")):
+        engine = engines[f"auto, seed after {n}"] = factory.engine(spec_mode="slice", drafter="auto")
+        engine.drafter.seed_after = int(n)
     for name in args.skip.split(","):
         engines.pop(name, None)
     tok = factory.tokenizer

@@ -3,7 +3,7 @@ runs the MTP head only when it is expected to win, and learns each drafter's acc
 
 import pytest
 
-from speclane.drafters.auto import HEAD_PROBE_ROUNDS, AutoDrafter, geometric
+from speclane.drafters.auto import HEAD_PROBE_ROUNDS, HEAD_SEED_AFTER, AutoDrafter, geometric
 from speclane.drafters.base import Draft
 from speclane.request import Request, SamplingParams
 
@@ -20,11 +20,29 @@ class Fixed:
         self.calls += 1
         return Draft(self.tokens[:k], confidence=self.confidence[:k])
 
+    def needs_seed(self, request_id: str) -> bool:
+        return False  # as a head: seeded already
+
     def finish(self, request: Request) -> None:
         pass
 
     def release(self, request_id: str) -> None:
         pass
+
+
+class Unseeded(Fixed):
+    """A head that needs its seed (a pass over the request's context) before its first draft."""
+
+    def __init__(self, tokens):
+        super().__init__(tokens)
+        self.seeded_ids: set[str] = set()
+
+    def needs_seed(self, request_id: str) -> bool:
+        return request_id not in self.seeded_ids
+
+    def propose(self, request: Request, k: int) -> Draft:
+        self.seeded_ids.add(request.request_id)
+        return super().propose(request, k)
 
 
 def _request(rid="r") -> Request:
@@ -214,21 +232,9 @@ def test_a_round_that_may_not_seed_leaves_a_head_without_its_seed_alone():
     """The scheduler priced the round without the head's seed (``may_seed`` False): the
     cheap proposal is the round's, timed as one (no catch-up); once the head has seeded
     (a round that may), it competes in such rounds again."""
-
-    class Head(Fixed):
-        def __init__(self, tokens):
-            super().__init__(tokens)
-            self.seeded_ids: set[str] = set()
-
-        def needs_seed(self, request_id: str) -> bool:
-            return request_id not in self.seeded_ids
-
-        def propose(self, request, k):
-            self.seeded_ids.add(request.request_id)
-            return super().propose(request, k)
-
-    head = Head([40, 41, 42, 43])
+    head = Unseeded([40, 41, 42, 43])
     auto = AutoDrafter(Fixed([7], [0.2]), Fixed([]), head)  # the head is expected to beat 0.2
+    auto.seed_after = 1  # seeded at its first chance (the wait for uncopyable text is tested below)
     cheap = auto.propose(_request("a"), 4, may_seed=False)
     assert cheap.token_ids == [7] and cheap.catch_up_ms is None and head.calls == 0
     assert auto.propose(_request("a"), 4).token_ids == [40, 41, 42, 43] and head.calls == 1
@@ -280,3 +286,23 @@ def test_no_probe_while_a_cheap_drafter_has_a_proposal():
         assert auto.propose(request, 1).token_ids == [7]
         request.output_token_ids.extend([7, 8])
     assert head.calls == 0
+
+
+def test_a_heads_seed_waits_for_rounds_the_cheap_drafters_cannot_draft():
+    """The head, expected to win from its first round, is first run (and seeded) only after
+    HEAD_SEED_AFTER rounds in which the cheap drafters found nothing; while they draft every
+    round (a copy), it is never seeded."""
+    head = Unseeded([40])
+    auto = AutoDrafter(Fixed([]), None, head)
+    request = _request()
+    for _ in range(HEAD_SEED_AFTER - 1):
+        assert auto.propose(request, 1).token_ids == []
+        request.output_token_ids.append(99)
+    assert head.calls == 0
+    assert auto.propose(request, 1).token_ids == [40] and head.calls == 1
+    assert auto.propose(request, 1).token_ids == [40] and head.calls == 2  # seeded: it competes every round
+    copying_head = Unseeded([40, 41, 42, 43])
+    copy = AutoDrafter(Fixed([7], [0.3]), None, copying_head)  # worth less than the head's drafts
+    for _ in range(4 * HEAD_SEED_AFTER):
+        assert copy.propose(request, 4).token_ids == [7]
+    assert copying_head.calls == 0

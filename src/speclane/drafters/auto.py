@@ -34,8 +34,11 @@ rate keeps a long memory (``ENGINE_DECAY``). A round's outcome
 is read at the request's next round (or when it finishes): the tokens that followed the
 round's start, compared with what was drafted. A rate is learnt only from the rounds its
 drafter wins, so a head priced out would never run to show it was priced wrong: after
-``HEAD_PROBE_ROUNDS`` rounds in a row in which the cheap drafters found nothing and the
-head was passed over, the head runs once anyway (a probe, scored as any round).
+``HEAD_PROBE_ROUNDS`` rounds since the head last ran in which the cheap drafters found
+nothing, the head runs once anyway (a probe, scored as any round). A request's first head
+round also seeds the head over its context, a cost the head's per-round time leaves out:
+the head is first run for a request only after ``HEAD_SEED_AFTER`` rounds in which the
+cheap drafters found nothing (an answer the suffix drafter copies seldom repays a seed).
 
 The head's hidden-state catch-up is the MTP drafter's: ``observe_tick`` goes to it every forward,
 and a round that the head skips leaves its positions pending for the next head round.
@@ -71,12 +74,20 @@ ENGINE_DECAY = 0.99
 # text the head did not know, or a category where copying won) would keep it from ever
 # running again to correct it: on the held-out half, two early misses in verbatim copy set
 # its prior to 0.2 and it drafted none of open chat's rounds, where alone it kept 0.45.
-# So a request whose cheap drafters found nothing this many rounds in a row, the head
-# passed over each time, runs the head once (a probe); its outcome is scored as any round's.
+# So a request whose cheap drafters found nothing in this many rounds since the head last
+# ran runs the head once (a probe); its outcome is scored as any round's.
 # Tuning half, 8 prompts a category (benchmarks/compare_auto.py --probe-rounds 0,4,8,16):
 # all prompts' median over off 1.09x (no probe), 1.10x, 1.11x, 1.14x, within a run's noise
 # of each other in a run where the head was not trapped; 16 spends fewest rounds on probes.
 HEAD_PROBE_ROUNDS = 16
+# A request's first head round seeds the head over its context (up to the head's 256-position
+# window: ~5 ms for 120 positions here, a token's time or more), which the head's per-round
+# time leaves out. Where the suffix drafter copies most of an answer the head rarely pays
+# that back, so it is seeded only once this many of the request's rounds found no cheap
+# draft. Tuning half, all 105 prompts, 2 passes (benchmarks/compare_auto.py --seed-after
+# 1,2,4,8): auto against the category's best single drafter, paired per prompt, median
+# 0.945x / 0.964x / 0.975x / 0.973x; open chat 1.01x / 1.00x / 0.98x / 1.00x of the head alone.
+HEAD_SEED_AFTER = 4
 SOURCES = ("suffix", "lookup", "mtp")
 # Before any round is seen: per-position acceptance of lookup and the head, and the
 # suffix drafter's accepted over predicted.
@@ -107,7 +118,7 @@ class _Round:
 class _RequestState:
     rates: dict[str, _Rate] = field(default_factory=lambda: {s: _Rate() for s in SOURCES})
     last: _Round | None = None
-    idle_rounds: int = 0  # rounds in a row with no cheap proposal and the head passed over
+    idle_rounds: int = 0  # rounds since the head last ran in which the cheap drafters proposed nothing
 
 
 def geometric(rate: float, n: int) -> float:
@@ -133,6 +144,7 @@ class AutoDrafter:
         self.chosen = dict.fromkeys(SOURCES, 0)  # rounds each drafter won (for benchmarks)
         self.probes = 0  # head rounds run as probes (for benchmarks)
         self.probe_rounds = HEAD_PROBE_ROUNDS
+        self.seed_after = HEAD_SEED_AFTER
 
     def observe_tick(self, spans: Sequence[HiddenSpan], hidden: torch.Tensor) -> None:
         if self.head is not None:
@@ -168,17 +180,20 @@ class AutoDrafter:
         worth, source, draft = max(options, key=lambda option: (bool(option[2].token_ids), option[0]))
         head = Draft([])
         if self.head is not None:
+            seeds = self.head.needs_seed(request.request_id)
             # A round that may not seed leaves a head without its seed alone (the scheduler
             # priced the round without it).
-            if may_seed or not self.head.needs_seed(request.request_id):
+            if may_seed or not seeds:
                 head_worth = self._worth(geometric(self.rate(state, "mtp"), k), k, self.head_ms or 0.0)
-                probe = not draft.token_ids and state.idle_rounds + 1 >= self.probe_rounds
-                if head_worth > worth or probe:
+                idle = state.idle_rounds + 1  # counting this round
+                probe = not draft.token_ids and idle >= self.probe_rounds
+                waits = seeds and idle < self.seed_after  # its seed waits for text the others cannot draft
+                if (head_worth > worth and not waits) or probe:
                     self.probes += head_worth <= worth
                     head = self._run_head(request, k)
                     state.idle_rounds = 0
                 elif not draft.token_ids:
-                    state.idle_rounds += 1
+                    state.idle_rounds = idle
             if head.token_ids:
                 source, draft = "mtp", head
             else:  # adaptive K times head rounds only
