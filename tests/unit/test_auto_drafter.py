@@ -304,5 +304,14 @@ def test_a_heads_seed_waits_for_rounds_the_cheap_drafters_cannot_draft():
     copying_head = Unseeded([40, 41, 42, 43])
     copy = AutoDrafter(Fixed([7], [0.3]), None, copying_head)  # worth less than the head's drafts
     for _ in range(4 * HEAD_SEED_AFTER):
-        assert copy.propose(request, 4).token_ids == [7]
+        assert copy.propose(_request("copy"), 4).token_ids == [7]
     assert copying_head.calls == 0
+
+
+def test_rounds_that_may_not_seed_neither_probe_nor_seed_an_unseeded_head():
+    head = Unseeded([40])
+    auto = AutoDrafter(Fixed([]), None, head)
+    request = _request()
+    for _ in range(2 * HEAD_PROBE_ROUNDS):
+        assert auto.propose(request, 1, may_seed=False).token_ids == []
+    assert head.calls == 0 and auto.probes == 0

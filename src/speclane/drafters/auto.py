@@ -16,8 +16,8 @@ accepted tokens:
   measured acceptance (accepted over tried positions: a position is tried when every
   draft before it was accepted);
 - the MTP head: the same with the head's rate and ``n = k``, known before it runs, so the
-  head (the only drafter whose call costs a model pass) runs only when it is expected
-  to beat the best cheap proposal.
+  head (the only drafter whose call costs a model pass) runs when it is expected to beat
+  the best cheap proposal (two exceptions, below: a probe, and a seed that waits).
 
 Where the engine has measured its step cost (``use_step_cost``: adaptive K's calibration),
 "beat" is counted in tokens per millisecond rather than in tokens: a proposal of n tokens
@@ -35,10 +35,10 @@ is read at the request's next round (or when it finishes): the tokens that follo
 round's start, compared with what was drafted. A rate is learnt only from the rounds its
 drafter wins, so a head priced out would never run to show it was priced wrong: after
 ``HEAD_PROBE_ROUNDS`` rounds since the head last ran in which the cheap drafters found
-nothing, the head runs once anyway (a probe, scored as any round). A request's first head
-round also seeds the head over its context, a cost the head's per-round time leaves out:
-the head is first run for a request only after ``HEAD_SEED_AFTER`` rounds in which the
-cheap drafters found nothing (an answer the suffix drafter copies seldom repays a seed).
+nothing, the head runs once anyway (a probe, scored as any round). A head round that
+(re)seeds runs the head over the request's context, a cost the head's per-round time leaves
+out: a head that needs its seed runs only after ``HEAD_SEED_AFTER`` such rounds (an answer
+the suffix drafter copies seldom repays a seed). Both count rounds that may seed only.
 
 The head's hidden-state catch-up is the MTP drafter's: ``observe_tick`` goes to it every forward,
 and a round that the head skips leaves its positions pending for the next head round.
@@ -118,7 +118,7 @@ class _Round:
 class _RequestState:
     rates: dict[str, _Rate] = field(default_factory=lambda: {s: _Rate() for s in SOURCES})
     last: _Round | None = None
-    idle_rounds: int = 0  # rounds since the head last ran in which the cheap drafters proposed nothing
+    idle_rounds: int = 0  # rounds that may seed since the head last ran in which the cheap drafters proposed nothing
 
 
 def geometric(rate: float, n: int) -> float:
@@ -188,8 +188,9 @@ class AutoDrafter:
                 idle = state.idle_rounds + 1  # counting this round
                 probe = not draft.token_ids and idle >= self.probe_rounds
                 waits = seeds and idle < self.seed_after  # its seed waits for text the others cannot draft
-                if (head_worth > worth and not waits) or probe:
-                    self.probes += head_worth <= worth
+                wins = head_worth > worth and not waits
+                if wins or probe:
+                    self.probes += not wins
                     head = self._run_head(request, k)
                     state.idle_rounds = 0
                 elif not draft.token_ids:
