@@ -38,7 +38,8 @@ drafter wins, so a head priced out would never run to show it was priced wrong: 
 nothing, the head runs once anyway (a probe, scored as any round). A head round that
 (re)seeds runs the head over the request's context, a cost the head's per-round time leaves
 out: a head that needs its seed runs only after ``HEAD_SEED_AFTER`` such rounds (an answer
-the suffix drafter copies seldom repays a seed). Both count rounds that may seed only.
+the suffix drafter copies seldom repays a seed). Both count only rounds in which the head
+could run: a round that may not seed does not count for a head still to be seeded.
 
 The head's hidden-state catch-up is the MTP drafter's: ``observe_tick`` goes to it every forward,
 and a round that the head skips leaves its positions pending for the next head round.
@@ -80,7 +81,7 @@ ENGINE_DECAY = 0.99
 # all prompts' median over off 1.09x (no probe), 1.10x, 1.11x, 1.14x, within a run's noise
 # of each other in a run where the head was not trapped; 16 spends fewest rounds on probes.
 HEAD_PROBE_ROUNDS = 16
-# A request's first head round seeds the head over its context (up to the head's 256-position
+# A head round that (re)seeds runs the head over the context (up to the head's 256-position
 # window: ~5 ms for 120 positions here, a token's time or more), which the head's per-round
 # time leaves out. Where the suffix drafter copies most of an answer the head rarely pays
 # that back, so it is seeded only once this many of the request's rounds found no cheap
@@ -118,7 +119,8 @@ class _Round:
 class _RequestState:
     rates: dict[str, _Rate] = field(default_factory=lambda: {s: _Rate() for s in SOURCES})
     last: _Round | None = None
-    idle_rounds: int = 0  # rounds that may seed since the head last ran in which the cheap drafters proposed nothing
+    # Rounds since the head last ran in which it could have run and the cheap drafters proposed nothing.
+    idle_rounds: int = 0
 
 
 def geometric(rate: float, n: int) -> float:
