@@ -121,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-keys", default=None, help="JSON or TOML file of API keys (key, tenant, weight, max priority)")
     p.add_argument("--stream-interval-ms", type=float, default=cfg.DEFAULT_STREAM_INTERVAL_MS,
                    help="a stream sends at most one chunk per this many ms (tokens that come meanwhile share it); "
-                        "its first and last chunks are never held back; 0: a chunk per tick (default: %(default)s)")
+                        "its first and last chunks are never held back; 0: a chunk per tick, or per several ticks "
+                        "while the server is still writing the last one (default: %(default)s)")
     p.add_argument("--reasoning-parser", choices=("auto", "think", "none"), default="auto",
                    help="a chat reply's <think>...</think> block goes to message.reasoning_content, the rest to "
                         "content: auto, for models whose chat template writes <think> (Qwen3, QwQ, DeepSeek-R1 "

@@ -96,24 +96,24 @@ def test_single_table_compares_http_and_engine_decode_rates_not_whole_requests()
     assert "speculation off: 0.95x (range 0.90-1.20" in table.notes[0]
 
 
-def test_single_table_has_the_light_client_and_paced_rows_each_against_its_own_client():
-    names = (vs.SPEC_OFF, vs.SPEC_OFF + vs.LIGHT, vs.PACED, vs.PACED + vs.LIGHT)
+def test_single_table_has_the_light_client_and_chunk_per_tick_rows_each_against_its_own_client():
+    names = (vs.SPEC_OFF, vs.SPEC_OFF + vs.LIGHT, vs.UNPACED, vs.UNPACED + vs.LIGHT)
     arms = {name: vs.StreamArm("http://x", "m", 1, 64) for name in names}
     for name, rates in zip(names, ([80.0] * 3, [90.0] * 3, [95.0] * 3, [99.0] * 3), strict=True):
         arms[name].decode_rates = rates
-    single = {vs.SPEC_OFF: [60.0] * 3, vs.SPEC_OFF + vs.LIGHT: [70.0] * 3, vs.PACED: [66.0] * 3,
-              vs.PACED + vs.LIGHT: [77.0] * 3, vs.REFERENCE: [30.0] * 3, vs.REFERENCE + vs.LIGHT: [35.0] * 3,
+    single = {vs.SPEC_OFF: [60.0] * 3, vs.SPEC_OFF + vs.LIGHT: [70.0] * 3, vs.UNPACED: [66.0] * 3,
+              vs.UNPACED + vs.LIGHT: [77.0] * 3, vs.REFERENCE: [30.0] * 3, vs.REFERENCE + vs.LIGHT: [35.0] * 3,
               vs.ENGINE_BESIDE_HTTP: [100.0] * 3}
     table = vs._single_table({"speclane": [100.0]}, single, arms, 64, 2, 3, 3)
     rows = {row[0]: row[1:] for row in table.rows}
     assert rows["one streamed chat completion over HTTP (speculation off, light client)"] == [70.0, 35.0, "2.00x"]
-    assert rows[f"one streamed chat completion over HTTP (speculation off, a chunk per {vs.PACED_MS} ms)"] == \
+    assert rows["one streamed chat completion over HTTP (speculation off, a chunk per tick)"] == \
         [66.0, 30.0, "2.20x"]
-    assert rows[f"one streamed chat completion over HTTP (speculation off, a chunk per {vs.PACED_MS} ms, light client)"] \
+    assert rows["one streamed chat completion over HTTP (speculation off, a chunk per tick, light client)"] \
         == [77.0, 35.0, "2.20x"]
     for label, fraction in (("speculation off", "0.80x"), ("speculation off, light client", "0.90x"),
-                            (f"speculation off, a chunk per {vs.PACED_MS} ms", "0.95x"),
-                            (f"speculation off, a chunk per {vs.PACED_MS} ms, light client", "0.99x")):
+                            ("speculation off, a chunk per tick", "0.95x"),
+                            ("speculation off, a chunk per tick, light client", "0.99x")):
         assert f"{label}: {fraction}" in table.notes[0]
 
 

@@ -4,9 +4,9 @@ the default GGUF file, the same threads and the same client.
 - **One stream.** The engine alone (``speclane.LLM``, speculation off, the tokens after
   the first one) against ``llama-bench``'s ``tg`` test (no prompt); one streamed chat
   completion over HTTP (speculation off per request, and the default lane) against
-  ``llama-server``, each also from the light client, and from a speclane server whose
-  streams send a chunk at most every ``PACED_MS`` (``--stream-interval-ms``); speclane's HTTP
-  decode rate as a fraction of its engine's, per client and pacing. The engine
+  ``llama-server``, each also from the light client, and from a speclane server that sends
+  a chunk per tick (``--stream-interval-ms 0``; the default paces chunks at 10 ms); speclane's
+  HTTP decode rate as a fraction of its engine's, per client and pacing. The engine
   also with ``--matmul-inputs int8`` (the inputs of the quantized matmuls rounded to 8 bits,
   llama.cpp's arithmetic), here and in the noisy-neighbour runs.
 - **Streams.** 8 and 16 concurrent streamed chat completions: aggregate tok/s and mean
@@ -70,7 +70,7 @@ from speclane.bench.http_streams import (
 from speclane.bench.http_streams import decode_rate as stream_decode_rate
 from speclane.bench.llama_cpp import decode_rate, find_llama_cpp_tool, llama_server
 from speclane.bench.servers import speclane_server
-from speclane.config import EngineConfig
+from speclane.config import DEFAULT_STREAM_INTERVAL_MS, EngineConfig
 from speclane.engine.stats import EngineCounters
 from speclane.llm import LLM
 from speclane.models.loader import resolve_model
@@ -173,11 +173,10 @@ COLD_LLAMA_SERVER = {"cache_prompt": False}  # llama-server's per-request switch
 REFERENCE = "llama.cpp llama-server"
 SPEC_OFF = "speclane, speculation off"
 LANE_ON = "speclane, lane on"
-# A paced server's chunks come at most this often (40 a second, faster than text is read):
-# the tokens decoded meanwhile share one chunk, which is one wake-up of the server's event
-# loop and of the client instead of several, on the cores the engine decodes on.
-PACED_MS = 25
-PACED = f"speclane, speculation off, a chunk per {PACED_MS} ms"
+# A server that sends a chunk per tick (``--stream-interval-ms 0``), against the default's
+# pacing: each chunk is one wake-up of the server's event loop and of the client, on the
+# cores the engine decodes on.
+UNPACED = "speclane, speculation off, a chunk per tick"
 ENGINE_BESIDE_HTTP = "speclane engine alone"  # the one-stream HTTP alternation's in-process arm
 
 
@@ -207,7 +206,7 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
     with contextlib.ExitStack() as stack:
         ours = stack.enter_context(speclane_server(config)).url
         ours_int8 = stack.enter_context(speclane_server(config, ["--matmul-inputs", "int8"])).url
-        paced = stack.enter_context(speclane_server(config, ["--stream-interval-ms", str(PACED_MS)])).url
+        unpaced = stack.enter_context(speclane_server(config, ["--stream-interval-ms", "0"])).url
         mtp = stack.enter_context(speclane_server(config, ["--drafter", "mtp"])).url
         ngram = stack.enter_context(speclane_server(config, ["--drafter", "ngram"])).url
         theirs = None
@@ -222,14 +221,14 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
         model = config.model.model
         for url, _ in many.values():
             concurrent_streams(url, model, prompts(1), 8)  # warm-up
-        for url in (mtp, ngram, paced):
+        for url in (mtp, ngram, unpaced):
             concurrent_streams(url, model, prompts(1), 8)
         progress("vs-llama-cpp: one stream over HTTP")
         single_arms = {name: StreamArm(url, model, 1, tokens, extra, fresh_tenant=url != theirs)
-                       for name, (url, extra) in {**servers, PACED: (paced, OFF)}.items()}
+                       for name, (url, extra) in {**servers, UNPACED: (unpaced, OFF)}.items()}
         single_arms.update({name + LIGHT: StreamArm(url, model, 1, tokens, extra, fresh_tenant=url != theirs,
                                                     light_client=True)
-                            for name, (url, extra) in {SPEC_OFF: (ours, OFF), PACED: (paced, OFF),
+                            for name, (url, extra) in {SPEC_OFF: (ours, OFF), UNPACED: (unpaced, OFF),
                                                        **({REFERENCE: (theirs, None)} if theirs else {})}.items()})
         # The engine alone in the same alternation: "HTTP / engine" pairs runs made side by side.
         single = alternate({**single_arms, ENGINE_BESIDE_HTTP: engine_arms["speclane"]}, spec_runs, warmup=False)  # type: ignore[dict-item]
@@ -301,7 +300,7 @@ def _single_table(engine: dict[str, list[float]], single: dict[str, list[float]]
         table.add("engine alone, decode, --matmul-inputs int8", int8, theirs_engine or "not run", ratio(int8, theirs_engine))
     beside = single[ENGINE_BESIDE_HTTP]
     fractions = []
-    for name in (SPEC_OFF, LANE_ON, SPEC_OFF + LIGHT, PACED, PACED + LIGHT):
+    for name in (SPEC_OFF, LANE_ON, SPEC_OFF + LIGHT, UNPACED, UNPACED + LIGHT):
         if name not in single:
             continue
         reference = same_client_reference(name)
@@ -319,10 +318,11 @@ def _single_table(engine: dict[str, list[float]], single: dict[str, list[float]]
                        "the engine-alone run beside it in the same alternation (target: at least 0.95x): "
                        + "; ".join(fractions) + ". HTTP rows: completion tokens per second from sending the request "
                        "to the stream's end (prefill included), the same chat prompt for both servers, each against "
-                       "llama-server with the same client (the openai SDK, or the light client). A paced server "
-                       f"(--stream-interval-ms {PACED_MS}) sends the tokens decoded within {PACED_MS} ms as one chunk "
-                       "(the first and the last chunk are never held back): fewer wake-ups of its event loop and of the client on "
-                       "the cores the engine decodes on.")
+                       "llama-server with the same client (the openai SDK, or the light client). speclane serve's default "
+                       f"(--stream-interval-ms {DEFAULT_STREAM_INTERVAL_MS:g}) sends the tokens decoded within "
+                       f"{DEFAULT_STREAM_INTERVAL_MS:g} ms as one chunk (the first and the last chunk are never held back); "
+                       "'a chunk per tick' is --stream-interval-ms 0. Each chunk is a wake-up of the server's event loop "
+                       "and of the client on the cores the engine decodes on.")
     table.notes.append(f"Engine alone: {tokens} tokens after the first one (the prompt's prefill and first token left out, "
                        f"as llama-bench's tg test has no prompt). Arms alternate, {repeats} runs each ({http_repeats} for one stream "
                        "over HTTP); medians. "

@@ -38,9 +38,9 @@ from speclane.cluster.replica import PollReply
 from speclane.cluster.router import Pending, Router, prefix_hashes
 from speclane.cluster.shared_service import SharedService
 from speclane.config import ClusterConfig, EngineConfig
-from speclane.engine.async_engine import read_stream
 from speclane.engine.engine import RequestOutput, check_token_ids
 from speclane.engine.stats import EngineObserver, sum_snapshots, totals_only
+from speclane.engine.stream_mailbox import StreamMailbox, read_stream
 from speclane.request import SamplingParams
 from speclane.scheduler.scheduler import check_request_fits
 
@@ -108,8 +108,7 @@ class _Live:
     prompt_token_ids: Sequence[int]
     sampling: SamplingParams
     options: dict[str, Any]
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[RequestOutput | BaseException]
+    mailbox: StreamMailbox  # to the app's loop
     arrival_s: float
     pending: Pending | None = None
     replica: int | None = None
@@ -165,7 +164,7 @@ class ClusterEngine:
         if grammar is not None and hasattr(grammar, "spec"):
             options["grammar"] = grammar.spec  # a compiled grammar stays here; the replica compiles the spec
         live = _Live(request_id or uuid.uuid4().hex, options.get("tenant", "anonymous"), list(prompt_token_ids),
-                     sampling, options, asyncio.get_running_loop(), asyncio.Queue(), time.monotonic())
+                     sampling, options, StreamMailbox(asyncio.get_running_loop()), time.monotonic())
         await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._admit(live), self._loop))
         return self._stream(live)
 
@@ -174,7 +173,7 @@ class ClusterEngine:
             if not finished:  # the consumer left early: cancel the work
                 self.abort(live.request_id)
 
-        return read_stream(live.queue, closed, self.stream_interval_s)
+        return read_stream(live.mailbox, closed, self.stream_interval_s)
 
     def abort(self, request_id: str) -> None:
         with contextlib.suppress(RuntimeError):  # the front's loop is closed
@@ -299,7 +298,7 @@ class ClusterEngine:
         self._live.pop(live.request_id, None)
         out = RequestOutput(live.request_id, "", [], True, reason, len(live.prompt_token_ids), live.tokens_sent,
                             error=error)
-        live.loop.call_soon_threadsafe(live.queue.put_nowait, out)
+        live.mailbox.put(out)
         self._dispatch()
 
     def _deliver(self, replica: int, out: RequestOutput) -> None:
@@ -325,8 +324,7 @@ class ClusterEngine:
         if out.finished:
             self.router.cancel(out.request_id)
             del self._live[out.request_id]
-        with contextlib.suppress(RuntimeError):  # the client's loop is closed
-            live.loop.call_soon_threadsafe(live.queue.put_nowait, out)
+        live.mailbox.put(out)
 
     async def _replica_loop(self, i: int) -> None:
         client = self.clients[i]

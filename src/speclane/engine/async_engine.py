@@ -10,13 +10,13 @@ the next tick boundary.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from speclane.engine.engine import LLMEngine, RequestOutput
+from speclane.engine.stream_mailbox import StreamMailbox, read_stream
 from speclane.kernels.build import release_thread_pool
 from speclane.request import SamplingParams
 
@@ -25,7 +25,7 @@ class AsyncEngine:
     def __init__(self, engine: LLMEngine):
         self.engine = engine
         self.stream_interval_s = 0.0  # read_stream's pacing (serve sets it)
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
+        self._streams: dict[str, StreamMailbox] = {}
         self._streams_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -44,32 +44,31 @@ class AsyncEngine:
     ) -> AsyncIterator[RequestOutput]:
         """Queue a request and return its stream (an async generator)."""
         rid = request_id or uuid.uuid4().hex
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        mailbox = StreamMailbox(asyncio.get_running_loop())
         with self._streams_lock:  # under the lock that _failed sets the error in: no stream registers unfailed
             if self.error is not None:
                 raise RuntimeError(f"the engine stopped after an internal error: {self.error}")
             if rid in self._streams:
                 raise ValueError(f"request id {rid!r} is already in use")
-            self._streams[rid] = (loop, queue)
+            self._streams[rid] = mailbox
         try:
             self.engine.add_request(rid, prompt_token_ids, sampling, **options)
         except BaseException:
             with self._streams_lock:
-                if self._streams.get(rid, (None, None))[1] is queue:  # only our own entry
+                if self._streams.get(rid) is mailbox:  # only our own entry
                     del self._streams[rid]
             raise
         self._wake.set()
-        return self._stream(rid, queue)
+        return self._stream(rid, mailbox)
 
-    def _stream(self, rid: str, queue: asyncio.Queue[RequestOutput | BaseException]) -> AsyncIterator[RequestOutput]:
+    def _stream(self, rid: str, mailbox: StreamMailbox) -> AsyncIterator[RequestOutput]:
         def closed(finished: bool) -> None:
             with self._streams_lock:
                 self._streams.pop(rid, None)
             if not finished:  # the consumer left early: cancel the work
                 self.abort(rid)
 
-        return read_stream(queue, closed, self.stream_interval_s)
+        return read_stream(mailbox, closed, self.stream_interval_s)
 
     def abort(self, request_id: str) -> None:
         self.engine.abort_request(request_id)
@@ -100,56 +99,18 @@ class AsyncEngine:
 
     def _deliver(self, rid: str, item: RequestOutput | BaseException) -> None:
         with self._streams_lock:
-            target = self._streams.get(rid)
-        if target is None:
-            return
-        loop, queue = target
-        if isinstance(item, RequestOutput) and item.finished:
-            with self._streams_lock:  # delivered its end: nothing more will come for it
-                if self._streams.get(rid, (None, None))[1] is queue:
-                    del self._streams[rid]
-        with contextlib.suppress(RuntimeError):  # the client's loop is closed
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+            mailbox = self._streams.get(rid)
+            if mailbox is None:
+                return
+            if isinstance(item, RequestOutput) and item.finished:
+                del self._streams[rid]  # delivered its end: nothing more will come for it
+        mailbox.put(item)
 
     def _fail_all(self, exc: BaseException) -> None:
         with self._streams_lock:
             rids = list(self._streams)
         for rid in rids:
             self._deliver(rid, RuntimeError(f"engine error: {exc}"))
-
-
-async def read_stream(queue: asyncio.Queue[RequestOutput | BaseException],
-                      closed: Callable[[bool], None], interval_s: float = 0.0) -> AsyncIterator[RequestOutput]:
-    """A request's outputs until its final one (an exception in the queue is raised);
-    ``closed(finished)`` runs when the reader stops, ``finished`` False if it left early.
-
-    ``interval_s`` paces the stream: an output that comes sooner than that after the
-    previous one was taken waits, and the outputs that come meanwhile join it as one
-    (``RequestOutput.then``). The first output (time to first token) and the final one are
-    never held back. Each output a server streams costs it a chunk to frame and write and
-    its client one to parse, on the cores the engine's threads decode on."""
-    finished = False
-    loop = asyncio.get_running_loop()
-    due = loop.time()
-    try:
-        while True:
-            item = await queue.get()
-            while not isinstance(item, BaseException) and not item.finished and (wait := due - loop.time()) > 0:
-                try:
-                    async with asyncio.timeout(wait):
-                        later = await queue.get()
-                except TimeoutError:
-                    break
-                item = later if isinstance(later, BaseException) else item.then(later)
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-            due = loop.time() + interval_s
-            if item.finished:
-                finished = True
-                return
-    finally:
-        closed(finished)
 
 
 def start_ticking(thread: threading.Thread) -> None:
