@@ -32,9 +32,10 @@ FAIRNESS_MODES = ("tenant", "request")
 DRAFTERS = ("none", "ngram", "suffix", "mtp", "auto")
 # `speclane serve --stream-interval-ms`: a stream's chunks at most this often
 # (engine/stream_mailbox.read_stream). 10 ms is 100 chunks a second, more often than a
-# reader can tell apart; a stream faster than that sends the tokens of each 10 ms as one
-# chunk, one wake-up of the server's event loop and of its client instead of several on
-# the cores the engine decodes on (docs/api.md has the measured difference).
+# reader can tell apart; a stream that ticks faster than that sends the tokens of about
+# 10 ms as one chunk, one wake-up of the server's event loop and of its client instead of
+# several on the cores the engine decodes on (docs/benchmarks.md, vs-llama-cpp, measures
+# one stream over HTTP with and without it).
 DEFAULT_STREAM_INTERVAL_MS = 10.0
 
 

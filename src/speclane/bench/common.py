@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import platform
+import random
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -57,22 +58,30 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def alternate(arms: dict[str, Callable[[], float]], repeats: int, warmup: bool = True, progress: Callable[[str], None] | None = None) -> dict[str, list[float]]:
-    """Run each arm ``repeats`` times in A B A B order after a discarded warm-up of each.
+    """Run each arm ``repeats`` times, alternating, after a discarded warm-up of each.
 
     Each arm returns one measurement; noise on a shared 2-core machine hits every arm
-    alike when they alternate, so their ratio is what the tables report.
+    alike when they alternate, so their ratio is what the tables report. The first repeat
+    runs the arms in the given order, each later one in an order shuffled by its number (the
+    same every run), so no arm always runs right after the same one: an arm that leaves the
+    machine worse off for a moment (a process's threads still spinning, caches full of
+    another copy of the weights) does not always cost the same neighbour.
     """
     results: dict[str, list[float]] = {name: [] for name in arms}
+    names = list(arms)
     if warmup:
         for name, fn in arms.items():
             if progress:
                 progress(f"warm-up {name}")
             fn()
     for i in range(repeats):
-        for name, fn in arms.items():
+        order = list(names)
+        if i:
+            random.Random(i).shuffle(order)
+        for name in order:
             if progress:
                 progress(f"run {i + 1}/{repeats} {name}")
-            results[name].append(fn())
+            results[name].append(arms[name]())
     return results
 
 

@@ -4,9 +4,13 @@ streams them, and the reading of them as a stream (``read_stream``).
 Every wake-up of a server's event loop is a thread scheduled onto the cores the engine's
 forward runs on: it takes a core from one of the forward's threads, and each of the
 forward's barriers then waits for that thread. So the mailbox wakes the reader's loop only
-when the reader waits for an output it may take now: at most once per ``take``, however
-many outputs the engine thread puts meanwhile, and never for an output that comes before a
-paced reader is due (``--stream-interval-ms``), unless it ends the stream.
+for an output the reader waits for and may take now: at most once per chunk the reader
+takes, however many outputs the engine thread puts meanwhile. A paced reader
+(``--stream-interval-ms``) is due a set time after its last chunk; an output put before
+then waits for the first put after it (the engine's next tick, or the stream's end, which
+is never held back) and goes with it, so pacing costs no timer wake-ups of its own. Only an
+output left early with nothing after it (a stream that stalls) is taken by a timer,
+``STALL_S`` after the reader was due.
 """
 
 from __future__ import annotations
@@ -14,16 +18,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from functools import reduce
 
 from speclane.engine.engine import RequestOutput
 
 Item = RequestOutput | BaseException  # an output, or the error that ends the stream
-# A paced reader less than this short of its due time is due: uvloop's timers (libuv's)
-# count whole milliseconds, so a shorter wait would be woken early, again and again, each
-# wake-up a turn of the loop that finds the reader still not due.
-TIMER_SLACK_S = 0.001
+# An output put before its reader was due, with no output after it to carry it, is taken
+# this long after the reader was due (a stream whose tick stalled: a preempted request, a
+# long prefill beside it). A stream that keeps ticking never waits for this timer.
+STALL_S = 0.1
 
 
 def _settle(waiter: asyncio.Future[None]) -> None:
@@ -37,7 +42,7 @@ def _ends(item: Item) -> bool:
 
 class StreamMailbox:
     """``put`` (any thread) adds an output; ``take`` (on ``loop``, one reader) returns every
-    output put since the last take."""
+    output put since the last take. Times are ``time.monotonic()``'s, which every thread reads."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -45,40 +50,42 @@ class StreamMailbox:
         self._items: list[Item] = []
         self._ended = False  # an item that ends the stream waits in _items
         self._waiter: asyncio.Future[None] | None = None  # the reader's, while it waits
-        self._wake_on_any = False  # the waiting reader is due: any item wakes it, not only an end
+        self._due = 0.0  # the waiting reader takes no output before this time, but an end
 
     def put(self, item: Item) -> None:
         with self._lock:
             self._items.append(item)
             self._ended |= _ends(item)
             waiter = self._waiter
-            if waiter is None or not (self._wake_on_any or self._ended):
+            if waiter is None or not (self._ended or time.monotonic() >= self._due):
                 return  # the reader is busy (it takes this with the rest) or not due yet
             self._waiter = None
         with contextlib.suppress(RuntimeError):  # the reader's loop is closed
             self._loop.call_soon_threadsafe(_settle, waiter)
 
     async def take(self, due: float = 0.0) -> list[Item]:
-        """The outputs put since the last take, once there is one and the loop's clock has
-        reached ``due``; an output that ends the stream is taken at once."""
-        loop = self._loop
+        """The outputs put since the last take, once there is one and it is ``due``
+        (``time.monotonic()``) or later; an output that ends the stream is taken at once."""
         while True:
-            now = loop.time() + TIMER_SLACK_S
+            now = time.monotonic()
             with self._lock:
                 if self._items and (self._ended or now >= due):
                     items, self._items, self._ended = self._items, [], False
                     return items
-                waiter = self._waiter = loop.create_future()
-                self._wake_on_any = now >= due
-            timer = loop.call_at(due, _settle, waiter) if now < due else None
+                waiter = self._waiter = self._loop.create_future()
+                self._due = due
+            # Not due: a later put wakes it; this timer only for an early output left alone.
+            stall = self._loop.call_later(due - now + STALL_S, _settle, waiter) if now < due else None
             try:
                 await waiter
             finally:
-                if timer is not None:
-                    timer.cancel()
+                if stall is not None:
+                    stall.cancel()
                 with self._lock:
                     if self._waiter is waiter:
                         self._waiter = None
+            if stall is not None and time.monotonic() >= due:
+                due = 0.0  # woken by the timer (uvloop's count whole ms: maybe a little early)
 
 
 async def read_stream(mailbox: StreamMailbox, closed: Callable[[bool], None],
@@ -89,12 +96,11 @@ async def read_stream(mailbox: StreamMailbox, closed: Callable[[bool], None],
 
     The outputs put while the reader was busy come as one (``RequestOutput.then``): a chunk
     per tick while the reader keeps up, fewer when it falls behind. ``interval_s`` paces the
-    stream: an output that comes sooner than that after the previous one was taken waits,
-    and the outputs that come meanwhile join it. The first output (time to first token) and
-    the final one are never held back. Each output a server streams costs it a chunk to
+    stream: an output that comes sooner than that after the previous chunk waits, and goes
+    with the first output put after the interval (``StreamMailbox``). The first output (time
+    to first token) and the final one are never held back. Each output a server streams costs it a chunk to
     frame and write and its client one to parse, on the cores the engine's threads decode on."""
     finished = False
-    loop = asyncio.get_running_loop()
     due = 0.0  # the first output is taken as soon as it comes
     try:
         while True:
@@ -109,6 +115,6 @@ async def read_stream(mailbox: StreamMailbox, closed: Callable[[bool], None],
                     return
             if error is not None:
                 raise items[error]  # type: ignore[misc]
-            due = loop.time() + interval_s
+            due = time.monotonic() + interval_s
     finally:
         closed(finished)

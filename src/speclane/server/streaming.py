@@ -377,10 +377,14 @@ async def sse_events(
         try:
             unfinished = len(states)
             async for index, out in outputs:
+                state = states[index]
                 if out.finished and out.finish_reason in CANCELLED:
+                    if out.token_ids:  # tokens that came with the end (a paced or joined chunk) go out first
+                        sent = dataclasses.replace(out, finished=False, finish_reason=None)
+                        for choice in state.chunk_choices(state.feed(sent), chat=meta.chat):
+                            yield frame(state, choice)
                     yield sse(cancelled_error(out).body())
                     break
-                state = states[index]
                 for choice in state.chunk_choices(state.feed(out), chat=meta.chat):
                     yield frame(state, choice)
                 if out.finished:
