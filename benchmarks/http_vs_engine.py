@@ -4,10 +4,11 @@ fraction beside llama.cpp).
 
     .venv/bin/python benchmarks/http_vs_engine.py [--intervals 0,10] [--runs 15] [--tokens 128]
 
-A ``speclane serve`` per interval, and the engine alone in this process (``speclane.LLM``,
-speculation off). Each run answers the same chat prompt on every arm, in an order shuffled
-per run (seeded): an arm that always ran right after the engine alone read 0.80x where the
-same server read 0.96x once the order changed. Per server: the decode rate after the first
+A ``speclane serve`` per interval, and the engine alone in this process (the engine-alone
+arm of ``bench vs-llama-cpp``: ``bench.decode.engine_decode_arms``). Each run answers the
+same chat prompt on every arm, in ``bench.common.alternate``'s order (shuffled per run after
+the first, seeded): an arm that always ran right after the engine alone read 0.80x where
+the same server read 0.96x once the order changed. Per server: the decode rate after the first
 token over the engine alone's in the same run (median and quartiles), the chunks, and the
 CPU its event-loop thread and this client spent between the first and the last chunk
 (``/proc/PID/task/PID/schedstat``; the client's ``time.thread_time``).
@@ -17,19 +18,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
-import random
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
-from speclane import LLM
+from speclane.bench.common import alternate
+from speclane.bench.decode import engine_decode_arms
 from speclane.bench.servers import speclane_server
 from speclane.config import EngineConfig
-from speclane.kernels.build import release_thread_pool
-from speclane.request import SamplingParams
 
 PROMPT = "Write a long story about a dragon."
 
@@ -37,19 +38,6 @@ PROMPT = "Write a long story about a dragon."
 def loop_thread_cpu_s(pid: int) -> float:
     """CPU seconds of the process's main thread (a server's event loop)."""
     return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0]) / 1e9
-
-
-def engine_rate(llm: LLM, ids: list[int], tokens: int) -> float:
-    engine = llm.engine
-    engine.add_request(f"alone-{time.time_ns()}", ids, SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
-    start, first, total = None, 0, 0
-    while engine.has_unfinished():
-        for out in engine.step():
-            if start is None:
-                start, first = time.perf_counter(), len(out.token_ids)
-            total += len(out.token_ids)
-    assert start is not None
-    return (total - first) / (time.perf_counter() - start)
 
 
 def http_rate(url: str, pid: int, model: str, tokens: int, tenant: str) -> tuple[float, int, float, float]:
@@ -85,27 +73,22 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         servers = {interval: stack.enter_context(speclane_server(config, ["--stream-interval-ms", interval]))
                    for interval in intervals}
-        llm = LLM(config=config.replace(spec_mode="off"))
-        tokenizer = llm.engine.tokenizer
-        ids = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}],
-                                                             add_generation_prompt=True))
-        release_thread_pool()  # this thread's OpenMP workers would sleep at every barrier of the servers' forwards
-        engine_rate(llm, ids, args.tokens)  # warm-up
-        for name, server in servers.items():
-            http_rate(server.url, server.pid, config.model.model, args.tokens, f"warm-{name}")
-        rates: dict[str, list[float]] = {"engine": [], **{name: [] for name in servers}}
         work: dict[str, list[tuple[int, float, float]]] = {name: [] for name in servers}
-        for run in range(args.runs):
-            order = ["engine", *servers]
-            random.Random(run).shuffle(order)
-            for name in order:
-                if name == "engine":
-                    rates[name].append(engine_rate(llm, ids, args.tokens))
-                    continue
-                rate, chunks, loop_s, client_s = http_rate(servers[name].url, servers[name].pid, config.model.model, args.tokens,
-                                                           f"run-{run}-{name}")
-                rates[name].append(rate)
-                work[name].append((chunks, loop_s, client_s))
+
+        def http_arm(name: str) -> Callable[[], float]:
+            server, runs = servers[name], itertools.count()
+
+            def run() -> float:
+                rate, *measured = http_rate(server.url, server.pid, config.model.model, args.tokens,
+                                            f"run-{next(runs)}-{name}")
+                work[name].append(tuple(measured))  # type: ignore[arg-type]
+                return rate
+            return run
+
+        engine = engine_decode_arms(config, {"engine": "bfloat16"}, PROMPT, args.tokens)["engine"]
+        rates = alternate({"engine": engine, **{name: http_arm(name) for name in servers}}, args.runs)
+        for name in servers:
+            del work[name][0]  # alternate's discarded warm-up
     print(f"engine alone: {statistics.median(rates['engine']):.1f} tok/s (median of {args.runs})")
     print("| --stream-interval-ms | tok/s | HTTP / engine (median, quartiles) | chunks | loop thread ms | client ms |")
     print("|---|---|---|---|---|---|")

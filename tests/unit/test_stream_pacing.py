@@ -1,7 +1,7 @@
 """``read_stream`` and its mailbox: outputs put while the reader is busy come as one; the
 pacing of ``speclane serve --stream-interval-ms`` (outputs that come within the interval
 join the next chunk; the first and the final one are never held back); and the wake-ups of
-the reader's loop: at most one per take, none for an output a paced reader is not due for."""
+the reader's loop: at most one per chunk, none for an output a paced reader is not due for."""
 
 from __future__ import annotations
 

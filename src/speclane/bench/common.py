@@ -68,14 +68,13 @@ def alternate(arms: dict[str, Callable[[], float]], repeats: int, warmup: bool =
     another copy of the weights) does not always cost the same neighbour.
     """
     results: dict[str, list[float]] = {name: [] for name in arms}
-    names = list(arms)
     if warmup:
         for name, fn in arms.items():
             if progress:
                 progress(f"warm-up {name}")
             fn()
     for i in range(repeats):
-        order = list(names)
+        order = list(arms)
         if i:
             random.Random(i).shuffle(order)
         for name in order:

@@ -84,8 +84,6 @@ class StreamMailbox:
                 with self._lock:
                     if self._waiter is waiter:
                         self._waiter = None
-            if stall is not None and time.monotonic() >= due:
-                due = 0.0  # woken by the timer (uvloop's count whole ms: maybe a little early)
 
 
 async def read_stream(mailbox: StreamMailbox, closed: Callable[[bool], None],
@@ -98,8 +96,9 @@ async def read_stream(mailbox: StreamMailbox, closed: Callable[[bool], None],
     per tick while the reader keeps up, fewer when it falls behind. ``interval_s`` paces the
     stream: an output that comes sooner than that after the previous chunk waits, and goes
     with the first output put after the interval (``StreamMailbox``). The first output (time
-    to first token) and the final one are never held back. Each output a server streams costs it a chunk to
-    frame and write and its client one to parse, on the cores the engine's threads decode on."""
+    to first token) and the final one are never held back. Each output a server streams
+    costs it a chunk to frame and write and its client one to parse, on the cores the
+    engine's threads decode on."""
     finished = False
     due = 0.0  # the first output is taken as soon as it comes
     try:
