@@ -2,7 +2,7 @@
 behind ``--stream-interval-ms``'s default (``speclane bench vs-llama-cpp`` reports the same
 fraction beside llama.cpp).
 
-    .venv/bin/python benchmarks/http_vs_engine.py [--intervals 0,10] [--runs 15] [--tokens 128]
+    .venv/bin/python benchmarks/http_vs_engine.py [--intervals 0,10,20,40] [--runs 10] [--tokens 128]
 
 A ``speclane serve`` per interval, and the engine alone in this process (the engine-alone
 arm of ``bench vs-llama-cpp``: ``bench.decode.engine_decode_arms``). Each run answers the
@@ -64,8 +64,8 @@ def http_rate(url: str, pid: int, model: str, tokens: int, tenant: str) -> tuple
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--intervals", default="0,10", help="--stream-interval-ms of each server, comma-separated")
-    parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--intervals", default="0,10,20,40", help="--stream-interval-ms of each server, comma-separated")
+    parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--tokens", type=int, default=128)
     args = parser.parse_args()
     config = EngineConfig()

@@ -31,12 +31,15 @@ FAIRNESS_MODES = ("tenant", "request")
 # ``--drafter`` names; ``drafters/registry.py`` builds each (and asserts it covers these).
 DRAFTERS = ("none", "ngram", "suffix", "mtp", "auto")
 # `speclane serve --stream-interval-ms`: a stream's chunks at most this often
-# (engine/stream_mailbox.read_stream). 10 ms is 100 chunks a second, more often than a
-# reader can tell apart; a stream that ticks faster than that sends the tokens of about
-# 10 ms as one chunk, one wake-up of the server's event loop and of its client instead of
-# several on the cores the engine decodes on (docs/benchmarks.md, vs-llama-cpp, measures
-# one stream over HTTP with and without it).
-DEFAULT_STREAM_INTERVAL_MS = 10.0
+# (engine/stream_mailbox.read_stream). 20 ms is 50 chunks a second, smoother than a reader
+# can tell; a stream that ticks faster sends the tokens of about 20 ms as one chunk, one
+# wake-up of the server's event loop and of its client where there would be several, each
+# preempting one of the engine's decoding threads on a small machine (every OpenMP barrier
+# then waits for it). One stream of the default model over HTTP against the engine alone,
+# 10 shuffled runs (benchmarks/http_vs_engine.py --intervals 0,10,20,40, its own prompt):
+# 0.89x / 0.95x / 0.97x / 0.97x with 128 / 64 / 37 / 22 chunks for 128 tokens; 20 is the
+# shortest interval at the plateau. `bench vs-llama-cpp` reports it on another prompt.
+DEFAULT_STREAM_INTERVAL_MS = 20.0
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -5,7 +5,7 @@ the default GGUF file, the same threads and the same client.
   the first one) against ``llama-bench``'s ``tg`` test (no prompt); one streamed chat
   completion over HTTP (speculation off per request, and the default lane) against
   ``llama-server``, each also from the light client, and from a speclane server that sends
-  a chunk per tick (``--stream-interval-ms 0``; the default paces chunks at 10 ms); speclane's
+  a chunk per tick (``--stream-interval-ms 0``; the default paces chunks at 20 ms); speclane's
   HTTP decode rate as a fraction of its engine's, per client and pacing. The engine
   also with ``--matmul-inputs int8`` (the inputs of the quantized matmuls rounded to 8 bits,
   llama.cpp's arithmetic), here and in the noisy-neighbour runs.
@@ -187,6 +187,8 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
     tokens = NEW_TOKENS // 2 if quick else NEW_TOKENS
     repeats = 2 if quick else 3
     spec_runs = 2 if quick else 5
+    # One stream's runs are short (8 arms, ~12 s a run): more of them settle a ratio near 0.95x.
+    single_runs = 2 if quick else 9
     load_before, others = os.getloadavg()[0], busy_elsewhere()
 
     # The default engine, and the same with --matmul-inputs int8 (llama.cpp's arithmetic).
@@ -231,7 +233,7 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
                             for name, (url, extra) in {SPEC_OFF: (ours, OFF), UNPACED: (unpaced, OFF),
                                                        **({REFERENCE: (theirs, None)} if theirs else {})}.items()})
         # The engine alone in the same alternation: "HTTP / engine" pairs runs made side by side.
-        single = alternate({**single_arms, ENGINE_BESIDE_HTTP: engine_arms["speclane"]}, spec_runs, warmup=False)  # type: ignore[dict-item]
+        single = alternate({**single_arms, ENGINE_BESIDE_HTTP: engine_arms["speclane"]}, single_runs, warmup=False)  # type: ignore[dict-item]
         progress("vs-llama-cpp: concurrent streams")
         loads: dict[int, dict[str, StreamArm]] = {}
         rates: dict[int, dict[str, list[float]]] = {}
@@ -259,7 +261,7 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
     spec_sustained = {n: alternate({name: lambda arm=arm, n=n: arm(n) for name, arm in spec_clients.items()}, spec_runs)
                       for n in STREAM_LEVELS}
     load = load_note(load_before, os.getloadavg()[0], len(os.sched_getaffinity(0)), threads, others)
-    tables = [_single_table(engine, single, single_arms, tokens, threads, repeats, spec_runs), _streams_table(loads, rates, tokens, repeats),
+    tables = [_single_table(engine, single, single_arms, tokens, threads, repeats, single_runs), _streams_table(loads, rates, tokens, repeats),
               _spec_table(spec, spec_alone, tokens, spec_runs, spec_work, spec_sustained, sustain_s), _noisy_table(noisy, tokens, repeats)]
     for table in tables:
         if tools["llama-server"] is None or tools["llama-bench"] is None:
