@@ -189,6 +189,26 @@ def test_auto_keeps_the_widest_build_unless_another_is_clearly_faster():
     assert int4_cpu.faster({"avx512bf16": 1.0, "avx512": 0.95}, "avx512bf16", margin=0.95) == "avx512"
 
 
+# ms per call of the two AVX-512 builds by rows, as an AMD EPYC (Zen 4) timed them: the
+# VNNI build a little faster at a few rows, the bfloat16 one twice as fast at a batch's.
+ZEN4_MS = {4: {"avx512bf16": 0.061, "avx512vnni": 0.057}, 16: {"avx512bf16": 0.18, "avx512vnni": 0.33}}
+
+
+@pytest.mark.skipif(build.missing_cpu_flags("avx512bf16") | build.missing_cpu_flags("avx512vnni") != set()
+                    or KERNELS.int4 is None, reason="no AVX512_BF16 and VNNI CPU or no C compiler here")
+def test_auto_times_the_builds_at_a_batchs_width_where_no_tile_kernel_runs(monkeypatch):
+    """Without the tile kernel the vector build serves every forward, batches included: a
+    build that wins at 4 rows and loses at 16 is not kept there; beside the tile kernel
+    (which takes 5 rows and more) the 4-row timing decides alone."""
+    def timed(libraries, rows=int4_cpu.TIMING_ROWS):
+        return {isa: sum(ZEN4_MS[width][isa] for width in rows) for isa in libraries}
+
+    monkeypatch.setattr(int4_cpu, "time_builds", timed)
+    assert int4_cpu.load(many_rows=True).isa == "avx512bf16"
+    assert int4_cpu.load(many_rows=False).isa == "avx512vnni"
+    assert Kernels.load("auto", tiles=False).int4_name == "avx512bf16"
+
+
 @pytest.mark.skipif(build.missing_cpu_flags("avx512bf16") != set() or KERNELS.int4 is None,
                     reason="no AVX512_BF16 CPU or no C compiler here")
 @pytest.mark.parametrize("choice", ["auto", "native"])
@@ -257,7 +277,7 @@ def test_auto_falls_back_to_torch_with_one_warning_and_native_refuses(monkeypatc
     """A kernel that cannot be built here: auto runs torch's op in its place and says so
     once; native is a clear error naming the kernel."""
 
-    def unavailable(isa=None):
+    def unavailable(isa=None, many_rows=True):
         raise build.KernelUnavailable("no C compiler (cc or gcc) on PATH")
 
     monkeypatch.setattr(int4_cpu, "load", unavailable)

@@ -84,13 +84,15 @@ def declare_tiles(lib: ctypes.CDLL) -> None:
     lib.int4_matmul_amx.restype = None
 
 
-def load(isa: str | None = None) -> build.Kernel:
+def load(isa: str | None = None, many_rows: bool = True) -> build.Kernel:
     """Our int4 matmul: the ``isa`` build (or the widest at or below it), else the widest
     this CPU runs, which with AVX512_BF16 is the faster of the two AVX-512 builds
-    (``faster_build``). KernelUnavailable where it cannot be built or run here."""
+    (``faster_build``) over the row counts it will serve: ``many_rows`` False where the tile
+    kernel takes the calls of ``TILE_MIN_ROWS`` rows or more. KernelUnavailable where it
+    cannot be built or run here."""
     kernel = build.load(SOURCE, declare, ISAS, isa)
     if isa is None and kernel.isa == "avx512bf16":
-        kernel = faster_build(kernel)
+        kernel = faster_build(kernel, TIMING_ROWS + (BATCH_TIMING_ROWS if many_rows else ()))
     return kernel
 
 
@@ -118,9 +120,16 @@ def load_tiles() -> build.Kernel:
 # The timing behind auto's choice: a gate_up-shaped weight (~1 MB packed: it stays in
 # cache, so the timing is of the multiply-adds, where the builds differ; one row streams
 # the model's weights from memory at the same speed in both) at the most rows the vector
-# build serves beside the tile kernel (TILE_MIN_ROWS - 1; a K=3 verify round elsewhere).
+# build serves beside the tile kernel (TILE_MIN_ROWS - 1; a K=3 verify round elsewhere)
+# and, where no tile kernel runs, at a batch's width too: the build then serves every
+# forward. On an AMD EPYC (Zen 4: AVX512_BF16 and VNNI, no AMX), ms per call, bfloat16 /
+# VNNI build: 1 row 0.035 / 0.031, 4 rows 0.061 / 0.057, 16 rows 0.18 / 0.33, 64 rows
+# 0.65 / 1.18; timed at 4 rows alone, each engine drew either build, and 16 streams of
+# the default model decoded at 0.65-0.72x on the VNNI one's draws (one engine alone:
+# 0.98x, within the noise).
 TIMING_SHAPE = (3072, 576)
-TIMING_ROWS = TILE_MIN_ROWS - 1
+TIMING_ROWS = (TILE_MIN_ROWS - 1,)
+BATCH_TIMING_ROWS = (16,)
 TIMING_ROUNDS = 7
 TIMING_CALLS = 4  # per round and build; the builds alternate round by round
 # The widest build is kept unless another takes at most this fraction of its time: on a
@@ -128,10 +137,10 @@ TIMING_CALLS = 4  # per round and build; the builds alternate round by round
 TIMING_MARGIN = 0.95
 
 
-def faster_build(widest: build.Kernel) -> build.Kernel:
+def faster_build(widest: build.Kernel, rows: tuple[int, ...] = TIMING_ROWS) -> build.Kernel:
     """With AVX512_BF16 and no pinned build: the bfloat16 build or the other AVX-512 build
-    this CPU runs (VNNI, else plain), by a timing (~10 ms; both give the same bits). That
-    one unavailable: the bfloat16 one."""
+    this CPU runs (VNNI, else plain), by a timing at each of ``rows`` (~10 ms each; both
+    give the same bits). That one unavailable: the bfloat16 one."""
     other_isa = "avx512vnni" if not build.missing_cpu_flags("avx512vnni") else "avx512"
     try:
         other = build.load_build(SOURCE, other_isa, declare)
@@ -139,32 +148,36 @@ def faster_build(widest: build.Kernel) -> build.Kernel:
         log.warning("int4_x86: the %s build is unavailable (%s); keeping %s", other_isa, err, widest.isa)
         return widest
     kernels = {kernel.isa: kernel for kernel in (widest, other)}
-    ms = time_builds({isa: kernel.library for isa, kernel in kernels.items()})
+    ms = time_builds({isa: kernel.library for isa, kernel in kernels.items()}, rows)
     isa = faster(ms, widest.isa)
-    log.info("int4_x86: auto chose %s (%s ms per %d-row call)", isa,
-             ", ".join(f"{name} {value:.3f}" for name, value in ms.items()), TIMING_ROWS)
+    log.info("int4_x86: auto chose %s (%s ms per call at %s rows, summed)", isa,
+             ", ".join(f"{name} {value:.3f}" for name, value in ms.items()), " and ".join(map(str, rows)))
     return kernels[isa]
 
 
-def time_builds(libraries: dict[str, ctypes.CDLL]) -> dict[str, float]:
-    """Median ms per call of each build on ``TIMING_SHAPE`` at ``TIMING_ROWS`` rows, the
-    builds alternated so that a slow moment of the machine falls on both."""
+def time_builds(libraries: dict[str, ctypes.CDLL], rows: tuple[int, ...] = TIMING_ROWS) -> dict[str, float]:
+    """Per build, the sum over ``rows`` of its median ms per call on ``TIMING_SHAPE`` at that
+    many rows, the builds alternated so that a slow moment of the machine falls on both."""
     n, k = TIMING_SHAPE
     generator = torch.Generator().manual_seed(0)
     packed = torch.randint(0, 256, (n // LANES, k // 2, LANES), dtype=torch.uint8, generator=generator)
     scale = (torch.rand(n // LANES, k // GROUP, LANES, generator=generator) * 0.01 + 0.001).half()
     minimum = (torch.rand(n // LANES, k // GROUP, LANES, generator=generator) * -0.1).half()
-    x = torch.randn(TIMING_ROWS, k, generator=generator).bfloat16()
     calls = {isa: bind(packed, scale, minimum, lib) for isa, lib in libraries.items()}
-    samples: dict[str, list[float]] = {isa: [] for isa in calls}
-    for round_ in range(TIMING_ROUNDS + 1):  # round 0 warms up
-        for isa, call in calls.items():
-            start = time.perf_counter()
-            for _ in range(TIMING_CALLS):
-                call(x)
-            if round_:
-                samples[isa].append((time.perf_counter() - start) * 1000 / TIMING_CALLS)
-    return {isa: statistics.median(values) for isa, values in samples.items()}
+    total = dict.fromkeys(calls, 0.0)
+    for width in rows:
+        x = torch.randn(width, k, generator=generator).bfloat16()
+        samples: dict[str, list[float]] = {isa: [] for isa in calls}
+        for round_ in range(TIMING_ROUNDS + 1):  # round 0 warms up
+            for isa, call in calls.items():
+                start = time.perf_counter()
+                for _ in range(TIMING_CALLS):
+                    call(x)
+                if round_:
+                    samples[isa].append((time.perf_counter() - start) * 1000 / TIMING_CALLS)
+        for isa, values in samples.items():
+            total[isa] += statistics.median(values)
+    return total
 
 
 def faster(ms: dict[str, float], incumbent: str, margin: float = TIMING_MARGIN) -> str:

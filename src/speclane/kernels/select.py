@@ -129,17 +129,17 @@ class Kernels:
                 unavailable.append(f"{source} ({err})")
                 return None
 
-        if int8_inputs:
-            int4 = attempt(int4_cpu.INT8_INPUTS_SOURCE.name, int4_cpu.load_int8_inputs, required=True)
-        else:
-            int4 = attempt(int4_cpu.SOURCE.name, lambda: int4_cpu.load(isa))
-        tile = None
         if tiles is True and int8_inputs:
             raise KernelUnavailable(f"tiles: {int4_cpu.TILE_SOURCE.name} and {int8_cpu.TILE_SOURCE.name} read bfloat16 "
                                     "inputs, and the matmuls are on int8 inputs")
         # The tile kernels read our int4 and int8 layouts on bfloat16 inputs: only beside our
         # matmuls, and only where the CPU has AMX.
         use_tiles = not int8_inputs and (tiles is True or (tiles is None and not build.missing_cpu_flags("amx")))
+        if int8_inputs:
+            int4 = attempt(int4_cpu.INT8_INPUTS_SOURCE.name, int4_cpu.load_int8_inputs, required=True)
+        else:  # without the tile kernel the vector build serves every row count: timed at a batch's too
+            int4 = attempt(int4_cpu.SOURCE.name, lambda: int4_cpu.load(isa, many_rows=not use_tiles))
+        tile = None
         if int4 is not None and use_tiles:
             tile = attempt(int4_cpu.TILE_SOURCE.name, int4_cpu.load_tiles, required=choice == "native" or tiles is True)
         int8 = (attempt(int8_cpu.INT8_INPUTS_SOURCE.name, int8_cpu.load_int8_inputs, required=True) if int8_inputs
