@@ -7,8 +7,8 @@ fraction beside llama.cpp).
 A ``speclane serve`` per interval, and the engine alone in this process (the engine-alone
 arm of ``bench vs-llama-cpp``: ``bench.decode.engine_decode_arms``). Each run answers the
 same chat prompt on every arm, in ``bench.common.alternate``'s order (shuffled per run after
-the first, seeded): an arm that always ran right after the engine alone read 0.80x where
-the same server read 0.96x once the order changed. Per server: the decode rate after the first
+the first, seeded): an arm that always runs right after the engine alone reads 0.80x where
+the same server in another order reads 0.96x. Per server: the decode rate after the first
 token over the engine alone's in the same run (median and quartiles), the chunks, and the
 CPU its event-loop thread and this client spent between the first and the last chunk
 (``/proc/PID/task/PID/schedstat``; the client's ``time.thread_time``).

@@ -34,7 +34,7 @@ def test_asking_for_it_without_amx_says_what_is_missing():
 
 @pytest.mark.skipif(not has_amx, reason="this CPU has no AMX")
 def test_required_tiles_beside_our_int8_matmul_where_the_int4_one_is_torch_s(monkeypatch: pytest.MonkeyPatch):
-    def unavailable(isa=None):
+    def unavailable(isa=None, many_rows=True):
         raise build.KernelUnavailable("not built here")
     monkeypatch.setattr(int4_cpu, "load", unavailable)
     kernels = Kernels.load("auto", tiles=True)

@@ -12,7 +12,8 @@ on an Intel Xeon with AMX, the default model's layer and head shapes at 1-4 rows
 (``benchmarks/kernels.py``); from 13 rows it is the plain build.
 
 Without a pinned build, a CPU with AVX512_BF16 times the bfloat16 build against the other
-AVX-512 build it runs (VNNI, else plain) on a few rows and keeps the faster
+AVX-512 build it runs (VNNI, else plain) on a few rows and, where no tile kernel takes the
+calls of many rows, at a batch's width too, and keeps the faster over both
 (``faster_build``): which one wins depends on the core, not on its flags. On a Zen 5
 ``vdpbf16ps`` (two multiply-adds per lane) made a 5-row verify 0.68x the plain build's
 time; on an Intel Xeon with AMX it runs at half the plain build's FMA rate (5 rows 1.37x,
@@ -124,9 +125,9 @@ def load_tiles() -> build.Kernel:
 # and, where no tile kernel runs, at a batch's width too: the build then serves every
 # forward. On an AMD EPYC (Zen 4: AVX512_BF16 and VNNI, no AMX), ms per call, bfloat16 /
 # VNNI build: 1 row 0.035 / 0.031, 4 rows 0.061 / 0.057, 16 rows 0.18 / 0.33, 64 rows
-# 0.65 / 1.18; timed at 4 rows alone, each engine drew either build, and 16 streams of
-# the default model decoded at 0.65-0.72x on the VNNI one's draws (one engine alone:
-# 0.98x, within the noise).
+# 0.65 / 1.18. At 4 rows the two are within the margin's noise, so a 4-row timing alone
+# picks either; on the VNNI build 16 streams of the default model decode at 0.65-0.72x
+# the bfloat16 build's aggregate tok/s, one stream at 1.02x (within the noise).
 TIMING_SHAPE = (3072, 576)
 TIMING_ROWS = (TILE_MIN_ROWS - 1,)
 BATCH_TIMING_ROWS = (16,)
@@ -150,8 +151,9 @@ def faster_build(widest: build.Kernel, rows: tuple[int, ...] = TIMING_ROWS) -> b
     kernels = {kernel.isa: kernel for kernel in (widest, other)}
     ms = time_builds({isa: kernel.library for isa, kernel in kernels.items()}, rows)
     isa = faster(ms, widest.isa)
-    log.info("int4_x86: auto chose %s (%s ms per call at %s rows, summed)", isa,
-             ", ".join(f"{name} {value:.3f}" for name, value in ms.items()), " and ".join(map(str, rows)))
+    log.info("int4_x86: auto chose %s (%s ms per call at %s rows%s)", isa,
+             ", ".join(f"{name} {value:.3f}" for name, value in ms.items()), " and ".join(map(str, rows)),
+             ", summed" if len(rows) > 1 else "")
     return kernels[isa]
 
 

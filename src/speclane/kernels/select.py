@@ -135,13 +135,15 @@ class Kernels:
         # The tile kernels read our int4 and int8 layouts on bfloat16 inputs: only beside our
         # matmuls, and only where the CPU has AMX.
         use_tiles = not int8_inputs and (tiles is True or (tiles is None and not build.missing_cpu_flags("amx")))
+        tile = None
+        if use_tiles:
+            tile = attempt(int4_cpu.TILE_SOURCE.name, int4_cpu.load_tiles, required=choice == "native" or tiles is True)
         if int8_inputs:
             int4 = attempt(int4_cpu.INT8_INPUTS_SOURCE.name, int4_cpu.load_int8_inputs, required=True)
         else:  # without the tile kernel the vector build serves every row count: timed at a batch's too
-            int4 = attempt(int4_cpu.SOURCE.name, lambda: int4_cpu.load(isa, many_rows=not use_tiles))
-        tile = None
-        if int4 is not None and use_tiles:
-            tile = attempt(int4_cpu.TILE_SOURCE.name, int4_cpu.load_tiles, required=choice == "native" or tiles is True)
+            int4 = attempt(int4_cpu.SOURCE.name, lambda: int4_cpu.load(isa, many_rows=tile is None))
+        if int4 is None:
+            tile = None  # the tile kernel runs beside our int4 matmul only
         int8 = (attempt(int8_cpu.INT8_INPUTS_SOURCE.name, int8_cpu.load_int8_inputs, required=True) if int8_inputs
                 else attempt(int8_cpu.SOURCE.name, lambda: int8_cpu.load(isa)))
         if tiles is True and int4 is None and int8 is None:
