@@ -31,6 +31,7 @@
 #include "q4.h"  // Q4_GROUP
 #include "q8_inputs.h"  // quantize_call
 #include "op.h"
+#include "split.h"  // iterations_per_chunk
 
 #define LANES 16          // output columns per packed tile
 #define GROUP Q4_GROUP    // input columns per (scale, minimum) pair
@@ -125,9 +126,9 @@ _Static_assert(ROWS == 6, "tile_rows' cases cover 1 .. ROWS - 1 rows");
 static void matmul_rows(const q8_input *in, const q4_weight *w, uint16_t *y, int M) {
     const int tiles = w->n / LANES;
     if (M == 1) {
-        // schedule(dynamic): a thread slowed by another process takes fewer tiles; a tile's
-        // outputs are one thread's, so the split never changes a bit.
-        #pragma omp parallel for schedule(dynamic, 1)
+        // Contiguous runs of tiles, taken dynamically (split.h).
+        const int chunk = iterations_per_chunk((tiles + TILES - 1) / TILES);
+        #pragma omp parallel for schedule(dynamic, chunk)
         for (int t = 0; t < tiles; t += TILES) {
             if (t + TILES <= tiles) rows_over_tiles(1, TILES, w, in, t, y);
             else rows_over_tiles(1, 1, w, in, t, y);

@@ -50,6 +50,7 @@
 #include "vec.h"  // vec, VW, v_zero / v_bcast / v_fma / v_load / v_store
 #include "q4.h"
 #include "op.h"
+#include "split.h"  // iterations_per_chunk
 
 #define LANES 16   // output columns per packed tile
 #define GROUP Q4_GROUP  // input columns per (scale, minimum) pair
@@ -223,7 +224,8 @@ INLINE void direct(const int R, const int TT, const q4_weight *w, const q4_input
 #define DIRECT_OVER_TILES(DIRECT, w, in, y, M)                                                                  \
     do {                                                                                                        \
         const int tiles_ = (w)->n / LANES, step_ = (M) <= 2 ? TILES_PER_CALL : 1;                               \
-        _Pragma("omp parallel for schedule(dynamic, 1)")                                                        \
+        const int chunk_ = iterations_per_chunk((tiles_ + step_ - 1) / step_);                                  \
+        _Pragma("omp parallel for schedule(dynamic, chunk_)")                                                   \
         for (int t = 0; t < tiles_; t += step_) {                                                               \
             if (step_ > 1 && t + step_ <= tiles_) {                                                             \
                 if ((M) == 1) DIRECT(1, TILES_PER_CALL, w, in, t, y);                                           \
@@ -326,8 +328,8 @@ INLINE void direct_int(const int R, const int TT, const q4_weight *w, const q4_i
 #ifndef __AVX512F__
 static void matmul_rows_int(const q4_int_input *in, const q4_weight *w, uint16_t *y, int M) {
     const int tiles = w->n / LANES;
-    const int step = M <= 2 ? TILES_PER_CALL : 1;
-    #pragma omp parallel for schedule(dynamic, 1)
+    const int step = M <= 2 ? TILES_PER_CALL : 1, chunk = iterations_per_chunk((tiles + step - 1) / step);
+    #pragma omp parallel for schedule(dynamic, chunk)
     for (int t = 0; t < tiles; t += step) {
         if (step > 1 && t + step <= tiles) {
             if (M == 1) direct_int(1, TILES_PER_CALL, w, in, t, y);

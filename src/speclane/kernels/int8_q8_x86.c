@@ -24,6 +24,7 @@
 #include "q8_inputs.h"  // quantize_call
 #include "int8_entry.h"  // int8_rows_of, INT8_ENTRY_POINTS
 #include "op.h"
+#include "split.h"  // iterations_per_chunk
 
 #define LANES 16  // output columns per packed tile
 #define ROWS 4    // rows a tile's weights run over in registers at a time
@@ -119,8 +120,9 @@ static void matmul(const int half, const uint16_t *x, const int8_t *q, const voi
     const int tiles = N / LANES;
     // schedule(dynamic): a thread slowed by another process takes fewer tiles; a tile's
     // outputs are one thread's, so the split never changes a bit.
-    if (M == 1) {
-        #pragma omp parallel for schedule(dynamic, 1)
+    if (M == 1) {  // contiguous runs of tiles (split.h)
+        const int chunk = iterations_per_chunk((tiles + TILES - 1) / TILES);
+        #pragma omp parallel for schedule(dynamic, chunk)
         for (int t = 0; t < tiles; t += TILES) {
             if (t + TILES <= tiles) one_row(&w, &in, t, y);
             else tile_rows(&w, &in, 1, t, y);

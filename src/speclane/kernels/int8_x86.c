@@ -41,6 +41,7 @@
 #include "grid.h"  // prepare_inputs, inputs_in_steps, input_buffer_for
 #include "int8_entry.h"  // int8_rows_of, INT8_ENTRY_POINTS
 #include "op.h"
+#include "split.h"  // iterations_per_chunk
 
 #define LANES 16  // output columns per packed tile
 #define UNROLL _Pragma("GCC unroll 16")
@@ -290,11 +291,12 @@ INT_TILES(int_tile_f16, 1)
 // call (a tile's weights stay in L1 from one block to the next), then a last block of at
 // most FEW_ROWS rows TILES_FOR(R) tiles a call (see rows_tile); the last few tiles one at
 // a time. (TILES_FOR(R) divides TILES_ONE_ROW.)
-// schedule(dynamic): a thread slowed by another process on its core takes fewer tiles instead of
-// holding the others at the barrier; a tile's outputs are one thread's, so the split never changes a bit.
+// Split between threads as split.h says: dynamically, and for a call of at most FEW_ROWS rows
+// (which streams the weight from memory once) in contiguous runs of tiles.
 static void over_tiles(tile_fn any, tile_fn few, int block, const q8_weight *w, const q8_input *in, uint16_t *y, int M) {
     const int tiles = w->n / LANES, last = M % block, full = M - last;
-    #pragma omp parallel for schedule(dynamic, 1)
+    const int chunk = M <= FEW_ROWS ? iterations_per_chunk((tiles + TILES_ONE_ROW - 1) / TILES_ONE_ROW) : 1;
+    #pragma omp parallel for schedule(dynamic, chunk)
     for (int t = 0; t < tiles; t += TILES_ONE_ROW) {
         const int end = t + TILES_ONE_ROW < tiles ? t + TILES_ONE_ROW : tiles;
         for (int u = t; u < end; u++)
