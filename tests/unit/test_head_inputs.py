@@ -34,8 +34,9 @@ def test_the_head_gets_the_int8_input_kernels_and_the_layers_keep_theirs():
     # --matmul-inputs int8 already runs the head on int8 inputs: no second set
     everything = Kernels.load("native", matmul_inputs="int8", head_inputs="int8")
     assert everything.head is None and everything.head_inputs == "int8"
-    # auto: int8 where the CPU has no native bfloat16 products
-    assert Kernels.load("native").head_inputs == ("int8" if build.missing_cpu_flags("avx512bf16") else "bfloat16")
+    # auto: int8 unless the AMX tile kernels take the head's calls of many rows
+    default = Kernels.load("native")
+    assert default.head_inputs == ("bfloat16" if default.tiles is not None or default.int8_tiles is not None else "int8")
 
 
 def test_what_cannot_run_or_does_not_exist_is_a_clear_error():

@@ -1,6 +1,6 @@
 """The matmuls on int8 inputs (``--matmul-inputs int8``: kernels/int4_q8_x86.c for int4
 weights, int8_q8_x86.c for int8 groups): their arithmetic against a float64 reference,
-batch invariance, NaN, the weights' rows, and how they are chosen."""
+batch invariance, the same bits in both builds, NaN, the weights' rows, and how they are chosen."""
 
 import pytest
 import torch
@@ -111,7 +111,7 @@ def test_the_choice_is_the_models_and_rejects_what_cannot_run():
     assert INT8.matmul_inputs == "int8" and INT8.tiles is None and "matmul_inputs=int8" in INT8.describe()
     assert INT8.int8 is not None and INT8.int8.library is not EXACT.int8.library
     assert Int4Weight(*random_int4_weight(32, 64)[:3], INT8).library is INT8.int4_library
-    assert any(part.startswith("int4=avx2/int8:") for part in INT8.fingerprint(True))  # calibrations are not shared
+    assert any(part.startswith(f"int4={INT8.int4.isa}/int8:") for part in INT8.fingerprint(True))  # calibrations are not shared
     with pytest.raises(int4_cpu.KernelUnavailable, match="--matmul-inputs int8 runs on our int4 and int8-group kernels"):
         Kernels.load("torch", matmul_inputs="int8")
     with pytest.raises(int4_cpu.KernelUnavailable, match="tiles: .* read bfloat16 inputs, and the matmuls are on int8 inputs"):
@@ -150,6 +150,29 @@ def test_int8_groups_on_an_int8_grid_give_the_bfloat16_kernels_bits():
     x = (ints * torch.ldexp(torch.ones(5, 8, 1), torch.randint(-12, 2, (5, 8, 1), generator=g))).reshape(5, 256).bfloat16()
     exact = Kernels.load("native", isa="avx2")
     assert torch.equal(GroupInt8Weight(q, scale, minimum, INT8).matmul(x), GroupInt8Weight(q, scale, minimum, exact).matmul(x))
+
+
+vnni = pytest.mark.skipif(not available or bool(build.missing_cpu_flags("avx512vnni")), reason="no AVX-512 VNNI CPU here")
+
+
+@needs_kernel
+@vnni
+@pytest.mark.parametrize("out_features", [80, 1552])  # 5 and 97 tiles: every remainder of the one-row path's runs
+def test_the_avx512_vnni_builds_give_the_avx2_builds_bits(out_features):
+    """vpdpbusd (q + 128 for signed weights, less 128 * sum(qx)) and vpmaddubsw add the same
+    integers, and the float steps after them are the same per column."""
+    wide, narrow = Kernels.load("native", matmul_inputs="int8"), Kernels.load("native", isa="avx2", matmul_inputs="int8")
+    assert (wide.int4.isa, wide.int8.isa, narrow.int4.isa, narrow.int8.isa) == ("avx512vnni", "avx512vnni", "avx2", "avx2")
+    q4, scale4, minimum4, _ = random_int4_weight(out_features, 576)
+    weights = [(Int4Weight(q4, scale4, minimum4, wide), Int4Weight(q4, scale4, minimum4, narrow))]
+    for group, with_minimum, half in [(32, False, True), (16, True, False)]:
+        q, scale, minimum = random_int8_weight(out_features, 576, group, with_minimum, seed=group)
+        scale = scale.half().float() if half else scale
+        weights.append((GroupInt8Weight(q, scale, minimum, wide), GroupInt8Weight(q, scale, minimum, narrow)))
+    x = wide_range_inputs(70, 576)
+    for a, b in weights:
+        for rows in (1, 2, 3, 4, 5, 8, 9, 16, 70):
+            assert torch.equal(a.matmul(x[:rows]), b.matmul(x[:rows])), (type(a).__name__, rows)
 
 
 def test_int8_packing_in_quads_needs_whole_groups_of_32_inputs():

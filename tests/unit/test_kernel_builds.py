@@ -17,8 +17,10 @@ from speclane.kernels import (
 )
 
 BUILDS = sorted({(source.name, isa) for source, isas in [
-    (int4_cpu.SOURCE, int4_cpu.ISAS), (int4_cpu.TILE_SOURCE, ("amx",)), (int4_cpu.INT8_INPUTS_SOURCE, ("avx2",)),
-    (int8_cpu.SOURCE, int8_cpu.ISAS), (int8_cpu.TILE_SOURCE, ("amx",)), (int8_cpu.INT8_INPUTS_SOURCE, ("avx2",)),
+    (int4_cpu.SOURCE, int4_cpu.ISAS), (int4_cpu.TILE_SOURCE, ("amx",)),
+    (int4_cpu.INT8_INPUTS_SOURCE, int4_cpu.INT8_INPUTS_ISAS),
+    (int8_cpu.SOURCE, int8_cpu.ISAS), (int8_cpu.TILE_SOURCE, ("amx",)),
+    (int8_cpu.INT8_INPUTS_SOURCE, int8_cpu.INT8_INPUTS_ISAS),
     (attention_cpu.SOURCE, attention_cpu.ISAS),
     (norm_cpu.SOURCE, norm_cpu.ISAS), (float_cpu.SOURCE, float_cpu.ISAS), (mtp_step_cpu.SOURCE, mtp_step_cpu.ISAS),
     (plan_cpu.SOURCE, plan_cpu.ISAS)] for isa in isas})

@@ -58,8 +58,9 @@ LANES = 16  # output columns per packed tile (the C file's LANES)
 GROUP = 32  # input columns per (scale, minimum) pair
 TILE_SOURCE = Path(__file__).with_name("int4_amx.c")
 # The int4 matmul on int8 inputs (``--matmul-inputs int8``): the same packed weights and
-# entry points, one AVX2 build for every x86-64 CPU (its bits are the same on all of them).
+# entry points, an AVX-512 VNNI build and an AVX2 build, widest first (the same bits).
 INT8_INPUTS_SOURCE = Path(__file__).with_name("int4_q8_x86.c")
+INT8_INPUTS_ISAS = ("avx512vnni", "avx2")
 # Calls of this many rows or more run on the tile kernel. The 120 layer matmuls of the
 # default model, tile kernel / plain AVX-512 build (Intel Xeon with AMX, two runs in one
 # process each, benchmarks/kernels.py and a /tmp script): 3 rows 0.91x / 1.01x, 4 rows
@@ -97,10 +98,11 @@ def load(isa: str | None = None, many_rows: bool = True) -> build.Kernel:
     return kernel
 
 
-def load_int8_inputs() -> build.Kernel:
-    """The int4 matmul on int8 inputs (``int4_q8_x86.c``); KernelUnavailable where it cannot
-    be built or run here."""
-    return build.load(INT8_INPUTS_SOURCE, declare, ("avx2",))
+def load_int8_inputs(isa: str | None = None) -> build.Kernel:
+    """The int4 matmul on int8 inputs (``int4_q8_x86.c``): the ``isa`` build (or the widest at
+    or below it), else the widest this CPU runs; KernelUnavailable where it cannot be built
+    or run here."""
+    return build.load(INT8_INPUTS_SOURCE, declare, INT8_INPUTS_ISAS, isa)
 
 
 def int8_inputs_source_digest() -> str:

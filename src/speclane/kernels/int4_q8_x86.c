@@ -13,15 +13,21 @@
 // sum(qx). Each output element is computed by one sequence of float operations whatever
 // the number of rows and whichever path the call takes:
 //     per group:  acc = fma(scale, float(sum(qx q)) * d, acc);  acc = fma(minimum, d * float(sum(qx)), acc)
-// so a row's result does not depend on its neighbours (batch invariance) and the kernel
-// has one build: AVX2 instructions, run as they are on AVX-512 CPUs too (the same bits on
-// every x86-64 CPU).
+// so a row's result does not depend on its neighbours (batch invariance). Two builds, the
+// same bits: sum(qx q) and sum(qx) are integers either build adds exactly, and the float
+// operations after them are the same per column.
 //
-// A group's products, in registers: a quad of input columns (4k .. 4k+3) of 8 output
+// The AVX2 build (every x86-64 CPU): a quad of input columns (4k .. 4k+3) of 8 output
 // columns is one vector of 32 weight bytes, one 32-bit lane a column; vpmaddubsw with the
 // quad's 4 int8 inputs broadcast gives two int16 sums a lane (each at most 2 * 15 * 127),
 // and a group's 8 quads add up in int16 without overflow (8 * 3810 < 2^15); one vpmaddwd by
 // ones then makes each column's int32 sum.
+//
+// The AVX-512 VNNI build: vpdpbusd multiplies a lane's 4 unsigned bytes (the weight's q) by 4
+// signed bytes (the inputs) and adds the 4 products into the lane's int32: one quad of 16
+// columns an instruction, against two instructions for 8 columns above. Two quads of a tile
+// (64 packed bytes) load as one vector; a mask, a shift and two vshufi64x2 make each quad's
+// 16 columns one vector, once per tile for all of a call's rows.
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -36,15 +42,74 @@
 #define LANES 16          // output columns per packed tile
 #define GROUP Q4_GROUP    // input columns per (scale, minimum) pair
 #define QUADS (GROUP / 4) // quads of input columns per group
-#define ROWS 6            // rows a tile's weights run over in registers at a time
-#define TILES 2           // tiles a one-row call interleaves (independent chains hide latency)
 #define UNROLL _Pragma("GCC unroll 16")
+#ifdef __AVX512VNNI__
+#define ROWS Q8_VNNI_ROWS    // rows a tile's weights run over in registers at a time
+#define TILES Q8_VNNI_TILES  // tiles a one-row call interleaves (independent chains hide latency)
+#else
+#define ROWS 6
+#define TILES 2
+#endif
 
 typedef struct {
     const uint8_t *packed;
     const uint16_t *scale, *minimum;
     int n, k;
 } q4_weight;
+
+#ifdef __AVX512VNNI__
+// A pair of quads of one 16-column tile (quads k and k+1: 64 bytes, laid out as unpack_quad
+// reads one) as two vectors of 16 columns x 4 bytes, quad k's and quad k+1's: the mask gives
+// columns 0-7 of both quads (quad k in the low 256 bits), the shift columns 8-15, and
+// vshufi64x2 takes each quad's halves from the two.
+INLINE void unpack_quad_pair(const uint8_t *quads, __m512i *first, __m512i *second) {
+    const __m512i v = _mm512_loadu_si512((const void *)quads), nibble = _mm512_set1_epi8(15);
+    const __m512i low = _mm512_and_si512(v, nibble), high = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+    *first = _mm512_shuffle_i64x2(low, high, 0x44);   // low's and high's low 256 bits
+    *second = _mm512_shuffle_i64x2(low, high, 0xEE);  // their high 256 bits
+}
+
+INLINE void group_scales(const q4_weight *w, size_t tile, int g, __m512 *s, __m512 *m) {
+    const size_t at = (tile * (w->k / GROUP) + g) * LANES;
+    *s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->scale + at)));
+    *m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->minimum + at)));
+}
+
+INLINE void store_row(__m512 acc, uint16_t *y) {
+    store_bf16(y, _mm512_castps512_ps256(acc));
+    store_bf16(y + 8, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+}
+
+// R rows over TT tiles (TT > 1 only for R == 1): each pair of quads unpacked once for the R
+// rows, each row's quad of inputs broadcast once for the TT tiles.
+INLINE void rows_over_tiles(const int R, const int TT, const q4_weight *w, const q8_input *in, int tile0, uint16_t *y) {
+    const int K = w->k, N = w->n;
+    __m512 acc[TILES][ROWS];
+    UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) acc[t][r] = _mm512_setzero_ps();
+    for (int g = 0; g < K / GROUP; g++) {
+        const int CHAINS = R * TT <= 4 ? 2 : 1;  // more blocks have chains enough, and need the registers
+        __m512i d[2][TILES][ROWS];
+        UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) d[0][t][r] = d[1][t][r] = _mm512_setzero_si512();
+        UNROLL for (int k = g * QUADS; k < (g + 1) * QUADS; k += 2) {
+            __m512i first[TILES], second[TILES];
+            UNROLL for (int t = 0; t < TT; t++) unpack_quad_pair(w->packed + ((size_t)(tile0 + t) * (K / 4) + k) * 32, &first[t], &second[t]);
+            add_quad_pair_products(R, TT, CHAINS, in, k, first, second, d);
+        }
+        UNROLL for (int t = 0; t < TT; t++) {
+            __m512 s, m;
+            group_scales(w, (size_t)tile0 + t, g, &s, &m);
+            UNROLL for (int r = 0; r < R; r++) {
+                const __m512 step = _mm512_set1_ps(in->step[(size_t)r * in->steps + g]);
+                const __m512 sum = _mm512_set1_ps(in->step_sum[(size_t)r * in->sums + g]);
+                const __m512 dot = _mm512_mul_ps(_mm512_cvtepi32_ps(CHAINS == 2 ? _mm512_add_epi32(d[0][t][r], d[1][t][r]) : d[0][t][r]), step);
+                acc[t][r] = _mm512_fmadd_ps(m, sum, _mm512_fmadd_ps(s, dot, acc[t][r]));
+            }
+        }
+    }
+    UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) store_row(acc[t][r], y + (size_t)r * N + (tile0 + t) * LANES);
+}
+
+#else  // AVX2
 
 // A quad's weights of one 16-column tile (int4_cpu.pack(..., quads=True): 32 bytes, byte
 // 4c + i holding q[c][4k + i] in its low nibble and q[c + 8][4k + i] in its high one) as
@@ -108,6 +173,8 @@ INLINE void rows_over_tiles(const int R, const int TT, const q4_weight *w, const
     UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) store_row(acc[t][r], y + (size_t)r * N + (tile0 + t) * LANES);
 }
 
+#endif
+
 // One tile's outputs for every row, ROWS at a time.
 static void tile_rows(const q4_weight *w, const q8_input *in, int M, int tile, uint16_t *y) {
     for (int r0 = 0; r0 < M; r0 += ROWS) {
@@ -116,27 +183,31 @@ static void tile_rows(const q4_weight *w, const q8_input *in, int M, int tile, u
         switch (M - r0 < ROWS ? M - r0 : ROWS) {
 #define CASE(r) case r: rows_over_tiles(r, 1, w, &rows, tile, out); break;
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5)
+#if ROWS > 6
+        CASE(6) CASE(7)
+#endif
 #undef CASE
         default: rows_over_tiles(ROWS, 1, w, &rows, tile, out); break;
         }
     }
 }
-_Static_assert(ROWS == 6, "tile_rows' cases cover 1 .. ROWS - 1 rows");
+_Static_assert(ROWS == 6 || ROWS == 8, "tile_rows' cases cover 1 .. ROWS - 1 rows");
 
+// Calls of at most ROWS rows stream their weight from memory once: the threads take
+// contiguous runs of tiles (split.h), one or two rows TILES or TILES / 2 tiles at a time.
 static void matmul_rows(const q8_input *in, const q4_weight *w, uint16_t *y, int M) {
     const int tiles = w->n / LANES;
-    if (M == 1) {
-        // Contiguous runs of tiles, taken dynamically (split.h).
-        const int chunk = iterations_per_chunk((tiles + TILES - 1) / TILES);
-        #pragma omp parallel for schedule(dynamic, chunk)
-        for (int t = 0; t < tiles; t += TILES) {
-            if (t + TILES <= tiles) rows_over_tiles(1, TILES, w, in, t, y);
-            else rows_over_tiles(1, 1, w, in, t, y);
+    const int step = M == 1 ? TILES : M == 2 ? TILES / 2 : 1;
+    const int chunk = M <= ROWS ? iterations_per_chunk((tiles + step - 1) / step) : 1;
+    #pragma omp parallel for schedule(dynamic, chunk)
+    for (int t = 0; t < tiles; t += step) {
+        if (step > 1 && t + step <= tiles) {
+            if (M == 1) rows_over_tiles(1, TILES, w, in, t, y);
+            else rows_over_tiles(2, TILES / 2, w, in, t, y);
+        } else {
+            for (int u = t; u < t + step && u < tiles; u++) tile_rows(w, in, M, u, y);
         }
-        return;
     }
-    #pragma omp parallel for schedule(dynamic, 1)
-    for (int t = 0; t < tiles; t++) tile_rows(w, in, M, t, y);
 }
 
 // y = x @ W^T. x: [M][K] bfloat16, y: [M][N] bfloat16; the weight packed by int4_cpu.pack(..., quads=True).

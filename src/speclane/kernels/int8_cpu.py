@@ -29,8 +29,9 @@ __all__ = ["Packed", "bind", "dequantize_rows", "load", "load_int8_inputs", "loa
 
 SOURCE = Path(__file__).with_name("int8_x86.c")
 # The kernel on int8 inputs (``--matmul-inputs int8``): its weights packed in quads (``pack``),
-# the same entry points, one AVX2 build for every x86-64 CPU.
+# the same entry points, an AVX-512 VNNI build and an AVX2 build, widest first (the same bits).
 INT8_INPUTS_SOURCE = Path(__file__).with_name("int8_q8_x86.c")
+INT8_INPUTS_ISAS = ("avx512vnni", "avx2")
 ISAS = ("avx512vnni", "avx512", "avx2")  # the builds of SOURCE, widest first
 # The tile kernel (``int8_amx.c``): the same arithmetic on AMX tiles (the same bits: on the
 # inputs' grid every sum is exact), for calls of TILE_MIN_ROWS rows or more. Tile kernel /
@@ -86,10 +87,11 @@ def load(isa: str | None = None) -> build.Kernel:
     return build.load(SOURCE, declare, ISAS, isa)
 
 
-def load_int8_inputs() -> build.Kernel:
-    """The kernel on int8 inputs (``int8_q8_x86.c``); KernelUnavailable where it cannot be
-    built or run here."""
-    return build.load(INT8_INPUTS_SOURCE, declare, ("avx2",))
+def load_int8_inputs(isa: str | None = None) -> build.Kernel:
+    """The kernel on int8 inputs (``int8_q8_x86.c``): the ``isa`` build (or the widest at or
+    below it), else the widest this CPU runs; KernelUnavailable where it cannot be built or
+    run here."""
+    return build.load(INT8_INPUTS_SOURCE, declare, INT8_INPUTS_ISAS, isa)
 
 
 def int8_inputs_source_digest() -> str:

@@ -1,16 +1,20 @@
 // The int8-group matmul on int8 inputs (``--matmul-inputs int8``): int8_x86.c's weights
 // (w = q * scale + minimum per group of G = 16 or 32 input columns, q an int8) times the
 // inputs quantized to int8 per group of 32 (q8_inputs.h), in integer dot products, as
-// llama.cpp computes its Q8_0 and Q6_K types on x86. One AVX2 build for every x86-64 CPU.
+// llama.cpp computes its Q8_0 and Q6_K types on x86.
 //
 // A group's share of an output is scale * d * sum(qx q) + minimum * d * sum(qx): sum(qx q)
 // is an exact integer (|.| <= 32 * 128 * 127 < 2^24, so its float32 is exact too), and each
 // output element is one sequence of float operations whatever the number of rows:
 //     per group:  acc = fma(scale, float(sum(qx q)) * d, acc);  [acc = fma(minimum, d * float(sum(qx)), acc)]
 // (d: the step of the 32 inputs the group lies in) so a row's result does not depend on its
-// neighbours. The products: vpmaddubsw multiplies unsigned by signed bytes, so each weight
-// byte enters as |q| and the input takes q's sign (vpsignb); a pair's sum (at most
-// 2 * 128 * 127) fits int16, and vpmaddwd by ones widens it into a column's int32 lane.
+// neighbours. Two builds, the same bits (the sums are the same integers):
+// - AVX2 (every x86-64 CPU): vpmaddubsw multiplies unsigned by signed bytes, so each weight
+//   byte enters as |q| and the input takes q's sign (vpsignb); a pair's sum (at most
+//   2 * 128 * 127) fits int16, and vpmaddwd by ones widens it into a column's int32 lane.
+// - AVX-512 VNNI: vpdpbusd adds a lane's 4 products of unsigned by signed bytes into its
+//   int32, 16 columns an instruction. Each weight byte enters as q + 128 (its top bit
+//   flipped: unsigned), and the group's sum less 128 * sum(qx) is sum(qx q).
 //
 // Layout (int8_cpu.pack(..., quads=True)): q [N/16][K/4][64] int8, byte 4c + i of quad k
 // holding column n0+c's value at input column 4k + i (columns 0-7: the first 32 bytes, a
@@ -27,15 +31,70 @@
 #include "split.h"  // iterations_per_chunk
 
 #define LANES 16  // output columns per packed tile
-#define ROWS 4    // rows a tile's weights run over in registers at a time
-#define TILES 2   // tiles a one-row call interleaves (independent chains hide latency)
 #define UNROLL _Pragma("GCC unroll 16")
+#ifdef __AVX512VNNI__
+#define ROWS Q8_VNNI_ROWS    // rows a tile's weights run over in registers at a time
+#define TILES Q8_VNNI_TILES  // tiles a one-row call interleaves (independent chains hide latency)
+#else
+#define ROWS 4
+#define TILES 2
+#endif
 
 typedef struct {
     const int8_t *q;
     const void *scale, *minimum;  // float32, or float16 where the call is int8_matmul_h's
     int n, k, group;
 } q8_weight;
+
+#ifdef __AVX512VNNI__
+INLINE __m512 param(const void *base, size_t at, const int half) {  // 16 scales or minimums as float32
+    return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + at)))
+                : _mm512_loadu_ps((const float *)base + at);
+}
+
+// R rows over TT tiles (TT > 1 only for R == 1); HALF: float16 scales and minimums. A quad
+// of a tile (64 bytes: 16 columns x 4 inputs) is one vector; two quads at a time (G / 4 is even).
+INLINE void rows_over_tiles(const int R, const int TT, const int HALF, const q8_weight *w, const q8_input *in, int tile0,
+                            uint16_t *y) {
+    const int K = w->k, N = w->n, G = w->group, groups = K / G;
+    const int CHAINS = R * TT <= 4 ? 2 : 1;  // (add_quad_pair_products) more blocks have chains enough
+    __m512 acc[TILES][ROWS];
+    UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) acc[t][r] = _mm512_setzero_ps();
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (int g = 0; g < groups; g++) {
+        __m512i d[2][TILES][ROWS];
+        UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) d[0][t][r] = d[1][t][r] = _mm512_setzero_si512();
+        for (int k = g * G / 4; k < (g + 1) * G / 4; k += 2) {
+            __m512i first[TILES], second[TILES];
+            UNROLL for (int t = 0; t < TT; t++) {
+                const int8_t *quads = w->q + ((size_t)(tile0 + t) * (K / 4) + k) * 64;
+                first[t] = _mm512_xor_si512(_mm512_loadu_si512((const void *)quads), flip);
+                second[t] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(quads + 64)), flip);
+            }
+            add_quad_pair_products(R, TT, CHAINS, in, k, first, second, d);
+        }
+        UNROLL for (int t = 0; t < TT; t++) {
+            const size_t at = ((size_t)(tile0 + t) * groups + g) * LANES;
+            const __m512 s = param(w->scale, at, HALF);
+            const __m512 m = w->minimum ? param(w->minimum, at, HALF) : _mm512_setzero_ps();
+            UNROLL for (int r = 0; r < R; r++) {
+                const __m512i biased = CHAINS == 2 ? _mm512_add_epi32(d[0][t][r], d[1][t][r]) : d[0][t][r];
+                const __m512i sum = _mm512_sub_epi32(biased, _mm512_set1_epi32(128 * in->q_sum[(size_t)r * in->sums + g]));
+                const __m512 step = _mm512_set1_ps(in->step[(size_t)r * in->steps + g * G / Q8_GROUP]);
+                const __m512 dot = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), step);
+                acc[t][r] = _mm512_fmadd_ps(s, dot, acc[t][r]);
+                if (w->minimum) acc[t][r] = _mm512_fmadd_ps(m, _mm512_set1_ps(in->step_sum[(size_t)r * in->sums + g]), acc[t][r]);
+            }
+        }
+    }
+    UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) {
+        uint16_t *out = y + (size_t)r * N + (size_t)(tile0 + t) * LANES;
+        store_bf16(out, _mm512_castps512_ps256(acc[t][r]));
+        store_bf16(out + 8, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t][r]), 1)));
+    }
+}
+
+#else  // AVX2
 
 INLINE __m256 param(const void *base, size_t at, const int half) {  // 8 scales or minimums as float32
     return half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + at)))
@@ -87,7 +146,18 @@ INLINE void rows_over_tiles(const int R, const int TT, const int HALF, const q8_
     }
 }
 
-_Static_assert(ROWS == 4, "tile_rows' cases cover 1 .. ROWS - 1 rows");
+#endif
+
+_Static_assert(ROWS == 4 || ROWS == 8, "tile_rows' cases cover 1 .. ROWS - 1 rows");
+#if ROWS > 4
+#define MORE_ROW_CASES(HALF, w, rows, tile, out)                                                   \
+    case 4: rows_over_tiles(4, 1, HALF, w, rows, tile, out); break;                                \
+    case 5: rows_over_tiles(5, 1, HALF, w, rows, tile, out); break;                                \
+    case 6: rows_over_tiles(6, 1, HALF, w, rows, tile, out); break;                                \
+    case 7: rows_over_tiles(7, 1, HALF, w, rows, tile, out); break;
+#else
+#define MORE_ROW_CASES(HALF, w, rows, tile, out)
+#endif
 #define TILE_ROWS(name, HALF)                                                                          \
     static void name(const q8_weight *w, const q8_input *in, int M, int tile, uint16_t *y) {            \
         for (int r0 = 0; r0 < M; r0 += ROWS) {                                                          \
@@ -97,40 +167,38 @@ _Static_assert(ROWS == 4, "tile_rows' cases cover 1 .. ROWS - 1 rows");
             case 1: rows_over_tiles(1, 1, HALF, w, &rows, tile, out); break;                            \
             case 2: rows_over_tiles(2, 1, HALF, w, &rows, tile, out); break;                            \
             case 3: rows_over_tiles(3, 1, HALF, w, &rows, tile, out); break;                            \
+            MORE_ROW_CASES(HALF, w, &rows, tile, out)                                                   \
             default: rows_over_tiles(ROWS, 1, HALF, w, &rows, tile, out); break;                        \
             }                                                                                           \
         }                                                                                               \
     }                                                                                                   \
-    static void name##_few_rows(const q8_weight *w, const q8_input *in, int tile, uint16_t *y) {         \
-        rows_over_tiles(1, TILES, HALF, w, in, tile, y);                                                \
+    static void name##_few_rows(const q8_weight *w, const q8_input *in, int M, int tile, uint16_t *y) {  \
+        if (M == 1) rows_over_tiles(1, TILES, HALF, w, in, tile, y);                                    \
+        else rows_over_tiles(2, TILES / 2, HALF, w, in, tile, y);                                       \
     }
 TILE_ROWS(rows_tile_f32, 0)
 TILE_ROWS(rows_tile_f16, 1)
 
 typedef void (*tile_fn)(const q8_weight *, const q8_input *, int, int, uint16_t *);
-typedef void (*few_rows_fn)(const q8_weight *, const q8_input *, int, uint16_t *);  // here, one-row calls
+typedef void (*few_rows_fn)(const q8_weight *, const q8_input *, int, int, uint16_t *);  // one or two rows
 
 static void matmul(const int half, const uint16_t *x, const int8_t *q, const void *scale, const void *minimum,
                    uint16_t *y, int M, int N, int K, int G, int format) {
     (void)format;  // quads are int8 (int8_cpu.pack packs no fewer bits in quads)
     const tile_fn tile_rows = half ? rows_tile_f16 : rows_tile_f32;
-    const few_rows_fn one_row = half ? rows_tile_f16_few_rows : rows_tile_f32_few_rows;
+    const few_rows_fn few_rows = half ? rows_tile_f16_few_rows : rows_tile_f32_few_rows;
     const q8_input in = quantize_call(x, M, K, G);
     const q8_weight w = {q, scale, minimum, N, K, G};
     const int tiles = N / LANES;
-    // schedule(dynamic): a thread slowed by another process takes fewer tiles; a tile's
-    // outputs are one thread's, so the split never changes a bit.
-    if (M == 1) {  // contiguous runs of tiles (split.h)
-        const int chunk = iterations_per_chunk((tiles + TILES - 1) / TILES);
-        #pragma omp parallel for schedule(dynamic, chunk)
-        for (int t = 0; t < tiles; t += TILES) {
-            if (t + TILES <= tiles) one_row(&w, &in, t, y);
-            else tile_rows(&w, &in, 1, t, y);
-        }
-        return;
+    // Calls of at most ROWS rows stream the weight from memory once: the threads take
+    // contiguous runs of tiles (split.h), one or two rows TILES or TILES / 2 tiles at a time.
+    const int step = M == 1 ? TILES : M == 2 ? TILES / 2 : 1;
+    const int chunk = M <= ROWS ? iterations_per_chunk((tiles + step - 1) / step) : 1;
+    #pragma omp parallel for schedule(dynamic, chunk)
+    for (int t = 0; t < tiles; t += step) {
+        if (step > 1 && t + step <= tiles) few_rows(&w, &in, M, t, y);
+        else for (int u = t; u < t + step && u < tiles; u++) tile_rows(&w, &in, M, u, y);
     }
-    #pragma omp parallel for schedule(dynamic, 1)
-    for (int t = 0; t < tiles; t++) tile_rows(&w, &in, M, t, y);
 }
 
 INT8_ENTRY_POINTS(1)

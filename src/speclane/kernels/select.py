@@ -97,14 +97,14 @@ class Kernels:
         each of our int4 and int8-group matmuls (an error where one cannot run, or where
         neither matmul is ours); False, never. ``mtp_step`` False: the MTP head calls its
         kernels one by one (the same bits as one call). ``matmul_inputs`` int8: the int4 and
-        int8-group matmuls on int8 inputs (``int4_q8_x86.c``, ``int8_q8_x86.c``: one AVX2 build
-        each, ``isa`` aside; no tile kernel: it reads bfloat16 inputs); under ``torch``, an
+        int8-group matmuls on int8 inputs (``int4_q8_x86.c``, ``int8_q8_x86.c``: an AVX-512 VNNI
+        and an AVX2 build each, the same bits; no tile kernel: it reads bfloat16 inputs); under ``torch``, an
         error (torch's ops have no such inputs). ``narrow_weights`` (``--narrow-weights``): the
         int8-group kernel keeps a weight's values in 5 or 6 bits where they fit (quads: always
         a byte a value). ``head_inputs`` (``--head-inputs``): the
         output head's coarse pass on int8 inputs (``head``) where int8, or auto where those
-        kernels run here and the CPU has no AVX512_BF16 (whose bfloat16 products the
-        int8-input kernels were not measured against); int8 where they cannot run is an error."""
+        kernels run here and no AMX tile kernel takes the head's many-row calls on bfloat16
+        inputs (not measured against them); int8 where they cannot run is an error."""
         if choice not in CHOICES:
             raise KernelUnavailable(f"kernels must be one of {', '.join(CHOICES)}; got {choice!r}")
         if matmul_inputs not in MATMUL_INPUTS:
@@ -139,12 +139,12 @@ class Kernels:
         if use_tiles:
             tile = attempt(int4_cpu.TILE_SOURCE.name, int4_cpu.load_tiles, required=choice == "native" or tiles is True)
         if int8_inputs:
-            int4 = attempt(int4_cpu.INT8_INPUTS_SOURCE.name, int4_cpu.load_int8_inputs, required=True)
+            int4 = attempt(int4_cpu.INT8_INPUTS_SOURCE.name, lambda: int4_cpu.load_int8_inputs(isa), required=True)
         else:  # without the tile kernel the vector build serves every row count: timed at a batch's too
             int4 = attempt(int4_cpu.SOURCE.name, lambda: int4_cpu.load(isa, many_rows=tile is None))
         if int4 is None:
             tile = None  # the tile kernel runs beside our int4 matmul only
-        int8 = (attempt(int8_cpu.INT8_INPUTS_SOURCE.name, int8_cpu.load_int8_inputs, required=True) if int8_inputs
+        int8 = (attempt(int8_cpu.INT8_INPUTS_SOURCE.name, lambda: int8_cpu.load_int8_inputs(isa), required=True) if int8_inputs
                 else attempt(int8_cpu.SOURCE.name, lambda: int8_cpu.load(isa)))
         if tiles is True and int4 is None and int8 is None:
             raise KernelUnavailable(f"tiles: {int4_cpu.TILE_SOURCE.name} and {int8_cpu.TILE_SOURCE.name} read our int4 "
@@ -166,7 +166,7 @@ class Kernels:
             narrow_weights=narrow_weights,
         )
         if not int8_inputs and head_inputs != "bfloat16":
-            kernels = replace(kernels, head=_int8_inputs_head(kernels, required=head_inputs == "int8"))
+            kernels = replace(kernels, head=_int8_inputs_head(kernels, isa, required=head_inputs == "int8"))
         if unavailable:
             log.warning("kernels: ours unavailable here, torch's ops (for the tile kernel, the int4 matmul) stand in: %s",
                         "; ".join(unavailable))
@@ -272,15 +272,16 @@ class Kernels:
                 f"plan={self.plan_name if bfloat16 else 'off'}:{plan_cpu.source_digest()}"]
 
 
-def _int8_inputs_head(kernels: Kernels, *, required: bool) -> Kernels | None:
-    """``kernels`` with the int4 and int8-group matmuls on int8 inputs, for the output head;
-    None where they do not run here or (not ``required``) the CPU multiplies bfloat16
-    natively (AVX512_BF16). A KernelUnavailable where ``required`` and they cannot run."""
-    if not required and not build.missing_cpu_flags("avx512bf16"):
+def _int8_inputs_head(kernels: Kernels, isa: str | None, *, required: bool) -> Kernels | None:
+    """``kernels`` with the int4 and int8-group matmuls on int8 inputs (their ``isa`` builds),
+    for the output head; None where they do not run here or (not ``required``) the AMX tile
+    kernels take the head's calls of many rows on bfloat16 inputs (not measured against
+    them). A KernelUnavailable where ``required`` and they cannot run."""
+    if not required and (kernels.tiles is not None or kernels.int8_tiles is not None):
         return None
     try:
-        int4 = int4_cpu.load_int8_inputs() if kernels.int4 is not None else None
-        int8 = int8_cpu.load_int8_inputs() if kernels.int8 is not None else None
+        int4 = int4_cpu.load_int8_inputs(isa) if kernels.int4 is not None else None
+        int8 = int8_cpu.load_int8_inputs(isa) if kernels.int8 is not None else None
     except KernelUnavailable as err:
         if required:
             raise KernelUnavailable(f"--head-inputs int8: the int8-input kernels are unavailable here: {err}") from err
