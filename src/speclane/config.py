@@ -103,8 +103,8 @@ class ModelConfig:
     head_inputs: str = field(default="auto", metadata={
         "help": "what the output head's coarse pass on our int4 and int8-group kernels multiplies its weights by "
                 "(each row's top 32 logits are recomputed in float32 either way): int8 (faster at several rows), "
-                "bfloat16, or auto: int8 where the int8-input kernels run and no AMX tile kernel takes the head's "
-                "calls of many rows (always int8 under --matmul-inputs int8)"})
+                "bfloat16, or auto: int8 where the int8-input kernels run and no AMX tile kernel does (always int8 "
+                "under --matmul-inputs int8)"})
 
     def __post_init__(self) -> None:
         _check_types(self)

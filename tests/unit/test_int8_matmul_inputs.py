@@ -22,7 +22,7 @@ def int8_inputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     as the kernel: q = round(x * (1 / d)), ties to even)."""
     groups = x.float().reshape(x.shape[0], -1, 32)
     d = groups.abs().amax(-1) / 127
-    inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    inverse = torch.where((d > 0) & (1 / d).isfinite(), 1 / d, torch.zeros_like(d))  # a subnormal step: q all zero
     return torch.round(groups * inverse[..., None]), d
 
 
@@ -157,10 +157,11 @@ vnni = pytest.mark.skipif(not available or bool(build.missing_cpu_flags("avx512v
 
 @needs_kernel
 @vnni
-@pytest.mark.parametrize("out_features", [80, 1552])  # 5 and 97 tiles: every remainder of the one-row path's runs
+@pytest.mark.parametrize("out_features", [80, 96, 112, 1552])  # 5, 6, 7, 97 tiles: remainders of 4 tiles a step
 def test_the_avx512_vnni_builds_give_the_avx2_builds_bits(out_features):
     """vpdpbusd (q + 128 for signed weights, less 128 * sum(qx)) and vpmaddubsw add the same
-    integers, and the float steps after them are the same per column."""
+    integers, and the float steps after them are the same per column; a group whose step is
+    a subnormal (1 / d overflows) enters as zeros in both."""
     wide, narrow = Kernels.load("native", matmul_inputs="int8"), Kernels.load("native", isa="avx2", matmul_inputs="int8")
     assert (wide.int4.isa, wide.int8.isa, narrow.int4.isa, narrow.int8.isa) == ("avx512vnni", "avx512vnni", "avx2", "avx2")
     q4, scale4, minimum4, _ = random_int4_weight(out_features, 576)
@@ -170,9 +171,12 @@ def test_the_avx512_vnni_builds_give_the_avx2_builds_bits(out_features):
         scale = scale.half().float() if half else scale
         weights.append((GroupInt8Weight(q, scale, minimum, wide), GroupInt8Weight(q, scale, minimum, narrow)))
     x = wide_range_inputs(70, 576)
+    x[0] = (x[0].float() * 2.0**-130 / x[0].float().abs().max()).bfloat16()  # largest 2^-130: every step a subnormal
+    assert not (1 / (x[0].float().abs().max() / 127)).isfinite()
     for a, b in weights:
-        for rows in (1, 2, 3, 4, 5, 8, 9, 16, 70):
+        for rows in (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 70):
             assert torch.equal(a.matmul(x[:rows]), b.matmul(x[:rows])), (type(a).__name__, rows)
+        assert not a.matmul(x[:1]).any(), type(a).__name__  # the tiny row's inputs entered as zeros
 
 
 def test_int8_packing_in_quads_needs_whole_groups_of_32_inputs():

@@ -27,7 +27,7 @@
 // signed bytes (the inputs) and adds the 4 products into the lane's int32: one quad of 16
 // columns an instruction, against two instructions for 8 columns above. Two quads of a tile
 // (64 packed bytes) load as one vector; a mask, a shift and two vshufi64x2 make each quad's
-// 16 columns one vector, once per tile for all of a call's rows.
+// 16 columns one vector, once per tile and block of up to 8 rows.
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -80,7 +80,7 @@ INLINE void store_row(__m512 acc, uint16_t *y) {
     store_bf16(y + 8, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
 }
 
-// R rows over TT tiles (TT > 1 only for R == 1): each pair of quads unpacked once for the R
+// R rows over TT tiles (TT > 1 only for R <= 2): each pair of quads unpacked once for the R
 // rows, each row's quad of inputs broadcast once for the TT tiles.
 INLINE void rows_over_tiles(const int R, const int TT, const q4_weight *w, const q8_input *in, int tile0, uint16_t *y) {
     const int K = w->k, N = w->n;

@@ -52,7 +52,7 @@ INLINE __m512 param(const void *base, size_t at, const int half) {  // 16 scales
                 : _mm512_loadu_ps((const float *)base + at);
 }
 
-// R rows over TT tiles (TT > 1 only for R == 1); HALF: float16 scales and minimums. A quad
+// R rows over TT tiles (TT > 1 only for R <= 2); HALF: float16 scales and minimums. A quad
 // of a tile (64 bytes: 16 columns x 4 inputs) is one vector; two quads at a time (G / 4 is even).
 INLINE void rows_over_tiles(const int R, const int TT, const int HALF, const q8_weight *w, const q8_input *in, int tile0,
                             uint16_t *y) {

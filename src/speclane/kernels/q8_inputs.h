@@ -4,6 +4,7 @@
 #ifndef SPECLANE_Q8_INPUTS_H
 #define SPECLANE_Q8_INPUTS_H
 
+#include <float.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -79,12 +80,18 @@ static void quantize_inputs(const uint16_t *x, int8_t *q, float *step, float *st
             memcpy(&amax, &bits, sizeof amax);
             if (bits >= 0x7F800000u) amax = __builtin_nanf("");
             const float d = amax / 127.0f;
-            const float inverse = d > 0.0f ? 1.0f / d : 0.0f;  // NaN d: 0 (q all zero)
-            const __m256 scale = _mm256_set1_ps(inverse);
-            __m256i i32[4];
-            for (int i = 0; i < 4; i++) i32[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], scale));
-            const __m256i i16a = _mm256_packs_epi32(i32[0], i32[1]), i16b = _mm256_packs_epi32(i32[2], i32[3]);
-            const __m256i i8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(i16a, i16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            // A NaN step, and a step so small (a subnormal) that 1 / d overflows: q all zero (a
+            // product of Inf or NaN would convert to -128, and the two builds of int8_q8_x86.c,
+            // which multiply a -128 input differently, would then differ).
+            const float inverse = d > 0.0f ? 1.0f / d : 0.0f;
+            __m256i i8 = _mm256_setzero_si256();
+            if (inverse <= FLT_MAX) {
+                const __m256 scale = _mm256_set1_ps(inverse);
+                __m256i i32[4];
+                for (int i = 0; i < 4; i++) i32[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], scale));
+                const __m256i i16a = _mm256_packs_epi32(i32[0], i32[1]), i16b = _mm256_packs_epi32(i32[2], i32[3]);
+                i8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(i16a, i16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            }
             _mm256_storeu_si256((__m256i *)(q + at), i8);
             step[(size_t)r * steps + g] = d;
             // The sums of q over the weight's groups in this step's 32 inputs (integers: exact):
@@ -95,9 +102,9 @@ static void quantize_inputs(const uint16_t *x, int8_t *q, float *step, float *st
             const int half_sums[2] = {sum_lanes(halves[0]), sum_lanes(halves[1])};
             for (int s = 0; s < Q8_GROUP / G; s++) {
                 const int total = G == Q8_GROUP ? half_sums[0] + half_sums[1] : half_sums[s];
-                const size_t at = (size_t)r * sums + (size_t)g * (Q8_GROUP / G) + s;
-                q_sum[at] = total;
-                step_sum[at] = d * (float)total;
+                const size_t sum_at = (size_t)r * sums + (size_t)g * (Q8_GROUP / G) + s;
+                q_sum[sum_at] = total;
+                step_sum[sum_at] = d * (float)total;
             }
         }
 }

@@ -103,8 +103,9 @@ class Kernels:
         int8-group kernel keeps a weight's values in 5 or 6 bits where they fit (quads: always
         a byte a value). ``head_inputs`` (``--head-inputs``): the
         output head's coarse pass on int8 inputs (``head``) where int8, or auto where those
-        kernels run here and no AMX tile kernel takes the head's many-row calls on bfloat16
-        inputs (not measured against them); int8 where they cannot run is an error."""
+        kernels run here and no AMX tile kernel does (those take a head's calls of many rows
+        on bfloat16 inputs, and were not measured against them); int8 where they cannot run
+        is an error."""
         if choice not in CHOICES:
             raise KernelUnavailable(f"kernels must be one of {', '.join(CHOICES)}; got {choice!r}")
         if matmul_inputs not in MATMUL_INPUTS:
@@ -274,9 +275,9 @@ class Kernels:
 
 def _int8_inputs_head(kernels: Kernels, isa: str | None, *, required: bool) -> Kernels | None:
     """``kernels`` with the int4 and int8-group matmuls on int8 inputs (their ``isa`` builds),
-    for the output head; None where they do not run here or (not ``required``) the AMX tile
-    kernels take the head's calls of many rows on bfloat16 inputs (not measured against
-    them). A KernelUnavailable where ``required`` and they cannot run."""
+    for the output head; None where they do not run here or (not ``required``) an AMX tile
+    kernel runs (it takes the head's calls of many rows on bfloat16 inputs, not measured
+    against them). A KernelUnavailable where ``required`` and they cannot run."""
     if not required and (kernels.tiles is not None or kernels.int8_tiles is not None):
         return None
     try:
