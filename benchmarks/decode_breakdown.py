@@ -1,24 +1,52 @@
-"""Where one decode step's time goes: the step with the int4 matmuls and/or attention
-replaced by no-ops, alternated in one process (this machine's speed drifts between runs).
+"""Where one decode step's time goes: the default model's one-token forward (its layers as
+one forward plan, models/forward_plan.py) with a kind of the plan's steps swapped for a step
+that does nothing, and the logits after it, alternated in one process (this machine's speed
+drifts between runs).
 
     .venv/bin/python benchmarks/decode_breakdown.py [--rounds 8]
 
-Prints the median ms of one forward + logits (one sequence, KV length 200) per variant.
+Prints the median ms of each variant of one forward (one sequence, KV length 200) and of
+the logits (the output head, its top candidates' exact refinement), and the share of the
+whole step each kind of step takes (the whole step less the variant without it). Steps
+skipped leave their output buffers as they were, so the steps after them compute on stale
+values at the same cost.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
+import time
 
 import torch
-import torch.nn.functional as F
 
-import speclane.models.linear as linear
 from speclane.config import EngineConfig
 from speclane.engine.calibration import forward_ms
-from speclane.kernels import attention_cpu
+from speclane.kernels import plan_cpu
 from speclane.llm import LLM
+
+# A plan step's function (its ``_op`` entry point) by kind.
+KINDS = {
+    "layer matmuls": ("int4_matmul_op", "int4_matmul_amx_op", "int8_matmul_op", "int8_matmul_h_op",
+                      "int8_matmul_amx_op", "int8_matmul_h_amx_op", "float_matmul_op"),
+    "attention (RoPE, cache write, attention)": ("paged_rope_write_attention_op",),
+    "norms and activations": ("add_rms_norm_op", "rms_norm_groups_op", "copy_columns_op", "silu_mul_op",
+                              "gelu_tanh_mul_op"),
+}
+
+
+def step_addresses(kernels) -> dict[int, str]:
+    """Every loaded kernel library's ``_op`` entry points: address -> kind."""
+    libraries = [k.library for k in (kernels.int4, kernels.tiles, kernels.int8, kernels.int8_tiles, kernels.attention,
+                                     kernels.norm, kernels.float_matmul) if k is not None]
+    kinds: dict[int, str] = {}
+    for kind, names in KINDS.items():
+        for library in libraries:
+            for name in names:
+                with contextlib.suppress(AttributeError):  # not this library's
+                    kinds[plan_cpu.address(library, name)] = kind
+    return kinds
 
 
 def main() -> None:
@@ -28,59 +56,54 @@ def main() -> None:
     torch.set_num_threads(2)
     llm = LLM(config=EngineConfig().replace(spec_mode="off"))
     model, cache = llm.engine.model, llm.engine.cache
-    real_sdpa = F.scaled_dot_product_attention
-    # An int4 weight on our kernel calls its bound kernel (Int4Weight.bound, one per weight),
-    # one on torch's calls Int4Weight._torch_kernel: swap both.
-    weights = [lin.quantized for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-    weights = [w for w in [*weights, model.lm_head.quantized] if isinstance(w, linear.Int4Weight) and w.kernel != "torch"]
-    real_kernel = ([w.bound for w in weights], linear.Int4Weight._torch_kernel)
+    if model.plans is None:
+        raise SystemExit(f"the model runs no forward plan here: {model.plan_blocker}")
+    forward_ms(model, cache, kv_len=200)  # makes the one-row plan
+    with model.plans.lock:
+        plan = model.plans.get(1)
+    assert plan is not None
+    functions = plan.table[:, 0].clone()
+    kinds = step_addresses(model.kernels)
+    skip = plan_cpu.address(model.kernels.plan.library, "skip_op")
+    steps_of = {kind: [i for i, f in enumerate(functions.tolist()) if kinds.get(f) == kind] for kind in KINDS}
+    variants = {"whole forward": [], **{f"without {kind}": rows for kind, rows in steps_of.items()}}
+    hidden = torch.randn(1, model.config.hidden_size)
 
-    def no_int4(w):
-        return lambda x: torch.zeros(x.shape[0], w.out_features, dtype=torch.bfloat16)
+    def logits_ms() -> float:
+        start = time.perf_counter()
+        model.logits(hidden)
+        return (time.perf_counter() - start) * 1000
 
-    def no_torch(self, x):
-        return torch.zeros(x.shape[0], self.out_features, dtype=torch.bfloat16)
+    @torch.inference_mode()  # the plan's table is an inference tensor
+    def skip_steps(rows: list[int]) -> None:
+        plan.table[:, 0] = functions
+        plan.table[rows, 0] = skip
 
-    no_matmul = ([no_int4(w) for w in weights], no_torch)
-
-    def use_int4(kernel) -> None:
-        ours, torch_kernel = kernel
-        for w, call in zip(weights, ours, strict=True):
-            w.bound = call
-        linear.Int4Weight._torch_kernel = torch_kernel
-
-    def no_sdpa(q, k, v, attn_mask=None, scale=None):
-        return torch.zeros_like(q)
-
-    def no_fused_attention(lib, qkv, cos, signed_sin, k_cache, v_cache, *args):
-        num_heads = args[-3]
-        return torch.zeros(qkv.shape[0], num_heads * k_cache.shape[-1], dtype=torch.bfloat16)
-
-    # Attention runs through our fused kernel (bfloat16: RoPE, cache write and attention in
-    # one call) or SDPA (elsewhere): replace both.
-    real_attention = (attention_cpu.paged_rope_write_attention, real_sdpa)
-    no_attention = (no_fused_attention, no_sdpa)
-
-    variants = {
-        "whole step": (real_kernel, real_attention),
-        "without int4 matmuls": (no_matmul, real_attention),
-        "without attention": (real_kernel, no_attention),
-        "without both": (no_matmul, no_attention),
-    }
-    samples: dict[str, list[float]] = {name: [] for name in variants}
+    samples: dict[str, list[float]] = {name: [] for name in [*variants, "logits"]}
     try:
         for _ in range(args.rounds):
-            for name, (kernel, attention) in variants.items():
-                use_int4(kernel)
-                attention_cpu.paged_rope_write_attention, F.scaled_dot_product_attention = attention
+            for name, rows in variants.items():
+                skip_steps(rows)
                 times = [forward_ms(model, cache, kv_len=200) for _ in range(12)]
                 samples[name].append(statistics.median(times[2:]))
+            skip_steps([])
+            # The head reads 30 MB: after a forward, as in a step, not from a warm cache.
+            times = []
+            for _ in range(12):
+                forward_ms(model, cache, kv_len=200)
+                times.append(logits_ms())
+            samples["logits"].append(statistics.median(times[2:]))
     finally:
-        use_int4(real_kernel)
-        attention_cpu.paged_rope_write_attention, F.scaled_dot_product_attention = real_attention
-    print("| variant | ms per step (median) |\n|---|---|")
-    for name, values in samples.items():
-        print(f"| {name} | {statistics.median(values):.1f} |")
+        skip_steps([])
+    medians = {name: statistics.median(values) for name, values in samples.items()}
+    whole = medians["whole forward"]
+    print(f"{len(functions)} plan steps: " + ", ".join(f"{len(rows)} {kind}" for kind, rows in steps_of.items()))
+    print("| variant | ms (median) | the kind's share of forward + logits |\n|---|---|---|")
+    total = whole + medians["logits"]
+    for name, value in medians.items():
+        share = "" if name == "whole forward" else (
+            f"{medians['logits'] / total:.0%}" if name == "logits" else f"{(whole - value) / total:.0%}")
+        print(f"| {name} | {value:.2f} | {share} |")
 
 
 if __name__ == "__main__":

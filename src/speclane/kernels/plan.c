@@ -15,3 +15,7 @@ void run_plan(const int64_t *table, int steps, int stride) {
         ((op_fn)(intptr_t)row[0])(row + 1);
     }
 }
+
+// A step that does nothing: what benchmarks/decode_breakdown.py puts in place of a kernel's
+// step to time a forward without it.
+void skip_op(const int64_t *args) { (void)args; }
