@@ -43,6 +43,12 @@ INLINE __m128i pack_bf16_8(__m256 f) {  // 8 float32 -> 8 bfloat16 (to_bf16's bi
 }
 
 INLINE void store_bf16(uint16_t *p, __m256 f) { _mm_storeu_si128((__m128i *)p, pack_bf16_8(f)); }
+#ifdef __AVX512F__
+INLINE void store_bf16_16(uint16_t *p, __m512 f) {  // 16 float32 -> 16 bfloat16, as store_bf16 rounds
+    store_bf16(p, _mm512_castps512_ps256(f));
+    store_bf16(p + 8, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)));
+}
+#endif
 
 // 32 bfloat16 inputs into v[0..3] as float32, and the bits of their largest magnitude:
 // for floats without their sign, integer order is magnitude order, and infinities and NaNs

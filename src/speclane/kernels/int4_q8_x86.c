@@ -75,19 +75,14 @@ INLINE void group_scales(const q4_weight *w, size_t tile, int g, __m512 *s, __m5
     *m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->minimum + at)));
 }
 
-INLINE void store_row(__m512 acc, uint16_t *y) {
-    store_bf16(y, _mm512_castps512_ps256(acc));
-    store_bf16(y + 8, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
-}
-
 // R rows over TT tiles (TT > 1 only for R <= 2): each pair of quads unpacked once for the R
 // rows, each row's quad of inputs broadcast once for the TT tiles.
 INLINE void rows_over_tiles(const int R, const int TT, const q4_weight *w, const q8_input *in, int tile0, uint16_t *y) {
     const int K = w->k, N = w->n;
+    const int CHAINS = R * TT <= 4 ? 2 : 1;  // (add_quad_pair_products) more blocks have chains enough
     __m512 acc[TILES][ROWS];
     UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) acc[t][r] = _mm512_setzero_ps();
     for (int g = 0; g < K / GROUP; g++) {
-        const int CHAINS = R * TT <= 4 ? 2 : 1;  // more blocks have chains enough, and need the registers
         __m512i d[2][TILES][ROWS];
         UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) d[0][t][r] = d[1][t][r] = _mm512_setzero_si512();
         UNROLL for (int k = g * QUADS; k < (g + 1) * QUADS; k += 2) {
@@ -106,7 +101,7 @@ INLINE void rows_over_tiles(const int R, const int TT, const q4_weight *w, const
             }
         }
     }
-    UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) store_row(acc[t][r], y + (size_t)r * N + (tile0 + t) * LANES);
+    UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) store_bf16_16(y + (size_t)r * N + (tile0 + t) * LANES, acc[t][r]);
 }
 
 #else  // AVX2

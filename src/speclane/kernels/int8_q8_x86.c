@@ -87,11 +87,8 @@ INLINE void rows_over_tiles(const int R, const int TT, const int HALF, const q8_
             }
         }
     }
-    UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) {
-        uint16_t *out = y + (size_t)r * N + (size_t)(tile0 + t) * LANES;
-        store_bf16(out, _mm512_castps512_ps256(acc[t][r]));
-        store_bf16(out + 8, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t][r]), 1)));
-    }
+    UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++)
+        store_bf16_16(y + (size_t)r * N + (size_t)(tile0 + t) * LANES, acc[t][r]);
 }
 
 #else  // AVX2
