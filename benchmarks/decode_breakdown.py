@@ -3,9 +3,10 @@ one forward plan, models/forward_plan.py) with a kind of the plan's steps swappe
 that does nothing, and the logits after it, alternated in one process (this machine's speed
 drifts between runs).
 
-    .venv/bin/python benchmarks/decode_breakdown.py [--rounds 8]
+    .venv/bin/python benchmarks/decode_breakdown.py [--rounds 8] [--batch 1]
 
-Prints the median ms of each variant of one forward (one sequence, KV length 200) and of
+Prints the median ms of each variant of one forward (``--batch`` sequences of one new
+token each, KV length 200: a mixed tick's decode rows) and of
 the logits (the output head, its top candidates' exact refinement), and the share of the
 whole step each kind of step takes (the whole step less the variant without it). Steps
 skipped leave their output buffers as they were, so the steps after them compute on stale
@@ -52,22 +53,26 @@ def step_addresses(kernels) -> dict[int, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=1, help="sequences decoding one token each")
     args = parser.parse_args()
     torch.set_num_threads(2)
     llm = LLM(config=EngineConfig().replace(spec_mode="off"))
     model, cache = llm.engine.model, llm.engine.cache
     if model.plans is None:
         raise SystemExit(f"the model runs no forward plan here: {model.plan_blocker}")
-    forward_ms(model, cache, kv_len=200)  # makes the one-row plan
+    def forward() -> float:
+        return forward_ms(model, cache, batch=args.batch, kv_len=200)
+
+    forward()  # makes the plan of this many rows
     with model.plans.lock:
-        plan = model.plans.get(1)
+        plan = model.plans.get(args.batch)
     assert plan is not None
     functions = plan.table[:, 0].clone()
     kinds = step_addresses(model.kernels)
     skip = plan_cpu.address(model.kernels.plan.library, "skip_op")
     steps_of = {kind: [i for i, f in enumerate(functions.tolist()) if kinds.get(f) == kind] for kind in KINDS}
     variants = {"whole forward": [], **{f"without {kind}": rows for kind, rows in steps_of.items()}}
-    hidden = torch.randn(1, model.config.hidden_size)
+    hidden = torch.randn(args.batch, model.config.hidden_size)
 
     def logits_ms() -> float:
         start = time.perf_counter()
@@ -84,13 +89,13 @@ def main() -> None:
         for _ in range(args.rounds):
             for name, rows in variants.items():
                 skip_steps(rows)
-                times = [forward_ms(model, cache, kv_len=200) for _ in range(12)]
+                times = [forward() for _ in range(12)]
                 samples[name].append(statistics.median(times[2:]))
             skip_steps([])
             # The head reads 30 MB: after a forward, as in a step, not from a warm cache.
             times = []
             for _ in range(12):
-                forward_ms(model, cache, kv_len=200)
+                forward()
                 times.append(logits_ms())
             samples["logits"].append(statistics.median(times[2:]))
     finally:

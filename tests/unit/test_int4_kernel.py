@@ -37,13 +37,15 @@ def test_matches_float64_reference(rows, shape):
 @needs_kernel
 @pytest.mark.parametrize("out_features", [1536, 1552])  # 1552: 97 tiles, the last buffered group has one
 def test_a_rows_result_does_not_depend_on_its_neighbours(out_features):
-    """Every path (direct for few rows, in integers in the AVX2 build, buffered for more, blocks of
-    128 rows) gives the same bits per row."""
+    """Every path (direct for few rows, a tile's rows in blocks of them for more, in integers in
+    the AVX2 build, buffered for many, blocks of 128 rows) gives the same bits per row."""
     q, scale, minimum, _ = random_int4_weight(out_features, 576)
     weight = int4_weight(q, scale, minimum)
     x = torch.randn(140, 576).bfloat16()
     alone = torch.cat([weight.matmul(x[i : i + 1]) for i in range(140)])
-    for rows in (2, 3, 4, 6, 7, 13, 48, 49, 64, 128, 129, 140):  # 48 | 49: the AVX2 integer path | the float one
+    # 13-48: the AVX-512 builds' blocks (16 as 8 + 8, 25 as 9 + 8 + 8); 48 | 49: those and the
+    # AVX2 integer path | the buffered path
+    for rows in (2, 3, 4, 6, 7, 13, 16, 25, 48, 49, 64, 128, 129, 140):
         assert torch.equal(weight.matmul(x[:rows]), alone[:rows]), rows
 
 
@@ -88,11 +90,12 @@ def test_every_build_gives_the_same_bits(out_features):
     """Each output column is one vector lane doing the same operations in every build (the
     bfloat16 dot product's pair step is two FMAs elsewhere; the AVX2 and VNNI builds' few
     rows are integer dot products on the grid). The direct path takes up to 12 rows in the
-    AVX-512 builds and 4 in AVX2's (its integer path 48); 1-18 rows and 140 cover both paths
-    of each, every register tile height of the buffered one among them."""
+    AVX-512 builds (up to 48 in blocks of them) and 4 in AVX2's (its integer path 48); 1-18,
+    25, 47-54 and 140 rows cover every path of each, every register tile height of the
+    buffered one among them (49-54 rows)."""
     q, scale, minimum, _ = random_int4_weight(out_features, 576)
     x = torch.randn(140, 576).bfloat16()
-    rows_cases = [*range(1, 19), 140]
+    rows_cases = [*range(1, 19), 25, *range(47, 55), 140]
     isas = [isa for isa in int4_cpu.ISAS if not build.missing_cpu_flags(isa)]
     results = {}
     for isa in isas:
