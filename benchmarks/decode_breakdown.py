@@ -3,10 +3,11 @@ one forward plan, models/forward_plan.py) with a kind of the plan's steps swappe
 that does nothing, and the logits after it, alternated in one process (this machine's speed
 drifts between runs).
 
-    .venv/bin/python benchmarks/decode_breakdown.py [--rounds 8] [--batch 1]
+    .venv/bin/python benchmarks/decode_breakdown.py [--rounds 8] [--batch 1] [--positions 1]
 
-Prints the median ms of each variant of one forward (``--batch`` sequences of one new
-token each, KV length 200: a mixed tick's decode rows) and of
+Prints the median ms of each variant of one forward (``--batch`` sequences of
+``--positions`` new tokens each, KV length 200: a mixed tick's decode rows, or a verify
+round of K = positions - 1 drafts) and of
 the logits (the output head, its top candidates' exact refinement), and the share of the
 whole step each kind of step takes (the whole step less the variant without it). Steps
 skipped leave their output buffers as they were, so the steps after them compute on stale
@@ -53,7 +54,8 @@ def step_addresses(kernels) -> dict[int, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--batch", type=int, default=1, help="sequences decoding one token each")
+    parser.add_argument("--batch", type=int, default=1, help="sequences in the forward")
+    parser.add_argument("--positions", type=int, default=1, help="new tokens of each sequence")
     args = parser.parse_args()
     torch.set_num_threads(2)
     llm = LLM(config=EngineConfig().replace(spec_mode="off"))
@@ -61,18 +63,18 @@ def main() -> None:
     if model.plans is None:
         raise SystemExit(f"the model runs no forward plan here: {model.plan_blocker}")
     def forward() -> float:
-        return forward_ms(model, cache, batch=args.batch, kv_len=200)
+        return forward_ms(model, cache, batch=args.batch, positions=args.positions, kv_len=200)
 
     forward()  # makes the plan of this many rows
     with model.plans.lock:
-        plan = model.plans.get(args.batch)
+        plan = model.plans.get(args.batch * args.positions)
     assert plan is not None
     functions = plan.table[:, 0].clone()
     kinds = step_addresses(model.kernels)
     skip = plan_cpu.address(model.kernels.plan.library, "skip_op")
     steps_of = {kind: [i for i, f in enumerate(functions.tolist()) if kinds.get(f) == kind] for kind in KINDS}
     variants = {"whole forward": [], **{f"without {kind}": rows for kind, rows in steps_of.items()}}
-    hidden = torch.randn(args.batch, model.config.hidden_size)
+    hidden = torch.randn(args.batch * args.positions, model.config.hidden_size)
 
     def logits_ms() -> float:
         start = time.perf_counter()

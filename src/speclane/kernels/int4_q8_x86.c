@@ -188,12 +188,13 @@ static void tile_rows(const q4_weight *w, const q8_input *in, int M, int tile, u
 }
 _Static_assert(ROWS == 6 || ROWS == 8, "tile_rows' cases cover 1 .. ROWS - 1 rows");
 
-// Calls of at most ROWS rows stream their weight from memory once: the threads take
-// contiguous runs of tiles (split.h), one or two rows TILES or TILES / 2 tiles at a time.
+// The threads take contiguous runs of tiles (split.h), one or two rows TILES or TILES / 2
+// tiles at a time: a call streams its weight from memory once, and more than ROWS rows run
+// over a tile's weights in blocks while they are in L1.
 static void matmul_rows(const q8_input *in, const q4_weight *w, uint16_t *y, int M) {
     const int tiles = w->n / LANES;
     const int step = M == 1 ? TILES : M == 2 ? TILES / 2 : 1;
-    const int chunk = M <= ROWS ? iterations_per_chunk((tiles + step - 1) / step) : 1;
+    const int chunk = iterations_per_chunk((tiles + step - 1) / step);
     #pragma omp parallel for schedule(dynamic, chunk)
     for (int t = 0; t < tiles; t += step) {
         if (step > 1 && t + step <= tiles) {

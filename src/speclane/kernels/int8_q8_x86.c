@@ -187,10 +187,13 @@ static void matmul(const int half, const uint16_t *x, const int8_t *q, const voi
     const q8_input in = quantize_call(x, M, K, G);
     const q8_weight w = {q, scale, minimum, N, K, G};
     const int tiles = N / LANES;
-    // Calls of at most ROWS rows stream the weight from memory once: the threads take
-    // contiguous runs of tiles (split.h), one or two rows TILES or TILES / 2 tiles at a time.
+    // The threads take contiguous runs of tiles (split.h), one or two rows TILES or TILES / 2
+    // tiles at a time: a call streams the weight from memory once, and more than ROWS rows
+    // run over a tile's quads in blocks while they are in L1. (Runs for those too: the
+    // default model's 16-row logits, the head's 28 MB from memory, took one forward + logits
+    // of 16 sequences 0.92x the time of one tile at a time, 12 sequences 0.88x.)
     const int step = M == 1 ? TILES : M == 2 ? TILES / 2 : 1;
-    const int chunk = M <= ROWS ? iterations_per_chunk((tiles + step - 1) / step) : 1;
+    const int chunk = iterations_per_chunk((tiles + step - 1) / step);
     #pragma omp parallel for schedule(dynamic, chunk)
     for (int t = 0; t < tiles; t += step) {
         if (step > 1 && t + step <= tiles) few_rows(&w, &in, M, t, y);

@@ -291,11 +291,11 @@ INT_TILES(int_tile_f16, 1)
 // call (a tile's weights stay in L1 from one block to the next), then a last block of at
 // most FEW_ROWS rows TILES_FOR(R) tiles a call (see rows_tile); the last few tiles one at
 // a time. (TILES_FOR(R) divides TILES_ONE_ROW.)
-// Split between threads as split.h says: dynamically, and for a call of at most FEW_ROWS rows
-// (which streams the weight from memory once) in contiguous runs of tiles.
+// Split between threads as split.h says: dynamically, in contiguous runs of tiles (a call
+// streams the weight from memory once, its blocks of rows over a tile from L1).
 static void over_tiles(tile_fn any, tile_fn few, int block, const q8_weight *w, const q8_input *in, uint16_t *y, int M) {
     const int tiles = w->n / LANES, last = M % block, full = M - last;
-    const int chunk = M <= FEW_ROWS ? iterations_per_chunk((tiles + TILES_ONE_ROW - 1) / TILES_ONE_ROW) : 1;
+    const int chunk = iterations_per_chunk((tiles + TILES_ONE_ROW - 1) / TILES_ONE_ROW);
     #pragma omp parallel for schedule(dynamic, chunk)
     for (int t = 0; t < tiles; t += TILES_ONE_ROW) {
         const int end = t + TILES_ONE_ROW < tiles ? t + TILES_ONE_ROW : tiles;
