@@ -43,9 +43,9 @@ def test_a_rows_result_does_not_depend_on_its_neighbours(out_features):
     weight = int4_weight(q, scale, minimum)
     x = torch.randn(140, 576).bfloat16()
     alone = torch.cat([weight.matmul(x[i : i + 1]) for i in range(140)])
-    # 13-48: the AVX-512 builds' blocks (16 as 8 + 8, 25 as 9 + 8 + 8); 48 | 49: those and the
-    # AVX2 integer path | the buffered path
-    for rows in (2, 3, 4, 6, 7, 13, 16, 25, 48, 49, 64, 128, 129, 140):
+    # 13-48: the AVX-512 builds' blocks (13 as 6 + 7, 16 as 8 + 8, 21 as 10 + 11, 25 as
+    # 8 + 8 + 9); 48 | 49: those and the AVX2 integer path | the buffered path
+    for rows in (2, 3, 4, 6, 7, 13, 16, 21, 25, 48, 49, 64, 128, 129, 140):
         assert torch.equal(weight.matmul(x[:rows]), alone[:rows]), rows
 
 
@@ -90,12 +90,12 @@ def test_every_build_gives_the_same_bits(out_features):
     """Each output column is one vector lane doing the same operations in every build (the
     bfloat16 dot product's pair step is two FMAs elsewhere; the AVX2 and VNNI builds' few
     rows are integer dot products on the grid). The direct path takes up to 12 rows in the
-    AVX-512 builds (up to 48 in blocks of them) and 4 in AVX2's (its integer path 48); 1-18,
-    25, 47-54 and 140 rows cover every path of each, every register tile height of the
-    buffered one among them (49-54 rows)."""
+    AVX-512 builds (up to 48 in blocks of 6-12 of them) and 4 in AVX2's (its integer path
+    48); 1-18, 21, 25, 37, 47-54 and 140 rows cover every path of each, every block height
+    (21: 10 + 11) and every register tile height of the buffered path (49-54 rows) among them."""
     q, scale, minimum, _ = random_int4_weight(out_features, 576)
     x = torch.randn(140, 576).bfloat16()
-    rows_cases = [*range(1, 19), 25, *range(47, 55), 140]
+    rows_cases = [*range(1, 19), 21, 25, 37, *range(47, 55), 140]
     isas = [isa for isa in int4_cpu.ISAS if not build.missing_cpu_flags(isa)]
     results = {}
     for isa in isas:

@@ -500,14 +500,15 @@ static void buffered_group(const q4_weight *w, const q4_input *in, int M, int ti
 // are in L1, in blocks as even as the count allows (16 rows as 8 + 8, not 12 + 4: a block of
 // 4 rows does a third of the multiply-adds per weight unpacked). The 120 layer matmuls of
 // the default model against the buffered path (AMD EPYC Zen 4, benchmarks/kernels.py's
-// shapes, bfloat16 build): 13 rows 0.78x the time, 16 rows 0.73x, 24 0.77x, 32 0.83x,
-// 48 0.93x, 64 1.02-1.05x; the plain AVX-512 build 16 rows 0.68x, 48 0.91x. Past that the
-// buffered path's register tile, fed from L1, is the faster.
+// shapes, bfloat16 build, 7 alternated rounds): 13 rows 0.66x the time, 16 rows 0.74x,
+// 24 0.75x, 32 0.82x, 48 0.88x, 64 1.01-1.05x; the plain AVX-512 build 16 rows 0.68x, 48
+// 0.91x. Past that the buffered path's register tile, fed from L1, is the faster.
 #ifdef __AVX512F__
 #define BLOCKED_MAX_ROWS 48
 #else
 #define BLOCKED_MAX_ROWS DIRECT_MAX_ROWS  // the AVX2 build runs these rows in integers (matmul_rows_int)
 #endif
+_Static_assert(BLOCKED_MAX_ROWS >= DIRECT_MAX_ROWS, "direct_blocks takes the rows past the direct path's");
 static void direct_blocks(const q4_input *in, const q4_weight *w, uint16_t *y, int M) {
     const int tiles = w->n / LANES, blocks = (M + DIRECT_MAX_ROWS - 1) / DIRECT_MAX_ROWS;
     const int chunk = iterations_per_chunk(tiles);
