@@ -84,9 +84,6 @@
 // step 0.75-0.88x and a 5-row verify 0.85-0.9x (1024 and 4096 no better). (Four weights that
 // stay in cache ran faster without it: the model's ~70 MB stream from memory.)
 #define PREFETCH_AHEAD 2048
-// 1-2 rows: tiles interleaved per direct() call, so that independent chains of multiply-
-// adds hide each other's latency (1 row: 0.85x the time of one tile at a time).
-#define TILES_PER_CALL 2
 INLINE vec v_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 #else
 // AVX2 has 16 vector registers, and a group's partial sums and the running sums both live
@@ -98,9 +95,6 @@ INLINE vec v_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256(
 #define MR 5
 #define NT 1
 #define PREFETCH_AHEAD 0
-// 1-2 rows: two tiles a call, four chains (on Zen 3, the default model's 120 one-row layer
-// matmuls took 0.79x the time of one tile a call; four tiles no faster).
-#define TILES_PER_CALL 2
 INLINE vec v_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 #endif
 #define NV (LANES / VW)  // vectors per tile
@@ -175,77 +169,67 @@ INLINE void store_row(const vec *acc, uint16_t *y) {  // one row's 16 columns ->
     UNROLL for (int j = 0; j < LANES; j += 8) store_bf16(y + j, _mm256_loadu_ps(out + j));
 }
 
-// Few rows: unpack into registers and use each pair at once, TT 16-column tiles at a time.
+// Few rows: unpack into registers and use each pair at once, one 16-column tile at a time.
 // (The AVX2 build runs up to INT_MAX_ROWS rows in integers instead: see direct_int.)
-// One row has a single chain of dependent steps per column: interleaving the independent
-// chains of TT tiles hides their latency without changing any column's operations.
-INLINE void direct(const int R, const int TT, const q4_weight *w, const q4_input *in, int tile0, uint16_t *y) {
+// One tile a call, also for one or two rows, whose single chain of dependent steps per
+// column is the shortest: two tiles interleaved per call hid that latency, but made two
+// weight streams a thread, and with each thread on a contiguous run of tiles (split.h) one
+// tile at a time took 0.85-0.91x the time at one and two rows in every build (the default
+// model's 120 layer matmuls, an AMD EPYC Zen 4: bfloat16, VNNI and AVX2 builds).
+INLINE void direct(const int R, const q4_weight *w, const q4_input *in, int tile0, uint16_t *y) {
     const int K = w->k, N = w->n;
-    // Sized by the largest call, not by R and TT: arrays sized by parameters are kept on
+    // Sized by the largest call, not by R: arrays sized by parameters are kept on
     // the stack even once inlined with constants (read in the generated code).
-    vec acc[TILES_PER_CALL][DIRECT_MAX_ROWS][NV];
-    UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) acc[t][r][v] = v_zero();
+    vec acc[DIRECT_MAX_ROWS][NV];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) acc[r][v] = v_zero();
     for (int g = 0; g < K / GROUP; g++) {
-        vec d[TILES_PER_CALL][DIRECT_MAX_ROWS][NV];
-        UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) d[t][r][v] = v_zero();
+        vec d[DIRECT_MAX_ROWS][NV];
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) d[r][v] = v_zero();
         for (int p = g * PAIRS; p < (g + 1) * PAIRS; p++) {
-            UNROLL for (int t = 0; t < TT; t++) {
-                const uint8_t *b = w->packed + ((size_t)(tile0 + t) * (K / 2) + p) * LANES;
-                if (PREFETCH_AHEAD && (p & 3) == 0) _mm_prefetch((const char *)b + PREFETCH_AHEAD, _MM_HINT_T0);  // once per line
-                UNROLL for (int v = 0; v < NV; v++) {
-                    const wpair q = unpack_pair(b + VW * v);
-                    UNROLL for (int r = 0; r < R; r++) d[t][r][v] = dot_pair(d[t][r][v], in->x + (size_t)r * in->ld, p, q);
-                }
+            const uint8_t *b = w->packed + ((size_t)tile0 * (K / 2) + p) * LANES;
+            if (PREFETCH_AHEAD && (p & 3) == 0) _mm_prefetch((const char *)b + PREFETCH_AHEAD, _MM_HINT_T0);  // once per line
+            UNROLL for (int v = 0; v < NV; v++) {
+                const wpair q = unpack_pair(b + VW * v);
+                UNROLL for (int r = 0; r < R; r++) d[r][v] = dot_pair(d[r][v], in->x + (size_t)r * in->ld, p, q);
             }
         }
-        UNROLL for (int t = 0; t < TT; t++) {
-            vec s[NV], m[NV];
-            group_scales(w, (size_t)tile0 + t, g, s, m);
-            UNROLL for (int r = 0; r < R; r++) {
-                const vec sum = v_bcast(in->sums + (size_t)r * in->groups + g);
-                UNROLL for (int v = 0; v < NV; v++) acc[t][r][v] = v_fma(m[v], sum, v_fma(s[v], d[t][r][v], acc[t][r][v]));
-            }
+        vec s[NV], m[NV];
+        group_scales(w, (size_t)tile0, g, s, m);
+        UNROLL for (int r = 0; r < R; r++) {
+            const vec sum = v_bcast(in->sums + (size_t)r * in->groups + g);
+            UNROLL for (int v = 0; v < NV; v++) acc[r][v] = v_fma(m[v], sum, v_fma(s[v], d[r][v], acc[r][v]));
         }
     }
-    UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) store_row(acc[t][r], y + (size_t)r * N + (tile0 + t) * LANES);
+    UNROLL for (int r = 0; r < R; r++) store_row(acc[r], y + (size_t)r * N + tile0 * LANES);
 }
 
 // A call of at most DIRECT_MAX_ROWS rows over every tile, by DIRECT (direct, or the VNNI
-// build's direct_int): TILES_PER_CALL tiles a call for one or two rows (see direct), else
-// one; the last few tiles one at a time.
+// build's direct_int), one tile at a time.
 #if DIRECT_MAX_ROWS > 4
 #define MORE_DIRECT_CASES(DIRECT, w, in, u, y)                                                                  \
-    case 4: DIRECT(4, 1, w, in, u, y); break;   case 5: DIRECT(5, 1, w, in, u, y); break;                     \
-    case 6: DIRECT(6, 1, w, in, u, y); break;   case 7: DIRECT(7, 1, w, in, u, y); break;                     \
-    case 8: DIRECT(8, 1, w, in, u, y); break;   case 9: DIRECT(9, 1, w, in, u, y); break;                     \
-    case 10: DIRECT(10, 1, w, in, u, y); break; case 11: DIRECT(11, 1, w, in, u, y); break;
+    case 4: DIRECT(4, w, in, u, y); break;   case 5: DIRECT(5, w, in, u, y); break;                           \
+    case 6: DIRECT(6, w, in, u, y); break;   case 7: DIRECT(7, w, in, u, y); break;                           \
+    case 8: DIRECT(8, w, in, u, y); break;   case 9: DIRECT(9, w, in, u, y); break;                           \
+    case 10: DIRECT(10, w, in, u, y); break; case 11: DIRECT(11, w, in, u, y); break;
 #else
 #define MORE_DIRECT_CASES(DIRECT, w, in, u, y)
 #endif
 #define DIRECT_OVER_TILES(DIRECT, w, in, y, M)                                                                  \
     do {                                                                                                        \
-        const int tiles_ = (w)->n / LANES, step_ = (M) <= 2 ? TILES_PER_CALL : 1;                               \
-        const int chunk_ = iterations_per_chunk((tiles_ + step_ - 1) / step_);                                  \
+        const int tiles_ = (w)->n / LANES, chunk_ = iterations_per_chunk(tiles_);                               \
         _Pragma("omp parallel for schedule(dynamic, chunk_)")                                                   \
-        for (int t = 0; t < tiles_; t += step_) {                                                               \
-            if (step_ > 1 && t + step_ <= tiles_) {                                                             \
-                if ((M) == 1) DIRECT(1, TILES_PER_CALL, w, in, t, y);                                           \
-                else DIRECT(2, TILES_PER_CALL, w, in, t, y);                                                    \
-                continue;                                                                                       \
-            }                                                                                                   \
-            for (int u = t; u < t + step_ && u < tiles_; u++) DIRECT_ROWS(DIRECT, w, in, u, y, M);              \
-        }                                                                                                       \
+        for (int t = 0; t < tiles_; t++) DIRECT_ROWS(DIRECT, w, in, t, y, M);                                   \
     } while (0)
 // R (at most DIRECT_MAX_ROWS) rows over tile u by DIRECT, a compile-time row count per case
 // (the sums stay in registers).
 #define DIRECT_ROWS(DIRECT, w, in, u, y, R)                                                                     \
     do {                                                                                                        \
         switch (R) {                                                                                            \
-        case 1: DIRECT(1, 1, w, in, u, y); break;                                                               \
-        case 2: DIRECT(2, 1, w, in, u, y); break;                                                               \
-        case 3: DIRECT(3, 1, w, in, u, y); break;                                                               \
+        case 1: DIRECT(1, w, in, u, y); break;                                                                  \
+        case 2: DIRECT(2, w, in, u, y); break;                                                                  \
+        case 3: DIRECT(3, w, in, u, y); break;                                                                  \
         MORE_DIRECT_CASES(DIRECT, w, in, u, y)                                                                  \
-        default: DIRECT(DIRECT_MAX_ROWS, 1, w, in, u, y); break;                                                \
+        default: DIRECT(DIRECT_MAX_ROWS, w, in, u, y); break;                                                   \
         }                                                                                                       \
     } while (0)
 
@@ -293,38 +277,34 @@ INLINE void unpack_pair_int(const uint8_t *bytes, __m256i *a, __m256i *b) {
     *b = _mm256_unpackhi_epi16(lo, hi);  // columns 4-7 | 12-15
 }
 
-INLINE void direct_int(const int R, const int TT, const q4_weight *w, const q4_int_input *in, int tile0, uint16_t *y) {
+INLINE void direct_int(const int R, const q4_weight *w, const q4_int_input *in, int tile0, uint16_t *y) {
     const int K = w->k, N = w->n;
-    vec acc[TILES_PER_CALL][INT_ROWS][NV];
-    UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) acc[t][r][v] = v_zero();
+    vec acc[INT_ROWS][NV];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) acc[r][v] = v_zero();
     for (int g = 0; g < K / GROUP; g++) {
-        __m256i d[TILES_PER_CALL][INT_ROWS][2];
-        UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) d[t][r][0] = d[t][r][1] = _mm256_setzero_si256();
+        __m256i d[INT_ROWS][2];
+        UNROLL for (int r = 0; r < R; r++) d[r][0] = d[r][1] = _mm256_setzero_si256();
         for (int p = g * PAIRS; p < (g + 1) * PAIRS; p++) {
-            UNROLL for (int t = 0; t < TT; t++) {
-                __m256i a, b;
-                unpack_pair_int(w->packed + ((size_t)(tile0 + t) * (K / 2) + p) * LANES, &a, &b);
-                UNROLL for (int r = 0; r < R; r++) {
-                    int32_t pair;  // x[2p] (low half) and x[2p+1], as in a lane of a and b
-                    memcpy(&pair, in->x + (size_t)r * in->ld + 2 * p, sizeof pair);
-                    const __m256i xp = _mm256_set1_epi32(pair);
-                    d[t][r][0] = _mm256_add_epi32(d[t][r][0], _mm256_madd_epi16(a, xp));
-                    d[t][r][1] = _mm256_add_epi32(d[t][r][1], _mm256_madd_epi16(b, xp));
-                }
+            __m256i a, b;
+            unpack_pair_int(w->packed + ((size_t)tile0 * (K / 2) + p) * LANES, &a, &b);
+            UNROLL for (int r = 0; r < R; r++) {
+                int32_t pair;  // x[2p] (low half) and x[2p+1], as in a lane of a and b
+                memcpy(&pair, in->x + (size_t)r * in->ld + 2 * p, sizeof pair);
+                const __m256i xp = _mm256_set1_epi32(pair);
+                d[r][0] = _mm256_add_epi32(d[r][0], _mm256_madd_epi16(a, xp));
+                d[r][1] = _mm256_add_epi32(d[r][1], _mm256_madd_epi16(b, xp));
             }
         }
-        UNROLL for (int t = 0; t < TT; t++) {
-            vec s[NV], m[NV];
-            group_scales(w, (size_t)tile0 + t, g, s, m);
-            UNROLL for (int r = 0; r < R; r++) {
-                const vec step = v_bcast(in->step + (size_t)r * in->groups + g), sum = v_bcast(in->sums + (size_t)r * in->groups + g);
-                const vec a = _mm256_mul_ps(_mm256_cvtepi32_ps(d[t][r][0]), step), b = _mm256_mul_ps(_mm256_cvtepi32_ps(d[t][r][1]), step);
-                const vec ordered[NV] = {_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31)};
-                UNROLL for (int v = 0; v < NV; v++) acc[t][r][v] = v_fma(m[v], sum, v_fma(s[v], ordered[v], acc[t][r][v]));
-            }
+        vec s[NV], m[NV];
+        group_scales(w, (size_t)tile0, g, s, m);
+        UNROLL for (int r = 0; r < R; r++) {
+            const vec step = v_bcast(in->step + (size_t)r * in->groups + g), sum = v_bcast(in->sums + (size_t)r * in->groups + g);
+            const vec a = _mm256_mul_ps(_mm256_cvtepi32_ps(d[r][0]), step), b = _mm256_mul_ps(_mm256_cvtepi32_ps(d[r][1]), step);
+            const vec ordered[NV] = {_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31)};
+            UNROLL for (int v = 0; v < NV; v++) acc[r][v] = v_fma(m[v], sum, v_fma(s[v], ordered[v], acc[r][v]));
         }
     }
-    UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) store_row(acc[t][r], y + (size_t)r * N + (tile0 + t) * LANES);
+    UNROLL for (int r = 0; r < R; r++) store_row(acc[r], y + (size_t)r * N + tile0 * LANES);
 }
 
 #endif  // !__AVX512F__
@@ -333,27 +313,20 @@ INLINE void direct_int(const int R, const int TT, const q4_weight *w, const q4_i
 #ifndef __AVX512F__
 static void matmul_rows_int(const q4_int_input *in, const q4_weight *w, uint16_t *y, int M) {
     const int tiles = w->n / LANES;
-    const int step = M <= 2 ? TILES_PER_CALL : 1, chunk = iterations_per_chunk((tiles + step - 1) / step);
+    const int chunk = iterations_per_chunk(tiles);
     #pragma omp parallel for schedule(dynamic, chunk)
-    for (int t = 0; t < tiles; t += step) {
-        if (step > 1 && t + step <= tiles) {
-            if (M == 1) direct_int(1, TILES_PER_CALL, w, in, t, y);
-            else direct_int(2, TILES_PER_CALL, w, in, t, y);
-            continue;
-        }
-        for (int u = t; u < t + step && u < tiles; u++)
-            for (int r0 = 0; r0 < M; r0 += INT_ROWS) {  // a tile's weights stay in L1 for the next block of rows
-                const q4_int_input rows = {in->x + (size_t)r0 * in->ld, in->step + (size_t)r0 * in->groups,
-                                           in->sums + (size_t)r0 * in->groups, in->ld, in->groups};
-                uint16_t *out = y + (size_t)r0 * w->n;
-                switch (M - r0 < INT_ROWS ? M - r0 : INT_ROWS) {
-#define CASE(r) case r: direct_int(r, 1, w, &rows, u, out); break;
-                CASE(1) CASE(2) CASE(3) CASE(4) CASE(5)
+    for (int u = 0; u < tiles; u++)
+        for (int r0 = 0; r0 < M; r0 += INT_ROWS) {  // a tile's weights stay in L1 for the next block of rows
+            const q4_int_input rows = {in->x + (size_t)r0 * in->ld, in->step + (size_t)r0 * in->groups,
+                                       in->sums + (size_t)r0 * in->groups, in->ld, in->groups};
+            uint16_t *out = y + (size_t)r0 * w->n;
+            switch (M - r0 < INT_ROWS ? M - r0 : INT_ROWS) {
+#define CASE(r) case r: direct_int(r, w, &rows, u, out); break;
+            CASE(1) CASE(2) CASE(3) CASE(4) CASE(5)
 #undef CASE
-                default: direct_int(INT_ROWS, 1, w, &rows, u, out); break;
-                }
+            default: direct_int(INT_ROWS, w, &rows, u, out); break;
             }
-    }
+        }
 }
 #endif
 
@@ -370,35 +343,31 @@ INLINE __m512i unpack_pair_int(const uint8_t *bytes) {
     return _mm512_and_si512(_mm512_or_si512(b, _mm512_slli_epi32(b, 12)), _mm512_set1_epi32(0x000F000F));
 }
 
-INLINE void direct_int(const int R, const int TT, const q4_weight *w, const q4_int_input *in, int tile0, uint16_t *y) {
+INLINE void direct_int(const int R, const q4_weight *w, const q4_int_input *in, int tile0, uint16_t *y) {
     const int K = w->k, N = w->n;
-    vec acc[TILES_PER_CALL][DIRECT_MAX_ROWS];
-    UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) acc[t][r] = v_zero();
+    vec acc[DIRECT_MAX_ROWS];
+    UNROLL for (int r = 0; r < R; r++) acc[r] = v_zero();
     for (int g = 0; g < K / GROUP; g++) {
-        __m512i d[TILES_PER_CALL][DIRECT_MAX_ROWS];
-        UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) d[t][r] = _mm512_setzero_si512();
+        __m512i d[DIRECT_MAX_ROWS];
+        UNROLL for (int r = 0; r < R; r++) d[r] = _mm512_setzero_si512();
         for (int p = g * PAIRS; p < (g + 1) * PAIRS; p++) {
-            UNROLL for (int t = 0; t < TT; t++) {
-                const uint8_t *b = w->packed + ((size_t)(tile0 + t) * (K / 2) + p) * LANES;
-                if (PREFETCH_AHEAD && (p & 3) == 0) _mm_prefetch((const char *)b + PREFETCH_AHEAD, _MM_HINT_T0);  // once per line
-                const __m512i q = unpack_pair_int(b);
-                UNROLL for (int r = 0; r < R; r++) {
-                    int32_t pair;  // x[2p] (low half) and x[2p+1], as in a lane of q
-                    memcpy(&pair, in->x + (size_t)r * in->ld + 2 * p, sizeof pair);
-                    d[t][r] = _mm512_dpwssd_epi32(d[t][r], q, _mm512_set1_epi32(pair));
-                }
+            const uint8_t *b = w->packed + ((size_t)tile0 * (K / 2) + p) * LANES;
+            if (PREFETCH_AHEAD && (p & 3) == 0) _mm_prefetch((const char *)b + PREFETCH_AHEAD, _MM_HINT_T0);  // once per line
+            const __m512i q = unpack_pair_int(b);
+            UNROLL for (int r = 0; r < R; r++) {
+                int32_t pair;  // x[2p] (low half) and x[2p+1], as in a lane of q
+                memcpy(&pair, in->x + (size_t)r * in->ld + 2 * p, sizeof pair);
+                d[r] = _mm512_dpwssd_epi32(d[r], q, _mm512_set1_epi32(pair));
             }
         }
-        UNROLL for (int t = 0; t < TT; t++) {
-            vec s[NV], m[NV];
-            group_scales(w, (size_t)tile0 + t, g, s, m);
-            UNROLL for (int r = 0; r < R; r++) {
-                const vec step = v_bcast(in->step + (size_t)r * in->groups + g), sum = v_bcast(in->sums + (size_t)r * in->groups + g);
-                acc[t][r] = v_fma(m[0], sum, v_fma(s[0], _mm512_mul_ps(_mm512_cvtepi32_ps(d[t][r]), step), acc[t][r]));
-            }
+        vec s[NV], m[NV];
+        group_scales(w, (size_t)tile0, g, s, m);
+        UNROLL for (int r = 0; r < R; r++) {
+            const vec step = v_bcast(in->step + (size_t)r * in->groups + g), sum = v_bcast(in->sums + (size_t)r * in->groups + g);
+            acc[r] = v_fma(m[0], sum, v_fma(s[0], _mm512_mul_ps(_mm512_cvtepi32_ps(d[r]), step), acc[r]));
         }
     }
-    UNROLL for (int t = 0; t < TT; t++) UNROLL for (int r = 0; r < R; r++) store_row(&acc[t][r], y + (size_t)r * N + (tile0 + t) * LANES);
+    UNROLL for (int r = 0; r < R; r++) store_row(&acc[r], y + (size_t)r * N + tile0 * LANES);
 }
 
 static void matmul_rows_int(const q4_int_input *in, const q4_weight *w, uint16_t *y, int M) {
