@@ -45,11 +45,16 @@
 #define UNROLL _Pragma("GCC unroll 16")
 #ifdef __AVX512VNNI__
 #define ROWS Q8_VNNI_ROWS    // rows a tile's weights run over in registers at a time
-#define TILES Q8_VNNI_TILES  // tiles a one-row call interleaves (independent chains hide latency)
+#define TILES Q8_VNNI_TILES
 #else
 #define ROWS 6
-#define TILES 2
+#define TILES 1
 #endif
+// Tiles a one-row call interleaves: 4 independent chains of vpdpbusd a row where the VNNI
+// build's one-row call would have one; two tiles interleaved (the AVX2 build's one row, any
+// build's two rows) made two weight streams a thread and were the slower, one tile at a
+// time took 0.63-0.67x the time of the default model's head at those rows (an AMD EPYC
+// Zen 4), where 4 tiles a call at one row took the same time as one.
 
 typedef struct {
     const uint8_t *packed;
@@ -75,7 +80,7 @@ INLINE void group_scales(const q4_weight *w, size_t tile, int g, __m512 *s, __m5
     *m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->minimum + at)));
 }
 
-// R rows over TT tiles (TT > 1 only for R <= 2): each pair of quads unpacked once for the R
+// R rows over TT tiles (TT > 1 only for R == 1): each pair of quads unpacked once for the R
 // rows, each row's quad of inputs broadcast once for the TT tiles.
 INLINE void rows_over_tiles(const int R, const int TT, const q4_weight *w, const q8_input *in, int tile0, uint16_t *y) {
     const int K = w->k, N = w->n;
@@ -188,18 +193,17 @@ static void tile_rows(const q4_weight *w, const q8_input *in, int M, int tile, u
 }
 _Static_assert(ROWS == 6 || ROWS == 8, "tile_rows' cases cover 1 .. ROWS - 1 rows");
 
-// The threads take contiguous runs of tiles (split.h), one or two rows TILES or TILES / 2
-// tiles at a time: a call streams its weight from memory once, and more than ROWS rows run
-// over a tile's weights in blocks while they are in L1.
+// The threads take contiguous runs of tiles (split.h), one row TILES tiles at a time, more
+// one: a call streams its weight from memory once, and more than ROWS rows run over a
+// tile's weights in blocks while they are in L1.
 static void matmul_rows(const q8_input *in, const q4_weight *w, uint16_t *y, int M) {
     const int tiles = w->n / LANES;
-    const int step = M == 1 ? TILES : M == 2 ? TILES / 2 : 1;
+    const int step = M == 1 ? TILES : 1;
     const int chunk = iterations_per_chunk((tiles + step - 1) / step);
     #pragma omp parallel for schedule(dynamic, chunk)
     for (int t = 0; t < tiles; t += step) {
         if (step > 1 && t + step <= tiles) {
-            if (M == 1) rows_over_tiles(1, TILES, w, in, t, y);
-            else rows_over_tiles(2, TILES / 2, w, in, t, y);
+            rows_over_tiles(1, TILES, w, in, t, y);
         } else {
             for (int u = t; u < t + step && u < tiles; u++) tile_rows(w, in, M, u, y);
         }

@@ -34,11 +34,16 @@
 #define UNROLL _Pragma("GCC unroll 16")
 #ifdef __AVX512VNNI__
 #define ROWS Q8_VNNI_ROWS    // rows a tile's weights run over in registers at a time
-#define TILES Q8_VNNI_TILES  // tiles a one-row call interleaves (independent chains hide latency)
+#define TILES Q8_VNNI_TILES
 #else
 #define ROWS 4
-#define TILES 2
+#define TILES 1
 #endif
+// Tiles a one-row call interleaves: 4 independent chains of vpdpbusd a row where the VNNI
+// build's one-row call would have one; two tiles interleaved (the AVX2 build's one row, any
+// build's two rows) made two weight streams a thread and were the slower, one tile at a
+// time took 0.63-0.67x the time of the default model's head at those rows (an AMD EPYC
+// Zen 4), where 4 tiles a call at one row took the same time as one.
 
 typedef struct {
     const int8_t *q;
@@ -52,7 +57,7 @@ INLINE __m512 param(const void *base, size_t at, const int half) {  // 16 scales
                 : _mm512_loadu_ps((const float *)base + at);
 }
 
-// R rows over TT tiles (TT > 1 only for R <= 2); HALF: float16 scales and minimums. A quad
+// R rows over TT tiles (TT > 1 only for R == 1); HALF: float16 scales and minimums. A quad
 // of a tile (64 bytes: 16 columns x 4 inputs) is one vector; two quads at a time (G / 4 is even).
 INLINE void rows_over_tiles(const int R, const int TT, const int HALF, const q8_weight *w, const q8_input *in, int tile0,
                             uint16_t *y) {
@@ -169,34 +174,33 @@ _Static_assert(ROWS == 4 || ROWS == 8, "tile_rows' cases cover 1 .. ROWS - 1 row
             }                                                                                           \
         }                                                                                               \
     }                                                                                                   \
-    static void name##_few_rows(const q8_weight *w, const q8_input *in, int M, int tile, uint16_t *y) {  \
-        if (M == 1) rows_over_tiles(1, TILES, HALF, w, in, tile, y);                                    \
-        else rows_over_tiles(2, TILES / 2, HALF, w, in, tile, y);                                       \
+    static void name##_one_row(const q8_weight *w, const q8_input *in, int tile, uint16_t *y) {          \
+        rows_over_tiles(1, TILES, HALF, w, in, tile, y);                                                \
     }
 TILE_ROWS(rows_tile_f32, 0)
 TILE_ROWS(rows_tile_f16, 1)
 
 typedef void (*tile_fn)(const q8_weight *, const q8_input *, int, int, uint16_t *);
-typedef void (*few_rows_fn)(const q8_weight *, const q8_input *, int, int, uint16_t *);  // one or two rows
+typedef void (*one_row_fn)(const q8_weight *, const q8_input *, int, uint16_t *);
 
 static void matmul(const int half, const uint16_t *x, const int8_t *q, const void *scale, const void *minimum,
                    uint16_t *y, int M, int N, int K, int G, int format) {
     (void)format;  // quads are int8 (int8_cpu.pack packs no fewer bits in quads)
     const tile_fn tile_rows = half ? rows_tile_f16 : rows_tile_f32;
-    const few_rows_fn few_rows = half ? rows_tile_f16_few_rows : rows_tile_f32_few_rows;
+    const one_row_fn one_row = half ? rows_tile_f16_one_row : rows_tile_f32_one_row;
     const q8_input in = quantize_call(x, M, K, G);
     const q8_weight w = {q, scale, minimum, N, K, G};
     const int tiles = N / LANES;
-    // The threads take contiguous runs of tiles (split.h), one or two rows TILES or TILES / 2
-    // tiles at a time: a call streams the weight from memory once, and more than ROWS rows
+    // The threads take contiguous runs of tiles (split.h), one row TILES tiles at a time, more
+    // one: a call streams the weight from memory once, and more than ROWS rows
     // run over a tile's quads in blocks while they are in L1. (Runs for those too: the
     // default model's 16-row logits, the head's 28 MB from memory, took one forward + logits
     // of 16 sequences 0.92x the time of one tile at a time, 12 sequences 0.88x.)
-    const int step = M == 1 ? TILES : M == 2 ? TILES / 2 : 1;
+    const int step = M == 1 ? TILES : 1;
     const int chunk = iterations_per_chunk((tiles + step - 1) / step);
     #pragma omp parallel for schedule(dynamic, chunk)
     for (int t = 0; t < tiles; t += step) {
-        if (step > 1 && t + step <= tiles) few_rows(&w, &in, M, t, y);
+        if (step > 1 && t + step <= tiles) one_row(&w, &in, t, y);
         else for (int u = t; u < t + step && u < tiles; u++) tile_rows(&w, &in, M, u, y);
     }
 }
