@@ -56,12 +56,14 @@
 #ifdef __AVX512F__
 #define ROW_BLOCK 8  // rows sharing a tile's widened weights: 8 partial + 8 running sums
 #define TILES_ONE_ROW 4  // a one-row call's tiles per rows_tile: 4 chains of one vector each
-// Blocks of 2-6 rows: tiles per rows_tile so that each has at least 8 chains (1-3 rows 4
-// tiles, 4-6 rows 2; 2 tiles of 7 rows would need 31 registers). One tile a call left a
-// 2-row call of the lm head at 1.9x the time of a one-row call (2 chains, bound by the
-// multiply-add's latency).
+// Blocks of 2-6 rows: one tile a call. Interleaved tiles give a row more independent chains
+// of multiply-adds, but each is a weight stream of its own, and with each thread on a
+// contiguous run of tiles (split.h) the streams cost more than the chains save: the
+// default model's 49,152 x 576 head from memory at 2-6 rows took 0.61-0.84x the time of
+// 4 tiles a call (1-3 rows) and 2 (4-6 rows), in the bfloat16 and plain AVX-512 builds (an
+// AMD EPYC Zen 4). One row keeps 4 tiles: a single chain a column is latency-bound.
 #define FEW_ROWS 6
-#define TILES_FOR(R) ((R) <= 3 ? 4 : 2)
+#define TILES_FOR(R) ((R) <= 1 ? TILES_ONE_ROW : 1)
 INLINE vec v_int8(const int8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
 INLINE vec v_half(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 #else
