@@ -45,16 +45,11 @@
 #define UNROLL _Pragma("GCC unroll 16")
 #ifdef __AVX512VNNI__
 #define ROWS Q8_VNNI_ROWS    // rows a tile's weights run over in registers at a time
-#define TILES Q8_VNNI_TILES
+#define TILES Q8_VNNI_TILES  // tiles a one-row call interleaves (q8_inputs.h)
 #else
 #define ROWS 6
-#define TILES 1
+#define TILES 1  // one tile a call (q8_inputs.h, Q8_VNNI_TILES)
 #endif
-// Tiles a one-row call interleaves: 4 independent chains of vpdpbusd a row where the VNNI
-// build's one-row call would have one; two tiles interleaved (the AVX2 build's one row, any
-// build's two rows) made two weight streams a thread and were the slower, one tile at a
-// time took 0.63-0.67x the time of the default model's head at those rows (an AMD EPYC
-// Zen 4), where 4 tiles a call at one row took the same time as one.
 
 typedef struct {
     const uint8_t *packed;
@@ -193,8 +188,8 @@ static void tile_rows(const q4_weight *w, const q8_input *in, int M, int tile, u
 }
 _Static_assert(ROWS == 6 || ROWS == 8, "tile_rows' cases cover 1 .. ROWS - 1 rows");
 
-// The threads take contiguous runs of tiles (split.h), one row TILES tiles at a time, more
-// one: a call streams its weight from memory once, and more than ROWS rows run over a
+// The threads take contiguous runs of tiles (split.h), one row TILES tiles a call and more
+// rows one tile a call: a call streams its weight from memory once, and more than ROWS rows run over a
 // tile's weights in blocks while they are in L1.
 static void matmul_rows(const q8_input *in, const q4_weight *w, uint16_t *y, int M) {
     const int tiles = w->n / LANES;

@@ -34,16 +34,11 @@
 #define UNROLL _Pragma("GCC unroll 16")
 #ifdef __AVX512VNNI__
 #define ROWS Q8_VNNI_ROWS    // rows a tile's weights run over in registers at a time
-#define TILES Q8_VNNI_TILES
+#define TILES Q8_VNNI_TILES  // tiles a one-row call interleaves (q8_inputs.h)
 #else
 #define ROWS 4
-#define TILES 1
+#define TILES 1  // one tile a call (q8_inputs.h, Q8_VNNI_TILES)
 #endif
-// Tiles a one-row call interleaves: 4 independent chains of vpdpbusd a row where the VNNI
-// build's one-row call would have one; two tiles interleaved (the AVX2 build's one row, any
-// build's two rows) made two weight streams a thread and were the slower, one tile at a
-// time took 0.63-0.67x the time of the default model's head at those rows (an AMD EPYC
-// Zen 4), where 4 tiles a call at one row took the same time as one.
 
 typedef struct {
     const int8_t *q;
@@ -191,8 +186,8 @@ static void matmul(const int half, const uint16_t *x, const int8_t *q, const voi
     const q8_input in = quantize_call(x, M, K, G);
     const q8_weight w = {q, scale, minimum, N, K, G};
     const int tiles = N / LANES;
-    // The threads take contiguous runs of tiles (split.h), one row TILES tiles at a time, more
-    // one: a call streams the weight from memory once, and more than ROWS rows
+    // The threads take contiguous runs of tiles (split.h), one row TILES tiles a call and more
+    // rows one tile a call: a call streams the weight from memory once, and more than ROWS rows
     // run over a tile's quads in blocks while they are in L1. (Runs for those too: the
     // default model's 16-row logits, the head's 28 MB from memory, took one forward + logits
     // of 16 sequences 0.92x the time of one tile at a time, 12 sequences 0.88x.)

@@ -56,21 +56,11 @@
 #ifdef __AVX512F__
 #define ROW_BLOCK 8  // rows sharing a tile's widened weights: 8 partial + 8 running sums
 #define TILES_ONE_ROW 4  // a one-row call's tiles per rows_tile: 4 chains of one vector each
-// Blocks of 2-6 rows: one tile a call. Interleaved tiles give a row more independent chains
-// of multiply-adds, but each is a weight stream of its own, and with each thread on a
-// contiguous run of tiles (split.h) the streams cost more than the chains save: the
-// default model's 49,152 x 576 head from memory at 2-6 rows took 0.61-0.84x the time of
-// 4 tiles a call (1-3 rows) and 2 (4-6 rows), in the bfloat16 and plain AVX-512 builds (an
-// AMD EPYC Zen 4). One row keeps 4 tiles: a single chain a column is latency-bound.
-#define FEW_ROWS 6
-#define TILES_FOR(R) ((R) <= 1 ? TILES_ONE_ROW : 1)
 INLINE vec v_int8(const int8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
 INLINE vec v_half(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 #else
 #define ROW_BLOCK 3  // a tile is two vectors: 6 partial + 6 running sums + 2 weights + a broadcast
 #define TILES_ONE_ROW 4  // a one-row call's tiles per rows_tile: 8 chains (the running sums spill, once a group)
-#define FEW_ROWS 1  // 16 registers: more rows take one tile a call (two vectors: 2R chains)
-#define TILES_FOR(R) TILES_ONE_ROW
 INLINE vec v_int8(const int8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
 INLINE vec v_half(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 #endif
@@ -237,22 +227,20 @@ INLINE void rows_tile_int(const int R, const int TT, const int HALF, const q8_we
     store_rows(R, TT, acc, N, tile0, y);
 }
 
-// A path's tile functions: ``any`` runs R rows (R <= its block) of one tile, ``few`` R <=
-// FEW_ROWS rows of TILES_FOR(R) tiles from ``tile``; R a compile-time constant per case.
+// A path's tile functions: ``any`` runs R rows (R <= its block) of one tile, R a
+// compile-time constant per case; ``one_row`` one row of TILES_ONE_ROW tiles from ``tile``.
+// More rows than one take one tile a call: interleaved tiles give a row more independent
+// chains of multiply-adds, but each is a weight stream of its own, and with each thread on
+// a contiguous run of tiles (split.h) the streams cost more than the chains save (the
+// default model's 49,152 x 576 head from memory at 2-6 rows took 0.61-0.84x the time of
+// 4 tiles a call at 1-3 rows and 2 at 4-6, in the bfloat16 and plain AVX-512 builds of an
+// AMD EPYC Zen 4). One row keeps its tiles: a single chain a column is latency-bound.
 typedef void (*tile_fn)(int, const q8_weight *, const q8_input *, int, uint16_t *);
+typedef void (*one_row_fn)(const q8_weight *, const q8_input *, int, uint16_t *);
 #define CASE_ANY(TILE, HALF, r) case r: TILE(r, 1, HALF, w, in, tile, y); break;
-#define CASE_FEW(TILE, HALF, r) case r: TILE(r, TILES_FOR(r), HALF, w, in, tile, y); break;
-#if FEW_ROWS > 1
-#define FEW_CASES(TILE, HALF) CASE_FEW(TILE, HALF, 2) CASE_FEW(TILE, HALF, 3) CASE_FEW(TILE, HALF, 4) CASE_FEW(TILE, HALF, 5) CASE_FEW(TILE, HALF, 6)
-#else
-#define FEW_CASES(TILE, HALF)
-#endif
-#define FEW_ROWS_TILE(name, TILE, HALF)                                                                          \
-    static void name(int R, const q8_weight *w, const q8_input *in, int tile, uint16_t *y) {                      \
-        switch (R) {                                                                                             \
-        CASE_FEW(TILE, HALF, 1)                                                                                  \
-        FEW_CASES(TILE, HALF)                                                                                    \
-        }                                                                                                        \
+#define ONE_ROW_TILES(name, TILE, HALF)                                                                          \
+    static void name(const q8_weight *w, const q8_input *in, int tile, uint16_t *y) {                            \
+        TILE(1, TILES_ONE_ROW, HALF, w, in, tile, y);                                                            \
     }
 #if ROW_BLOCK > 3
 #define FLOAT_CASES(HALF) CASE_ANY(rows_tile, HALF, 3) CASE_ANY(rows_tile, HALF, 4) CASE_ANY(rows_tile, HALF, 5) \
@@ -267,7 +255,7 @@ typedef void (*tile_fn)(int, const q8_weight *, const q8_input *, int, uint16_t 
         default: rows_tile(ROW_BLOCK, 1, HALF, w, in, tile, y); break;                                           \
         }                                                                                                        \
     }                                                                                                            \
-    FEW_ROWS_TILE(name##_few_rows, rows_tile, HALF)
+    ONE_ROW_TILES(name##_one_row, rows_tile, HALF)
 FLOAT_TILES(float_tile_f32, 0)
 FLOAT_TILES(float_tile_f16, 1)
 #if INT_ROW_BLOCK > 3
@@ -285,17 +273,17 @@ FLOAT_TILES(float_tile_f16, 1)
         default: rows_tile_int(INT_ROW_BLOCK, 1, HALF, w, in, tile, y); break;                                   \
         }                                                                                                        \
     }                                                                                                            \
-    FEW_ROWS_TILE(name##_few_rows, rows_tile_int, HALF)
+    ONE_ROW_TILES(name##_one_row, rows_tile_int, HALF)
 INT_TILES(int_tile_f32, 0)
 INT_TILES(int_tile_f16, 1)
 
 // Every tile, TILES_ONE_ROW tiles at a time: the full blocks of ``block`` rows one tile a
-// call (a tile's weights stay in L1 from one block to the next), then a last block of at
-// most FEW_ROWS rows TILES_FOR(R) tiles a call (see rows_tile); the last few tiles one at
-// a time. (TILES_FOR(R) divides TILES_ONE_ROW.)
+// call (a tile's weights stay in L1 from one block to the next), then the last block's rows
+// one tile a call, or a last single row all TILES_ONE_ROW tiles in one call (see rows_tile);
+// the last few tiles one at a time.
 // Split between threads as split.h says: dynamically, in contiguous runs of tiles (a call
 // streams the weight from memory once, its blocks of rows over a tile from L1).
-static void over_tiles(tile_fn any, tile_fn few, int block, const q8_weight *w, const q8_input *in, uint16_t *y, int M) {
+static void over_tiles(tile_fn any, one_row_fn one_row, int block, const q8_weight *w, const q8_input *in, uint16_t *y, int M) {
     const int tiles = w->n / LANES, last = M % block, full = M - last;
     const int chunk = iterations_per_chunk((tiles + TILES_ONE_ROW - 1) / TILES_ONE_ROW);
     #pragma omp parallel for schedule(dynamic, chunk)
@@ -309,8 +297,8 @@ static void over_tiles(tile_fn any, tile_fn few, int block, const q8_weight *w, 
         if (last == 0) continue;
         const q8_input rows = rows_from(in, full);
         uint16_t *yr = y + (size_t)full * w->n;
-        if (last <= FEW_ROWS && end == t + TILES_ONE_ROW)
-            for (int u = t; u < end; u += TILES_FOR(last)) few(last, w, &rows, u, yr);
+        if (last == 1 && end == t + TILES_ONE_ROW)
+            one_row(w, &rows, t, yr);
         else
             for (int u = t; u < end; u++) any(last, w, &rows, u, yr);
     }
@@ -346,16 +334,16 @@ static void matmul(const int half, const uint16_t *x, const int8_t *q, const voi
     float *step = rest + rounded_floats;
     if (inputs_in_steps(rounded, xi, step, M, K, GRID_BITS)) {
         const q8_input in = {NULL, xi, step, sums, K, groups};
-        if (half) over_tiles(int_tile_f16, int_tile_f16_few_rows, INT_ROW_BLOCK, &w, &in, y, M);
-        else over_tiles(int_tile_f32, int_tile_f32_few_rows, INT_ROW_BLOCK, &w, &in, y, M);
+        if (half) over_tiles(int_tile_f16, int_tile_f16_one_row, INT_ROW_BLOCK, &w, &in, y, M);
+        else over_tiles(int_tile_f32, int_tile_f32_one_row, INT_ROW_BLOCK, &w, &in, y, M);
         return;
     }
     float *x32 = rest;  // off the grid: the float path
     for (size_t i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x32 + i, load_bf16(rounded + i));
     for (size_t i = n / 8 * 8; i < n; i++) x32[i] = from_bf16(rounded[i]);
     const q8_input in = {x32, NULL, NULL, sums, K, groups};
-    if (half) over_tiles(float_tile_f16, float_tile_f16_few_rows, ROW_BLOCK, &w, &in, y, M);
-    else over_tiles(float_tile_f32, float_tile_f32_few_rows, ROW_BLOCK, &w, &in, y, M);
+    if (half) over_tiles(float_tile_f16, float_tile_f16_one_row, ROW_BLOCK, &w, &in, y, M);
+    else over_tiles(float_tile_f32, float_tile_f32_one_row, ROW_BLOCK, &w, &in, y, M);
 }
 
 INT8_ENTRY_POINTS(0)

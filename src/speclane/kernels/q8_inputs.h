@@ -31,7 +31,12 @@ INLINE q8_input q8_rows_from(const q8_input *in, int r0) {  // rows r0.. of a ca
 
 #ifdef __AVX512VNNI__
 // The AVX-512 VNNI builds' register blocks (int4_q8_x86.c, int8_q8_x86.c): up to this many
-// rows of one tile, or one row of this many tiles.
+// rows of one tile, or one row of this many tiles. One row over 4 tiles has 4 independent
+// chains of vpdpbusd where one tile would have one, and took the same time as one tile on
+// the default model's head; two tiles interleaved (these kernels' AVX2 builds at one row,
+// any build at two rows) made two weight streams a thread with each thread on a contiguous
+// run of tiles (split.h), and one tile a call took 0.63-0.72x their time at those rows (an
+// AMD EPYC Zen 4). So every other call, and the AVX2 builds' one row, takes one tile.
 #define Q8_VNNI_ROWS 8
 #define Q8_VNNI_TILES 4
 
