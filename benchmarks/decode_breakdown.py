@@ -7,9 +7,8 @@ drifts between runs).
 
 Prints the median ms of each variant of one forward (``--batch`` sequences of
 ``--positions`` new tokens each, KV length 200: a mixed tick's decode rows, or a verify
-round of K = positions - 1 drafts) and of
-the logits (the output head, its top candidates' exact refinement), and the share of the
-whole step each kind of step takes (the whole step less the variant without it). Steps
+round of K = positions - 1 drafts) and of the logits (the output head, its top
+candidates' exact refinement), and the share of the whole step each kind of step takes (the whole step less the variant without it). Steps
 skipped leave their output buffers as they were, so the steps after them compute on stale
 values at the same cost.
 """
@@ -62,6 +61,7 @@ def main() -> None:
     model, cache = llm.engine.model, llm.engine.cache
     if model.plans is None:
         raise SystemExit(f"the model runs no forward plan here: {model.plan_blocker}")
+
     def forward() -> float:
         return forward_ms(model, cache, batch=args.batch, positions=args.positions, kv_len=200)
 
