@@ -55,9 +55,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--batch", type=int, default=1, help="sequences in the forward")
     parser.add_argument("--positions", type=int, default=1, help="new tokens of each sequence")
+    parser.add_argument("--matmul-inputs", default="bfloat16", help="the engine's --matmul-inputs")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    llm = LLM(config=EngineConfig().replace(spec_mode="off"))
+    llm = LLM(config=EngineConfig().replace(spec_mode="off", matmul_inputs=args.matmul_inputs))
     model, cache = llm.engine.model, llm.engine.cache
     if model.plans is None:
         raise SystemExit(f"the model runs no forward plan here: {model.plan_blocker}")
@@ -73,7 +74,8 @@ def main() -> None:
     kinds = step_addresses(model.kernels)
     skip = plan_cpu.address(model.kernels.plan.library, "skip_op")
     steps_of = {kind: [i for i, f in enumerate(functions.tolist()) if kinds.get(f) == kind] for kind in KINDS}
-    variants = {"whole forward": [], **{f"without {kind}": rows for kind, rows in steps_of.items()}}
+    variants = {"whole forward": [], **{f"without {kind}": rows for kind, rows in steps_of.items()},
+                "every step skipped": list(range(len(functions)))}
     hidden = torch.randn(args.batch * args.positions, model.config.hidden_size)
 
     def logits_ms() -> float:

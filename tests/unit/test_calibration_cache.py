@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from speclane.engine import calibration, threads
@@ -102,8 +103,8 @@ def test_a_busy_machine_stops_the_sweeps_at_the_budget(monkeypatch):
     # ends the first sweep after width 5.
     cut = calibration.measure(model, cache, max_rows=8, budget_s=4.5, clock=_Clock(1.0))
     assert cut.sweeps == 0 and not cut.complete()
-    assert cut.cost.ms_by_rows == (3.0, 4.0, 5.0, 6.0, 7.0)
-    assert cut.cost.ms(8) == 10.0, "widths past the last measured one extend its slope"
+    assert cut.cost.ms_by_rows == pytest.approx((3.0, 4.0, 5.0, 6.0, 7.0))
+    assert cut.cost.ms(8) == pytest.approx(10.0), "widths past the last measured one extend its slope"
     widths.clear()
     # After the first sweep the clock is read once a sweep: a 5.5 s budget passes during the
     # second, which finishes; the rest are skipped.
@@ -142,3 +143,18 @@ def test_cores_taken_counts_other_processes_cores():
     assert threads.cores_taken(before, threads.CpuSample(busy_s=13.0, ours_s=6.0), 1.0, 2) == 1  # 1 core of others
     assert threads.cores_taken(before, threads.CpuSample(busy_s=12.2, ours_s=6.0), 1.0, 2) == 0  # a client's 0.2
     assert threads.cores_taken(None, before, 1.0, 2) == 0
+
+
+def test_the_table_is_each_widths_median_ratio_to_one_row_within_its_sweep():
+    """A sweep whose one row ran fast (or whose second half ran slow, the machine busy for a
+    moment) does not move the table: each width is its median ratio to the same sweep's one
+    row, times the median one row. Each width's fastest forward would price 2 rows at 2x."""
+    sweeps = [[10.0, 11.0, 13.0], [10.0, 11.0, 13.0], [5.5, 11.0, 13.0], [10.0, 22.0, 26.0], [20.0, 22.0, 26.0]]
+    table = calibration.table_from_sweeps(sweeps)
+    assert table == pytest.approx([10.0, 11.0, 13.0])
+    fastest = [min(sweep[w] for sweep in sweeps) for w in range(3)]
+    assert fastest[1] / fastest[0] == 2.0  # what the fastest forwards would say
+
+
+def test_a_first_sweep_cut_short_gives_the_widths_it_measured():
+    assert calibration.table_from_sweeps([[4.0, 6.0]]) == pytest.approx([4.0, 6.0])

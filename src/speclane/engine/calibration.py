@@ -25,6 +25,7 @@ import inspect
 import json
 import logging
 import os
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,7 +61,7 @@ def forward_ms(model: LlamaModel, cache: KVCache, *, batch: int = 1, positions: 
     return (time.perf_counter() - start) * 1000
 
 
-SWEEPS = 5  # sweeps of 1..max_rows rows; the table keeps each width's fastest
+SWEEPS = 7  # sweeps of 1..max_rows rows; the table takes each width's median ratio to one row
 BUDGET_S = 20.0  # the most start-up time the sweeps take (a busy machine: fewer sweeps)
 # A cached table is checked at every start on a few widths (fastest of a few forwards,
 # ~0.1 s for the default model) and measured again where it is off by more than this: a
@@ -84,31 +85,43 @@ class Calibration:
 
 def measure(model: LlamaModel, cache: KVCache, max_rows: int, repeats: int = SWEEPS, budget_s: float | None = None,
             clock: Callable[[], float] = time.perf_counter) -> Calibration:
-    """Fastest of ``repeats`` interleaved sweeps of 1..max_rows rows (one sequence, its
+    """``table_from_sweeps`` of ``repeats`` sweeps of 1..max_rows rows (one sequence, its
     rows as positions: the linears, which dominate, see rows, not sequences), stopping
-    once ``budget_s`` (default ``BUDGET_S``) has passed: after the sweep in progress, or inside the first sweep
-    (the table then ends at the last width measured).
-
-    The fastest, not the median: a busy machine only ever adds time, and adaptive K reads
-    the table's ratios. With the median of 3 on a noisy 2-core machine a 5-row forward
-    came out 1.22x a 4-row one (``bench decode``, measured properly: 1.06x), and a copy
-    stream drafted 3 where 4 paid."""
+    once ``budget_s`` (default ``BUDGET_S``) has passed: after the sweep in progress, or
+    inside the first sweep (the table then ends at the last width measured)."""
     kv_len = _context(model, cache, max_rows)
     deadline = clock() + (BUDGET_S if budget_s is None else budget_s)
     forward_ms(model, cache, positions=1, kv_len=kv_len)  # warm-up
-    samples: list[list[float]] = [[] for _ in range(max_rows)]
-    sweeps = 0
-    while sweeps < repeats:  # sweeps interleaved, so a slow second of the machine hits every width
+    sweeps: list[list[float]] = []
+    while len(sweeps) < repeats:
+        sweep: list[float] = []
+        sweeps.append(sweep)
         for rows in range(1, max_rows + 1):
-            samples[rows - 1].append(forward_ms(model, cache, positions=rows, kv_len=kv_len))
-            if sweeps == 0 and clock() > deadline:
+            sweep.append(forward_ms(model, cache, positions=rows, kv_len=kv_len))
+            if len(sweeps) == 1 and clock() > deadline:
                 break
-        else:
-            sweeps += 1
         if clock() > deadline:
             break
-    measured = [min(s) for s in samples if s]
-    return Calibration(StepCost.from_measurements(measured), sweeps)
+    complete = sum(len(sweep) == max_rows for sweep in sweeps)
+    return Calibration(StepCost.from_measurements(table_from_sweeps(sweeps)), complete)
+
+
+def table_from_sweeps(sweeps: list[list[float]]) -> list[float]:
+    """Ms by rows from sweeps of 1..n rows (a first sweep may be the only one, cut short):
+    each width's median over the sweeps of its ratio to the same sweep's one row, times the
+    median one row.
+
+    Ratios within a sweep, because a sweep's forwards run within a fraction of a second of
+    each other, while this machine's speed drifts over seconds (other tenants of the host);
+    medians, because a forward's times are not one shape at every width: each width's
+    fastest forward priced 2 rows at 1.35-1.55x one row in 8 calibrations of 5-9 sweeps on
+    an AMD EPYC Zen 3 (2 threads), where 30 sweeps' medians gave 1.02-1.12x, and every
+    wider width ~1.3x too high (one row's fastest forwards are outliers the wider ones do
+    not have). This estimate read 1.05-1.14x there (``benchmarks/calibration_check.py``)."""
+    one_row = statistics.median(sweep[0] for sweep in sweeps)
+    widths = max(len(sweep) for sweep in sweeps)
+    return [one_row * statistics.median(sweep[w] / sweep[0] for sweep in sweeps if len(sweep) > w)
+            for w in range(widths)]
 
 
 def _context(model: LlamaModel, cache: KVCache, max_rows: int) -> int:
@@ -130,7 +143,7 @@ def _key(model: LlamaModel, max_rows: int) -> str:
     code = "".join(inspect.getsource(module) for module in (llama_module, linear_module, kv_cache))
     parts = [repr(model.config), model.quantization, str(model.dtype), str(torch.get_num_threads()),
              str(os.cpu_count()), torch.__version__, str(max_rows), hashlib.sha1(code.encode()).hexdigest(),
-             f"fastest-of-{SWEEPS}",  # how the table is measured (measure_step_cost)
+             f"median-ratio-of-{SWEEPS}",  # how the table is measured (table_from_sweeps)
              *model.kernels.fingerprint(model.dtype == torch.bfloat16)]  # which kernels, which versions
     return hashlib.sha1("|".join(parts).encode()).hexdigest()[:20]
 
