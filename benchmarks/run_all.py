@@ -22,6 +22,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -53,6 +54,7 @@ def run_scenarios(names: list[str], out: Path, quick: bool) -> None:
             "duration_s": round(time.perf_counter() - clock, 1),
             "returncode": result.returncode,
             "commit": commit,
+            "machine": machine(),
         }
         (out / name).mkdir(parents=True, exist_ok=True)
         (out / name / "run.json").write_text(json.dumps(record, indent=2) + "\n")
@@ -98,6 +100,11 @@ def kernel_builds() -> str:
     runs = [isa for isa in build.ISA_CPU_FLAGS if not build.missing_cpu_flags(isa)]
     lacks = [isa for isa in build.ISA_CPU_FLAGS if isa not in runs]
     return (", ".join(runs) or "none") + (f" (not {', '.join(lacks)})" if lacks else "")
+
+
+def machine() -> str:
+    """This machine as a section of the page names it: a page may hold sections of another."""
+    return f"{cpu_model()}, {num_cores()} cores, kernel builds {kernel_builds()}"
 
 
 def num_cores() -> int:
@@ -150,6 +157,7 @@ def _section(name: str, folder: Path, quick: bool, img_dir: Path, docs_dir: Path
     if description:
         lines += [description[0].upper() + description[1:] + ".", ""]
     measured = f", commit {run['commit']}" if run.get("commit") else ""
+    measured += f", on {run['machine']}" if run.get("machine") else ""
     lines += [f"`{command}`: {date}, {duration}{measured}.", ""]
     if run.get("returncode", 0) != 0 or tables is None:
         lines += [f"The run failed (exit status {run.get('returncode', '?')}); it wrote no tables.", ""]
@@ -234,6 +242,16 @@ def _page_sections(page: str) -> dict[str, str]:
     return {name: "\n".join(lines).rstrip() + "\n" for name, lines in sections.items()}
 
 
+def _earlier_machine(page: str) -> str:
+    """The machine an earlier page's header names (its CPU and kernel builds rows), as a
+    sentence for the sections kept from it; empty where it names none."""
+    rows = dict(re.findall(r"^\| (CPU|kernel builds) \| (.*) \|$", page, flags=re.MULTILINE))
+    if not rows:
+        return ""
+    return " Where a kept section names no machine, it was measured on the one that page named: " + ", ".join(
+        f"{key} {value}" for key, value in rows.items()) + "."
+
+
 def write_page(out: Path, docs: Path, quick: bool, names: list[str] = ORDER, commit: str | None = None,
                keep_earlier: bool = False) -> list[str]:
     """Write ``docs`` from the reports under ``out``; return the scenarios it covers.
@@ -263,7 +281,8 @@ def write_page(out: Path, docs: Path, quick: bool, names: list[str] = ORDER, com
     header = _header(runs, reports, missing, quick, commit)
     if kept:
         header += ("\nKept from the page this one replaced (their own runs; each section gives its date and, "
-                   "where recorded, its commit): " + ", ".join(f"`{k}`" for k in kept) + ".\n")
+                   "where recorded, its commit and machine): " + ", ".join(f"`{k}`" for k in kept) + "."
+                   + _earlier_machine(earlier) + "\n")
     # A rewritten section replaced its own plots (``_section``); a scenario without one,
     # neither rewritten nor kept, leaves none behind.
     for image in img_dir.glob("*.png") if img_dir.is_dir() else ():

@@ -21,7 +21,7 @@ def test_the_page_has_a_header_and_one_section_per_scenario_that_ran(tmp_path):
     write_report(out / "throughput", "speclane bench throughput", [table])
     (out / "throughput" / "run.json").write_text(json.dumps(
         {"command": "speclane bench throughput --quick", "started": "2026-12-02 10:00", "duration_s": 95.0,
-         "returncode": 0, "commit": "abc1234"}))
+         "returncode": 0, "commit": "abc1234", "machine": "Some CPU, 2 cores, kernel builds avx2"}))
     write_report(out / "hol", "speclane bench hol", [Table("Head-of-line", ["mode", "p99"], [["slice", 1.2]])])
     (out / "hol" / "itl-cdf.png").write_bytes(b"\x89PNG fake")
     (out / "mtp").mkdir()
@@ -37,7 +37,8 @@ def test_the_page_has_a_header_and_one_section_per_scenario_that_ran(tmp_path):
     assert covered == ["hol", "throughput", "mtp"]
     assert page.startswith("# Benchmarks\n") and "benchmarks/run_all.py --from bench-out" in page
     assert "| commit | abc1234 |" in page
-    assert "`speclane bench throughput --quick`: 2026-12-02 10:00, 1.6 min, commit abc1234." in page
+    assert ("`speclane bench throughput --quick`: 2026-12-02 10:00, 1.6 min, commit abc1234, "
+            "on Some CPU, 2 cores, kernel builds avx2." in page)
     assert "| slice | 505 | 1.01 |" in page
     assert "`speclane bench hol --quick`" in page and "duration not recorded" in page
     assert "![hol: itl-cdf](img/hol-itl-cdf.png)" in page
@@ -86,6 +87,8 @@ def test_a_rerun_into_a_folder_of_its_own_keeps_the_pages_other_sections_and_the
     assert "## vs-llama-cpp" in page and "![vs-llama-cpp: rates](img/vs-llama-cpp-rates.png)" in page
     assert (docs.parent / "img" / "vs-llama-cpp-rates.png").read_bytes() == b"vs plot"
     assert "Kept from the page this one replaced" in page and "`vs-llama-cpp`" in page
+    # The replaced page's header named its machine; a kept section that names none was measured there.
+    assert "it was measured on the one that page named: CPU " in page and ", kernel builds " in page
     vs_section = page.split("## vs-llama-cpp")[1].split("## gguf")[0]
     assert "duration not recorded, commit old1234." in vs_section  # the kept section names its own run
     assert page.index("## vs-llama-cpp") < page.index("## gguf")
