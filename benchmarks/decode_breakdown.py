@@ -3,14 +3,17 @@ one forward plan, models/forward_plan.py) with a kind of the plan's steps swappe
 that does nothing, and the logits after it, alternated in one process (this machine's speed
 drifts between runs).
 
-    .venv/bin/python benchmarks/decode_breakdown.py [--rounds 8] [--batch 1] [--positions 1]
+    .venv/bin/python benchmarks/decode_breakdown.py [--rounds 8] [--batch 1] [--positions 1] [--matmul-inputs bfloat16]
 
-Prints the median ms of each variant of one forward (``--batch`` sequences of
-``--positions`` new tokens each, KV length 200: a mixed tick's decode rows, or a verify
-round of K = positions - 1 drafts) and of the logits (the output head, its top
-candidates' exact refinement), and the share of the whole step each kind of step takes (the whole step less the variant without it). Steps
+Prints the median ms of each variant of one forward with its logits (``--batch`` sequences
+of ``--positions`` new tokens each, KV length 200: a mixed tick's decode rows, or a verify
+round of K = positions - 1 drafts) and of the logits alone (the output head, its top
+candidates' exact refinement), and the share of the whole step each kind of step takes
+(the whole step less the variant without it). Steps
 skipped leave their output buffers as they were, so the steps after them compute on stale
-values at the same cost.
+values at the same cost. The variant with every step skipped is what a forward costs
+outside its plan's steps (the embedding, the call, the logits); its share is the steps'
+together.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import time
 
 import torch
 
-from speclane.config import EngineConfig
+from speclane.config import MATMUL_INPUTS, EngineConfig
 from speclane.engine.calibration import forward_ms
 from speclane.kernels import plan_cpu
 from speclane.llm import LLM
@@ -55,7 +58,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--batch", type=int, default=1, help="sequences in the forward")
     parser.add_argument("--positions", type=int, default=1, help="new tokens of each sequence")
-    parser.add_argument("--matmul-inputs", default="bfloat16", help="the engine's --matmul-inputs")
+    parser.add_argument("--matmul-inputs", default=EngineConfig().model.matmul_inputs, choices=MATMUL_INPUTS,
+                        help="the engine's --matmul-inputs")
     args = parser.parse_args()
     torch.set_num_threads(2)
     llm = LLM(config=EngineConfig().replace(spec_mode="off", matmul_inputs=args.matmul_inputs))
@@ -74,7 +78,7 @@ def main() -> None:
     kinds = step_addresses(model.kernels)
     skip = plan_cpu.address(model.kernels.plan.library, "skip_op")
     steps_of = {kind: [i for i, f in enumerate(functions.tolist()) if kinds.get(f) == kind] for kind in KINDS}
-    variants = {"whole forward": [], **{f"without {kind}": rows for kind, rows in steps_of.items()},
+    variants = {"whole forward (with logits)": [], **{f"without {kind}": rows for kind, rows in steps_of.items()},
                 "every step skipped": list(range(len(functions)))}
     hidden = torch.randn(args.batch * args.positions, model.config.hidden_size)
 
@@ -105,12 +109,12 @@ def main() -> None:
     finally:
         skip_steps([])
     medians = {name: statistics.median(values) for name, values in samples.items()}
-    whole = medians["whole forward"]
+    whole = medians["whole forward (with logits)"]
     print(f"{len(functions)} plan steps: " + ", ".join(f"{len(rows)} {kind}" for kind, rows in steps_of.items()))
     print("| variant | ms (median) | the kind's share of forward + logits |\n|---|---|---|")
-    total = whole + medians["logits"]
+    total = whole  # forward_ms times the logits after the forward too
     for name, value in medians.items():
-        share = "" if name == "whole forward" else (
+        share = "" if name == "whole forward (with logits)" else (
             f"{medians['logits'] / total:.0%}" if name == "logits" else f"{(whole - value) / total:.0%}")
         print(f"| {name} | {value:.2f} | {share} |")
 

@@ -6,12 +6,12 @@
 Each scenario runs in its own process (``speclane bench NAME --out DIR [--quick]``), so one
 scenario's memory and threads never disturb the next. Beside each scenario's report the
 script writes ``run.json`` (the command, when it started, how long it took, its exit
-status and the git commit). The page is then written from the out folder alone, so
+status, the git commit and the machine). The page is then written from the out folder alone, so
 ``--from DIR`` rebuilds it from an earlier run without running anything. The page holds
 every scenario whose report is in the out folder (``--only`` reruns some of them into it,
 and the others keep their sections; into a folder of its own, the others keep the sections
 of the page it replaces, named in the header): a header (how to regenerate it, the machine, torch, the date,
-the commit), then per scenario its command, date, duration and tables. The plots a
+the commit), then per scenario its command, date, duration, commit, machine and tables. The plots a
 scenario writes (``*.png``) are copied into ``img/`` beside the page and linked from it.
 """
 
@@ -188,6 +188,7 @@ def _header(runs: list[dict[str, Any]], reports: list[dict[str, Any]], missing: 
     commits = sorted({r["commit"] for r in runs if r.get("commit")})
     if commit is None:
         commit = ", ".join(commits) if commits else f"{git_commit()}, the checkout that wrote this page (the run recorded none)"
+    machines = sorted({r["machine"] for r in runs if r.get("machine")})
     torch_versions = sorted({r["env"]["torch"] for r in reports if r.get("env", {}).get("torch")})
     threads = sorted({str(r["env"]["threads"]) for r in reports if r.get("env", {}).get("threads")})
     dates = sorted([r["started"] for r in runs if r.get("started")]
@@ -211,9 +212,10 @@ def _header(runs: list[dict[str, Any]], reports: list[dict[str, Any]], missing: 
         "",
         "| | |",
         "|---|---|",
-        f"| CPU | {cpu_model()} |",
-        f"| kernel builds | {kernel_builds()} |",
-        f"| cores | {num_cores()} (torch threads: {', '.join(threads) or 'unknown'}) |",
+        *([f"| machine | {'; '.join(machines)} (torch threads: {', '.join(threads) or 'unknown'}) |"] if machines else [
+            f"| CPU | {cpu_model()} |",
+            f"| kernel builds | {kernel_builds()} |",
+            f"| cores | {num_cores()} (torch threads: {', '.join(threads) or 'unknown'}) |"]),
         f"| torch | {', '.join(torch_versions) or 'unknown'} |",
         f"| date | {when} |",
         f"| commit | {commit} |",
@@ -242,14 +244,26 @@ def _page_sections(page: str) -> dict[str, str]:
     return {name: "\n".join(lines).rstrip() + "\n" for name, lines in sections.items()}
 
 
-def _earlier_machine(page: str) -> str:
-    """The machine an earlier page's header names (its CPU and kernel builds rows), as a
-    sentence for the sections kept from it; empty where it names none."""
-    rows = dict(re.findall(r"^\| (CPU|kernel builds) \| (.*) \|$", page, flags=re.MULTILINE))
-    if not rows:
-        return ""
-    return " Where a kept section names no machine, it was measured on the one that page named: " + ", ".join(
-        f"{key} {value}" for key, value in rows.items()) + "."
+def _earlier_machine(page: str) -> str | None:
+    """The machine an earlier page's header names (its machine row, or its CPU and kernel
+    builds rows); None where it names none."""
+    header = page.split("\n## ", 1)[0]
+    row = re.search(r"^\| machine \| (.*?)(?: \(torch threads: [^)]*\))? \|$", header, flags=re.MULTILINE)
+    if row:
+        return row.group(1)
+    rows = dict(re.findall(r"^\| (CPU|kernel builds) \| (.*) \|$", header, flags=re.MULTILINE))
+    return ", ".join(f"{key} {value}" if key != "CPU" else value for key, value in rows.items()) or None
+
+
+def _with_machine(section: str, machine: str | None) -> str:
+    """A kept section whose run line names no machine names the one its page named, so the
+    machine stays with the section through later replacements."""
+    lines = section.split("\n")
+    for i, line in enumerate(lines):
+        if line.startswith("`speclane bench") and line.endswith(".") and ", on " not in line and machine:
+            lines[i] = f"{line[:-1]}, on {machine}."
+            break
+    return "\n".join(lines)
 
 
 def write_page(out: Path, docs: Path, quick: bool, names: list[str] = ORDER, commit: str | None = None,
@@ -257,19 +271,20 @@ def write_page(out: Path, docs: Path, quick: bool, names: list[str] = ORDER, com
     """Write ``docs`` from the reports under ``out``; return the scenarios it covers.
 
     ``keep_earlier``: a scenario with no report under ``out`` keeps its section (and plots)
-    from the page being replaced (each section names its own run's date and commit), and
+    from the page being replaced (each section names its own run's date, commit and machine), and
     the header names it as kept (``--only`` run into a folder of its own)."""
     docs_dir = docs.resolve().parent
     img_dir = docs_dir / "img"
     earlier = docs.read_text() if keep_earlier and docs.is_file() else ""
     kept_sections = _page_sections(earlier)
+    earlier_machine = _earlier_machine(earlier)
     sections, covered, missing, kept, runs, reports = [], [], [], [], [], []
     for name in names:
         folder = out / name
         section = _section(name, folder, quick, img_dir, docs_dir) if folder.is_dir() else None
         if section is None and name in kept_sections:
             kept.append(name)
-            sections.append(kept_sections[name])
+            sections.append(_with_machine(kept_sections[name], earlier_machine))
             continue
         if section is None:
             missing.append(name)
@@ -281,8 +296,7 @@ def write_page(out: Path, docs: Path, quick: bool, names: list[str] = ORDER, com
     header = _header(runs, reports, missing, quick, commit)
     if kept:
         header += ("\nKept from the page this one replaced (their own runs; each section gives its date and, "
-                   "where recorded, its commit and machine): " + ", ".join(f"`{k}`" for k in kept) + "."
-                   + _earlier_machine(earlier) + "\n")
+                   "where recorded, its commit and machine): " + ", ".join(f"`{k}`" for k in kept) + ".\n")
     # A rewritten section replaced its own plots (``_section``); a scenario without one,
     # neither rewritten nor kept, leaves none behind.
     for image in img_dir.glob("*.png") if img_dir.is_dir() else ():

@@ -58,7 +58,8 @@ def test_a_cached_table_the_machine_no_longer_matches_is_measured_again(tmp_path
     widths.clear()
     per_row["ms"] = 11.0  # 10% slower: within the tolerance, the cached table stands
     assert calibration.step_cost(model, cache, max_rows=4).ms_by_rows == (10.0, 20.0, 30.0, 40.0)
-    assert set(widths) == {1, 2, 4} and len(widths) == 1 + 3 * 3, "a warm-up, then 3 forwards of each width checked"
+    assert set(widths) == {1, 2, 4} and len(widths) == 1 + 3 * calibration.SPOT_REPEATS, \
+        "a warm-up, then SPOT_REPEATS forwards of each width checked"
     per_row["ms"] = 6.0  # the table was measured on a slow machine: measured again and saved
     assert calibration.step_cost(model, cache, max_rows=4).ms_by_rows == (6.0, 12.0, 18.0, 24.0)
     assert json.loads(path.read_text())["ms_by_rows"] == [6.0, 12.0, 18.0, 24.0]
@@ -148,13 +149,30 @@ def test_cores_taken_counts_other_processes_cores():
 def test_the_table_is_each_widths_median_ratio_to_one_row_within_its_sweep():
     """A sweep whose one row ran fast (or whose second half ran slow, the machine busy for a
     moment) does not move the table: each width is its median ratio to the same sweep's one
-    row, times the median one row. Each width's fastest forward would price 2 rows at 2x."""
+    row, times the median one row (each width's fastest forward would price 2 rows at 2x here)."""
     sweeps = [[10.0, 11.0, 13.0], [10.0, 11.0, 13.0], [5.5, 11.0, 13.0], [10.0, 22.0, 26.0], [20.0, 22.0, 26.0]]
-    table = calibration.table_from_sweeps(sweeps)
-    assert table == pytest.approx([10.0, 11.0, 13.0])
-    fastest = [min(sweep[w] for sweep in sweeps) for w in range(3)]
-    assert fastest[1] / fastest[0] == 2.0  # what the fastest forwards would say
+    assert calibration.table_from_sweeps(sweeps) == pytest.approx([10.0, 11.0, 13.0])
+
+
+def test_the_ratios_are_taken_within_each_sweep():
+    """The machine's speed drifting between sweeps (each sweep 1.1x one row for two): a
+    width's own median (30) or its fastest forward (22 over 10) would not say so."""
+    assert calibration.table_from_sweeps([[10.0, 30.0], [20.0, 22.0], [30.0, 33.0]]) == pytest.approx([20.0, 22.0])
+
+
+def test_a_spot_check_is_not_fooled_by_one_fast_forward(monkeypatch):
+    """The check takes the median of its forwards, as the table does: one fast outlier among
+    them leaves a table that fits alone."""
+    cfg = toy_config()
+    model = toy_model(cfg)
+    cache = KVCache(cfg.num_layers, 4, 200, cfg.num_kv_heads, cfg.head_dim, torch.float32)
+    times = iter([10.0] + [6.0, 10.0, 10.0, 10.0, 10.0] + [11.0] * calibration.SPOT_REPEATS)  # warm-up, 1 row, 2 rows
+
+    monkeypatch.setattr(calibration, "forward_ms", lambda model, cache, *, positions, kv_len, batch=1: next(times))
+    assert calibration.stale_widths(model, cache, calibration.StepCost((10.0, 11.0)), 2) == []
 
 
 def test_a_first_sweep_cut_short_gives_the_widths_it_measured():
     assert calibration.table_from_sweeps([[4.0, 6.0]]) == pytest.approx([4.0, 6.0])
+    with pytest.raises(ValueError):
+        calibration.table_from_sweeps([])

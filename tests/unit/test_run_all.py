@@ -87,8 +87,30 @@ def test_a_rerun_into_a_folder_of_its_own_keeps_the_pages_other_sections_and_the
     assert "## vs-llama-cpp" in page and "![vs-llama-cpp: rates](img/vs-llama-cpp-rates.png)" in page
     assert (docs.parent / "img" / "vs-llama-cpp-rates.png").read_bytes() == b"vs plot"
     assert "Kept from the page this one replaced" in page and "`vs-llama-cpp`" in page
-    # The replaced page's header named its machine; a kept section that names none was measured there.
-    assert "it was measured on the one that page named: CPU " in page and ", kernel builds " in page
     vs_section = page.split("## vs-llama-cpp")[1].split("## gguf")[0]
-    assert "duration not recorded, commit old1234." in vs_section  # the kept section names its own run
+    assert "duration not recorded, commit old1234, on " in vs_section  # the kept section names its own run
     assert page.index("## vs-llama-cpp") < page.index("## gguf")
+
+
+def test_a_kept_section_keeps_the_machine_its_page_named_through_later_replacements(tmp_path, monkeypatch):
+    """A section kept from a page measured on another machine names that machine (from the
+    page's header), and keeps naming it when the page is replaced again on a third."""
+    run_all = _run_all()
+    monkeypatch.setattr(run_all, "run_scenarios", lambda names, folder, quick: None)
+    docs = tmp_path / "docs" / "benchmarks.md"
+    docs.parent.mkdir(parents=True)
+    docs.write_text("# Benchmarks\n\n| | |\n|---|---|\n| CPU | Old CPU |\n| kernel builds | avx512, avx2 |\n\n"
+                    "## gguf\n\n`speclane bench gguf`: 2026-12-01 10:00, 1.0 min, commit old1234.\n\n| old table |\n\n"
+                    "## decode\n\n`speclane bench decode`: 2026-12-01 10:00, 1.0 min, commit old1234.\n\n| CPU | Not a header |\n")
+    for number, name in enumerate(("decode", "prefix")):
+        out = tmp_path / f"rerun{number}"
+        write_report(out / name, f"speclane bench {name}", [Table(f"{name} table", ["arm", "x"], [["new", 2.0]])])
+        (out / name / "run.json").write_text(json.dumps({"command": f"speclane bench {name}", "commit": f"new{number}",
+                                                         "machine": f"New CPU {number}, 2 cores, kernel builds avx2"}))
+        assert run_all.main(["--only", name, "--out", str(out), "--docs", str(docs)]) == 0
+        page = docs.read_text()
+        gguf = page.split("## gguf")[1].split("## ")[0]
+        assert "commit old1234, on Old CPU, kernel builds avx512, avx2." in gguf
+        assert f"| machine | New CPU {number}, 2 cores, kernel builds avx2 (torch threads: " in page
+    decode = page.split("## decode")[1].split("## ")[0]
+    assert "commit new0, on New CPU 0, 2 cores, kernel builds avx2." in decode, "kept from the second page, with its own machine"

@@ -12,7 +12,7 @@ after.
 Each start checks a cached table on a few widths (``stale_widths``) and measures it again
 where this machine's speed now is off it by more than ``SPOT_TOLERANCE``. Start-up never
 waits long for it: the sweeps stop at ``BUDGET_S`` (a machine busy with another process
-made 5 sweeps take minutes). A table cut short, or measured while other
+made the sweeps take minutes). A table cut short, or measured while other
 processes kept a core busy (``threads.cores_taken``: such a table read twice the quiet
 cost per row), is used for this run only (widths past the last measured one extend its
 slope, ``StepCost.ms``) and is not saved, so a quieter start measures it again.
@@ -63,14 +63,15 @@ def forward_ms(model: LlamaModel, cache: KVCache, *, batch: int = 1, positions: 
 
 SWEEPS = 7  # sweeps of 1..max_rows rows; the table takes each width's median ratio to one row
 BUDGET_S = 20.0  # the most start-up time the sweeps take (a busy machine: fewer sweeps)
-# A cached table is checked at every start on a few widths (fastest of a few forwards,
-# ~0.1 s for the default model) and measured again where it is off by more than this: a
+# A cached table is checked at every start on a few widths (the median of a few forwards,
+# the table's own statistic: a fastest forward sits below it by about this tolerance at one
+# row; ~0.3 s for the default model) and measured again where it is off by more than this: a
 # table measured while the machine ran slow for a while (other tenants of the host, which
 # no count of this machine's busy cores sees) read 7.7 ms for one row and 1.38x that for
 # two, where this machine then did 4.3-6.6 ms and 1.14-1.30x, and it steered adaptive K on every
 # later start.
 SPOT_WIDTHS = (1, 2)
-SPOT_REPEATS = 3
+SPOT_REPEATS = 5
 SPOT_TOLERANCE = 0.25
 
 
@@ -87,7 +88,7 @@ def measure(model: LlamaModel, cache: KVCache, max_rows: int, repeats: int = SWE
             clock: Callable[[], float] = time.perf_counter) -> Calibration:
     """``table_from_sweeps`` of ``repeats`` sweeps of 1..max_rows rows (one sequence, its
     rows as positions: the linears, which dominate, see rows, not sequences), stopping
-    once ``budget_s`` (default ``BUDGET_S``) has passed: after the sweep in progress, or
+    when ``budget_s`` (default ``BUDGET_S``) has passed: after the sweep in progress, or
     inside the first sweep (the table then ends at the last width measured)."""
     kv_len = _context(model, cache, max_rows)
     deadline = clock() + (BUDGET_S if budget_s is None else budget_s)
@@ -114,10 +115,12 @@ def table_from_sweeps(sweeps: list[list[float]]) -> list[float]:
     Ratios within a sweep, because a sweep's forwards run within a fraction of a second of
     each other, while this machine's speed drifts over seconds (other tenants of the host);
     medians, because a forward's times are not one shape at every width: each width's
-    fastest forward priced 2 rows at 1.35-1.55x one row in 8 calibrations of 5-9 sweeps on
-    an AMD EPYC Zen 3 (2 threads), where 30 sweeps' medians gave 1.02-1.12x, and every
+    fastest forward prices 2 rows at 1.35-1.55x one row in 8 calibrations of 5-9 sweeps on
+    an AMD EPYC Zen 3 (2 threads), where 30 sweeps' medians give 1.02-1.14x, and every
     wider width ~1.3x too high (one row's fastest forwards are outliers the wider ones do
-    not have). This estimate read 1.05-1.14x there (``benchmarks/calibration_check.py``)."""
+    not have); this estimate reads 1.05-1.14x there (``benchmarks/calibration_check.py``)."""
+    if not sweeps or not sweeps[0]:
+        raise ValueError("a step-cost table needs at least one forward of one row")
     one_row = statistics.median(sweep[0] for sweep in sweeps)
     widths = max(len(sweep) for sweep in sweeps)
     return [one_row * statistics.median(sweep[w] / sweep[0] for sweep in sweeps if len(sweep) > w)
@@ -149,13 +152,13 @@ def _key(model: LlamaModel, max_rows: int) -> str:
 
 
 def stale_widths(model: LlamaModel, cache: KVCache, cost: StepCost, max_rows: int) -> list[tuple[int, float, float]]:
-    """The widths ``SPOT_WIDTHS`` (and ``max_rows``) whose fastest of ``SPOT_REPEATS`` forwards
+    """The widths ``SPOT_WIDTHS`` (and ``max_rows``) whose median of ``SPOT_REPEATS`` forwards
     now is off ``cost`` by more than ``SPOT_TOLERANCE`` either way: (rows, table ms, now ms)."""
     kv_len = _context(model, cache, max_rows)
     forward_ms(model, cache, positions=1, kv_len=kv_len)  # warm-up
     off = []
     for rows in sorted({*(w for w in SPOT_WIDTHS if w <= max_rows), max_rows}):
-        now = min(forward_ms(model, cache, positions=rows, kv_len=kv_len) for _ in range(SPOT_REPEATS))
+        now = statistics.median(forward_ms(model, cache, positions=rows, kv_len=kv_len) for _ in range(SPOT_REPEATS))
         if abs(now / cost.ms(rows) - 1.0) > SPOT_TOLERANCE:
             off.append((rows, cost.ms(rows), now))
     return off

@@ -5,8 +5,8 @@ tick waits for them. Whether that pays depends on three things this module keeps
 
 * ``StepCost``: how long a forward of n rows takes (measured once per model and
   machine by the runner, ``engine/calibration.py``). On a CPU with weight-only int4
-  kernels it is far from flat: every row costs its FMAs (5 positions ~1.5x one here,
-  9 ~2.6x), and a full batch plus a verify costs more than the batch alone.
+  kernels it is far from flat: every row costs its FMAs (on a 2-core AMD EPYC Zen 3, 5
+  positions ~1.8x one, 9 ~2.6x), and a full batch plus a verify costs more than the batch alone.
 * ``DraftTiming``: what drafting costs per token (an MTP head pass each; n-gram ~0), per
   round (an MTP head's catch-up on the positions verified since its last round) and on a
   request's first round (its seed: an MTP head's pass over the prompt).
