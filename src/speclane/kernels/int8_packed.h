@@ -103,23 +103,18 @@ static inline __m256i pair_values(const uint8_t *tile, int format, int k) {
     return _mm512_cvtepi16_epi8(_mm512_permutexvar_epi16(_mm512_load_si512(INT8_ORDER), pair_words(tile, format, k, &table)));
 }
 #else
-// Bits 0, 2, 4, ... of x in the low half, bits 1, 3, 5, ... in the high half (Hacker's
-// Delight's unshuffle): a plane in the int8 layout's order.
-static inline uint32_t unshuffle_bits(uint32_t x) {
-    uint32_t t;
-    t = (x ^ (x >> 1)) & 0x22222222u, x ^= t ^ (t << 1);
-    t = (x ^ (x >> 2)) & 0x0C0C0C0Cu, x ^= t ^ (t << 2);
-    t = (x ^ (x >> 4)) & 0x00F000F0u, x ^= t ^ (t << 4);
-    t = (x ^ (x >> 8)) & 0x0000FF00u, x ^= t ^ (t << 8);
-    return x;
-}
-
-// Byte i of the result: 0xFF where bit i of ``word`` is set, else 0.
-static inline __m256i expand_bits(uint32_t word) {
-    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)word), pick);  // per 128-bit lane: bytes 0-1, 2-3
+// Byte i of the result: 0xFF where the plane ``word`` sets value i of the int8 layout's
+// order, else 0. The plane holds the pair order (bit 2j: column j of input k, bit 2j + 1:
+// column j of input k + 1), so byte i < 16 reads bit 2i (byte i / 4 of the word, bit
+// 2 (i % 4)) and byte 16 + j bit 2j + 1: the byte shuffle and the masks do the reordering,
+// which a scalar bit unshuffle before them (16 dependent operations a plane, on every pair
+// of inputs) made the AVX2 build's Q5 and Q6 weights 3-5x slower than Q4's at one row.
+static inline __m256i expand_plane(uint32_t word) {
+    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3,
+                                          0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m256i bit = _mm256_setr_epi8(1, 4, 16, 64, 1, 4, 16, 64, 1, 4, 16, 64, 1, 4, 16, 64,
+                                         2, 8, 32, -128, 2, 8, 32, -128, 2, 8, 32, -128, 2, 8, 32, -128);
+    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)word), pick);  // within each 128-bit lane
     return _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
 }
 
@@ -132,7 +127,7 @@ static inline __m256i pair_values(const uint8_t *tile, int format, int k) {
     const __m128i packed = _mm_loadu_si128((const __m128i *)pair), low = _mm_set1_epi8(15);
     __m256i v = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low), _mm_and_si128(packed, low));
     for (int h = 0; h < bits - 4; h++)
-        v = _mm256_or_si256(v, _mm256_and_si256(expand_bits(unshuffle_bits(pair_plane(pair, h))), _mm256_set1_epi8((char)(16 << h))));
+        v = _mm256_or_si256(v, _mm256_and_si256(expand_plane(pair_plane(pair, h)), _mm256_set1_epi8((char)(16 << h))));
     return _mm256_sub_epi8(v, _mm256_set1_epi8((char)FORMAT_BIAS(format)));
 }
 #endif
