@@ -115,7 +115,7 @@ def table_from_sweeps(sweeps: list[list[float]]) -> list[float]:
     Ratios within a sweep, because a sweep's forwards run within a fraction of a second of
     each other, while this machine's speed drifts over seconds (other tenants of the host);
     medians, because a forward's times are not one shape at every width: each width's
-    fastest forward prices 2 rows at 1.35-1.55x one row in 8 calibrations of 5-9 sweeps on
+    fastest forward prices 2 rows at 1.30-1.55x one row in 8 calibrations of 5-9 sweeps on
     an AMD EPYC Zen 3 (2 threads), where 30 sweeps' medians give 1.02-1.14x, and every
     wider width ~1.3x too high (one row's fastest forwards are outliers the wider ones do
     not have); this estimate reads 1.05-1.14x there (``benchmarks/calibration_check.py``)."""
