@@ -31,8 +31,7 @@ def main() -> None:
 
     def sweeps(count: int) -> list[list[float]]:
         calibration.forward_ms(model, cache, positions=1, kv_len=kv_len)  # warm-up
-        return [[calibration.forward_ms(model, cache, positions=rows, kv_len=kv_len)
-                 for rows in range(1, args.widths + 1)] for _ in range(count)]
+        return [calibration.sweep(model, cache, args.widths, kv_len) for _ in range(count)]
 
     for number in range(1, args.calibrations + 1):
         measured = sweeps(calibration.SWEEPS)

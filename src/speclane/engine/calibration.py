@@ -95,16 +95,24 @@ def measure(model: LlamaModel, cache: KVCache, max_rows: int, repeats: int = SWE
     forward_ms(model, cache, positions=1, kv_len=kv_len)  # warm-up
     sweeps: list[list[float]] = []
     while len(sweeps) < repeats:
-        sweep: list[float] = []
-        sweeps.append(sweep)
-        for rows in range(1, max_rows + 1):
-            sweep.append(forward_ms(model, cache, positions=rows, kv_len=kv_len))
-            if len(sweeps) == 1 and clock() > deadline:
-                break
+        # Only the first sweep stops inside: a table needs one row's ratio for every width.
+        sweeps.append(sweep(model, cache, max_rows, kv_len, stop=(lambda: clock() > deadline) if not sweeps else None))
         if clock() > deadline:
             break
     complete = sum(len(sweep) == max_rows for sweep in sweeps)
     return Calibration(StepCost.from_measurements(table_from_sweeps(sweeps)), complete)
+
+
+def sweep(model: LlamaModel, cache: KVCache, max_rows: int, kv_len: int,
+          stop: Callable[[], bool] | None = None) -> list[float]:
+    """Ms of one forward of each of 1..max_rows rows after ``kv_len`` cached positions, in
+    order, ending early after the first width at which ``stop()`` holds."""
+    times: list[float] = []
+    for rows in range(1, max_rows + 1):
+        times.append(forward_ms(model, cache, positions=rows, kv_len=kv_len))
+        if stop is not None and stop():
+            break
+    return times
 
 
 def table_from_sweeps(sweeps: list[list[float]]) -> list[float]:
