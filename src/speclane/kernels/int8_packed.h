@@ -103,32 +103,61 @@ static inline __m256i pair_values(const uint8_t *tile, int format, int k) {
     return _mm512_cvtepi16_epi8(_mm512_permutexvar_epi16(_mm512_load_si512(INT8_ORDER), pair_words(tile, format, k, &table)));
 }
 #else
-// Byte i of the result: 0xFF where the plane ``word`` sets value i of the int8 layout's
-// order, else 0. The plane holds the pair order (bit 2j: column j of input k, bit 2j + 1:
-// column j of input k + 1), so byte i < 16 reads bit 2i (byte i / 4 of the word, bit
-// 2 (i % 4)) and byte 16 + j bit 2j + 1: the byte shuffle and the masks do the reordering,
-// which a scalar bit unshuffle before them (16 dependent operations a plane, on every pair
-// of inputs) made the AVX2 build's Q5 and Q6 weights 3-5x slower than Q4's at one row.
-static inline __m256i expand_plane(uint32_t word) {
-    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3,
-                                          0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    const __m256i bit = _mm256_setr_epi8(1, 4, 16, 64, 1, 4, 16, 64, 1, 4, 16, 64, 1, 4, 16, 64,
-                                         2, 8, 32, -128, 2, 8, 32, -128, 2, 8, 32, -128, 2, 8, 32, -128);
-    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)word), pick);  // within each 128-bit lane
-    return _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+// The AVX2 build decodes a pair to the int8 layout's bytes. A plane's 32 bits spread to bytes
+// with one byte shuffle and one mask compare, whose patterns do the reordering: the plane
+// holds the pair order (bit 2j: column j of input k, bit 2j + 1: column j of input k + 1),
+// so byte i < 16 reads bit 2i (byte i / 4 of the word, bit 2 (i % 4)) and byte 16 + j bit
+// 2j + 1. (A scalar bit unshuffle before them, 16 dependent operations a plane on every pair
+// of inputs, made the Q5 and Q6 weights 3-5x slower than Q4's at one row.)
+//
+// A format's constants, made once a tile call (pair_decoder) rather than at every pair, where
+// they cost three operations a plane: plane h adds ``add[h]`` to the bytes whose bit compares
+// equal to ``when[h]``. That is 16 << h where the bit is set, except a signed format's top
+// plane, which folds in the bias: q = u - 2^(bits-1) is negative where its top bit is clear,
+// its int8 the lower bits under the sign bits (0xF0 for 5 bits, 0xE0 for 6), so that plane
+// adds the sign bits where its bit is clear, and no subtraction follows. A 5-bit pair
+// decodes in 7 operations (the nibbles in two: the 16 bytes in both halves of a register,
+// each half's dwords shifted by 0 or 4, masked).
+typedef struct {
+    int format;
+    __m256i when[2], add[2];
+} pair_decoder;
+
+static const uint8_t PLANE_PICK[32] __attribute__((aligned(32))) = {
+    0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
+static const uint8_t PLANE_BIT[32] __attribute__((aligned(32))) = {
+    1, 4, 16, 64, 1, 4, 16, 64, 1, 4, 16, 64, 1, 4, 16, 64, 2, 8, 32, 128, 2, 8, 32, 128, 2, 8, 32, 128, 2, 8, 32, 128};
+
+static inline pair_decoder pair_decoder_for(int format) {
+    const int bits = FORMAT_BITS(format);
+    pair_decoder decoder = {format, {_mm256_setzero_si256(), _mm256_setzero_si256()}, {_mm256_setzero_si256(), _mm256_setzero_si256()}};
+    for (int h = 0; h < 2 && h < bits - 4; h++) {
+        const int sign_plane = (format & 16) && h == bits - 5;
+        decoder.when[h] = sign_plane ? _mm256_setzero_si256() : _mm256_load_si256((const __m256i *)PLANE_BIT);
+        decoder.add[h] = _mm256_set1_epi8((char)(sign_plane ? 0xFF << (bits - 1) : 16 << h));
+    }
+    return decoder;
 }
 
 // The 32 int8 values of inputs k, k + 1 (k even) of the column tile at ``tile``, in the int8
 // layout's order (input k's 16 columns, then input k + 1's).
-static inline __m256i pair_values(const uint8_t *tile, int format, int k) {
-    const int bits = FORMAT_BITS(format);
+static inline __m256i pair_values_of(const uint8_t *tile, const pair_decoder *decoder, int k) {
+    const int bits = FORMAT_BITS(decoder->format);
     if (bits == 8) return _mm256_loadu_si256((const __m256i *)(tile + (size_t)k * 16));
     const uint8_t *pair = tile + (size_t)(k / 2) * PAIR_BYTES(bits);
-    const __m128i packed = _mm_loadu_si128((const __m128i *)pair), low = _mm_set1_epi8(15);
-    __m256i v = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low), _mm_and_si128(packed, low));
-    for (int h = 0; h < bits - 4; h++)
-        v = _mm256_or_si256(v, _mm256_and_si256(expand_plane(pair_plane(pair, h)), _mm256_set1_epi8((char)(16 << h))));
-    return _mm256_sub_epi8(v, _mm256_set1_epi8((char)FORMAT_BIAS(format)));
+    const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)pair));
+    __m256i v = _mm256_and_si256(_mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(15));
+    const __m256i pick = _mm256_load_si256((const __m256i *)PLANE_PICK), bit = _mm256_load_si256((const __m256i *)PLANE_BIT);
+    for (int h = 0; h < bits - 4; h++) {
+        const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)pair_plane(pair, h)), pick);  // within each 128-bit lane
+        v = _mm256_or_si256(v, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), decoder->when[h]), decoder->add[h]));
+    }
+    return v;
+}
+
+static inline __m256i pair_values(const uint8_t *tile, int format, int k) {
+    const pair_decoder decoder = pair_decoder_for(format);
+    return pair_values_of(tile, &decoder, k);
 }
 #endif
 
