@@ -3,10 +3,11 @@ one forward plan, models/forward_plan.py) with a kind of the plan's steps swappe
 that does nothing, and the logits after it, alternated in one process (this machine's speed
 drifts between runs).
 
-    .venv/bin/python benchmarks/decode_breakdown.py [--rounds 8] [--batch 1] [--positions 1] [--matmul-inputs bfloat16]
+    .venv/bin/python benchmarks/decode_breakdown.py [--rounds 8] [--batch 1] [--positions 1] [--kv-len 200]
+        [--matmul-inputs bfloat16]
 
 Prints the median ms of each variant of one forward with its logits (``--batch`` sequences
-of ``--positions`` new tokens each, KV length 200: a mixed tick's decode rows, or a verify
+of ``--positions`` new tokens each, after ``--kv-len`` cached ones (200): a mixed tick's decode rows, or a verify
 round of K = positions - 1 drafts) and of the logits alone (the output head, its top
 candidates' exact refinement), and the share of the whole step each kind of step takes
 (the whole step less the variant without it). Steps
@@ -58,6 +59,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--batch", type=int, default=1, help="sequences in the forward")
     parser.add_argument("--positions", type=int, default=1, help="new tokens of each sequence")
+    parser.add_argument("--kv-len", type=int, default=200, help="each sequence's cached tokens before the forward")
     parser.add_argument("--matmul-inputs", default=EngineConfig().model.matmul_inputs, choices=MATMUL_INPUTS,
                         help="the engine's --matmul-inputs")
     args = parser.parse_args()
@@ -68,7 +70,7 @@ def main() -> None:
         raise SystemExit(f"the model runs no forward plan here: {model.plan_blocker}")
 
     def forward() -> float:
-        return forward_ms(model, cache, batch=args.batch, positions=args.positions, kv_len=200)
+        return forward_ms(model, cache, batch=args.batch, positions=args.positions, kv_len=args.kv_len)
 
     forward()  # makes the plan of this many rows
     with model.plans.lock:
