@@ -7,14 +7,13 @@ drifts between runs).
         [--matmul-inputs bfloat16]
 
 Prints the median ms of each variant of one forward with its logits (``--batch`` sequences
-of ``--positions`` new tokens each, after ``--kv-len`` cached ones (200): a mixed tick's decode rows, or a verify
-round of K = positions - 1 drafts) and of the logits alone (the output head, its top
-candidates' exact refinement), and the share of the whole step each kind of step takes
-(the whole step less the variant without it). Steps
-skipped leave their output buffers as they were, so the steps after them compute on stale
-values at the same cost. The variant with every step skipped is what a forward costs
-outside its plan's steps (the embedding, the call, the logits); its share is the steps'
-together.
+of ``--positions`` new tokens each, after ``--kv-len`` cached ones (200): a mixed tick's
+decode rows, or a verify round of K = positions - 1 drafts) and of the logits alone (the
+output head, its top candidates' exact refinement), and the share of the whole step each
+kind of step takes (the whole step less the variant without it). Steps skipped leave
+their output buffers as they were, so the steps after them compute on stale values at the
+same cost. The variant with every step skipped is what a forward costs outside its plan's
+steps (the embedding, the call, the logits); its share is the steps' together.
 """
 
 from __future__ import annotations

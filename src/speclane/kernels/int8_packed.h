@@ -111,11 +111,11 @@ static inline __m256i pair_values(const uint8_t *tile, int format, int k) {
 // of inputs, made the Q5 and Q6 weights 3-5x slower than Q4's at one row.)
 //
 // A format's constants, made once a tile call (pair_decoder) rather than at every pair, where
-// they cost three operations a plane: plane h adds ``add[h]`` to the bytes whose bit compares
+// they cost three operations a plane: plane h ORs ``add[h]`` into the bytes whose bit compares
 // equal to ``when[h]``. That is 16 << h where the bit is set, except a signed format's top
 // plane, which folds in the bias: q = u - 2^(bits-1) is negative where its top bit is clear,
 // its int8 the lower bits under the sign bits (0xF0 for 5 bits, 0xE0 for 6), so that plane
-// adds the sign bits where its bit is clear, and no subtraction follows. A 5-bit pair
+// ORs in the sign bits where its bit is clear, and no subtraction follows. A 5-bit pair
 // decodes in 7 operations (the nibbles in two: the 16 bytes in both halves of a register,
 // each half's dwords shifted by 0 or 4, masked).
 typedef struct {

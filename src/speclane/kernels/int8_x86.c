@@ -242,7 +242,8 @@ INLINE void rows_tile_int(const int R, const int TT, const int HALF, const q8_we
 // a contiguous run of tiles (split.h) the streams cost more than the chains save (the
 // default model's 49,152 x 576 head from memory at 2-6 rows took 0.61-0.84x the time of
 // 4 tiles a call at 1-3 rows and 2 at 4-6, in the bfloat16 and plain AVX-512 builds of an
-// AMD EPYC Zen 4). One row keeps its tiles: a single chain a column is latency-bound.
+// AMD EPYC Zen 4). One row keeps its tiles: a single chain a column is latency-bound
+// (except the AVX2 build's narrow formats, one tile a call: NARROW_TILES_ONE_ROW).
 typedef void (*tile_fn)(int, const q8_weight *, const q8_input *, int, uint16_t *);
 typedef void (*one_row_fn)(const q8_weight *, const q8_input *, int, uint16_t *);
 #define CASE_ANY(TILE, HALF, r) case r: TILE(r, 1, HALF, w, in, tile, y); break;
@@ -291,7 +292,8 @@ INT_TILES(int_tile_f16, 1)
 
 // Every tile, TILES_ONE_ROW tiles at a time: the full blocks of ``block`` rows one tile a
 // call (a tile's weights stay in L1 from one block to the next), then the last block's rows
-// one tile a call, or a last single row all TILES_ONE_ROW tiles in one call (see rows_tile);
+// one tile a call, or a last single row all TILES_ONE_ROW tiles in one call (see rows_tile
+// and ONE_ROW_TILES);
 // the last few tiles one at a time.
 // Split between threads as split.h says: dynamically, in contiguous runs of tiles (a call
 // streams the weight from memory once, its blocks of rows over a tile from L1).
