@@ -19,7 +19,13 @@ from speclane.bench import gguf_scenario
 from speclane.bench.http_streams import StreamResult, aggregate_rate
 from speclane.bench.llama_cpp import generation_rate, requantize
 from speclane.bench.servers import ServerProcess, free_port, server_process
-from speclane.bench.weight_types import SCALE_OFFSETS, measured_types, random_blocks, random_values
+from speclane.bench.weight_types import (
+    SCALE_OFFSETS,
+    kept_narrow,
+    measured_types,
+    random_blocks,
+    random_values,
+)
 from speclane.config import EngineConfig
 from speclane.kernels.select import Kernels
 from speclane.models.build import file_weight
@@ -195,6 +201,20 @@ def test_random_blocks_are_valid_weights_of_a_models_size(type_name):
     reference = np.asarray(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[type_name]), np.float32)
     assert np.array_equal(values.numpy(), reference)
     assert np.isfinite(reference).all() and 1e-3 < np.abs(reference).max() < 8
+
+
+@pytest.mark.parametrize(("type_name", "narrow"), [("Q5_0", True), ("Q6_K", True), ("Q8_0", False), ("Q4_0", False)])
+def test_the_byte_layout_arm_runs_for_the_types_kept_in_5_or_6_bits(type_name, narrow):
+    kernels = Kernels.load("auto")
+    if kernels.int8 is None:
+        pytest.skip("no int8-group kernel here")
+    rows, cols = 32, 256
+    raw = random_blocks(TYPES[type_name], rows, cols, np.random.default_rng(2))
+    weight = file_weight(quantized_tensor(TYPES[type_name], raw, rows, cols), kernels)
+    assert kept_narrow([weight]) is narrow
+    if narrow:
+        as_bytes = file_weight(quantized_tensor(TYPES[type_name], raw, rows, cols), Kernels.load("auto", narrow_weights=False))
+        assert not kept_narrow([as_bytes])
 
 
 def test_load_note_warns_only_where_another_process_kept_a_core_busy():

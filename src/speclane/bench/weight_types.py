@@ -13,7 +13,9 @@ float types normal values (``random_values``). Each
 weight runs on the kernel a model of the file runs it on (``models.build.file_weight``),
 against torch's dense bfloat16 matmul (``torch.nn.functional.linear``) of the same
 weights dequantized, at 1 row (a decode step) and at 96 rows (a prefill chunk); the arms
-alternate and the table reports medians.
+alternate and the table reports medians. The types our int8-group kernel keeps in 5 or 6
+bits a value (``--narrow-weights``, the default) run a third arm, the same values a byte
+each (``--no-narrow-weights``): which layout is faster depends on the CPU's build.
 """
 
 from __future__ import annotations
@@ -95,38 +97,52 @@ def _pass(matmuls: list[Callable[[torch.Tensor], torch.Tensor]], inputs: list[to
     return run
 
 
+def kept_narrow(weights: list) -> bool:
+    """Whether the int8-group kernel keeps these weights' values in 5 or 6 bits."""
+    packed = getattr(weights[0], "packed", None)
+    return packed is not None and packed.format & 15 != 8
+
+
 def weight_types(kernel_choice: str, quick: bool = False) -> Table:
     layers = 2 if quick else LAYERS
     repeats = {1: 5 if quick else 15, PREFILL_ROWS: 2 if quick else 4}
     kernels = Kernels.load(kernel_choice)
+    byte_kernels = Kernels.load(kernel_choice, narrow_weights=False)
     measured, skipped = measured_types()
     table = Table(f"Weight types: Qwen3-0.6B's layer matmuls x {layers} layers, our kernel on the type's blocks "
                   "vs a dense bfloat16 matmul of the same values",
-                  ["type", "kernel", "bits / weight", *(f"{rows} row{'s' * (rows > 1)}: {column}" for rows in (1, PREFILL_ROWS)
-                                                        for column in ("ours ms", "bf16 ms", "bf16 / ours"))])
+                  ["type", "kernel", "bits / weight",
+                   *(f"{rows} row{'s' * (rows > 1)}: {column}" for rows in (1, PREFILL_ROWS)
+                     for column in ("ours ms", "bf16 ms", "bf16 / ours", "a byte a value / ours"))])
     generator = torch.Generator().manual_seed(0)
     for index, type_name in enumerate(measured):
         progress(f"weight types: {type_name}")
         built = _layers(type_name, kernels, layers, seed=index)
         if built is None:
-            table.add(type_name, "none here (runs dense)", "", "", "", "", "", "", "")
+            table.add(type_name, "none here (runs dense)", *[""] * 9)
             continue
         ours, dense = built
+        byte_layout = _layers(type_name, byte_kernels, layers, seed=index)[0] if kept_narrow(ours) else None
         row: list = [type_name, ours[0].kernel, 8 * sum(w.nbytes for w in ours) / sum(w.numel() for w in dense)]
         for rows in (1, PREFILL_ROWS):
             inputs = [torch.randn(rows, w.shape[1], generator=generator).bfloat16() for w in dense]
-            runs = alternate({"ours": _pass([w.matmul for w in ours], inputs),
-                              "bf16": _pass([_dense_matmul(w) for w in dense], inputs)}, repeats[rows])
+            arms = {"ours": _pass([w.matmul for w in ours], inputs), "bf16": _pass([_dense_matmul(w) for w in dense], inputs)}
+            if byte_layout is not None:
+                arms["bytes"] = _pass([w.matmul for w in byte_layout], inputs)
+            runs = alternate(arms, repeats[rows])
             ours_s, dense_s = median(runs["ours"]), median(runs["bf16"])
-            row += [1e3 * ours_s, 1e3 * dense_s, f"{dense_s / ours_s:.2f}x"]
+            bytes_ratio = f"{median(runs['bytes']) / ours_s:.2f}x" if byte_layout is not None else "-"
+            row += [1e3 * ours_s, 1e3 * dense_s, f"{dense_s / ours_s:.2f}x", bytes_ratio]
         table.add(*row)
-        del ours, dense, built
+        del ours, dense, built, byte_layout
         gc.collect()
     table.notes.append(f"{layers} layers of [4096 x 1024] (q/k/v fused), [1024 x 2048], [6144 x 1024] (gate/up fused) and "
                        f"[1024 x 3072] matmuls: {layers * sum(r * c for r, c in SHAPES) / 1e6:.0f}M weights, each "
                        "called once per pass; random blocks with finite scales (timing does not depend on the values).")
     table.notes.append("bf16 / ours: the dense bfloat16 time over ours (above 1: ours is faster). bits / weight: what our kernel reads (quants, "
-                       "scales and minimums as it packs them); dense bfloat16 reads 16. "
+                       "scales and minimums as it packs them); dense bfloat16 reads 16. a byte a value / ours: where our int8-group "
+                       "kernel keeps the values in 5 or 6 bits (--narrow-weights, the default), the time of the same values a byte "
+                       "each (--no-narrow-weights) over ours (below 1: the byte layout is faster on this CPU, for more memory). "
                        f"Medians of {repeats[1]} (1 row) and {repeats[PREFILL_ROWS]} ({PREFILL_ROWS} rows) "
                        "alternating passes after a warm-up of each arm, on torch's threads.")
     if skipped:
