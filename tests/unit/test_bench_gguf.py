@@ -203,18 +203,20 @@ def test_random_blocks_are_valid_weights_of_a_models_size(type_name):
     assert np.isfinite(reference).all() and 1e-3 < np.abs(reference).max() < 8
 
 
-@pytest.mark.parametrize(("type_name", "narrow"), [("Q5_0", True), ("Q6_K", True), ("Q8_0", False), ("Q4_0", False)])
+@pytest.mark.parametrize(("type_name", "narrow"), [("Q5_0", True), ("Q6_K", True), ("Q8_0", False), ("Q4_0", False),
+                                                   ("F16", False), ("F32", False)])
 def test_the_byte_layout_arm_runs_for_the_types_kept_in_5_or_6_bits(type_name, narrow):
     kernels = Kernels.load("auto")
     if kernels.int8 is None:
         pytest.skip("no int8-group kernel here")
     rows, cols = 32, 256
-    raw = random_blocks(TYPES[type_name], rows, cols, np.random.default_rng(2))
-    weight = file_weight(quantized_tensor(TYPES[type_name], raw, rows, cols), kernels)
+    rng = np.random.default_rng(2)
+    part = (random_values(TYPES[type_name], rows, cols, rng) if type_name in FLOAT_DTYPES
+            else quantized_tensor(TYPES[type_name], random_blocks(TYPES[type_name], rows, cols, rng), rows, cols))
+    weight = file_weight(part, kernels)
     assert kept_narrow([weight]) is narrow
     if narrow:
-        as_bytes = file_weight(quantized_tensor(TYPES[type_name], raw, rows, cols), Kernels.load("auto", narrow_weights=False))
-        assert not kept_narrow([as_bytes])
+        assert not kept_narrow([file_weight(part, Kernels.load("auto", narrow_weights=False))])
 
 
 def test_load_note_warns_only_where_another_process_kept_a_core_busy():

@@ -29,9 +29,11 @@ import torch
 
 from speclane.bench.common import Table, alternate, median
 from speclane.bench.driver import progress
+from speclane.kernels import int8_cpu
 from speclane.kernels.select import Kernels
 from speclane.models.build import file_weight
 from speclane.models.gguf_types import FLOAT_DTYPES, TYPES, FloatTensor, GGMLType, quantized_tensor
+from speclane.models.linear import GroupInt8Weight
 
 LAYERS = 7
 SHAPES = [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)]  # [out, in] of one layer's matmuls
@@ -99,8 +101,7 @@ def _pass(matmuls: list[Callable[[torch.Tensor], torch.Tensor]], inputs: list[to
 
 def kept_narrow(weights: list) -> bool:
     """Whether the int8-group kernel keeps these weights' values in 5 or 6 bits."""
-    packed = getattr(weights[0], "packed", None)
-    return packed is not None and packed.format & 15 != 8
+    return isinstance(weights[0], GroupInt8Weight) and weights[0].packed.format & 15 != int8_cpu.INT8
 
 
 def weight_types(kernel_choice: str, quick: bool = False) -> Table:
