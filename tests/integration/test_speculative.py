@@ -187,6 +187,17 @@ def test_preempted_request_output_identical_to_speculation_off(parts, preemption
 DEFAULT_MODES = ("off", "slice-rotating", "burst", "mtp-everyone")
 
 
+def _runs_at_fixed_k(base: EngineConfig, modes: tuple[str, ...], model, tokenizer) -> dict:
+    """Each mode's cases and counters on one model. Fixed K: what is under test is the verify
+    rounds' bits, and adaptive K, pricing rows on a slow CPU, may draft none (an AVX2-only
+    2-core machine drafted 0 in 5 rounds)."""
+    out = {}
+    for mode in modes:
+        engine = LLMEngine.from_parts(base.replace(**{**MODES[mode], "spec_adaptive_k": False}), model, tokenizer)
+        out[mode] = (run_cases(engine), engine.counters)
+    return out
+
+
 @pytest.fixture(scope="module")
 def default_results(our_kernels):
     base = EngineConfig().replace(max_model_len=512, max_num_seqs=len(CASES), max_num_batched_tokens=512)
@@ -195,13 +206,7 @@ def default_results(our_kernels):
 
     model, tokenizer = build_model(weights, base.model), load_tokenizer(weights.tokenizer_source)
     assert model.dtype == torch.bfloat16 and model.layers[0].qkv.quantized.kernel != "torch"
-    out = {}
-    for mode in DEFAULT_MODES:
-        # Fixed K: what is under test is the verify rounds' bits, and adaptive K, pricing rows
-        # on a slow CPU, may draft none (an AVX2-only 2-core machine drafted 0 in 5 rounds).
-        engine = LLMEngine.from_parts(base.replace(**{**MODES[mode], "spec_adaptive_k": False}), model, tokenizer)
-        out[mode] = (run_cases(engine), engine.counters)
-    return out
+    return _runs_at_fixed_k(base, DEFAULT_MODES, model, tokenizer)
 
 
 @pytest.mark.parametrize("mode", DEFAULT_MODES[1:])
@@ -231,13 +236,7 @@ def int8_results(our_kernels):
 
     model, tokenizer = build_model(weights, base.model), load_tokenizer(weights.tokenizer_source)
     assert model.kernels.matmul_inputs == "int8" and model.layers[0].qkv.quantized.library is model.kernels.int4_library
-    out = {}
-    for mode in INT8_MODES:
-        # Fixed K: what is under test is the verify rounds' bits, and adaptive K, pricing rows
-        # on a slow CPU, may draft none (an AVX2-only 2-core machine drafted 0 in 5 rounds).
-        engine = LLMEngine.from_parts(base.replace(**{**MODES[mode], "spec_adaptive_k": False}), model, tokenizer)
-        out[mode] = (run_cases(engine), engine.counters)
-    return out
+    return _runs_at_fixed_k(base, INT8_MODES, model, tokenizer)
 
 
 def test_int8_matmul_inputs_greedy_identical_to_speculation_off(int8_results, default_results):

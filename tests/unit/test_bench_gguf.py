@@ -214,9 +214,9 @@ def test_the_byte_layout_arm_runs_for_the_types_kept_in_5_or_6_bits(type_name, n
     part = (random_values(TYPES[type_name], rows, cols, rng) if type_name in FLOAT_DTYPES
             else quantized_tensor(TYPES[type_name], random_blocks(TYPES[type_name], rows, cols, rng), rows, cols))
     weight = file_weight(part, kernels)
-    assert kept_narrow([weight]) is narrow
+    assert kept_narrow(weight) is narrow
     if narrow:
-        assert not kept_narrow([file_weight(part, Kernels.load("auto", narrow_weights=False))])
+        assert not kept_narrow(file_weight(part, Kernels.load("auto", narrow_weights=False)))
 
 
 def test_load_note_warns_only_where_another_process_kept_a_core_busy():

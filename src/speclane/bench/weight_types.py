@@ -99,9 +99,9 @@ def _pass(matmuls: list[Callable[[torch.Tensor], torch.Tensor]], inputs: list[to
     return run
 
 
-def kept_narrow(weights: list) -> bool:
-    """Whether the int8-group kernel keeps these weights' values in 5 or 6 bits."""
-    return isinstance(weights[0], GroupInt8Weight) and weights[0].packed.format & 15 != int8_cpu.INT8
+def kept_narrow(weight: object) -> bool:
+    """Whether the int8-group kernel keeps this weight's values in 5 or 6 bits."""
+    return isinstance(weight, GroupInt8Weight) and weight.packed.format & 15 != int8_cpu.INT8
 
 
 def weight_types(kernel_choice: str, quick: bool = False) -> Table:
@@ -123,7 +123,7 @@ def weight_types(kernel_choice: str, quick: bool = False) -> Table:
             table.add(type_name, "none here (runs dense)", *[""] * 9)
             continue
         ours, dense = built
-        byte_layout = _layers(type_name, byte_kernels, layers, seed=index)[0] if kept_narrow(ours) else None
+        byte_layout = _layers(type_name, byte_kernels, layers, seed=index)[0] if kept_narrow(ours[0]) else None
         row: list = [type_name, ours[0].kernel, 8 * sum(w.nbytes for w in ours) / sum(w.numel() for w in dense)]
         for rows in (1, PREFILL_ROWS):
             inputs = [torch.randn(rows, w.shape[1], generator=generator).bfloat16() for w in dense]
