@@ -663,3 +663,58 @@ def test_a_waiting_sibling_does_not_block_requests_behind_it():
         assert "a#1" not in rows(plan) or story.scheduler.running["a"].prefill_done
         seen_b = "b" in rows(plan)
     assert seen_b
+
+
+
+def chat(rid: str, shared: int, own: list[int], tenant: str = "anonymous") -> Request:
+    """A request whose prompt opens with the ``shared`` tokens every such chat starts with
+    (a system prompt), then its ``own``."""
+    return Request(request_id=rid, prompt_token_ids=[100 + i for i in range(shared)] + own,
+                   sampling=SamplingParams(max_tokens=16), eos_token_ids=frozenset({EOS}), tenant=tenant)
+
+
+def test_chats_with_one_prefix_arriving_together_compute_it_once():
+    story = Story(make_scheduler(max_num_batched_tokens=256))
+    for rid, own in (("a", 1), ("b", 2), ("c", 3)):
+        story.add(chat(rid, 40, [own] * 4))
+    plan, _ = story.tick()
+    assert set(rows(plan)) == {"a"}, "b and c must wait while a computes the blocks they share with it"
+    plan, _ = story.tick()
+    for rid in ("b", "c"):  # the two full blocks a computed are read (its third is not full yet)
+        seq = rows(plan)[rid]
+        assert seq.request.num_cached_tokens == 32 and (seq.start, len(seq.token_ids)) == (32, 12)
+    assert story.scheduler.counts.prefill_tokens == 44 + 2 * 12
+
+
+def test_another_tenants_prefix_is_never_waited_for():
+    story = Story(make_scheduler(max_num_batched_tokens=256))
+    story.add(chat("a", 40, [1] * 4))
+    story.add(chat("b", 40, [2] * 4, tenant="other"))
+    plan, _ = story.tick()
+    assert chunk_sizes(plan) == {"a": 44, "b": 44}
+
+
+def test_a_request_waiting_for_a_shared_prefix_lets_others_in():
+    story = Story(make_scheduler(max_num_batched_tokens=64))
+    story.add(chat("a", 60, []))
+    story.add(chat("b", 60, []))
+    story.add(Request(request_id="c", prompt_token_ids=[7] * 20, sampling=SamplingParams(max_tokens=16)))
+    plan, _ = story.tick()
+    assert chunk_sizes(plan) == {"a": 60, "c": 4}, "b waits for a; c, behind it, takes the budget a left"
+    plan, _ = story.tick()
+    assert rows(plan)["b"].request.num_cached_tokens == 48  # the prompt's full blocks, but the last token's
+
+
+def test_a_request_waiting_for_a_shared_prefix_follows_its_chunks():
+    story = Story(make_scheduler(max_num_batched_tokens=24))
+    story.add(chat("a", 70, []))
+    story.add(chat("b", 70, []))
+    a_before_tick = []  # a's computed tokens when each tick's plan was made, until b is in one
+    while True:
+        a_before_tick.append(story.scheduler.running["a"].num_computed_tokens if "a" in story.scheduler.running else 0)
+        plan, _ = story.tick()
+        if "b" in rows(plan):
+            break
+    # a computes 24 tokens a tick. Its last chunk leaves room for b, but b waits one tick
+    # more, until a's fourth full block is in the cache too.
+    assert a_before_tick == [0, 24, 48, 70] and rows(plan)["b"].request.num_cached_tokens == 64

@@ -166,6 +166,26 @@ class KVManager:
         then the tenant holding the fewest blocks per unit of weight, then arrival."""
         return (priority, self.load(tenant, weight), arrival_s)
 
+    def awaits_shared_prefix(self, tokens: TokenSource, *, tenant: str, global_scope: bool = False) -> bool:
+        """True when the first full block of ``tokens`` the cache does not hold is one a live
+        request in the same scope is still prefilling: admitted now, the request would
+        compute that block (and what follows it in the shared prefix) a second time; admitted
+        once it is computed, it reads it from the cache. Only the request's own scope is
+        looked at, so whether it waits says nothing about another tenant's prompts."""
+        if not self.enable_prefix_cache:
+            return False
+        scope, size = GLOBAL_SCOPE if global_scope else tenant_scope(tenant), self.block_size
+        pending = {h for s in self._seqs.values() if s.scope == scope
+                   for h in s.hashes[s.num_computed // size : s.num_admitted // size]}
+        if not pending:
+            return False
+        parent = ROOT_HASH
+        for i in range((tokens.num_tokens - 1) // size):  # the blocks admit may read
+            parent = block_hash(parent, tokens.tokens_between(i * size, (i + 1) * size))
+            if not self.cache.lookup(scope, [parent]):
+                return parent in pending
+        return False
+
     # -- a request's life -------------------------------------------------------------
     def admit(self, request_id: str, tokens: TokenSource, *, tenant: str, weight: float = 1.0, priority: int = 0,
               global_scope: bool = False, read_cache: bool = True) -> Admission | None:

@@ -17,7 +17,10 @@ Per tick (``schedule``):
    the prefix cache are not computed again. A request that shares its prompt with
    another (``prefill_source``: the ``n`` sequences of one request) waits until that one
    has prefilled, then reads its prompt's full blocks through the prefix cache; if the
-   source has already left, it prefills on its own.
+   source has already left, it prefills on its own. Likewise a request whose prompt
+   starts with full blocks a running request of its cache scope is still prefilling (a
+   system prompt shared by chats that arrive together) waits until they are computed and
+   reads them from the cache (``_awaits_prefill``).
 
 Before the plan each decoding request reserves the KV blocks of its fed token and its K
 draft positions; a request that cannot get them preempts a request of the tenant most
@@ -309,11 +312,15 @@ class Scheduler:
                 seqs.append(seq)
                 budget -= len(seq.token_ids)
         copies: list[tuple[int, int, int]] = []
+        awaiting: set[str] = set()  # this tick: requests waiting for a shared prefix (``_awaits_prefill``)
         while self.waiting and len(self.running) < self.config.max_num_seqs and (budget > 0 or not seqs):
-            ready = [r for r in self.waiting.values() if self._may_admit(r)]
+            ready = [r for r in self.waiting.values() if r.request_id not in awaiting and self._may_admit(r)]
             if not ready:
-                break  # only requests waiting for their prompt's source to prefill
+                break  # only requests waiting for a prompt source or a shared prefix to prefill
             request = min(ready, key=lambda r: self.kv.admission_key(r.priority, r.tenant, r.tenant_weight, r.arrival_s))
+            if self._awaits_prefill(request):
+                awaiting.add(request.request_id)
+                continue
             if not self.config.enable_chunked_prefill and seqs and request.num_tokens > budget:
                 break  # the whole prompt must fit in one tick; wait for a lighter one
             admission = self.kv.admit(request.request_id, request, tenant=request.tenant, weight=request.tenant_weight,
@@ -354,6 +361,14 @@ class Scheduler:
             return False
         request.prefill_source = None  # the source left (or never came): prefill alone
         return True
+
+    def _awaits_prefill(self, request: Request) -> bool:
+        """True while a running request of the same cache scope is still prefilling the
+        prefix this one's prompt starts with (``KVManager.awaits_shared_prefix``): several
+        chats with one system prompt, arriving together, compute it once, and the first of
+        them gets its first token sooner than if all were prefilled side by side."""
+        return (not request.needs_prompt_logprobs
+                and self.kv.awaits_shared_prefix(request, tenant=request.tenant, global_scope=request.global_cache_scope))
 
     def _burst_seq(self, now: float) -> ScheduledSeq | None:
         """The burst holder's next round, granting the lane first if nobody holds a burst.
