@@ -121,7 +121,11 @@ class ModelConfig:
 class SchedulerConfig:
     max_num_seqs: int = field(default=16, metadata={"help": "requests decoding at once"})
     max_queue: int = field(default=256, metadata={"help": "requests waiting for admission before 'queue full'"})
-    max_num_batched_tokens: int = field(default=256, metadata={"help": "tokens per tick (prefill chunks + decode + verify)"})
+    # 64: on a CPU a tick's cost grows with its rows from a few rows on, so a larger budget
+    # buys little prefill speed and stalls every decoding stream for the whole chunk
+    # (docs/benchmarks.md, "concurrency"), and prompts arriving together reach their first
+    # token one after another instead of all at the end of one long tick.
+    max_num_batched_tokens: int = field(default=64, metadata={"help": "tokens per tick (prefill chunks + decode + verify)"})
     enable_chunked_prefill: bool = field(default=True, metadata={"help": "split long prompts across ticks"})
     kv_cache_mib: int = field(default=0, metadata={
         "help": "KV pool size in MiB, in blocks of 16 positions; requests wait (or are preempted and recomputed) "
