@@ -4,7 +4,8 @@ Blocks of 4 positions. Each story admits requests (``Request`` is the token sour
 manager reads), "computes" positions by committing them as the scheduler would after a
 tick, and checks what a later request reads from the cache: tenant isolation and the
 global scope, prefixes diverging mid-block, the last prompt token, speculative draft
-positions, decode-time blocks for the next turn, recompute after preemption, and the
+positions, decode-time blocks for the next turn, recompute after preemption, a prompt
+awaiting the blocks a live request of its scope is computing, and the
 rules under KV pressure (eviction by weighted share, admission order, preemption from the
 heaviest tenant, never from a lighter one). Every story ends with the manager's own invariant check.
 """
@@ -81,6 +82,31 @@ def test_a_tenant_named_global_has_a_scope_of_its_own():
     kv = KVManager(16, B)
     run_prompt(kv, req("a", PROMPT), "A", global_scope=True)
     assert run_prompt(kv, req("g", PROMPT), "global") == 0
+
+
+def test_a_prompt_awaits_the_blocks_a_live_request_of_its_scope_is_still_computing():
+    kv = KVManager(32, B)
+    leader = req("a", PROMPT)
+    assert kv.admit("a", leader, tenant="A") is not None
+    follower = req("f", PROMPT[:10] + [7, 7, 7])  # shares blocks 0-1 with the leader
+    assert kv.awaits_shared_prefix(follower, tenant="A")
+    assert not kv.awaits_shared_prefix(follower, tenant="B")  # another tenant's prefill is not its to wait for
+    assert not kv.awaits_shared_prefix(follower, tenant="A", global_scope=True)
+    assert not kv.awaits_shared_prefix(req("g", [7] * 13), tenant="A")  # nothing in common
+    kv.commit("a", 4, leader)  # block 0 computed and cached: block 1 still to come
+    assert kv.awaits_shared_prefix(follower, tenant="A")
+    kv.commit("a", 8, leader)  # both shared blocks are in the cache: nothing left to wait for
+    assert not kv.awaits_shared_prefix(follower, tenant="A")
+    assert kv.admit("f", follower, tenant="A").num_cached_tokens == 8
+    kv.check()
+
+
+def test_a_global_request_awaits_only_a_global_prefill():
+    kv = KVManager(32, B)
+    assert kv.admit("a", req("a", PROMPT), tenant="A", global_scope=True) is not None
+    assert kv.awaits_shared_prefix(req("b", PROMPT), tenant="B", global_scope=True)
+    assert not kv.awaits_shared_prefix(req("b", PROMPT), tenant="A")
+    assert not KVManager(32, B, enable_prefix_cache=False).awaits_shared_prefix(req("b", PROMPT), tenant="A")
 
 
 def test_prefixes_diverging_mid_block_share_the_full_blocks_and_copy_the_common_part_of_the_next():

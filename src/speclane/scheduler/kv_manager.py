@@ -16,6 +16,9 @@ A request's block table maps its positions to pool blocks: position p lives in
   holding a reference to the cached block until then (its first ``commit``); where that
   held block is the one the pool is short of, the request goes without the copy.
   No room even after evicting cached blocks: ``None``, and nothing changes.
+- ``awaits_shared_prefix`` (before ``admit``): whether the first full block of its
+  tokens the cache lacks is one a live request of the same scope is still computing; the
+  scheduler then admits it later, to read that block instead of computing it again.
 - ``reserve``: blocks for positions up to ``upto`` before a tick (a decode step's fed
   token and a holder's K draft positions).
 - ``commit``: after the tick, the verified length (``num_computed_tokens``: fed tokens
