@@ -125,8 +125,12 @@ class SchedulerConfig:
     # buys little prefill speed and stalls every decoding stream for the whole chunk
     # (docs/benchmarks.md, "concurrency"), and prompts arriving together reach their first
     # token one after another instead of all at the end of one long tick.
-    max_num_batched_tokens: int = field(default=64, metadata={"help": "tokens per tick (prefill chunks + decode + verify)"})
-    enable_chunked_prefill: bool = field(default=True, metadata={"help": "split long prompts across ticks"})
+    max_num_batched_tokens: int = field(default=64, metadata={
+        "help": "tokens per tick (prefill chunks + decode + verify); prompts wait while decode and verify rows "
+                "fill it, so keep it above --max-num-seqs plus the lane's drafts"})
+    enable_chunked_prefill: bool = field(default=True, metadata={
+        "help": "split long prompts across ticks; without it a prompt longer than --max-num-batched-tokens "
+                "waits for a tick with nothing else to run"})
     kv_cache_mib: int = field(default=0, metadata={
         "help": "KV pool size in MiB, in blocks of 16 positions; requests wait (or are preempted and recomputed) "
                 "when it is full; 0 = room for max-num-seqs requests of max-model-len tokens"})

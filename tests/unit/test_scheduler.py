@@ -666,11 +666,12 @@ def test_a_waiting_sibling_does_not_block_requests_behind_it():
 
 
 
-def chat(rid: str, shared: int, own: list[int], tenant: str = "anonymous") -> Request:
+def chat(rid: str, shared: int, own: list[int], tenant: str = "anonymous", **sampling: object) -> Request:
     """A request whose prompt opens with the ``shared`` tokens every such chat starts with
     (a system prompt), then its ``own``."""
     return Request(request_id=rid, prompt_token_ids=[100 + i for i in range(shared)] + own,
-                   sampling=SamplingParams(max_tokens=16), eos_token_ids=frozenset({EOS}), tenant=tenant)
+                   sampling=SamplingParams(**{"max_tokens": 16, **sampling}),  # type: ignore[arg-type]
+                   eos_token_ids=frozenset({EOS}), tenant=tenant)
 
 
 def test_chats_with_one_prefix_arriving_together_compute_it_once():
@@ -694,18 +695,27 @@ def test_another_tenants_prefix_is_never_waited_for():
     assert chunk_sizes(plan) == {"a": 44, "b": 44}
 
 
-def test_a_request_waiting_for_a_shared_prefix_lets_others_in():
+def test_a_request_that_needs_its_prompts_logprobs_computes_the_prefix_itself():
+    story = Story(make_scheduler(max_num_batched_tokens=256))
+    story.add(chat("a", 40, [1] * 4))
+    story.add(chat("b", 40, [2] * 4, prompt_logprobs=0))  # every position's logits: none read from the cache
+    plan, _ = story.tick()
+    assert chunk_sizes(plan) == {"a": 44, "b": 44}
+
+
+def test_a_request_waiting_for_a_shared_prefix_keeps_its_place():
     story = Story(make_scheduler(max_num_batched_tokens=64))
     story.add(chat("a", 60, []))
     story.add(chat("b", 60, []))
     story.add(Request(request_id="c", prompt_token_ids=[7] * 20, sampling=SamplingParams(max_tokens=16)))
     plan, _ = story.tick()
-    assert chunk_sizes(plan) == {"a": 60, "c": 4}, "b waits for a; c, behind it, takes the budget a left"
+    assert chunk_sizes(plan) == {"a": 60}, "c, behind b, must not take the budget, a slot or blocks before it"
     plan, _ = story.tick()
+    assert chunk_sizes(plan) == {"a": 1, "b": 12, "c": 20}
     assert rows(plan)["b"].request.num_cached_tokens == 48  # the prompt's full blocks, but the last token's
 
 
-def test_a_request_waiting_for_a_shared_prefix_follows_its_chunks():
+def test_a_request_waits_for_the_last_chunk_of_the_prefix_it_shares():
     story = Story(make_scheduler(max_num_batched_tokens=24))
     story.add(chat("a", 70, []))
     story.add(chat("b", 70, []))
@@ -718,3 +728,13 @@ def test_a_request_waiting_for_a_shared_prefix_follows_its_chunks():
     # a computes 24 tokens a tick. Its last chunk leaves room for b, but b waits one tick
     # more, until a's fourth full block is in the cache too.
     assert a_before_tick == [0, 24, 48, 70] and rows(plan)["b"].request.num_cached_tokens == 64
+
+
+def test_a_request_that_ends_at_its_first_token_leaves_its_prompt_in_the_cache():
+    story = Story(make_scheduler(max_num_batched_tokens=256))
+    story.add(chat("a", 48, [], max_tokens=1))  # three full blocks
+    plan, events = story.tick()
+    assert events["a"].finished
+    story.add(chat("b", 48, []))
+    plan, _ = story.tick()
+    assert rows(plan)["b"].request.num_cached_tokens == 47  # all but its last token, which is computed

@@ -20,7 +20,8 @@ Per tick (``schedule``):
    source has already left, it prefills on its own. Likewise a request whose prompt
    starts with full blocks a running request of its cache scope is still prefilling (a
    system prompt shared by chats that arrive together) waits until they are computed and
-   reads them from the cache (``_awaits_prefill``).
+   reads them from the cache (``_awaits_prefill``); admission stops there for the tick, so
+   it keeps its place in that order.
 
 Before the plan each decoding request reserves the KV blocks of its fed token and its K
 draft positions; a request that cannot get them preempts a request of the tenant most
@@ -312,15 +313,13 @@ class Scheduler:
                 seqs.append(seq)
                 budget -= len(seq.token_ids)
         copies: list[tuple[int, int, int]] = []
-        awaiting: set[str] = set()  # this tick: requests waiting for a shared prefix (``_awaits_prefill``)
         while self.waiting and len(self.running) < self.config.max_num_seqs and (budget > 0 or not seqs):
-            ready = [r for r in self.waiting.values() if r.request_id not in awaiting and self._may_admit(r)]
+            ready = [r for r in self.waiting.values() if self._may_admit(r)]
             if not ready:
-                break  # only requests waiting for a prompt source or a shared prefix to prefill
+                break  # only requests waiting for their prompt's source to prefill
             request = min(ready, key=lambda r: self.kv.admission_key(r.priority, r.tenant, r.tenant_weight, r.arrival_s))
             if self._awaits_prefill(request):
-                awaiting.add(request.request_id)
-                continue
+                break  # it keeps its place: nobody behind it takes the slot, the blocks or the budget first
             if not self.config.enable_chunked_prefill and seqs and request.num_tokens > budget:
                 break  # the whole prompt must fit in one tick; wait for a lighter one
             admission = self.kv.admit(request.request_id, request, tenant=request.tenant, weight=request.tenant_weight,
@@ -491,8 +490,11 @@ class Scheduler:
             appended, status = self._append(request, res.token_ids)
             if res.error is not None:
                 status, request.error = RequestStatus.FINISHED_ERROR, res.error
-            if status is None:
-                self.kv.commit(rid, request.num_computed_tokens, request)
+            # A request that finishes here commits too, so its prompt's blocks are cached for
+            # the next request (one of max_tokens=1, or one waiting for them: _awaits_prefill);
+            # only positions whose tokens it kept (a stop among accepted drafts cuts the rest).
+            self.kv.commit(rid, request.num_computed_tokens if status is None
+                           else min(request.num_computed_tokens, request.num_tokens), request)
             if res.token_ids and request.first_token_s is None:
                 request.first_token_s = now
             held = rid in self._held_without_drafts
