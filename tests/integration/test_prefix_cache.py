@@ -142,7 +142,8 @@ def test_a_tenant_with_many_long_requests_does_not_push_out_another_tenants(our_
     rule of preempting only within the tenant Bob's request would preempt itself). Bob's
     request is never preempted and every output equals the large pool's. Speculation is
     off so the ticks at which each request grows are known; the speculative path through
-    preemption is the small-pool test's."""
+    preemption is the small-pool test's. The tick budget holds both first requests' whole
+    prompts, so both are admitted in the first tick."""
     encode = llm_default.engine.tokenizer.encode
     long = [encode(f"Story {i}: " + "the quick brown fox jumps over the lazy dog and " * 12)[:110] for i in range(4)]
     short = encode("A poem about the sea: " + "waves roll in and out and " * 14)[:82]
@@ -152,7 +153,7 @@ def test_a_tenant_with_many_long_requests_does_not_push_out_another_tenants(our_
     per_block = KVCache.bytes_per_block(c.num_layers, KV_BLOCK_SIZE, c.num_kv_heads, c.head_dim,
                                         llm_default.engine.cache.dtype)
     mib = 14 * per_block // 2**20 + 1
-    small = _engine(llm_default, kv_cache_mib=mib, spec_mode="off", drafter="none")
+    small = _engine(llm_default, kv_cache_mib=mib, spec_mode="off", drafter="none", max_num_batched_tokens=256)
     assert small.cache.num_blocks == 14, (mib, small.cache.num_blocks)
     preempted: list[str] = []
     original = small.scheduler._preempt
