@@ -15,27 +15,20 @@ arrive together", "The budget is small") quote it.
 from __future__ import annotations
 
 import argparse
-import itertools
 import statistics
-import time
 
+from speclane.bench.driver import Job, drive
 from speclane.bench.gguf_scenario import STREAM_PROMPTS
 from speclane.llm import LLM
 from speclane.request import SamplingParams
 
 
-def burst(llm: LLM, prompts: list[list[int]], tenant: str) -> tuple[float, float]:
-    """(mean seconds to a stream's first token, the burst's seconds)."""
-    engine, ids = llm.engine, itertools.count()
-    start = time.perf_counter()
-    first: dict[str, float] = {}
-    for prompt in prompts:
-        engine.add_request(f"{tenant}-{next(ids)}", prompt, SamplingParams(max_tokens=16, temperature=0), tenant=tenant)
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.token_ids and out.request_id not in first:
-                first[out.request_id] = time.perf_counter() - start
-    return statistics.mean(first.values()), time.perf_counter() - start
+def burst(llm: LLM, prompts: list[list[int]]) -> tuple[float, float]:
+    """(mean seconds to a stream's first token, the burst's seconds): every prompt added at
+    the start, as one new tenant (``drive``'s run tenant)."""
+    sampling = SamplingParams(max_tokens=16, temperature=0)
+    timelines, wall_s = drive(llm.engine, [Job(f"burst-{i}", prompt, sampling) for i, prompt in enumerate(prompts)])
+    return statistics.mean(t.ttft_s for t in timelines.values()), wall_s
 
 
 def main() -> None:
@@ -48,11 +41,10 @@ def main() -> None:
     engines = {b: LLM(spec_mode="off", max_num_batched_tokens=b) for b in budgets}
     some = engines[budgets[0]]
     prompts = [some.encode_prompt(STREAM_PROMPTS[i % len(STREAM_PROMPTS)], chat=True) for i in range(args.streams)]
-    tenants = (f"burst-{i}" for i in itertools.count())
     times: dict[int, list[tuple[float, float]]] = {b: [] for b in budgets}
     for run in range(args.runs):
         for budget, llm in engines.items():
-            measured = burst(llm, prompts, next(tenants))
+            measured = burst(llm, prompts)
             if run:
                 times[budget].append(measured)
     print(f"{args.streams} chat prompts at once ({sum(map(len, prompts))} tokens), "

@@ -665,7 +665,6 @@ def test_a_waiting_sibling_does_not_block_requests_behind_it():
     assert seen_b
 
 
-
 def chat(rid: str, shared: int, own: list[int], tenant: str = "anonymous", **sampling: object) -> Request:
     """A request whose prompt opens with the ``shared`` tokens every such chat starts with
     (a system prompt), then its ``own``."""

@@ -126,6 +126,11 @@ class _Seq:
     copy_source: int | None = None  # a cached block held until the admission's copy has run
 
 
+def _scope(tenant: str, global_scope: bool) -> Scope:
+    """The cache scope a request reads and writes: its tenant's, or the global one."""
+    return GLOBAL_SCOPE if global_scope else tenant_scope(tenant)
+
+
 class KVManager:
     def __init__(self, num_blocks: int, block_size: int = KV_BLOCK_SIZE, *, enable_prefix_cache: bool = True) -> None:
         self.pool = BlockPool(num_blocks, block_size)
@@ -177,7 +182,7 @@ class KVManager:
         looked at, so whether it waits says nothing about another tenant's prompts."""
         if not self.enable_prefix_cache:
             return False
-        scope, size = GLOBAL_SCOPE if global_scope else tenant_scope(tenant), self.block_size
+        scope, size = _scope(tenant, global_scope), self.block_size
         pending = {h for s in self._seqs.values() if s.scope == scope
                    for h in s.hashes[s.num_computed // size : s.num_admitted // size]}
         if not pending:
@@ -200,7 +205,7 @@ class KVManager:
         if weight <= 0:
             raise ValueError(f"a tenant's weight must be > 0; got {weight}")
         n, size = tokens.num_tokens, self.block_size
-        scope = GLOBAL_SCOPE if global_scope else tenant_scope(tenant)
+        scope = _scope(tenant, global_scope)
         hashes: list[bytes] = []
         hits: list[int] = []
         part: tuple[int, int] | None = None  # (cached block, j) continuing the hits
