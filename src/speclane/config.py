@@ -26,6 +26,7 @@ QUANTIZATIONS = ("auto", "int8", "int4", "none")
 KERNELS = ("auto", "native", "torch")  # kernels/select.py
 MATMUL_INPUTS = ("bfloat16", "int8")  # kernels/select.py
 HEAD_INPUTS = ("auto", *MATMUL_INPUTS)  # kernels/select.py
+ARGMAX_SCREENS = ("int4", "off")  # models/build.py's argmax_screen
 SPEC_MODES = ("slice", "burst", "off")
 FAIRNESS_MODES = ("tenant", "request")
 # ``--drafter`` names; ``drafters/registry.py`` builds each (and asserts it covers these).
@@ -105,10 +106,16 @@ class ModelConfig:
                 "(each row's top 32 logits are recomputed in float32 either way): int8 (faster at several rows), "
                 "bfloat16, or auto: int8 where the int8-input kernels run and no AMX tile kernel does (always int8 "
                 "under --matmul-inputs int8)"})
+    argmax_screen: str = field(default="int4", metadata={
+        "help": "int4: the rows of greedy requests without logprobs, logit bias, penalties or a grammar (only the "
+                "largest logit matters to them) find their top 32 candidates with an int4 copy of an int8 or bfloat16 "
+                "output head (a bit over half its bytes), recomputed in float32 from the head's exact rows as every row "
+                "is; off: they read the head as other rows do"})
 
     def __post_init__(self) -> None:
         _check_types(self)
         _choice("dtype", self.dtype, DTYPES)
+        _choice("argmax_screen", self.argmax_screen, ARGMAX_SCREENS)
         _choice("matmul_inputs", self.matmul_inputs, MATMUL_INPUTS)
         _choice("head_inputs", self.head_inputs, HEAD_INPUTS)
         _choice("quantization", self.quantization, QUANTIZATIONS)

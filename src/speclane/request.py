@@ -171,6 +171,14 @@ class SamplingParams:
         # Below this, logits / temperature overflows float32; the limit is greedy anyway.
         return self.temperature < GREEDY_BELOW_TEMPERATURE
 
+    @property
+    def argmax_only(self) -> bool:
+        """Whether a token is chosen from a row by its largest raw logit alone: greedy, with no
+        logprobs, logit bias, penalties or held stops to read or move the rest of the row (a
+        grammar is the request's, not its sampling's: the runner checks it)."""
+        return (self.greedy and self.logprobs is None and not self.logit_bias and not self.penalized
+                and self.min_tokens == 0)
+
 
 @dataclass(frozen=True)
 class TokenLogprob:

@@ -269,6 +269,31 @@ def test_quantized_head_picks_the_float32_argmax(llm_default):
     torch.testing.assert_close(refined.max(-1).values, exact.max(-1).values, atol=1e-4, rtol=1e-5)
 
 
+def test_the_argmax_screen_picks_the_float32_argmax_and_leaves_other_rows_alone(llm_default):
+    """Rows read for their largest logit alone find their candidates on the head's int4
+    copy (``--argmax-screen int4``, the default): at every position of real text the
+    argmax and its logit are still the float32 head's; a row's logits depend on its own
+    flag only; rows without the flag are the head's as they were."""
+    model = llm_default.engine.model
+    assert model.argmax_screen is not None and model.argmax_screen.nbytes < 0.7 * model.lm_head.nbytes
+    text = TEXT + " " + " ".join(GREEDY_PROMPTS)
+    tokens = prompt_ids(llm_default, text)
+    cache = new_cache(model, num_slots=1, max_len=len(tokens) + 1)
+    hidden = model(cache.batch([(0, 0, tokens)]), cache)
+    rows = len(tokens)
+    screened = model.logits(hidden, [True] * rows)
+    exact = hidden.float() @ model.head_table().T
+    assert torch.equal(screened.argmax(-1), exact.argmax(-1))
+    torch.testing.assert_close(screened.max(-1).values, exact.max(-1).values, atol=1e-4, rtol=1e-5)
+    plain = model.logits(hidden)
+    assert not torch.equal(screened, plain)  # the tail is the int4 copy's estimate
+    mixed = [i % 3 == 0 for i in range(rows)]
+    both = model.logits(hidden, mixed)
+    flags = torch.tensor(mixed)
+    assert torch.equal(both[flags], screened[flags]) and torch.equal(both[~flags], plain[~flags])
+    assert torch.equal(model.logits(hidden, [False] * rows), plain)
+
+
 def test_forward_plan_gives_the_python_loops_bits(our_kernels, llm_default):
     """The default model runs forwards of up to forward_plan.MAX_ROWS rows as one C call
     (forward_plan.py): a decode row, a 5-row verify, a ragged tick of two sequences and a

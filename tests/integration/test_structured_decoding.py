@@ -147,3 +147,27 @@ def test_n_sequences_share_one_prefill_and_equal_single_requests(llm_default):
     for i in range(3):
         assert shared[f"n{i}"]["ids"] == singles[f"single{i}"]["ids"], i
     assert len({tuple(r["ids"]) for r in shared.values()}) > 1
+
+
+def test_only_greedy_rows_that_nothing_else_reads_take_the_argmax_screen(llm_default, monkeypatch):
+    """The runner flags a request's rows for the head's int4 screen (LlamaModel.logits) when
+    its token is the row's largest raw logit: greedy, no logprobs, no grammar."""
+    engine = llm_default.engine
+    model = engine.model
+    seen: set[bool] = set()  # the flags of every row given logits
+    logits = model.logits
+
+    def record(hidden, argmax_rows=None):
+        seen.update(argmax_rows or [False] * hidden.shape[0])
+        return logits(hidden, argmax_rows)
+
+    monkeypatch.setattr(model, "logits", record)
+    prompt = chat_ids(engine, "Is the sky green? Answer yes or no.")
+    for options, flag in ((dict(sampling=SamplingParams(max_tokens=3, temperature=0.0)), True),
+                          (dict(sampling=SamplingParams(max_tokens=3, temperature=0.0, logprobs=1)), False),
+                          (dict(sampling=SamplingParams(max_tokens=3, temperature=0.9, seed=1)), False),
+                          (dict(sampling=SamplingParams(max_tokens=3, temperature=0.0),
+                                grammar=engine.compile_grammar(GrammarSpec.choice(["yes", "no"]))), False)):
+        seen.clear()
+        run(engine, {"r": dict(prompt_token_ids=prompt, speculative=False, **options)})
+        assert seen == {flag}, options

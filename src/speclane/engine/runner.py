@@ -170,15 +170,20 @@ class ModelRunner:
         hidden = self.model(batch, self.cache)  # [T, hidden]
 
         # Rows that need logits: every position of a verify row, the last of a sampling row.
+        # A row whose token is its largest raw logit (greedy, nothing reads or moves the rest
+        # of the row) may find its candidates on the head's int4 screen (LlamaModel.logits).
         rows: list[int] = []
+        argmax_rows: list[bool] = []
         offset = 0
         for seq, tokens, draft in zip(seqs, fed, drafts, strict=True):
             if seq.sample:
                 num_sampled = len(draft.token_ids) + 1
                 rows.extend(range(offset + len(tokens) - num_sampled, offset + len(tokens)))
+                argmax_only = seq.request.sampling.argmax_only and self._matcher(seq.request) is None
+                argmax_rows.extend([argmax_only] * num_sampled)
             offset += len(tokens)
         prompt_logprobs = self._prompt_logprobs(seqs, fed, hidden)
-        logits = self.model.logits(hidden[rows]) if rows else None  # [R, vocab] float32
+        logits = self.model.logits(hidden[rows], argmax_rows) if rows else None  # [R, vocab] float32
         raw = self._constrain(seqs, drafts, logits) if logits is not None else {}
         # Greedy rows' argmax in one call for the tick, by numpy: per sequence torch's cost
         # ~80 µs a call, and torch's one call over the tick ~50 µs where numpy's takes ~10 (a

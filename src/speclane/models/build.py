@@ -27,6 +27,7 @@ from collections.abc import Callable
 import torch
 
 from speclane.config import ModelConfig
+from speclane.kernels import int4_cpu
 from speclane.kernels.select import Kernels
 from speclane.models.gguf_types import FloatTensor, QuantizedTensor
 from speclane.models.linear import (
@@ -201,7 +202,38 @@ def build_model(weights: WeightSet, config: ModelConfig, kernels: Kernels | None
     embed, lm_head = _embedding_and_head(weights, mode, dtype, kernels, own_values, take)
     model = LlamaModel(cfg, embed, layers, norm("model.norm.weight"), lm_head, dtype, kernels, quantization=mode,
                        rope_positions=min(cfg.max_position_embeddings, config.max_model_len + ROPE_MARGIN))
+    if config.argmax_screen == "int4":
+        model.argmax_screen = argmax_screen(lm_head, cfg.vocab_size, cfg.hidden_size, kernels.for_head)
     return model
+
+
+SCREEN_CHUNK = 8192  # head rows read back and quantized at a time: a bounded float32 copy
+
+
+def argmax_screen(head: Linear, vocab: int, hidden: int, kernels: Kernels) -> Linear | None:
+    """An int4 copy of ``head`` ([vocab, hidden]; int4 groups of its exact rows) on our int4 kernel, for rows
+    read for their largest logit alone (``LlamaModel.logits``), or None where it would not
+    help: a float32 head (exact as it is), a head already int4, or no int4 kernel of ours.
+
+    Why: the output head is the largest single matmul of a small model's step (the default
+    model's Q8_0 head, 30 MB, beside 66 MB of layers), and a greedy row only needs the head
+    to find its top candidates, which are then recomputed exactly from the head's own rows.
+    From int4 groups the exact largest logit ranked at most 5th among the coarse ones on
+    the default model's decoding (docs/design.md, "The output head"), well inside the 32
+    refined; the coarse tail is further from float32 than the int8 head's, which is why
+    rows that read the distribution (sampling, logprobs, penalties, grammars) keep the head.
+    """
+    if head.quantized is None and head.dense.dtype == torch.float32:
+        return None
+    if isinstance(head.quantized, Int4Weight) or kernels.int4 is None:
+        return None
+    if vocab % int4_cpu.LANES or hidden % INT4_GROUP:
+        return None
+    parts = [quantize_int4_groups(head.rows(torch.arange(start, min(start + SCREEN_CHUNK, vocab))))
+             for start in range(0, vocab, SCREEN_CHUNK)]
+    q, scale, minimum = (torch.cat([part[i] for part in parts]) for i in range(3))
+    log.info("output head: an int4 copy screens greedy rows' candidates (%.1f MB)", q.numel() * 0.625 / 1e6)
+    return Linear(None, Int4Weight(q, scale, minimum, kernels))
 
 
 def _embedding_and_head(weights: WeightSet, mode: str, dtype: torch.dtype, kernels: Kernels,

@@ -283,6 +283,9 @@ class LlamaModel(nn.Module):
         self.layers = layers
         self.final_norm = final_norm  # [hidden]
         self.lm_head = lm_head
+        # An int4 copy of the head for rows read for their largest logit alone (``logits``;
+        # models/build.py's argmax_screen), or None.
+        self.argmax_screen: Linear | None = None
         traits = config.traits
         self.scale = 1.0 / math.sqrt(traits.query_pre_attn_scalar or config.head_dim)
         # Our kernel runs every layer it is loaded for: a sliding layer's window and Gemma 2's
@@ -319,7 +322,7 @@ class LlamaModel(nn.Module):
     def nbytes(self) -> int:
         """Bytes of every weight and table the model holds (a tied head counted once)."""
         tensors = [self.final_norm, *(t for pair in self.rope for t in pair)]
-        linears = {id(lin): lin for lin in (self.embed, self.lm_head)}
+        linears = {id(lin): lin for lin in (self.embed, self.lm_head, self.argmax_screen) if lin is not None}
         for layer in self.layers:
             linears.update({id(lin): lin for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)})
             tensors += [t for t in (layer.attn_norm, layer.mlp_norm, layer.q_norm, layer.k_norm, layer.attn_out_norm,
@@ -406,7 +409,7 @@ class LlamaModel(nn.Module):
         return F.rms_norm(x, (cfg.hidden_size,), self.final_norm, cfg.rms_norm_eps)  # float32
 
     @torch.inference_mode()
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, argmax_rows: Sequence[bool] | None = None) -> torch.Tensor:
         """[N, hidden] (float32) -> [N, vocab] float32 logits.
 
         A head that runs in bfloat16 (on its blocks, quantized, or dense bfloat16) returns
@@ -416,14 +419,33 @@ class LlamaModel(nn.Module):
         the file's block values, the float32 copy of a head quantized on load, or the dense
         bfloat16 values), so greedy choices are the float32 product of the hidden state and
         those rows, whichever kernel the tick used. Only a float32 head is exact as it is.
+
+        ``argmax_rows[i]``: row i is read for its largest logit alone (``SamplingParams.
+        argmax_only``); such rows find their candidates with ``argmax_screen`` where the model
+        has one (``--argmax-screen``), the rest of the row staying its coarser values. A row's
+        logits depend on its own flag only, never on the rows beside it.
         """
+        screen = self.argmax_screen
+        if screen is None or argmax_rows is None or not any(argmax_rows):
+            return self._head_logits(hidden, self.lm_head)
+        if all(argmax_rows):
+            return self._head_logits(hidden, screen)
+        screened = torch.tensor(argmax_rows, dtype=torch.bool)
+        logits = torch.empty(hidden.shape[0], self.config.vocab_size, dtype=torch.float32)
+        logits[screened] = self._head_logits(hidden[screened], screen)
+        logits[~screened] = self._head_logits(hidden[~screened], self.lm_head)
+        return logits
+
+    def _head_logits(self, hidden: torch.Tensor, coarse_head: Linear) -> torch.Tensor:
+        """``logits`` with the coarse pass on ``coarse_head`` (the head, or its screen) and
+        the refinement from the head's exact rows."""
         head = self.lm_head
         cap = self.config.traits.final_softcap
-        if head.quantized is None and head.dense.dtype == torch.float32:
+        if coarse_head is head and head.quantized is None and head.dense.dtype == torch.float32:
             logits = F.linear(hidden.float(), head.dense)
         else:
             # [N, vocab]: its kernel, or its dense weight, in bfloat16; widened, with each row's candidates
-            coarse, top = self.ops.top_logits(head(hidden), REFINE_TOP)  # [N, vocab] float32, [N, R]
+            coarse, top = self.ops.top_logits(coarse_head(hidden), REFINE_TOP)  # [N, vocab] float32, [N, R]
             rows = head.rows(top.flatten()).view(*top.shape, -1)  # [N, R, hidden]
             exact = torch.einsum("nh,nrh->nr", hidden.float(), rows)  # [N, R]
             logits = coarse.scatter_(-1, top, exact)
