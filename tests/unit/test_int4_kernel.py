@@ -148,6 +148,33 @@ def test_pack_rejects_shapes_the_kernel_cannot_tile():
         int4_cpu.pack(q, scale, minimum)
 
 
+@pytest.mark.parametrize("layout", [{}, {"quads": True}, {"planes": True}])
+def test_every_layout_reads_back_its_weights_rows(layout):
+    """Each packed layout holds every value where its reader (the C builds, and
+    dequantize_rows for an embedding's lookups and the head's refinement) looks for it."""
+    q, scale, minimum, _ = random_int4_weight(48, 96)
+    rows = torch.tensor([0, 5, 17, 31, 47])
+    want = (q.float().unflatten(1, (-1, 32)) * scale.half().float()[..., None] + minimum.half().float()[..., None]).flatten(1)
+    assert torch.equal(int4_cpu.dequantize_rows(*int4_cpu.pack(q, scale, minimum, **layout), rows), want[rows])
+
+
+@needs_kernel
+def test_the_avx2_build_reads_planes_on_both_its_paths():
+    """The AVX2 build's weights are packed in planes (one column's 8 inputs a 32-bit lane);
+    its integer path (up to 48 rows) and its float path (past them) both read them: a
+    row's bits are the same in a call of 1, 6, 48 or 70 rows, and near the float64 product."""
+    kernels = Kernels.load("native", isa="avx2", tiles=False)
+    q, scale, minimum, dense = random_int4_weight(80, 576)
+    weight = int4_weight(q, scale, minimum, kernels)
+    assert weight.tensors[0].shape == (80 // 16, 576 // 8, 64)
+    x = wide_range_inputs(70, 576)
+    alone = torch.cat([weight.matmul(x[i : i + 1]) for i in range(70)])
+    for rows in (6, 13, 48, 70):
+        assert torch.equal(weight.matmul(x[:rows]), alone[:rows]), rows
+    expected = grid_round(x).double() @ dense.double().T
+    assert torch.allclose(alone.double(), expected, rtol=2**-7, atol=1e-3 * float(expected.abs().max()))
+
+
 @needs_kernel
 def test_an_input_of_the_wrong_width_is_refused():
     q, scale, minimum, _ = random_int4_weight(192, 576)

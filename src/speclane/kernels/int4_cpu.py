@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("int4_x86.c")
 ISAS = ("avx512bf16", "avx512vnni", "avx512", "avx2")  # the builds of SOURCE, widest first
 LANES = 16  # output columns per packed tile (the C file's LANES)
+PLANES_ISA = "avx2"  # the build that reads its weights in planes (``pack(..., planes=True)``, the C file's PLANES)
 GROUP = 32  # input columns per (scale, minimum) pair
 TILE_SOURCE = Path(__file__).with_name("int4_amx.c")
 # The int4 matmul on int8 inputs (``--matmul-inputs int8``): the same packed weights and
@@ -195,7 +196,7 @@ def tile_source_digest() -> str:
     return build.digest(TILE_SOURCE)
 
 
-def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, quads: bool = False
+def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, quads: bool = False, planes: bool = False
          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q [N, K] in 0..15, scale, minimum [N, K/32]) -> the C kernel's layout.
 
@@ -205,12 +206,23 @@ def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, quads: boo
     ``quads`` (the kernel on int8 inputs, ``int4_q8_x86.c``): packed [N/16, K/4, 32] instead,
     byte 4c+i of quad k holding column n0+c's value at input column 4k+i in its low nibble
     and column n0+c+8's in its high one (a mask and a shift make two vectors of 8 columns).
+    ``planes`` (the AVX2 build of ``int4_x86.c``, ``PLANES_ISA``): packed [N/16, K/8, 64]:
+    block b of a tile is 16 little-endian 32-bit lanes, lane c holding column n0+c's 8
+    values at input columns 8b..8b+7, input 8b+2j in bits 4j..4j+3 and input 8b+2j+1 in bits
+    16+4j..19+4j (a shift and a mask make the int16 pairs of 8 columns: see direct_int).
     """
     n, k = q.shape
     if n % LANES or k % GROUP:
         raise ValueError(f"our int4 kernel needs N % {LANES} == 0 and K % {GROUP} == 0; got [{n}, {k}]")
+    if quads and planes:
+        raise ValueError("pack: one layout, quads or planes")
     tiles = q.to(torch.uint8).reshape(n // LANES, LANES, k)
-    if quads:  # [tile, quad, column c of 8, input i of 4]
+    if planes:  # [tile, column, block, j, odd] -> lanes [tile, block, column]
+        values = tiles.to(torch.int32).reshape(n // LANES, LANES, k // 8, 4, 2)
+        shifts = 4 * torch.arange(4, dtype=torch.int32)[:, None] + 16 * torch.arange(2, dtype=torch.int32)
+        lanes = (values << shifts).sum((-2, -1), dtype=torch.int32).permute(0, 2, 1).contiguous()
+        packed = lanes.view(torch.uint8).reshape(n // LANES, k // 8, 4 * LANES)
+    elif quads:  # [tile, quad, column c of 8, input i of 4]
         halves = tiles.reshape(n // LANES, 2, 8, k // 4, 4).permute(0, 1, 3, 2, 4)
         packed = (halves[:, 0] | (halves[:, 1] << 4)).reshape(n // LANES, k // 4, 32).contiguous()
     else:
@@ -224,11 +236,16 @@ def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, quads: boo
 
 
 def dequantize_rows(packed: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """float32 [len(rows), K]: the weight rows ``rows`` of a packed weight (``pack``, either
-    layout: a quad layout's last dimension is 32), q * scale + minimum per group of 32 (an
-    embedding's lookup, the output head's exact refinement), read from the packed layout itself."""
+    """float32 [len(rows), K]: the weight rows ``rows`` of a packed weight (``pack``, any
+    layout: a quad layout's last dimension is 32, a plane layout's 64), q * scale + minimum
+    per group of 32 (an embedding's lookup, the output head's exact refinement), read from
+    the packed layout itself."""
     tile, lane = rows // LANES, rows % LANES
-    if packed.shape[-1] == 32:  # quads: lane c < 8 in the low nibbles of bytes 4c..4c+3, c + 8 in the high ones
+    if packed.shape[-1] == 4 * LANES:  # planes: lane c of each block, 8 inputs a lane
+        lanes = packed.view(torch.int32)[tile, :, lane]  # [R, K/8]
+        shifts = (4 * torch.arange(4, dtype=torch.int32)[:, None] + 16 * torch.arange(2, dtype=torch.int32)).flatten()
+        q = ((lanes[..., None] >> shifts) & 0x0F).flatten(1).float()  # [R, K]: inputs 8b + 2j + odd
+    elif packed.shape[-1] == 32:  # quads: lane c < 8 in the low nibbles of bytes 4c..4c+3, c + 8 in the high ones
         nibbles = packed.unflatten(-1, (8, 4))[tile, :, lane % 8]  # [R, K/4, 4]
         q = torch.where((lane >= 8)[:, None, None], nibbles >> 4, nibbles & 0x0F).flatten(1).float()  # [R, K]
     else:

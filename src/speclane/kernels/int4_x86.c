@@ -99,12 +99,31 @@ INLINE vec v_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((co
 #endif
 #define NV (LANES / VW)  // vectors per tile
 
-// A "pair" is VW columns' q at input columns 2p and 2p+1, unpacked from their VW packed
-// bytes; dot_pair is the pair step of the arithmetic above for one row.
+// packed: the AVX-512 builds' [N/16][K/2][16] bytes, byte j of pair p = q[n0+j][2p] |
+// q[n0+j][2p+1] << 4; the AVX2 build's planes (PLANES): [N/16][K/8][16] little-endian
+// 32-bit lanes, lane c of block b holding q[n0+c][8b+2j] in bits 4j..4j+3 and
+// q[n0+c][8b+2j+1] in bits 16+4j..19+4j (j = 0..3), so that one shift and one mask give
+// 8 columns' int16 pairs (q[2p], q[2p+1]) in order, which vpmaddwd multiplies by an input
+// pair (direct_int; the byte layout needs a widening and two interleaves a pair, and took
+// 1.4x the time on Zen 3). int4_cpu.pack writes both.
+// scale, minimum: [N/16][K/32][16] float16 (GGUF's Q4_1 keeps them in float16, so they
+// are the file's values exactly; float32 copies would add a fifth to the bytes a
+// one-row step streams from memory).
+typedef struct {
+    const uint8_t *packed;
+    const uint16_t *scale, *minimum;
+    int n, k;
+} q4_weight;
+
+// A "pair" is VW columns' q at input columns 2p and 2p+1, unpacked from the packed weight
+// (tile_pair: the v-th VW columns of a tile); dot_pair is the pair step of the arithmetic
+// above for one row.
 #ifdef __AVX512BF16__
 typedef uint16_t xin;   // the inner loops read the rounded bfloat16 inputs as they are
 typedef __m512i wpair;  // per lane: q[2p] (low half) and q[2p+1] as bfloat16
-INLINE wpair unpack_pair(const uint8_t *bytes) { return unpack_pair_bf16(bytes); }
+INLINE wpair tile_pair(const q4_weight *w, size_t tile, int p, int v) {
+    return unpack_pair_bf16(w->packed + (tile * (w->k / 2) + p) * LANES + VW * v);
+}
 INLINE vec dot_pair(vec d, const xin *x, int p, wpair w) {
     int32_t pair;  // x[2p] and x[2p+1], side by side in memory as in a lane of w
     memcpy(&pair, x + 2 * p, sizeof pair);
@@ -115,37 +134,29 @@ typedef float xin;  // the inputs converted to float32 once per call
 typedef struct {
     vec lo, hi;  // q at input columns 2p and 2p+1, as float32
 } wpair;
-INLINE wpair unpack_pair(const uint8_t *bytes) {
-    wpair w;
+INLINE wpair tile_pair(const q4_weight *w, size_t tile, int p, int v) {
+    wpair pair;
 #ifdef __AVX512F__
     // int -> float by a table lookup: a permute reads only an index's low 4 bits, so it
     // masks the low nibble for free. The same exact values as a conversion.
+    const uint8_t *bytes = w->packed + (tile * (w->k / 2) + p) * LANES + VW * v;
     const __m512 values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)bytes));
-    w.lo = _mm512_permutexvar_ps(q, values);
-    w.hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), values);
-#else
-    const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)bytes));
-    w.lo = _mm256_cvtepi32_ps(_mm256_and_si256(q, _mm256_set1_epi32(15)));
-    w.hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4));
+    pair.lo = _mm512_permutexvar_ps(q, values);
+    pair.hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), values);
+#else  // the planes: block p / 4, lanes of the v-th 8 columns, shifted to pair p % 4
+    const __m256i *block = (const __m256i *)(w->packed + (tile * (w->k / 8) + p / 4) * 4 * LANES);
+    const __m256i low = _mm256_srl_epi32(_mm256_loadu_si256(block + v), _mm_cvtsi32_si128(4 * (p % 4)));
+    pair.lo = _mm256_cvtepi32_ps(_mm256_and_si256(low, _mm256_set1_epi32(15)));
+    pair.hi = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(low, 16), _mm256_set1_epi32(15)));
 #endif
-    return w;
+    return pair;
 }
 INLINE vec dot_pair(vec d, const xin *x, int p, wpair w) {  // vdpbf16ps's order: 2p+1 first
     d = v_fma(v_bcast(x + 2 * p + 1), w.hi, d);
     return v_fma(v_bcast(x + 2 * p), w.lo, d);
 }
 #endif
-
-// packed: [N/16][K/2][16] bytes, byte j of pair p = q[n0+j][2p] | q[n0+j][2p+1] << 4.
-// scale, minimum: [N/16][K/32][16] float16 (GGUF's Q4_1 keeps them in float16, so they
-// are the file's values exactly; float32 copies would add a fifth to the bytes a
-// one-row step streams from memory).
-typedef struct {
-    const uint8_t *packed;
-    const uint16_t *scale, *minimum;
-    int n, k;
-} q4_weight;
 
 // A call's inputs as the inner loops read them, and each row's group sums [M][K/32].
 typedef struct {
@@ -186,10 +197,10 @@ INLINE void direct(const int R, const q4_weight *w, const q4_input *in, int tile
         vec d[DIRECT_MAX_ROWS][NV];
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) d[r][v] = v_zero();
         for (int p = g * PAIRS; p < (g + 1) * PAIRS; p++) {
-            const uint8_t *b = w->packed + ((size_t)tile0 * (K / 2) + p) * LANES;
-            if (PREFETCH_AHEAD && (p & 3) == 0) _mm_prefetch((const char *)b + PREFETCH_AHEAD, _MM_HINT_T0);  // once per line
+            if (PREFETCH_AHEAD && (p & 3) == 0)  // once per line (the AVX-512 builds' byte layout)
+                _mm_prefetch((const char *)(w->packed + ((size_t)tile0 * (K / 2) + p) * LANES) + PREFETCH_AHEAD, _MM_HINT_T0);
             UNROLL for (int v = 0; v < NV; v++) {
-                const wpair q = unpack_pair(b + VW * v);
+                const wpair q = tile_pair(w, (size_t)tile0, p, v);
                 UNROLL for (int r = 0; r < R; r++) d[r][v] = dot_pair(d[r][v], in->x + (size_t)r * in->ld, p, q);
             }
         }
@@ -259,9 +270,8 @@ typedef struct {
 // steps sum under 2^24, so the int32 total converted to float32 and scaled by the step
 // (a power of two) is exactly the d of the float path: the same bits, from about 2/3 of
 // the float path's instructions (no int -> float conversion of the weights, half the
-// multiply-add instructions). The 16 columns of a tile come out of the unpacking as
-// columns 0-3 and 8-11 in one vector and 4-7 and 12-15 in the other (unpack works within
-// 128-bit halves); two lane permutes a group put them back in order.
+// multiply-add instructions). The planes layout (q4_weight) hands it a tile's columns in
+// order, 8 a vector, from one shift and one mask per pair.
 // Rows the integer path runs over a tile's weights at a time (the weights are unpacked again
 // for each block of rows, from L1; on Zen 3 the default model's 120 layer matmuls took at 5
 // and 16 rows 0.89x and 0.93x the time of 4-row blocks, 8-row blocks no faster), and the
@@ -274,40 +284,38 @@ typedef struct {
 #define PREFETCH_AHEAD_INT 2048
 _Static_assert(INT_ROWS == 6, "matmul_rows_int's cases cover 1 .. INT_ROWS - 1 rows");
 
-INLINE void unpack_pair_int(const uint8_t *bytes, __m256i *a, __m256i *b) {
-    const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)bytes));
-    const __m256i lo = _mm256_and_si256(v, _mm256_set1_epi16(15)), hi = _mm256_srli_epi16(v, 4);
-    *a = _mm256_unpacklo_epi16(lo, hi);  // int32 lanes (q[2p], q[2p+1]): columns 0-3 | 8-11
-    *b = _mm256_unpackhi_epi16(lo, hi);  // columns 4-7 | 12-15
-}
+// Block b's lanes for pair 4b + j (planes: see q4_weight): 8 columns' int16 pairs
+// (q[2p], q[2p+1]) in their int32 lanes, one shift and one mask.
+#define PLANE(v, j) _mm256_and_si256((j) ? _mm256_srli_epi32(v, 4 * (j)) : (v), _mm256_set1_epi32(0x000F000F))
 
 INLINE void direct_int(const int R, const q4_weight *w, const q4_int_input *in, int tile0, uint16_t *y) {
     const int K = w->k, N = w->n;
     vec acc[INT_ROWS][NV];
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < NV; v++) acc[r][v] = v_zero();
+    const __m256i *blocks = (const __m256i *)(w->packed + (size_t)tile0 * (K / 8) * 4 * LANES);
     for (int g = 0; g < K / GROUP; g++) {
-        __m256i d[INT_ROWS][2];
+        __m256i d[INT_ROWS][NV];
         UNROLL for (int r = 0; r < R; r++) d[r][0] = d[r][1] = _mm256_setzero_si256();
-        for (int p = g * PAIRS; p < (g + 1) * PAIRS; p++) {
-            __m256i a, b;
-            const uint8_t *bytes = w->packed + ((size_t)tile0 * (K / 2) + p) * LANES;
-            if (PREFETCH_AHEAD_INT && (p & 3) == 0) _mm_prefetch((const char *)bytes + PREFETCH_AHEAD_INT, _MM_HINT_T0);
-            unpack_pair_int(bytes, &a, &b);
-            UNROLL for (int r = 0; r < R; r++) {
-                int32_t pair;  // x[2p] (low half) and x[2p+1], as in a lane of a and b
-                memcpy(&pair, in->x + (size_t)r * in->ld + 2 * p, sizeof pair);
-                const __m256i xp = _mm256_set1_epi32(pair);
-                d[r][0] = _mm256_add_epi32(d[r][0], _mm256_madd_epi16(a, xp));
-                d[r][1] = _mm256_add_epi32(d[r][1], _mm256_madd_epi16(b, xp));
+        UNROLL for (int b = g * GROUP / 8; b < (g + 1) * GROUP / 8; b++) {  // 8 inputs a block
+            if (PREFETCH_AHEAD_INT) _mm_prefetch((const char *)(blocks + 2 * b) + PREFETCH_AHEAD_INT, _MM_HINT_T0);
+            const __m256i lo = _mm256_loadu_si256(blocks + 2 * b), hi = _mm256_loadu_si256(blocks + 2 * b + 1);
+            UNROLL for (int j = 0; j < 4; j++) {
+                const __m256i a = PLANE(lo, j), c = PLANE(hi, j);  // columns 0-7, 8-15
+                UNROLL for (int r = 0; r < R; r++) {
+                    int32_t pair;  // x[2p] (low half) and x[2p+1], as in a lane of a and c
+                    memcpy(&pair, in->x + (size_t)r * in->ld + 8 * b + 2 * j, sizeof pair);
+                    const __m256i xp = _mm256_set1_epi32(pair);
+                    d[r][0] = _mm256_add_epi32(d[r][0], _mm256_madd_epi16(a, xp));
+                    d[r][1] = _mm256_add_epi32(d[r][1], _mm256_madd_epi16(c, xp));
+                }
             }
         }
         vec s[NV], m[NV];
         group_scales(w, (size_t)tile0, g, s, m);
         UNROLL for (int r = 0; r < R; r++) {
             const vec step = v_bcast(in->step + (size_t)r * in->groups + g), sum = v_bcast(in->sums + (size_t)r * in->groups + g);
-            const vec a = _mm256_mul_ps(_mm256_cvtepi32_ps(d[r][0]), step), b = _mm256_mul_ps(_mm256_cvtepi32_ps(d[r][1]), step);
-            const vec ordered[NV] = {_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31)};
-            UNROLL for (int v = 0; v < NV; v++) acc[r][v] = v_fma(m[v], sum, v_fma(s[v], ordered[v], acc[r][v]));
+            UNROLL for (int v = 0; v < NV; v++)
+                acc[r][v] = v_fma(m[v], sum, v_fma(s[v], _mm256_mul_ps(_mm256_cvtepi32_ps(d[r][v]), step), acc[r][v]));
         }
     }
     UNROLL for (int r = 0; r < R; r++) store_row(acc[r], y + (size_t)r * N + tile0 * LANES);
@@ -392,10 +400,8 @@ static void unpack_block(const q4_weight *w, int tile0, int tiles, int k0, int k
     const int K = w->k;  // k0 and kb are multiples of GROUP
     for (int t = 0; t < tiles; t++) {
         const size_t tile = (size_t)tile0 + t;
-        for (int p = k0 / 2; p < (k0 + kb) / 2; p++) {
-            const uint8_t *b = w->packed + (tile * (K / 2) + p) * LANES;
-            UNROLL for (int v = 0; v < NV; v++) block->q[p - k0 / 2][t * NV + v] = unpack_pair(b + VW * v);
-        }
+        for (int p = k0 / 2; p < (k0 + kb) / 2; p++)
+            UNROLL for (int v = 0; v < NV; v++) block->q[p - k0 / 2][t * NV + v] = tile_pair(w, tile, p, v);
         for (int g = k0 / GROUP; g < (k0 + kb) / GROUP; g++) {
             vec s[NV], m[NV];
             group_scales(w, tile, g, s, m);

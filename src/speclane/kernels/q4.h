@@ -1,7 +1,8 @@
 // The int4 weight layout's shared pieces (included by int4_x86.c and int4_amx.c).
 //
-// packed: [N/16][K/2][16] bytes, byte j of pair p = q[n0+j][2p] | q[n0+j][2p+1] << 4;
-// scale, minimum: [N/16][K/32][16] float16. See int4_x86.c for the arithmetic.
+// packed: [N/16][K/2][16] bytes, byte j of pair p = q[n0+j][2p] | q[n0+j][2p+1] << 4 (the
+// AVX2 build of int4_x86.c reads planes instead: see its q4_weight); scale, minimum:
+// [N/16][K/32][16] float16. See int4_x86.c for the arithmetic.
 #ifndef SPECLANE_Q4_H
 #define SPECLANE_Q4_H
 

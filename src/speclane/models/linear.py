@@ -64,10 +64,13 @@ class Int4Weight:
         if group == int4_cpu.GROUP and out_features % int4_cpu.LANES == 0 and kernels.int4 is not None:
             self.kernel = kernels.int4.isa  # "avx512bf16", "avx512vnni", "avx512" or "avx2": the same bits (on bfloat16 inputs)
             self.library = kernels.int4.library
-            # The kernel on int8 inputs reads its weights' q in quads (int4_cpu.pack).
-            self.tensors: tuple[torch.Tensor, ...] = int4_cpu.pack(q, scale, minimum, quads=kernels.matmul_inputs == "int8")
+            # The kernel on int8 inputs reads its weights' q in quads, the AVX2 build on
+            # bfloat16 inputs in planes, the others (and the AMX tile kernel) in bytes (int4_cpu.pack).
+            quads = kernels.matmul_inputs == "int8"
+            planes = not quads and self.kernel == int4_cpu.PLANES_ISA
+            self.tensors: tuple[torch.Tensor, ...] = int4_cpu.pack(q, scale, minimum, quads=quads, planes=planes)
             # Calls of many rows go to the AMX tile kernel where it runs (the same bits: int4_cpu).
-            self.bound = int4_cpu.bind(*self.tensors, lib=self.library, tiles=kernels.tile_library)
+            self.bound = int4_cpu.bind(*self.tensors, lib=self.library, tiles=None if planes else kernels.tile_library)
             self.op_row = self.bound.op_row  # a forward plan's step (Linear.op_steps)
             self._values: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         else:
