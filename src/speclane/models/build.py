@@ -208,12 +208,17 @@ def build_model(weights: WeightSet, config: ModelConfig, kernels: Kernels | None
 
 
 SCREEN_CHUNK = 8192  # head rows read back and quantized at a time: a bounded float32 copy
+SCREEN_BYTES_PER_WEIGHT = 20 / 32  # int4 groups of 32: 16 bytes of values, a float16 scale and minimum
+# The screen is made where it reads at most this share of the head's bytes (a Q8_0 head:
+# 0.59; bfloat16: 0.31); it costs its bytes in memory beside the head, which it must keep.
+SCREEN_MAX_SHARE = 0.75
 
 
 def argmax_screen(head: Linear, vocab: int, hidden: int, kernels: Kernels) -> Linear | None:
     """An int4 copy of ``head`` ([vocab, hidden]; int4 groups of its exact rows) on our int4
     kernel, for rows read for their largest logit alone (``LlamaModel.logits``), or None where it would not
-    help: a float32 head (exact as it is), a head already int4, or no int4 kernel of ours.
+    help: a float32 head (exact as it is), a head already int4 or of 5 or 6 bits (the copy
+    would read more than ``SCREEN_MAX_SHARE`` of its bytes), or no int4 kernel of ours.
 
     Why: the output head is the largest single matmul of a small model's step (the default
     model's Q8_0 head, 30 MB, beside 66 MB of layers), and a greedy row only needs the head
@@ -229,10 +234,13 @@ def argmax_screen(head: Linear, vocab: int, hidden: int, kernels: Kernels) -> Li
         return None
     if vocab % int4_cpu.LANES or hidden % INT4_GROUP:
         return None
+    if vocab * hidden * SCREEN_BYTES_PER_WEIGHT > SCREEN_MAX_SHARE * head.nbytes:
+        return None  # a 5- or 6-bit head: the copy's memory would buy little speed
     parts = [quantize_int4_groups(head.rows(torch.arange(start, min(start + SCREEN_CHUNK, vocab))))
              for start in range(0, vocab, SCREEN_CHUNK)]
     q, scale, minimum = (torch.cat([part[i] for part in parts]) for i in range(3))
-    log.info("output head: an int4 copy screens greedy rows' candidates (%.1f MB)", q.numel() * 0.625 / 1e6)
+    log.info("output head: an int4 copy screens greedy rows' candidates (%.1f MB; --argmax-screen off drops it)",
+             q.numel() * SCREEN_BYTES_PER_WEIGHT / 1e6)
     return Linear(None, Int4Weight(q, scale, minimum, kernels))
 
 

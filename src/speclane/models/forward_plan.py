@@ -102,6 +102,10 @@ class ForwardPlan:
         self._cells = self.table.numpy()  # the same memory: the per-forward columns are written here
         self._attention_steps = np.array(attention_steps)
         self._rope_of_layer = [layer.rope for layer in layers]
+        # The cache and rope tables whose addresses the attention steps hold: written when
+        # either changes (a model keeps one cache; its rope tables change when they grow),
+        # not on every forward (~120 data_ptr calls of a one-token step's Python).
+        self._bound: tuple[object, object] | None = None
 
     def run(self, x: torch.Tensor, attn, cache: KVCache, rope: list[tuple[torch.Tensor, torch.Tensor]]
             ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,10 +116,13 @@ class ForwardPlan:
             raise ValueError(f"a plan of {self.rows} rows given {x.shape[0]}")
         self.x.copy_(x)
         cells, steps = self._cells, self._attention_steps
-        cells[steps, COLUMNS["k_cache"]] = [k.data_ptr() for k in cache.keys]
-        cells[steps, COLUMNS["v_cache"]] = [v.data_ptr() for v in cache.values]
-        cells[steps, COLUMNS["cos"]] = [rope[r][0].data_ptr() for r in self._rope_of_layer]
-        cells[steps, COLUMNS["signed_sin"]] = [rope[r][1].data_ptr() for r in self._rope_of_layer]
+        if self._bound is None or self._bound[0] is not cache or self._bound[1] is not rope:
+            cells[steps, COLUMNS["k_cache"]] = [k.data_ptr() for k in cache.keys]
+            cells[steps, COLUMNS["v_cache"]] = [v.data_ptr() for v in cache.values]
+            cells[steps, COLUMNS["cos"]] = [rope[r][0].data_ptr() for r in self._rope_of_layer]
+            cells[steps, COLUMNS["signed_sin"]] = [rope[r][1].data_ptr() for r in self._rope_of_layer]
+            cells[steps, COLUMNS["block_size"]] = cache.block_size
+            self._bound = (cache, rope)
         cells[steps, COLUMNS["tables"]] = attn.tables.data_ptr()
         cells[steps, COLUMNS["table_width"]] = attn.tables.shape[1]
         cells[steps, COLUMNS["row_seq"]] = attn.row_seq.data_ptr()
@@ -124,7 +131,6 @@ class ForwardPlan:
         cells[steps, COLUMNS["row_pos"]] = 0 if tree is None else tree.pos.data_ptr()
         cells[steps, COLUMNS["extra_start"]] = 0 if tree is None else tree.extra_start.data_ptr()
         cells[steps, COLUMNS["extra"]] = 0 if tree is None else tree.extra.data_ptr()
-        cells[steps, COLUMNS["block_size"]] = cache.block_size
         self.runner.run_plan(self.table.data_ptr(), len(self.table), STRIDE)
         self.runs += 1
         return self.x, self.branch
