@@ -179,7 +179,7 @@ class ModelRunner:
             if seq.sample:
                 num_sampled = len(draft.token_ids) + 1
                 rows.extend(range(offset + len(tokens) - num_sampled, offset + len(tokens)))
-                argmax_only = seq.request.sampling.argmax_only and self._matcher(seq.request) is None
+                argmax_only = seq.request.sampling.argmax_only and seq.request.grammar is None
                 argmax_rows.extend([argmax_only] * num_sampled)
             offset += len(tokens)
         prompt_logprobs = self._prompt_logprobs(seqs, fed, hidden)
