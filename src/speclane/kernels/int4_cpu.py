@@ -55,7 +55,9 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("int4_x86.c")
 ISAS = ("avx512bf16", "avx512vnni", "avx512", "avx2")  # the builds of SOURCE, widest first
 LANES = 16  # output columns per packed tile (the C file's LANES)
-PLANES_ISA = "avx2"  # the build that reads its weights in planes (``pack(..., planes=True)``, the C file's PLANES)
+PLANES_ISA = "avx2"  # the build that reads its weights in planes (``pack(..., planes=True)``; the C file's q4_weight)
+# Where a plane lane keeps input 8b + 2j + odd: bits 4j + 16 odd ([j, odd], j = 0..3).
+PLANE_SHIFTS = 4 * torch.arange(4, dtype=torch.int32)[:, None] + 16 * torch.arange(2, dtype=torch.int32)
 GROUP = 32  # input columns per (scale, minimum) pair
 TILE_SOURCE = Path(__file__).with_name("int4_amx.c")
 # The int4 matmul on int8 inputs (``--matmul-inputs int8``): the same packed weights and
@@ -219,8 +221,7 @@ def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, quads: boo
     tiles = q.to(torch.uint8).reshape(n // LANES, LANES, k)
     if planes:  # [tile, column, block, j, odd] -> lanes [tile, block, column]
         values = tiles.to(torch.int32).reshape(n // LANES, LANES, k // 8, 4, 2)
-        shifts = 4 * torch.arange(4, dtype=torch.int32)[:, None] + 16 * torch.arange(2, dtype=torch.int32)
-        lanes = (values << shifts).sum((-2, -1), dtype=torch.int32).permute(0, 2, 1).contiguous()
+        lanes = (values << PLANE_SHIFTS).sum((-2, -1), dtype=torch.int32).permute(0, 2, 1).contiguous()
         packed = lanes.view(torch.uint8).reshape(n // LANES, k // 8, 4 * LANES)
     elif quads:  # [tile, quad, column c of 8, input i of 4]
         halves = tiles.reshape(n // LANES, 2, 8, k // 4, 4).permute(0, 1, 3, 2, 4)
@@ -243,8 +244,7 @@ def dequantize_rows(packed: torch.Tensor, scale: torch.Tensor, minimum: torch.Te
     tile, lane = rows // LANES, rows % LANES
     if packed.shape[-1] == 4 * LANES:  # planes: lane c of each block, 8 inputs a lane
         lanes = packed.view(torch.int32)[tile, :, lane]  # [R, K/8]
-        shifts = (4 * torch.arange(4, dtype=torch.int32)[:, None] + 16 * torch.arange(2, dtype=torch.int32)).flatten()
-        q = ((lanes[..., None] >> shifts) & 0x0F).flatten(1).float()  # [R, K]: inputs 8b + 2j + odd
+        q = ((lanes[..., None] >> PLANE_SHIFTS.flatten()) & 0x0F).flatten(1).float()  # [R, K]: inputs 8b + 2j + odd
     elif packed.shape[-1] == 32:  # quads: lane c < 8 in the low nibbles of bytes 4c..4c+3, c + 8 in the high ones
         nibbles = packed.unflatten(-1, (8, 4))[tile, :, lane % 8]  # [R, K/4, 4]
         q = torch.where((lane >= 8)[:, None, None], nibbles >> 4, nibbles & 0x0F).flatten(1).float()  # [R, K]

@@ -100,7 +100,7 @@ INLINE vec v_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((co
 #define NV (LANES / VW)  // vectors per tile
 
 // packed: the AVX-512 builds' [N/16][K/2][16] bytes, byte j of pair p = q[n0+j][2p] |
-// q[n0+j][2p+1] << 4; the AVX2 build's planes (PLANES): [N/16][K/8][16] little-endian
+// q[n0+j][2p+1] << 4; the AVX2 build's planes (int4_cpu.PLANES_ISA): [N/16][K/8][16] little-endian
 // 32-bit lanes, lane c of block b holding q[n0+c][8b+2j] in bits 4j..4j+3 and
 // q[n0+c][8b+2j+1] in bits 16+4j..19+4j (j = 0..3), so that one shift and one mask give
 // 8 columns' int16 pairs (q[2p], q[2p+1]) in order, which vpmaddwd multiplies by an input

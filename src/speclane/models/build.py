@@ -216,17 +216,19 @@ SCREEN_MAX_SHARE = 0.75
 
 def argmax_screen(head: Linear, vocab: int, hidden: int, kernels: Kernels) -> Linear | None:
     """An int4 copy of ``head`` ([vocab, hidden]; int4 groups of its exact rows) on our int4
-    kernel, for rows read for their largest logit alone (``LlamaModel.logits``), or None where it would not
-    help: a float32 head (exact as it is), a head already int4 or of 5 or 6 bits (the copy
-    would read more than ``SCREEN_MAX_SHARE`` of its bytes), or no int4 kernel of ours.
+    kernel, for rows read for their largest logit alone (``LlamaModel.logits``), or None
+    where it would not help: a float32 head (exact as it is), a head already int4 or of 5
+    or 6 bits (the copy would read more than ``SCREEN_MAX_SHARE`` of its bytes), or no int4
+    kernel of ours.
 
     Why: the output head is the largest single matmul of a small model's step (the default
     model's Q8_0 head, 30 MB, beside 66 MB of layers), and a greedy row only needs the head
     to find its top candidates, which are then recomputed exactly from the head's own rows.
     From int4 groups the float32 argmax ranked at worst 9th among the coarse logits at the
     default model's 8,619 accuracy positions (docs/design.md, "A greedy row reads an int4
-    copy of the head"), inside the 32 refined; the coarse tail is further from float32 than the int8 head's, which is why
-    rows that read the distribution (sampling, logprobs, penalties, grammars) keep the head.
+    copy of the head"), inside the 32 refined; the coarse tail is further from float32 than
+    the int8 head's, which is why rows that read the distribution (sampling, logprobs,
+    penalties, grammars) keep the head.
     """
     if head.quantized is None and head.dense.dtype == torch.float32:
         return None
