@@ -127,9 +127,10 @@ def test_no_rows_is_an_empty_result():
 
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(16, 1, 32), (8, 2, 128), (4, 1, 256), (20, 1, 64)])
 def test_heads_sharing_a_key_head_give_each_heads_own_bits(heads, kv_heads, head_dim):
-    """Many rows: an item attends a row's heads of one key/value head together (their keys
-    and values unpacked once; up to 16 heads, the values in passes of what fits in
-    registers); one row: each head alone. Same bits either way, and the reference's values."""
+    """Many rows: an item attends a row's heads of one key/value head together (each key
+    unpacked once for all of them; up to 16 heads, the values in passes of what fits in
+    registers); one row: down to each head alone. Same bits either way, and the reference's
+    values."""
     torch.manual_seed(6)
     keys, values = torch.randn(3, kv_heads, 260, head_dim).bfloat16(), torch.randn(3, kv_heads, 260, head_dim).bfloat16()
     rows = [(0, 259), (1, 3), (2, 140), (0, 17), (1, 260), (2, 1), (0, 64), (1, 129)]
@@ -275,6 +276,33 @@ def test_paged_attention_gives_the_slot_caches_bits_through_any_block_table(bloc
         got = attention_cpu.paged_attention(LIB, q, pool_k, pool_v, tables, slot, length, 0.125, window=window,
                                             softcap=softcap)
         assert torch.equal(got, expected), (block_size, order[:4])
+
+
+def test_a_rows_bits_do_not_depend_on_how_its_segments_and_rows_are_shared():
+    """A row's softmax is taken over segments of 64 keys and combined: alone, each of its
+    segments is a work item; among other sequences' rows, an item takes all of a row's
+    segments; a verify round's rows (one sequence, consecutive positions) share each key's
+    unpacking. Every row gets the bits it gets alone, at lengths ending before, at and past
+    a segment's end, and the float64 reference's values."""
+    keys, values = _cache(8)
+    order = torch.randperm(SLOTS * 15, generator=torch.Generator().manual_seed(9)).tolist()
+    pool_k, pool_v, tables = _paged(keys, values, 20, order)
+    q = torch.randn(16, HEADS, HEAD_DIM).bfloat16()
+    verify = [(1, n) for n in range(60, 70)]  # one sequence's rows, across the first segment's end
+    others = [(0, 300), (2, 128), (2, 129), (0, 193), (2, 1), (0, 64)]
+
+    def attend(rows, queries):
+        seq = torch.tensor([s for s, _ in rows], dtype=torch.int32)
+        length = torch.tensor([n for _, n in rows], dtype=torch.int32)
+        return attention_cpu.paged_attention(LIB, queries, pool_k, pool_v, tables, seq, length, 0.125)
+
+    alone = torch.cat([attend([row], q[i : i + 1]) for i, row in enumerate(verify + others)])
+    for i, (s, n) in enumerate(verify + others):
+        torch.testing.assert_close(alone[i].double(), _reference(q[i], keys, values, s, n, 0.125), rtol=2**-7, atol=2e-3)
+    assert torch.equal(attend(verify, q[: len(verify)]), alone[: len(verify)])  # a verify round, few rows
+    assert torch.equal(attend(verify + others, q), alone)  # among other sequences' rows
+    assert torch.equal(attend(others + verify, torch.cat([q[len(verify) :], q[: len(verify)]])),
+                       torch.cat([alone[len(verify) :], alone[: len(verify)]]))
 
 
 def test_paged_rope_write_attention_writes_through_the_table():

@@ -5,19 +5,23 @@
 // SDPA computes a verify round's K+1 queries (masked) with other kernels than a decode
 // step's single query, so in bfloat16 the same position got slightly different
 // attention outputs with and without speculation and a near-tie could flip a greedy
-// token. Here every (query row, head) is computed alone, by the same operations in the
-// same order, from its own query and the first `len` cached keys and values:
-//   score_j = scale * (q . k_j)   (float32; the dot product in 16 lanes, then a fixed tree)
-//   p_j     = exp(score_j - max)  (float32)
-//   out     = sum_j p_j v_j / sum_j p_j
+// token. Here every (query row, head) is computed by the same operations in the same
+// order, from its own query and the keys and values it sees, in segments of SEGMENT keys
+// (the row's j-th key is in segment j / SEGMENT):
+//   score_j = scale * (q . k_j)                 (float32; the dot product in 16 lanes, then a fixed tree)
+//   per segment s: m_s = max score, p_j = exp(score_j - m_s), l_s = sum p_j, o_s = sum p_j v_j
+//   out = sum_s e_s o_s / sum_s e_s l_s,  e_s = exp(m_s - max_s m_s)   (segments in order)
 // so a decode step and a verify round give the same bits for the same position. It is
 // also cheaper per call than SDPA at these sizes (one call per layer, no masks, no
 // permuted copies).
 //
-// The work is shared without changing a head's operations: the query heads of one row
-// that read the same key/value head (grouped-query attention) are one work item where
-// rows are many, so each key and value is unpacked once for all of them (a part of them,
-// down to one head, where rows are few, so that every thread has items); and the dot
+// The work is shared without changing a query's operations. An item is one segment's keys
+// (or all of a row's, segment by segment) for the queries that read them: a row's heads of
+// one key/value head (grouped-query attention), and the rows of one sequence that see the
+// same keys (a verify round, a prompt's chunk), so each key is unpacked once for all of them
+// and each segment's values are weighed from L1. Where rows are few (a one-token step: one
+// row of a few key/value heads on 2 threads) each segment is an item of its own, as flash
+// decoding splits a long context, and the partial sums are combined after; the dot
 // products of 16 keys are summed together, lane tree for lane tree as one key's would be
 // (sum_each).
 //
@@ -204,60 +208,87 @@ INLINE wide key_products(const wide *qlo, const wide *qhi, int blocks, const uin
     return acc;
 }
 
-// ... or from the halves load_block made of them ([blocks][lo, hi]): the same operations.
-INLINE wide unpacked_products(const wide *qlo, const wide *qhi, int blocks, const wide *k) {
-    wide acc = w_fma(qhi[0], k[1], w_mul(qlo[0], k[0]));
-    for (int b = 1; b < blocks; b++) acc = w_fma(qhi[b], k[2 * b + 1], w_fma(qlo[b], k[2 * b], acc));
-    return acc;
-}
+// The segments (see the top of the file): one of 64 keys holds a row's heads' queries, its
+// keys and values in L1 together (8 + 8 KiB at D = 64), and splits a one-token step's 200
+// keys into 4 items for each key/value head.
+#define SEGMENT 64
+#define MAX_QUERIES 64  // query vectors (rows x heads) an item scores together
+#define MAX_ITEM_HEADS 16  // query heads of one row in an item (a larger group is split)
+#define MAX_GROUP_ROWS 16  // rows of one sequence an item scores together
+// One (segment, query) partial: o [D] in load_block's lanes, then m and l; 64-byte aligned.
+#define PARTIAL(D) ((D) + 16)
+
+// A query vector of a segment's item: one head of one row.
+typedef struct {
+    const uint16_t *q;  // its D bfloat16 values
+    int n;              // how many of the segment's keys it sees (the first n)
+    float *part;        // its partial (PARTIAL)
+} query;
 
 // KEY_GROUP keys' products -> the first `count` scores: scale * (q . k), soft-capped where
-// softcap > 0, into scores[0 .. count); returns `top` raised to their maximum (a NaN score
-// leaves it as it was). sum_each adds each key's lanes by the key tree: the same bits as a
+// softcap > 0. sum_each adds each key's lanes by the key tree: the same bits as a
 // reduction per key, without one.
-INLINE __m256 finish_scores(const wide *acc, int count, float scale, float softcap, float *scores, __m256 top) {
+INLINE void finish_scores(const wide *acc, int count, float scale, float softcap, float *scores) {
     float sums[KEY_GROUP];
     sum_each(acc, sums);
     for (int i = 0; i < KEY_GROUP; i += 8) {
-        __m256 s = _mm256_mul_ps(_mm256_loadu_ps(sums + i), _mm256_set1_ps(scale));
-        _mm256_storeu_ps(sums + i, s);
-        if (softcap > 0.0f) {
+        _mm256_storeu_ps(sums + i, _mm256_mul_ps(_mm256_loadu_ps(sums + i), _mm256_set1_ps(scale)));
+        if (softcap > 0.0f)
             for (int l = 0; l < 8; l++) sums[i + l] = softcap * tanhf(sums[i + l] / softcap);
-            s = _mm256_loadu_ps(sums + i);
-        }
-        top = _mm256_max_ps(s, top);
     }
     memcpy(scores, sums, sizeof(float) * (size_t)count);
-    return top;
 }
 
-#define UNPACKED_WIDE 512  // a chunk's keys, unpacked once for all of an item's heads (32 KiB)
-#define MAX_CHUNK (UNPACKED_WIDE / 2)  // keys of a chunk at D = 32
-
-// The scores of `n` keys (key[i]: its bfloat16 values) for `heads` query heads (q: [heads][D]):
-// head h's into scores + h * cap, its maximum into tops[h]. One head reads the keys as they
-// are; several read them unpacked once into `unpacked` (no unpacking per head). A short
-// last group repeats the chunk's first key, whose score is already counted.
-static void score_chunk(const uint16_t *q, int heads, int D, const uint16_t **key, int n, wide *unpacked,
-                        float scale, float softcap, float *scores, int cap, __m256 *tops) {
-    const int blocks = D / BLOCK, padded = (n + KEY_GROUP - 1) / KEY_GROUP * KEY_GROUP;
-    if (heads > 1) {
-        for (int i = 0; i < padded; i++)
-            for (int b = 0; b < blocks; b++)
-                load_block(key[i < n ? i : 0] + BLOCK * b, &unpacked[(i * blocks + b) * 2], &unpacked[(i * blocks + b) * 2 + 1]);
-    }
-    for (int h = 0; h < heads; h++) {
+// The scores of the first `n` keys (key[i]: its bfloat16 values) for each of `count` queries,
+// query i's into scores + i * SEGMENT. Each key is unpacked once, block by block, for all
+// the queries; a query's products are key_products' operations. A short last group repeats
+// the first key. work: count * (2 * D / BLOCK + KEY_GROUP) wide vectors.
+static void score_keys(const query *qs, int count, int D, const uint16_t *const *key, int n, float scale,
+                       float softcap, float *scores, wide *work) {
+    const int blocks = D / BLOCK;
+    wide *qv = work, *acc = work + (size_t)count * 2 * blocks;  // [count][blocks][lo, hi], [count][KEY_GROUP]
+    for (int i = 0; i < count; i++)
+        for (int b = 0; b < blocks; b++) load_block(qs[i].q + BLOCK * b, &qv[(i * blocks + b) * 2], &qv[(i * blocks + b) * 2 + 1]);
+    if (count == 1) {  // one query: its halves in registers (key_products)
         wide qlo[MAX_HEAD_DIM / BLOCK], qhi[MAX_HEAD_DIM / BLOCK];
-        for (int b = 0; b < blocks; b++) load_block(q + (size_t)h * D + BLOCK * b, &qlo[b], &qhi[b]);
+        for (int b = 0; b < blocks; b++) load_block(qs[0].q + BLOCK * b, &qlo[b], &qhi[b]);
         for (int g = 0; g < n; g += KEY_GROUP) {
-            wide acc[KEY_GROUP];
-            for (int i = 0; i < KEY_GROUP; i++)
-                acc[i] = heads > 1 ? unpacked_products(qlo, qhi, blocks, &unpacked[(size_t)(g + i) * blocks * 2])
-                                   : key_products(qlo, qhi, blocks, key[g + i < n ? g + i : 0]);
-            tops[h] = finish_scores(acc, n - g < KEY_GROUP ? n - g : KEY_GROUP, scale, softcap,
-                                    scores + (size_t)h * cap + g, tops[h]);
+            for (int k = 0; k < KEY_GROUP; k++) acc[k] = key_products(qlo, qhi, blocks, key[g + k < n ? g + k : 0]);
+            finish_scores(acc, n - g < KEY_GROUP ? n - g : KEY_GROUP, scale, softcap, scores + g);
         }
+        return;
     }
+    for (int g = 0; g < n; g += KEY_GROUP) {
+        for (int k = 0; k < KEY_GROUP; k++) {
+            const uint16_t *keyk = key[g + k < n ? g + k : 0];
+            wide lo, hi;
+            load_block(keyk, &lo, &hi);
+            for (int i = 0; i < count; i++)
+                acc[i * KEY_GROUP + k] = w_fma(qv[i * blocks * 2 + 1], hi, w_mul(qv[i * blocks * 2], lo));
+            for (int b = 1; b < blocks; b++) {
+                load_block(keyk + BLOCK * b, &lo, &hi);
+                for (int i = 0; i < count; i++) {
+                    const wide *q = &qv[(i * blocks + b) * 2];
+                    acc[i * KEY_GROUP + k] = w_fma(q[1], hi, w_fma(q[0], lo, acc[i * KEY_GROUP + k]));
+                }
+            }
+        }
+        for (int i = 0; i < count; i++)
+            finish_scores(&acc[i * KEY_GROUP], n - g < KEY_GROUP ? n - g : KEY_GROUP, scale, softcap,
+                          scores + (size_t)i * SEGMENT + g);
+    }
+}
+
+// The largest of scores[0 .. n) (a NaN is passed over; -inf where all are NaN).
+static float max_score(const float *scores, int n) {
+    __m256 top = _mm256_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 8 <= n; j += 8) top = _mm256_max_ps(_mm256_loadu_ps(scores + j), top);  // a NaN lane keeps top
+    float lanes[8], m = -INFINITY;
+    _mm256_storeu_ps(lanes, top);
+    for (int i = 0; i < 8; i++) m = lanes[i] > m ? lanes[i] : m;
+    for (; j < n; j++) m = scores[j] > m ? scores[j] : m;
+    return m;
 }
 
 // The keys' weights exp(score - max) in place, and their sum.
@@ -282,96 +313,77 @@ static float softmax_weights(float *scores, int count, float maximum) {
     return sum;
 }
 
-#define VALUE_VECTORS 8  // wide accumulators of the heads that read each value once (heads x blocks)
+#define VALUE_HEADS 3  // queries whose value sums one pass over a segment's values keeps in registers
 
-// out[h] = sum_j weight[h][j] v_j / sums[h] for `heads` heads (heads * D / BLOCK <=
-// VALUE_VECTORS), the values in position order; each value is unpacked once for all of them.
-// Always inlined with constant heads and blocks: the accumulators stay in registers.
-INLINE void weigh_values(const uint16_t *v_head, paging pg, key_runs runs, int heads, int blocks, const float *weights,
-                         int cap, const float *sums, uint16_t *out, int D) {
-    wide alo[VALUE_VECTORS], ahi[VALUE_VECTORS];
-    for (int r = 0; r < heads * blocks; r++) alo[r] = ahi[r] = w_zero();
-    run_cursor cursor = {-1, runs.first};
-    for (int p, n, j0 = 0; next_run(runs, pg, &cursor, &p, &n); j0 += n) {
-        const uint16_t *values = at_position(v_head, pg, p, D);
-        for (int i = 0; i < n; i++) {
-            const uint16_t *val = values + (size_t)i * D;
-            for (int b = 0; b < blocks; b++) {
-                wide lo, hi;
-                load_block(val + BLOCK * b, &lo, &hi);
-                for (int h = 0; h < heads; h++) {
-                    const wide w = w_set1(weights[(size_t)h * cap + j0 + i]);
-                    alo[h * blocks + b] = w_fma(w, lo, alo[h * blocks + b]);
-                    ahi[h * blocks + b] = w_fma(w, hi, ahi[h * blocks + b]);
-                }
-            }
+// Queries qs[0 .. heads) (at most VALUE_HEADS, each seeing the segment's first n keys): o +=
+// sum_i weight_i v_i over block b of the dimensions, the values in order, into their
+// partials (load_block's lanes); weights: query i's at weights + i * SEGMENT. Always inlined
+// with constant heads: the sums stay in registers. A lane's sum does not depend on which
+// queries or blocks share a pass.
+INLINE void weigh_block(const uint16_t *const *val, int n, const query *qs, int heads, int b, const float *weights) {
+    wide alo[VALUE_HEADS], ahi[VALUE_HEADS];
+    for (int h = 0; h < heads; h++) alo[h] = ahi[h] = w_zero();
+    for (int i = 0; i < n; i++) {
+        wide lo, hi;
+        load_block(val[i] + BLOCK * b, &lo, &hi);
+        for (int h = 0; h < heads; h++) {
+            const wide w = w_set1(weights[(size_t)h * SEGMENT + i]);
+            alo[h] = w_fma(w, lo, alo[h]);
+            ahi[h] = w_fma(w, hi, ahi[h]);
         }
     }
     for (int h = 0; h < heads; h++) {
-        const wide inverse = w_set1(1.0f / sums[h]);
-        for (int b = 0; b < blocks; b++)
-            store_block(out + (size_t)h * D + BLOCK * b, w_mul(alo[h * blocks + b], inverse), w_mul(ahi[h * blocks + b], inverse));
+        wide *o = (wide *)qs[h].part + 2 * b;
+        o[0] = alo[h];
+        o[1] = ahi[h];
     }
 }
 
-#define WEIGH(HEADS, BLOCKS) \
-    case (HEADS) * 16 + (BLOCKS): weigh_values(v_head, pg, runs, HEADS, BLOCKS, w, cap, s, o, D); break;
-
-// weigh_values for up to VALUE_VECTORS / blocks heads at a time.
-static void weigh_heads(const uint16_t *v_head, paging pg, key_runs runs, int heads, int D, const float *weights, int cap,
-                        const float *sums, uint16_t *out) {
-    const int blocks = D / BLOCK, per_pass = blocks <= VALUE_VECTORS ? VALUE_VECTORS / blocks : 1;
-    for (int h0 = 0; h0 < heads; h0 += per_pass) {
-        const int now = heads - h0 < per_pass ? heads - h0 : per_pass;
-        const float *w = weights + (size_t)h0 * cap, *s = sums + h0;
-        uint16_t *o = out + (size_t)h0 * D;
-        switch (now * 16 + blocks) {
-            WEIGH(1, 1) WEIGH(2, 1) WEIGH(3, 1) WEIGH(4, 1) WEIGH(5, 1) WEIGH(6, 1) WEIGH(7, 1) WEIGH(8, 1)
-            WEIGH(1, 2) WEIGH(2, 2) WEIGH(3, 2) WEIGH(4, 2) WEIGH(1, 3) WEIGH(2, 3) WEIGH(1, 4) WEIGH(2, 4)
-            WEIGH(1, 5) WEIGH(1, 6) WEIGH(1, 7) WEIGH(1, 8)
-            default: break;  // D <= MAX_HEAD_DIM: every case is above
-        }
+// One segment's partials for `count` queries that read its keys key[i] and values val[i]
+// (each query the first qs[].n of them). Scratch: scores [count][SEGMENT], work (score_keys).
+static void attend_segment(const query *qs, int count, const uint16_t *const *key, const uint16_t *const *val, int D,
+                           float scale, float softcap, float *scores, wide *work) {
+    int n = 0;
+    for (int i = 0; i < count; i++) n = qs[i].n > n ? qs[i].n : n;
+    score_keys(qs, count, D, key, n, scale, softcap, scores, work);
+    for (int i = 0; i < count; i++) {
+        float *s = scores + (size_t)i * SEGMENT;
+        const float m = max_score(s, qs[i].n);
+        qs[i].part[D] = m;
+        qs[i].part[D + 1] = softmax_weights(s, qs[i].n, m);
     }
+    for (int b = 0; b < D / BLOCK; b++)
+        for (int i = 0; i < count;) {  // up to VALUE_HEADS queries that see as many keys
+            const float *w = scores + (size_t)i * SEGMENT;
+            int same = 1;
+            while (same < VALUE_HEADS && i + same < count && qs[i + same].n == qs[i].n) same++;
+            if (same == 3) weigh_block(val, qs[i].n, qs + i, 3, b, w);
+            else if (same == 2) weigh_block(val, qs[i].n, qs + i, 2, b, w);
+            else weigh_block(val, qs[i].n, qs + i, 1, b, w);
+            i += same;
+        }
 }
 
-#define MAX_ITEM_HEADS 16  // query heads one item attends (a larger group is split)
-
-// `heads` query heads of one row that read the same key/value head: q [heads][D] bfloat16;
-// the keys/values at k_head/v_head + a block's offset (see paging), the positions of `runs`
-// -> out [heads][D] bfloat16. softcap > 0: each score becomes softcap * tanh(score /
-// softcap) before the softmax (Gemma 2), with the C library's tanhf in both builds. Scratch:
-// scores [heads][cap] (cap >= the row's positions), unpacked [UNPACKED_WIDE]. Each head's
-// bits are those of the head alone: sharing the keys' and values' unpacking changes no sum.
-static void attend_heads(const uint16_t *q, int heads, const uint16_t *k_head, const uint16_t *v_head, paging pg,
-                         key_runs runs, int D, float scale, float softcap, float *scores, int cap, wide *unpacked,
-                         uint16_t *out) {
-    const int count = runs.len - runs.first + runs.num_extra;  // scores[j]: the row's j-th key
-    const int chunk = UNPACKED_WIDE / (2 * (D / BLOCK)) / KEY_GROUP * KEY_GROUP;
-    __m256 tops[MAX_ITEM_HEADS];
-    for (int h = 0; h < heads; h++) tops[h] = _mm256_set1_ps(-INFINITY);
-    const uint16_t *key[MAX_CHUNK];
-    int taken = 0, scored = 0;
-    run_cursor cursor = {-1, runs.first};
-    for (int p, n; next_run(runs, pg, &cursor, &p, &n);) {  // positions [p, p + n) in one block
-        const uint16_t *keys = at_position(k_head, pg, p, D);
-        for (int i = 0; i < n; i++) {
-            key[taken++] = keys + (size_t)i * D;
-            if (taken == chunk) {
-                score_chunk(q, heads, D, key, taken, unpacked, scale, softcap, scores + scored, cap, tops);
-                scored += taken;
-                taken = 0;
-            }
-        }
+// A query's output from its `segments` partials (seg floats apart): each segment's sums
+// scaled by exp(m_s - M), M the largest m, and added in segment order; out = o * (1 / l)
+// in bfloat16. One segment gives its own o * (1 / l): exp(0) is 1.
+static void combine(const float *part, int segments, size_t seg, int D, uint16_t *out) {
+    float top = -INFINITY;
+    for (int s = 0; s < segments; s++) top = part[s * seg + D] > top ? part[s * seg + D] : top;
+    const int blocks = D / BLOCK;
+    wide o[2 * (MAX_HEAD_DIM / BLOCK)];
+    for (int v = 0; v < 2 * blocks; v++) o[v] = w_zero();
+    float total = 0.0f;
+    for (int s = 0; s < segments; s++) {
+        const float *p = part + s * seg;
+        float scales[8];
+        _mm256_storeu_ps(scales, exp_nonpositive(_mm256_set1_ps(p[D] - top)));
+        total += scales[0] * p[D + 1];
+        const wide w = w_set1(scales[0]), *os = (const wide *)p;
+        for (int v = 0; v < 2 * blocks; v++) o[v] = w_fma(w, os[v], o[v]);
     }
-    if (taken) score_chunk(q, heads, D, key, taken, unpacked, scale, softcap, scores + scored, cap, tops);
-    float sums[MAX_ITEM_HEADS];
-    for (int h = 0; h < heads; h++) {
-        float lanes[8], maximum = -INFINITY;
-        _mm256_storeu_ps(lanes, tops[h]);
-        for (int i = 0; i < 8; i++) maximum = lanes[i] > maximum ? lanes[i] : maximum;
-        sums[h] = softmax_weights(scores + (size_t)h * cap, count, maximum);
-    }
-    weigh_heads(v_head, pg, runs, heads, D, scores, cap, sums, out);
+    const wide inverse = w_set1(1.0f / total);
+    for (int b = 0; b < blocks; b++) store_block(out + BLOCK * b, w_mul(o[2 * b], inverse), w_mul(o[2 * b + 1], inverse));
 }
 
 // The block table of query row t: tables[row_seq[t]] (a table is table_width entries), or
@@ -399,42 +411,184 @@ INLINE int row_place(tree_rows tree, const int32_t *row_len, int t) {
     return row_len[t] - 1;
 }
 
-// The attention of every (query row, head) over the cache: q [T][H][D]. A row of length
-// len at position pos sees positions [first, len), then its tree extras: first =
-// pos + 1 - window with a window (window > 0) shorter than pos + 1, else 0.
+// The keys row t sees: [first, len), then its tree extras, where first = pos + 1 - window
+// with a window (window > 0) shorter than pos + 1, else 0.
+INLINE key_runs row_runs(tree_rows tree, const int32_t *row_len, int t, int window) {
+    const int len = row_len[t], seen = row_position(tree, row_len, t) + 1;
+    const int first = window > 0 && seen > window ? (seen - window < len ? seen - window : len) : 0;
+    const int extra_first = tree.extra_start ? tree.extra_start[t] : 0;
+    return (key_runs){first, len, tree.extra_start ? tree.extra + extra_first : NULL,
+                      tree.extra_start ? tree.extra_start[t + 1] - extra_first : 0};
+}
+
+// The row's j-th key: [first, len) in order, then its extras.
+INLINE int key_position(key_runs k, int j) {
+    const int run = k.len - k.first;
+    return j < run ? k.first + j : k.extra[j - run];
+}
+
+INLINE int row_keys(key_runs k) { return k.len - k.first + k.num_extra; }
+INLINE int segments_of(int keys) { return (keys + SEGMENT - 1) / SEGMENT; }
+
+// Consecutive rows of one sequence whose j-th keys are the same positions (no tree, the same
+// first key): a verify round's rows, a prompt's chunk. An item scores them together.
+typedef struct {
+    int row, rows;  // rows [row, row + rows)
+    int segments;   // of its row with the most keys
+} row_group;
+
+// Scratch kept between calls, one per thread (the kernel runs at every layer of every step).
+typedef struct {
+    void *p;
+    size_t bytes;
+} scratch;
+static void *grow(scratch *s, size_t bytes) {
+    if (s->bytes < bytes) {
+        free(s->p);
+        bytes = (bytes + 63) / 64 * 64;
+        s->p = aligned_alloc(64, bytes);
+        s->bytes = s->p ? bytes : 0;
+    }
+    return s->p;
+}
+static __thread scratch thread_scores, thread_work, thread_partials, caller_groups, caller_partials;
+
+// What the caller of attend_rows() works out before its threads start: the row groups, and
+// where they are few (fewer than ITEMS_PER_THREAD per thread for each key/value head) the
+// partials' buffer, [T][H][segments][PARTIAL(D)], through which each segment is an item.
+typedef struct {
+    const row_group *groups;
+    int count;
+    float *partials;  // NULL: each item takes all of its rows' segments
+    int segments;     // of the longest row (with partials)
+} row_plan;
+
+static row_plan plan_rows(const int32_t *tables, int table_width, const int32_t *row_seq, const int32_t *row_len,
+                          tree_rows tree, int T, int H, int KVH, int D, int window) {
+    row_plan plan = {NULL, 0, NULL, 0};  // segments: set only with partials
+    if (T <= 0) return plan;
+    row_group *groups = grow(&caller_groups, sizeof(row_group) * (size_t)T);
+    const int alone = tree.pos != NULL || tree.extra_start != NULL;
+    for (int t = 0; t < T; t++) {
+        const key_runs runs = row_runs(tree, row_len, t, window);
+        const int segments = segments_of(row_keys(runs));
+        row_group *last = plan.count ? &groups[plan.count - 1] : NULL;
+        if (last && !alone && last->rows < MAX_GROUP_ROWS &&
+            row_table(tables, table_width, row_seq, t) == row_table(tables, table_width, row_seq, last->row) &&
+            runs.first == row_runs(tree, row_len, last->row, window).first) {
+            last->rows++;
+            last->segments = segments > last->segments ? segments : last->segments;
+        } else {
+            groups[plan.count++] = (row_group){t, 1, segments};
+        }
+    }
+    plan.groups = groups;
+    for (int g = 0; g < plan.count; g++) plan.segments = groups[g].segments > plan.segments ? groups[g].segments : plan.segments;
+    if (plan.segments > 1 && plan.count * KVH < ITEMS_PER_THREAD * omp_get_max_threads()) {
+        plan.partials = grow(&caller_partials, sizeof(float) * (size_t)T * H * plan.segments * PARTIAL(D));
+    }
+    return plan;
+}
+
+// The addresses of segment r's keys and values (k_head, v_head: the cache plus the head's
+// offset): a block's positions one after another, one division a block.
+static int segment_addresses(key_runs runs, paging pg, int r, int D, const uint16_t *k_head, const uint16_t *v_head,
+                             const uint16_t **key, const uint16_t **val) {
+    const int j0 = r * SEGMENT, keys = row_keys(runs), n = keys - j0 < SEGMENT ? keys - j0 : SEGMENT;
+    const int run = runs.len - runs.first;  // keys j < run are positions first + j
+    int i = 0;
+    while (i < n && j0 + i < run) {
+        const int p = runs.first + j0 + i, offset = p % pg.block_size;
+        const size_t base = (size_t)pg.table[p / pg.block_size] * pg.block_stride;
+        for (int o = offset; o < pg.block_size && i < n && j0 + i < run; o++, i++) {
+            key[i] = k_head + base + (size_t)o * D;
+            val[i] = v_head + base + (size_t)o * D;
+        }
+    }
+    for (; i < n; i++) {  // a tree row's extras
+        const int p = key_position(runs, j0 + i);
+        key[i] = at_position(k_head, pg, p, D);
+        val[i] = at_position(v_head, pg, p, D);
+    }
+    return n;
+}
+
+// The attention of every (query row, head) over the cache: q [T][H][D]. A work item is a
+// row group's heads of one key/value head (or a part of them, where items would be fewer
+// than ITEMS_PER_THREAD per thread), and with the plan's partials one segment of them; the
+// bits are the same whichever.
 static void attend_rows(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *tables,
                         int table_width, const int32_t *row_seq, const int32_t *row_len, tree_rows tree,
                         uint16_t *out, int T, int H, int KVH, int D, int block_size, float scale, int window,
-                        float softcap) {
-    const int group = H / KVH;
-    const size_t head_stride = (size_t)block_size * D;
-    // An item is one row's heads of one key/value head (they unpack its keys and values once),
-    // or a part of them where rows are few, aiming at ITEMS_PER_THREAD items per thread.
+                        float softcap, row_plan plan) {
     if (T <= 0) return;  // every thread of the region returns: no barrier waits
-    const int pairs = T * KVH, wanted = ITEMS_PER_THREAD * omp_get_num_threads();
-    const int split = (wanted + pairs - 1) / pairs;
-    int per = group / (split > 1 ? split : 1);
+    const int group = H / KVH, blocks = D / BLOCK;
+    const size_t head_stride = (size_t)block_size * D, partial = PARTIAL(D);
+    const int threads = omp_get_num_threads(), wanted = ITEMS_PER_THREAD * threads, few = plan.partials != NULL;
+    const int pieces = plan.count * KVH * (few ? plan.segments : 1), split = (wanted + pieces - 1) / pieces;
+    int most_rows = 1;
+    for (int g = 0; g < plan.count; g++) most_rows = plan.groups[g].rows > most_rows ? plan.groups[g].rows : most_rows;
+    int per = group / (split > 1 ? split : 1);  // heads of a row in an item
     per = per < 1 ? 1 : per > MAX_ITEM_HEADS ? MAX_ITEM_HEADS : per;
-    const int parts = (group + per - 1) / per, cap = table_width * block_size;
-    // Scratch on the heap, one per thread: a table's positions can exceed a worker's stack.
-    float *scores = malloc(sizeof(float) * (size_t)per * cap);
-    wide *unpacked = aligned_alloc(64, sizeof(wide) * UNPACKED_WIDE);
+    while (per > 1 && per * most_rows > MAX_QUERIES) per--;
+    const int parts = (group + per - 1) / per;
+    const int max_queries = per * most_rows;  // <= MAX_QUERIES: MAX_ITEM_HEADS * MAX_GROUP_ROWS may not be
+    float *scores = grow(&thread_scores, sizeof(float) * (size_t)max_queries * SEGMENT);
+    wide *work = grow(&thread_work, sizeof(wide) * (size_t)max_queries * (2 * blocks + KEY_GROUP));
     #pragma omp for schedule(dynamic, 1)
-    for (int item = 0; item < pairs * parts; item++) {
-        const int t = item / (KVH * parts), g = item % (KVH * parts) / parts, part = item % parts;
+    for (int item = 0; item < pieces * parts; item++) {
+        const int s = few ? item % plan.segments : 0, rest = few ? item / plan.segments : item;
+        const row_group rg = plan.groups[rest / (KVH * parts)];
+        const int g = rest % (KVH * parts) / parts, part = rest % parts;
         const int h0 = g * group + part * per, heads = group - part * per < per ? group - part * per : per;
-        const int len = row_len[t], seen = row_position(tree, row_len, t) + 1;
-        const int first = window > 0 && seen > window ? (seen - window < len ? seen - window : len) : 0;
-        const int extra_first = tree.extra_start ? tree.extra_start[t] : 0;
-        const key_runs runs = {first, len, tree.extra_start ? tree.extra + extra_first : NULL,
-                               tree.extra_start ? tree.extra_start[t + 1] - extra_first : 0};
-        const paging pg = {row_table(tables, table_width, row_seq, t), block_size, (size_t)KVH * head_stride};
-        const size_t at = (size_t)g * head_stride, row = (size_t)t * H + h0;
-        attend_heads(q + row * D, heads, k_cache + at, v_cache + at, pg, runs, D, scale, softcap, scores, cap, unpacked,
-                     out + row * D);
+        if (s >= rg.segments) continue;
+        int longest = rg.row;  // the group's row with the most keys: its positions cover every row's
+        for (int t = rg.row; t < rg.row + rg.rows; t++)
+            longest = row_keys(row_runs(tree, row_len, t, window)) > row_keys(row_runs(tree, row_len, longest, window)) ? t : longest;
+        const key_runs runs = row_runs(tree, row_len, longest, window);
+        const paging pg = {row_table(tables, table_width, row_seq, longest), block_size, (size_t)KVH * head_stride};
+        const size_t at = (size_t)g * head_stride;
+        // own partials where the item takes all its segments: [query][segment]
+        float *own = few ? NULL : grow(&thread_partials, sizeof(float) * (size_t)rg.rows * heads * rg.segments * partial);
+        for (int r = few ? s : 0; r < (few ? s + 1 : rg.segments); r++) {
+            query qs[MAX_QUERIES];
+            int count = 0;
+            for (int t = rg.row; t < rg.row + rg.rows; t++) {
+                const int n = row_keys(row_runs(tree, row_len, t, window)) - r * SEGMENT;
+                if (n <= 0) continue;
+                for (int h = h0; h < h0 + heads; h++) {
+                    const size_t qi = (size_t)(t - rg.row) * heads + (h - h0);
+                    qs[count++] = (query){q + ((size_t)t * H + h) * D, n < SEGMENT ? n : SEGMENT,
+                                          few ? plan.partials + (((size_t)t * H + h) * plan.segments + r) * partial
+                                              : own + (qi * rg.segments + r) * partial};
+                }
+            }
+            const uint16_t *key[SEGMENT], *val[SEGMENT];
+            segment_addresses(runs, pg, r, D, k_cache + at, v_cache + at, key, val);
+            if (!few && r + 1 < rg.segments) {  // the next segment's keys and values on their way to L2
+                const uint16_t *next_key[SEGMENT], *next_val[SEGMENT];
+                const int next = segment_addresses(runs, pg, r + 1, D, k_cache + at, v_cache + at, next_key, next_val);
+                for (int i = 0; i < next; i++)
+                    for (int line = 0; line < 2 * D; line += 64) {
+                        _mm_prefetch((const char *)next_key[i] + line, _MM_HINT_T1);
+                        _mm_prefetch((const char *)next_val[i] + line, _MM_HINT_T1);
+                    }
+            }
+            attend_segment(qs, count, key, val, D, scale, softcap, scores, work);
+        }
+        if (few) continue;
+        for (int t = rg.row; t < rg.row + rg.rows; t++)
+            for (int h = h0; h < h0 + heads; h++) {
+                const size_t qi = (size_t)(t - rg.row) * heads + (h - h0);
+                combine(own + qi * rg.segments * partial, segments_of(row_keys(row_runs(tree, row_len, t, window))), partial,
+                        D, out + ((size_t)t * H + h) * D);
+            }
     }
-    free(unpacked);
-    free(scores);
+    if (!few) return;
+    #pragma omp for schedule(static)
+    for (int th = 0; th < T * H; th++)
+        combine(plan.partials + (size_t)th * plan.segments * partial,
+                segments_of(row_keys(row_runs(tree, row_len, th / H, window))), partial, D, out + (size_t)th * D);
 }
 
 // q: [T][H][D] bfloat16; k_cache, v_cache: one layer's [blocks][KVH][block_size][D]
@@ -449,9 +603,10 @@ void paged_attention(const uint16_t *q, const uint16_t *k_cache, const uint16_t 
                      const int32_t *extra_start, const int32_t *extra, uint16_t *out, int T, int H, int KVH, int D,
                      int block_size, float scale, int window, float softcap) {
     const tree_rows tree = {row_pos, extra_start, extra};
+    const row_plan plan = plan_rows(tables, table_width, row_seq, row_len, tree, T, H, KVH, D, window);
     #pragma omp parallel
     attend_rows(q, k_cache, v_cache, tables, table_width, row_seq, row_len, tree, out, T, H, KVH, D, block_size, scale,
-                window, softcap);
+                window, softcap, plan);
 }
 
 // paged_attention on a slot cache [slots][KVH][max_len][D]: row_slot[t] is query t's slot.
@@ -491,6 +646,7 @@ void paged_rope_write_attention(const uint16_t *qkv, const uint16_t *cos, const 
     const tree_rows tree = {row_pos, extra_start, extra};
     const size_t head_stride = (size_t)block_size * D, block_stride = (size_t)KVH * head_stride;
     const int width = (H + 2 * KVH) * D;
+    const row_plan plan = plan_rows(tables, table_width, row_seq, row_len, tree, T, H, KVH, D, window);
     #pragma omp parallel
     {
         #pragma omp for schedule(static)
@@ -508,7 +664,7 @@ void paged_rope_write_attention(const uint16_t *qkv, const uint16_t *cos, const 
             }
         }  // the implicit barrier: every row's keys are in the cache before any row attends
         attend_rows(q_out, k_cache, v_cache, tables, table_width, row_seq, row_len, tree, out, T, H, KVH, D, block_size,
-                    scale, window, softcap);
+                    scale, window, softcap, plan);
     }
 }
 
