@@ -35,7 +35,7 @@ KINDS = {
     "layer matmuls": ("int4_matmul_op", "int4_matmul_amx_op", "int8_matmul_op", "int8_matmul_h_op",
                       "int8_matmul_amx_op", "int8_matmul_h_amx_op", "float_matmul_op"),
     "attention (RoPE, cache write, attention)": ("paged_rope_write_attention_op",),
-    "norms and activations": ("add_rms_norm_op", "rms_norm_groups_op", "copy_columns_op", "silu_mul_op",
+    "norms and activations": ("add_rms_norm_op", "add_rms_norm_f32_op", "rms_norm_groups_op", "copy_columns_op", "silu_mul_op",
                               "gelu_tanh_mul_op"),
 }
 

@@ -46,6 +46,26 @@ def test_add_rms_norm_is_torchs_add_then_rms_norm(with_delta, hidden):
     assert (got == expected).float().mean() > 0.99
 
 
+@pytest.mark.parametrize("hidden", [HIDDEN, 40])
+@pytest.mark.parametrize("rows", [1, 9])  # 9: the rows on the threads
+def test_the_final_norm_is_the_add_and_rms_norm_in_float32_and_a_rows_own(rows, hidden):
+    """The model's last norm (``final_norm``) keeps float32: the head refines its top logits
+    from it. Torch's values within float32 rounding (only the sum of squares' order
+    differs); a row's bits the same alone or among others."""
+    x, delta, weight = _inputs(rows, seed=3, hidden=hidden)
+    expected = F.rms_norm(x + delta, (hidden,), weight, EPS)
+    residual = x.clone()
+    got = _ops().final_norm(residual, delta, weight, EPS)
+    assert got.dtype == torch.float32 and got.shape == (rows, hidden)
+    assert torch.equal(residual, x + delta)  # the residual add in place, the same float32 add
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    for r in range(rows):
+        alone = _ops().final_norm(x[r : r + 1].clone(), delta[r : r + 1], weight, EPS)
+        assert torch.equal(alone[0], got[r])
+    torch.testing.assert_close(_ops().final_norm(x.clone(), None, weight, EPS), F.rms_norm(x, (hidden,), weight, EPS),
+                               rtol=1e-6, atol=1e-6)  # no residual to add
+
+
 # 13: the scalar tail alone (AVX-512) or after one vector (AVX2); 91: the four-vector loop,
 # then single vectors, then the scalar tail, in both builds.
 @pytest.mark.parametrize("inter", [INTER, 13, 91])
@@ -172,3 +192,28 @@ def test_top_logits_widens_exactly_and_picks_torchs_top_candidates_in_order(voca
     assert top[2].tolist() == list(range(32))
     with pytest.raises(ValueError, match="candidates"):
         _ops().top_logits(coarse, vocab + 1)
+
+
+@pytest.mark.parametrize("hidden", [HIDDEN, 40])  # 40: the element-by-element dot product
+@pytest.mark.parametrize("rows", [1, 9])  # 9: the rows on the threads
+def test_refine_logits_sets_each_rows_candidates_to_their_float32_products(rows, hidden):
+    """The head's refinement (``refine_logits``): each row's candidates become the float32
+    dot products of its hidden state and their exact weights (float64's within float32
+    rounding), every other logit is left as it was, and a row's values are its own."""
+    g = torch.Generator().manual_seed(5)
+    vocab, count = 300, 32
+    coarse = torch.randn(rows, vocab, generator=g)
+    top = torch.stack([torch.randperm(vocab, generator=g)[:count] for _ in range(rows)])
+    state = torch.randn(rows, hidden, generator=g)
+    weights = torch.randn(rows, count, hidden, generator=g)
+    got = _ops().refine_logits(coarse.clone(), top, state, weights)
+    exact = torch.einsum("nh,nrh->nr", state.double(), weights.double())
+    for r in range(rows):
+        torch.testing.assert_close(got[r, top[r]].double(), exact[r], rtol=1e-5, atol=1e-5)
+        untouched = torch.ones(vocab, dtype=torch.bool)
+        untouched[top[r]] = False
+        assert torch.equal(got[r, untouched], coarse[r, untouched])
+        alone = _ops().refine_logits(coarse[r : r + 1].clone(), top[r : r + 1], state[r : r + 1], weights[r : r + 1])
+        assert torch.equal(alone[0], got[r])
+    with pytest.raises(ValueError, match="refine_logits"):
+        _ops().refine_logits(coarse.clone(), top, state, weights[:, :4])

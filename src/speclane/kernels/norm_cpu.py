@@ -26,6 +26,8 @@ def declare(lib: ctypes.CDLL) -> None:
     pointer, integer = ctypes.c_void_p, ctypes.c_int
     lib.add_rms_norm.argtypes = [pointer] * 4 + [integer] * 2 + [ctypes.c_float]
     lib.add_rms_norm.restype = None
+    lib.add_rms_norm_f32.argtypes = [pointer] * 4 + [integer] * 2 + [ctypes.c_float]
+    lib.add_rms_norm_f32.restype = None
     lib.silu_mul.argtypes = [pointer] * 2 + [integer] * 2
     lib.silu_mul.restype = None
     lib.rms_norm_groups.argtypes = [pointer] + [integer] * 4 + [pointer, ctypes.c_float]
@@ -34,12 +36,20 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.gelu_tanh_mul.restype = None
     lib.top_logits.argtypes = [pointer] * 3 + [integer] * 3
     lib.top_logits.restype = None
+    lib.refine_logits.argtypes = [pointer] * 4 + [integer] * 4
+    lib.refine_logits.restype = None
 
 
 def add_rms_norm_row(lib: ctypes.CDLL, x: int, delta: int, weight: int, out: int, rows: int, hidden: int,
                      eps: float) -> list[int]:
     """``add_rms_norm`` as a forward plan's step (``plan_cpu``; addresses as ints, delta 0: none)."""
     return [plan_cpu.address(lib, "add_rms_norm_op"), x, delta, weight, out, rows, hidden, plan_cpu.float_bits(eps)]
+
+
+def add_rms_norm_f32_row(lib: ctypes.CDLL, x: int, delta: int, weight: int, out: int, rows: int, hidden: int,
+                         eps: float) -> list[int]:
+    """``final_norm`` as a forward plan's step (out float32; column 4 is out's address)."""
+    return [plan_cpu.address(lib, "add_rms_norm_f32_op"), x, delta, weight, out, rows, hidden, plan_cpu.float_bits(eps)]
 
 
 def copy_columns_row(lib: ctypes.CDLL, src: int, dst: int, rows: int, width: int, ld: int, offset: int) -> list[int]:
@@ -103,6 +113,20 @@ class LayerOps:
                                out.data_ptr(), rows, hidden, eps)
         return out
 
+    def final_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """The model's last norm: float32 [T, H] of x + delta (x float32 [T, H], changed in
+        place by ours; delta [T, H] or None) with ``weight``."""
+        if self.lib is None:
+            return F.rms_norm(x if delta is None else x + delta, (x.shape[-1],), weight, eps)
+        if x.dtype != torch.float32 or not x.is_contiguous() or weight.dtype != torch.float32:
+            raise ValueError("final_norm: a contiguous float32 residual stream and float32 norm weights only")
+        if delta is not None:
+            delta = delta.to(torch.bfloat16).contiguous()
+        out = torch.empty(x.shape, dtype=torch.float32)
+        self.lib.add_rms_norm_f32(x.data_ptr(), delta.data_ptr() if delta is not None else None, weight.data_ptr(),
+                                  out.data_ptr(), x.shape[0], x.shape[1], eps)
+        return out
+
     def gated_activation(self, gate_up: torch.Tensor, intermediate: int, activation: str) -> torch.Tensor:
         """gate_up [T, 2 * I] (gate, then up) -> act(gate) * up [T, I], ``activation`` "silu"
         or "gelu_tanh" (GELU's tanh approximation, Gemma's)."""
@@ -135,6 +159,23 @@ class LayerOps:
                                  f"with a {weight.dtype} weight of {weight.numel()}")
             self.lib.rms_norm_groups(x.data_ptr() + 2 * start, rows, columns, count, width, weight.data_ptr(), eps)
         return x
+
+    def refine_logits(self, logits: torch.Tensor, top: torch.Tensor, hidden: torch.Tensor, rows: torch.Tensor
+                      ) -> torch.Tensor:
+        """logits [N, vocab] float32 with each row's candidates ``top`` [N, R] set to their
+        exact values, the float32 products of ``hidden`` [N, H] and ``rows`` [N, R, H] (the
+        candidates' exact weights); in place, and returned."""
+        hidden = hidden.float()
+        if self.lib is None:
+            return logits.scatter_(-1, top, torch.einsum("nh,nrh->nr", hidden, rows))
+        n, count = top.shape
+        if (logits.dtype != torch.float32 or not logits.is_contiguous() or rows.dtype != torch.float32
+                or rows.shape != (n, count, hidden.shape[1]) or logits.shape[0] != n):
+            raise ValueError("refine_logits: float32 logits [N, vocab] and candidate rows [N, R, hidden]")
+        hidden, rows, top = hidden.contiguous(), rows.contiguous(), top.to(torch.int64).contiguous()
+        self.lib.refine_logits(hidden.data_ptr(), rows.data_ptr(), top.data_ptr(), logits.data_ptr(), n, count,
+                               hidden.shape[1], logits.shape[1])
+        return logits
 
     def top_logits(self, coarse: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A quantized head's coarse logits [N, vocab] -> (them in float32, each row's

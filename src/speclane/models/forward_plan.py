@@ -10,10 +10,11 @@ A plan holds a table of steps ([steps, STRIDE] int64, ``kernels/op.h``'s convent
 activation buffers of its own sized for its row count: per layer, add + RMSNorm, the q/k/v
 projection (with Qwen3's and Gemma 3's q and k head norms), RoPE + cache write +
 attention, the output projection (with Gemma's norm of it), add + RMSNorm, gate/up, SiLU
-or GELU * up, down (with Gemma's norm of it). What changes between forwards (the cache's blocks, the block
-tables, each row's sequence and length, the rope tables, draft-tree rows) is written into
-the attention steps' columns before each run. The residual stream and the last layer's MLP
-output come back in the plan's buffers; the caller adds them into a fresh tensor.
+or GELU * up, down (with Gemma's norm of it); then the model's final add + RMSNorm. What changes between
+forwards (the cache's blocks, the block tables, each row's sequence and length, the rope
+tables, draft-tree rows) is written into the attention steps' columns before each run,
+and the final norm writes a fresh tensor each run: the hidden states come back as the
+Python loop returns them.
 
 A model (``LlamaModel``) runs plans where every layer is our kernels' (``LlamaModel.plan_blocker`` says
 why not otherwise: torch's kernels, a bias): the Python loop stays the reference and the
@@ -45,7 +46,8 @@ class ForwardPlan:
     """A model's ``layers`` (``llama.Layer``, of ``config``, attention ``scale``) on ``rows``
     rows as one table of kernel calls."""
 
-    def __init__(self, layers: Sequence, config, scale: float, rows: int, runner, norm_library, attention_library):
+    def __init__(self, layers: Sequence, config, scale: float, final_norm: torch.Tensor, rows: int, runner, norm_library,
+                 attention_library):
         cfg = config
         hidden, heads, kv_heads, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         bf16 = torch.bfloat16
@@ -96,6 +98,9 @@ class ForwardPlan:
             if layer.mlp_out_norm is not None:
                 steps.append(norm_cpu.rms_norm_groups_row(norm_library, ptr["branch"], rows, hidden, 1, hidden,
                                                           layer.mlp_out_norm.data_ptr(), layer.eps))
+        self._final_step = len(steps)  # its column 4: the output's address, a fresh tensor each run
+        steps.append(norm_cpu.add_rms_norm_f32_row(norm_library, ptr["x"], ptr["branch"], final_norm.data_ptr(), 0, rows,
+                                                   hidden, cfg.rms_norm_eps))
         self.table = torch.zeros(len(steps), STRIDE, dtype=torch.int64)
         for i, step in enumerate(steps):
             self.table[i, : len(step)] = torch.tensor(step, dtype=torch.int64)
@@ -107,11 +112,10 @@ class ForwardPlan:
         # not on every forward (~120 data_ptr calls of a one-token step's Python).
         self._bound: tuple[object, object] | None = None
 
-    def run(self, x: torch.Tensor, attn, cache: KVCache, rope: list[tuple[torch.Tensor, torch.Tensor]]
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, x: torch.Tensor, attn, cache: KVCache, rope: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Every layer over ``x`` (float32 [rows, hidden], the embedded tokens; not changed),
-        with ``attn`` (the forward's ``_AttentionPlan``) and ``cache``; -> (the residual
-        stream, the last MLP output), the plan's buffers (valid until its next run)."""
+        with ``attn`` (the forward's ``_AttentionPlan``) and ``cache``, and the final norm;
+        -> the hidden states, float32 [rows, hidden] (a fresh tensor)."""
         if x.shape[0] != self.rows or attn.row_seq.numel() != self.rows:
             raise ValueError(f"a plan of {self.rows} rows given {x.shape[0]}")
         self.x.copy_(x)
@@ -131,9 +135,11 @@ class ForwardPlan:
         cells[steps, COLUMNS["row_pos"]] = 0 if tree is None else tree.pos.data_ptr()
         cells[steps, COLUMNS["extra_start"]] = 0 if tree is None else tree.extra_start.data_ptr()
         cells[steps, COLUMNS["extra"]] = 0 if tree is None else tree.extra.data_ptr()
+        hidden = torch.empty(self.x.shape, dtype=torch.float32)
+        cells[self._final_step, 4] = hidden.data_ptr()
         self.runner.run_plan(self.table.data_ptr(), len(self.table), STRIDE)
         self.runs += 1
-        return self.x, self.branch
+        return hidden
 
 
 class ForwardPlans:
@@ -141,8 +147,9 @@ class ForwardPlans:
     that keeps two threads from running one plan's buffers at once (the second runs the
     Python loop instead)."""
 
-    def __init__(self, layers: Sequence, config, scale: float, runner, norm_library, attention_library):
-        self._model = (layers, config, scale)
+    def __init__(self, layers: Sequence, config, scale: float, final_norm: torch.Tensor, runner, norm_library,
+                 attention_library):
+        self._model = (layers, config, scale, final_norm)
         self._libraries = (runner, norm_library, attention_library)
         self._plans: OrderedDict[int, ForwardPlan] = OrderedDict()
         self.lock = threading.Lock()

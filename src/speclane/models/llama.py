@@ -296,7 +296,8 @@ class LlamaModel(nn.Module):
         # every layer is our kernels' (forward_plan.py); plan_blocker says why not otherwise.
         self.plan_blocker = self._plan_blocker(kernels)
         self.plans = None if self.plan_blocker else forward_plan.ForwardPlans(
-            layers, config, self.scale, kernels.plan_library, kernels.norm_library, self.attention_library)
+            layers, config, self.scale, self.final_norm, kernels.plan_library, kernels.norm_library,
+            self.attention_library)
         self._make_rope(min(rope_positions or config.max_position_embeddings, config.max_position_embeddings))
 
     def _plan_blocker(self, kernels: Kernels) -> str | None:
@@ -374,8 +375,7 @@ class LlamaModel(nn.Module):
             try:
                 plan = self.plans.get(len(batch.input_ids))
                 if plan is not None:
-                    x, branch = plan.run(x, attn, cache, self.rope)
-                    return F.rms_norm(x + branch, (cfg.hidden_size,), self.final_norm, cfg.rms_norm_eps)  # float32
+                    return plan.run(x, attn, cache, self.rope)  # float32
             finally:
                 self.plans.lock.release()
         ops = self.ops
@@ -405,8 +405,7 @@ class LlamaModel(nn.Module):
             branch = layer.down(act)
             if layer.mlp_out_norm is not None:
                 branch = ops.rms_norm_groups(branch, [(0, 1, cfg.hidden_size, layer.mlp_out_norm)], layer.eps)
-        x = x + branch
-        return F.rms_norm(x, (cfg.hidden_size,), self.final_norm, cfg.rms_norm_eps)  # float32
+        return ops.final_norm(x, branch, self.final_norm, cfg.rms_norm_eps)  # float32
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor, argmax_rows: Sequence[bool] | None = None) -> torch.Tensor:
@@ -447,8 +446,7 @@ class LlamaModel(nn.Module):
             # [N, vocab]: its kernel, or its dense weight, in bfloat16; widened, with each row's candidates
             coarse, top = self.ops.top_logits(coarse_head(hidden), REFINE_TOP)  # [N, vocab] float32, [N, R]
             rows = head.rows(top.flatten()).view(*top.shape, -1)  # [N, R, hidden]
-            exact = torch.einsum("nh,nrh->nr", hidden.float(), rows)  # [N, R]
-            logits = coarse.scatter_(-1, top, exact)
+            logits = self.ops.refine_logits(coarse, top, hidden, rows)  # the candidates exact
         if cap:  # monotonic: the refined candidates stay the top ones
             logits = torch.tanh(logits / cap) * cap
         return logits
