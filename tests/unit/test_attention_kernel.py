@@ -281,8 +281,8 @@ def test_paged_attention_gives_the_slot_caches_bits_through_any_block_table(bloc
 def test_a_rows_bits_do_not_depend_on_how_its_segments_and_rows_are_shared():
     """A row's softmax is taken over segments of 64 keys and combined: alone, each of its
     segments is a work item; among other sequences' rows, an item takes all of a row's
-    segments; a verify round's rows (one sequence, consecutive positions) share each key's
-    unpacking. Every row gets the bits it gets alone, at lengths ending before, at and past
+    segments (among many, all of its key/value heads too); a verify round's rows (one
+    sequence, consecutive positions) share each key's unpacking. Every row gets the bits it gets alone, at lengths ending before, at and past
     a segment's end, and the float64 reference's values."""
     keys, values = _cache(8)
     order = torch.randperm(SLOTS * 15, generator=torch.Generator().manual_seed(9)).tolist()
@@ -303,6 +303,11 @@ def test_a_rows_bits_do_not_depend_on_how_its_segments_and_rows_are_shared():
     assert torch.equal(attend(verify + others, q), alone)  # among other sequences' rows
     assert torch.equal(attend(others + verify, torch.cat([q[len(verify) :], q[: len(verify)]])),
                        torch.cat([alone[len(verify) :], alone[: len(verify)]]))
+    # Rows of many sequences (an item takes all of a row's key/value heads, segment by segment).
+    many = [(s, n) for s, n in zip([0, 1, 2] * 4, [70, 130, 10, 200, 64, 65, 1, 299, 150, 129, 128, 33], strict=True)]
+    queries = torch.randn(len(many), HEADS, HEAD_DIM).bfloat16()
+    separate = torch.cat([attend([row], queries[i : i + 1]) for i, row in enumerate(many)])
+    assert torch.equal(attend(many, queries), separate)
 
 
 def test_paged_rope_write_attention_writes_through_the_table():

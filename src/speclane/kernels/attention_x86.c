@@ -513,10 +513,50 @@ static int segment_addresses(key_runs runs, paging pg, int r, int D, const uint1
     return n;
 }
 
+// Where query (t, h) of an item writes its segment r's partial: base + (t - the group's
+// first row) * row + (h - the item's first head) * head + r * PARTIAL(D) floats.
+typedef struct {
+    float *base;
+    size_t row, head;
+} partial_place;
+
+// Segment r of a row group's heads h0 .. h0 + heads (of the key/value head at k_head,
+// v_head): its queries' partials; with prefetch, the next segment's keys and values are
+// sent on their way to L2 first (many rows: the item's next reads).
+static void attend_piece(const uint16_t *q, int H, row_group rg, int h0, int heads, int r, key_runs runs, paging pg,
+                         const uint16_t *k_head, const uint16_t *v_head, const int32_t *row_len, tree_rows tree,
+                         int window, int D, float scale, float softcap, partial_place place, int prefetch, float *scores,
+                         wide *work) {
+    query qs[MAX_QUERIES];
+    int count = 0;
+    for (int t = rg.row; t < rg.row + rg.rows; t++) {
+        const int n = row_keys(row_runs(tree, row_len, t, window)) - r * SEGMENT;
+        if (n <= 0) continue;
+        for (int h = h0; h < h0 + heads; h++)
+            qs[count++] = (query){q + ((size_t)t * H + h) * D, n < SEGMENT ? n : SEGMENT,
+                                  place.base + (size_t)(t - rg.row) * place.row + (size_t)(h - h0) * place.head +
+                                      (size_t)r * PARTIAL(D)};
+    }
+    const uint16_t *key[SEGMENT], *val[SEGMENT];
+    segment_addresses(runs, pg, r, D, k_head, v_head, key, val);
+    if (prefetch && r + 1 < rg.segments) {
+        const uint16_t *next_key[SEGMENT], *next_val[SEGMENT];
+        const int next = segment_addresses(runs, pg, r + 1, D, k_head, v_head, next_key, next_val);
+        for (int i = 0; i < next; i++)
+            for (int line = 0; line < 2 * D; line += 64) {
+                _mm_prefetch((const char *)next_key[i] + line, _MM_HINT_T1);
+                _mm_prefetch((const char *)next_val[i] + line, _MM_HINT_T1);
+            }
+    }
+    attend_segment(qs, count, key, val, D, scale, softcap, scores, work);
+}
+
 // The attention of every (query row, head) over the cache: q [T][H][D]. A work item is a
 // row group's heads of one key/value head (or a part of them, where items would be fewer
-// than ITEMS_PER_THREAD per thread), and with the plan's partials one segment of them; the
-// bits are the same whichever.
+// than ITEMS_PER_THREAD per thread), and with the plan's partials one segment of them;
+// where row groups alone are that many, an item takes all of a group's key/value heads,
+// segment by segment, so that it reads each segment's blocks (every head's keys side by
+// side) one after another. The bits are the same whichever.
 static void attend_rows(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *tables,
                         int table_width, const int32_t *row_seq, const int32_t *row_len, tree_rows tree,
                         uint16_t *out, int T, int H, int KVH, int D, int block_size, float scale, int window,
@@ -528,61 +568,52 @@ static void attend_rows(const uint16_t *q, const uint16_t *k_cache, const uint16
     const int pieces = plan.count * KVH * (few ? plan.segments : 1), split = (wanted + pieces - 1) / pieces;
     int most_rows = 1;
     for (int g = 0; g < plan.count; g++) most_rows = plan.groups[g].rows > most_rows ? plan.groups[g].rows : most_rows;
-    int per = group / (split > 1 ? split : 1);  // heads of a row in an item
+    int per = group / (split > 1 ? split : 1);  // heads of a row in a piece
     per = per < 1 ? 1 : per > MAX_ITEM_HEADS ? MAX_ITEM_HEADS : per;
     while (per > 1 && per * most_rows > MAX_QUERIES) per--;
-    const int parts = (group + per - 1) / per;
+    const int parts = (group + per - 1) / per, subs = KVH * parts;  // (key/value head, part) pieces of a row group
+    const int whole = !few && plan.count >= wanted;  // an item takes all of a row group's pieces
     const int max_queries = per * most_rows;  // <= MAX_QUERIES: MAX_ITEM_HEADS * MAX_GROUP_ROWS may not be
     float *scores = grow(&thread_scores, sizeof(float) * (size_t)max_queries * SEGMENT);
     wide *work = grow(&thread_work, sizeof(wide) * (size_t)max_queries * (2 * blocks + KEY_GROUP));
     #pragma omp for schedule(dynamic, 1)
-    for (int item = 0; item < pieces * parts; item++) {
+    for (int item = 0; item < (whole ? plan.count : pieces * parts); item++) {
         const int s = few ? item % plan.segments : 0, rest = few ? item / plan.segments : item;
-        const row_group rg = plan.groups[rest / (KVH * parts)];
-        const int g = rest % (KVH * parts) / parts, part = rest % parts;
-        const int h0 = g * group + part * per, heads = group - part * per < per ? group - part * per : per;
+        const row_group rg = plan.groups[whole ? item : rest / subs];
         if (s >= rg.segments) continue;
+        const int first_sub = whole ? 0 : rest % subs, last_sub = whole ? subs : first_sub + 1;
         int longest = rg.row;  // the group's row with the most keys: its positions cover every row's
         for (int t = rg.row; t < rg.row + rg.rows; t++)
             longest = row_keys(row_runs(tree, row_len, t, window)) > row_keys(row_runs(tree, row_len, longest, window)) ? t : longest;
         const key_runs runs = row_runs(tree, row_len, longest, window);
         const paging pg = {row_table(tables, table_width, row_seq, longest), block_size, (size_t)KVH * head_stride};
-        const size_t at = (size_t)g * head_stride;
-        // own partials where the item takes all its segments: [query][segment]
-        float *own = few ? NULL : grow(&thread_partials, sizeof(float) * (size_t)rg.rows * heads * rg.segments * partial);
-        for (int r = few ? s : 0; r < (few ? s + 1 : rg.segments); r++) {
-            query qs[MAX_QUERIES];
-            int count = 0;
-            for (int t = rg.row; t < rg.row + rg.rows; t++) {
-                const int n = row_keys(row_runs(tree, row_len, t, window)) - r * SEGMENT;
-                if (n <= 0) continue;
-                for (int h = h0; h < h0 + heads; h++) {
-                    const size_t qi = (size_t)(t - rg.row) * heads + (h - h0);
-                    qs[count++] = (query){q + ((size_t)t * H + h) * D, n < SEGMENT ? n : SEGMENT,
-                                          few ? plan.partials + (((size_t)t * H + h) * plan.segments + r) * partial
-                                              : own + (qi * rg.segments + r) * partial};
-                }
+        // Without the plan's partials, the item's own: [piece][row][head][segment].
+        const size_t own_piece = (size_t)rg.rows * per * rg.segments * partial;
+        float *own = few ? NULL : grow(&thread_partials, sizeof(float) * own_piece * (size_t)(last_sub - first_sub));
+        for (int r = few ? s : 0; r < (few ? s + 1 : rg.segments); r++)
+            for (int sub = first_sub; sub < last_sub; sub++) {
+                const int g = sub / parts, part = sub % parts;
+                const int h0 = g * group + part * per, heads = group - part * per < per ? group - part * per : per;
+                const partial_place place = few ? (partial_place){plan.partials + ((size_t)rg.row * H + h0) * plan.segments * partial,
+                                                                  (size_t)H * plan.segments * partial, plan.segments * partial}
+                                                : (partial_place){own + (size_t)(sub - first_sub) * own_piece,
+                                                                  (size_t)heads * rg.segments * partial, rg.segments * partial};
+                attend_piece(q, H, rg, h0, heads, r, runs, pg, k_cache + (size_t)g * head_stride,
+                             v_cache + (size_t)g * head_stride, row_len, tree, window, D, scale, softcap, place, !few,
+                             scores, work);
             }
-            const uint16_t *key[SEGMENT], *val[SEGMENT];
-            segment_addresses(runs, pg, r, D, k_cache + at, v_cache + at, key, val);
-            if (!few && r + 1 < rg.segments) {  // the next segment's keys and values on their way to L2
-                const uint16_t *next_key[SEGMENT], *next_val[SEGMENT];
-                const int next = segment_addresses(runs, pg, r + 1, D, k_cache + at, v_cache + at, next_key, next_val);
-                for (int i = 0; i < next; i++)
-                    for (int line = 0; line < 2 * D; line += 64) {
-                        _mm_prefetch((const char *)next_key[i] + line, _MM_HINT_T1);
-                        _mm_prefetch((const char *)next_val[i] + line, _MM_HINT_T1);
-                    }
-            }
-            attend_segment(qs, count, key, val, D, scale, softcap, scores, work);
-        }
         if (few) continue;
-        for (int t = rg.row; t < rg.row + rg.rows; t++)
-            for (int h = h0; h < h0 + heads; h++) {
-                const size_t qi = (size_t)(t - rg.row) * heads + (h - h0);
-                combine(own + qi * rg.segments * partial, segments_of(row_keys(row_runs(tree, row_len, t, window))), partial,
-                        D, out + ((size_t)t * H + h) * D);
+        for (int sub = first_sub; sub < last_sub; sub++) {
+            const int g = sub / parts, part = sub % parts;
+            const int h0 = g * group + part * per, heads = group - part * per < per ? group - part * per : per;
+            const float *piece = own + (size_t)(sub - first_sub) * own_piece;
+            for (int t = rg.row; t < rg.row + rg.rows; t++) {
+                const int segments = segments_of(row_keys(row_runs(tree, row_len, t, window)));
+                for (int h = h0; h < h0 + heads; h++)
+                    combine(piece + ((size_t)(t - rg.row) * heads + (h - h0)) * rg.segments * partial, segments, partial, D,
+                            out + ((size_t)t * H + h) * D);
             }
+        }
     }
     if (!few) return;
     #pragma omp for schedule(static)
