@@ -316,27 +316,31 @@ static float softmax_weights(float *scores, int count, float maximum) {
 #define VALUE_HEADS 3  // queries whose value sums one pass over a segment's values keeps in registers
 
 // Queries qs[0 .. heads) (at most VALUE_HEADS, each seeing the segment's first n keys): o +=
-// sum_i weight_i v_i over block b of the dimensions, the values in order, into their
-// partials (load_block's lanes); weights: query i's at weights + i * SEGMENT. Always inlined
-// with constant heads: the sums stay in registers. A lane's sum does not depend on which
-// queries or blocks share a pass.
-INLINE void weigh_block(const uint16_t *const *val, int n, const query *qs, int heads, int b, const float *weights) {
-    wide alo[VALUE_HEADS], ahi[VALUE_HEADS];
-    for (int h = 0; h < heads; h++) alo[h] = ahi[h] = w_zero();
-    for (int i = 0; i < n; i++) {
-        wide lo, hi;
-        load_block(val[i] + BLOCK * b, &lo, &hi);
-        for (int h = 0; h < heads; h++) {
-            const wide w = w_set1(weights[(size_t)h * SEGMENT + i]);
-            alo[h] = w_fma(w, lo, alo[h]);
-            ahi[h] = w_fma(w, hi, ahi[h]);
+// sum_i weight_i v_i over blocks b .. b + nb of the dimensions (nb 1, or 2 for one query),
+// the values in order, into their partials (load_block's lanes); weights: query i's at
+// weights + i * SEGMENT. Always inlined with constant heads and nb: the sums stay in
+// registers. A lane's sum does not depend on which queries or blocks share a pass.
+INLINE void weigh_blocks(const uint16_t *const *val, int n, const query *qs, int heads, int b, int nb,
+                         const float *weights) {
+    wide alo[VALUE_HEADS][2], ahi[VALUE_HEADS][2];
+    for (int h = 0; h < heads; h++)
+        for (int j = 0; j < nb; j++) alo[h][j] = ahi[h][j] = w_zero();
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < nb; j++) {
+            wide lo, hi;
+            load_block(val[i] + BLOCK * (b + j), &lo, &hi);
+            for (int h = 0; h < heads; h++) {
+                const wide w = w_set1(weights[(size_t)h * SEGMENT + i]);
+                alo[h][j] = w_fma(w, lo, alo[h][j]);
+                ahi[h][j] = w_fma(w, hi, ahi[h][j]);
+            }
         }
-    }
-    for (int h = 0; h < heads; h++) {
-        wide *o = (wide *)qs[h].part + 2 * b;
-        o[0] = alo[h];
-        o[1] = ahi[h];
-    }
+    for (int h = 0; h < heads; h++)
+        for (int j = 0; j < nb; j++) {
+            wide *o = (wide *)qs[h].part + 2 * (b + j);
+            o[0] = alo[h][j];
+            o[1] = ahi[h][j];
+        }
 }
 
 // One segment's partials for `count` queries that read its keys key[i] and values val[i]
@@ -352,16 +356,24 @@ static void attend_segment(const query *qs, int count, const uint16_t *const *ke
         qs[i].part[D] = m;
         qs[i].part[D + 1] = softmax_weights(s, qs[i].n, m);
     }
-    for (int b = 0; b < D / BLOCK; b++)
-        for (int i = 0; i < count;) {  // up to VALUE_HEADS queries that see as many keys
-            const float *w = scores + (size_t)i * SEGMENT;
-            int same = 1;
-            while (same < VALUE_HEADS && i + same < count && qs[i + same].n == qs[i].n) same++;
-            if (same == 3) weigh_block(val, qs[i].n, qs + i, 3, b, w);
-            else if (same == 2) weigh_block(val, qs[i].n, qs + i, 2, b, w);
-            else weigh_block(val, qs[i].n, qs + i, 1, b, w);
-            i += same;
+    const int blocks = D / BLOCK;
+    for (int i = 0; i < count;) {  // up to VALUE_HEADS queries that see as many keys
+        const float *w = scores + (size_t)i * SEGMENT;
+        int same = 1;
+        while (same < VALUE_HEADS && i + same < count && qs[i + same].n == qs[i].n) same++;
+        for (int b = 0; b < blocks;) {
+            if (same == 1 && b + 1 < blocks) {  // one query: two blocks a pass
+                weigh_blocks(val, qs[i].n, qs + i, 1, b, 2, w);
+                b += 2;
+                continue;
+            }
+            if (same == 3) weigh_blocks(val, qs[i].n, qs + i, 3, b, 1, w);
+            else if (same == 2) weigh_blocks(val, qs[i].n, qs + i, 2, b, 1, w);
+            else weigh_blocks(val, qs[i].n, qs + i, 1, b, 1, w);
+            b += 1;
         }
+        i += same;
+    }
 }
 
 // A query's output from its `segments` partials (seg floats apart): each segment's sums
