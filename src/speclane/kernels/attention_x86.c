@@ -214,7 +214,7 @@ INLINE wide key_products(const wide *qlo, const wide *qhi, int blocks, const uin
 #define SEGMENT 64
 #define MAX_QUERIES 64  // query vectors (rows x heads) an item scores together
 #define MAX_ITEM_HEADS 16  // query heads of one row in an item (a larger group is split)
-#define MAX_GROUP_ROWS 16  // rows of one sequence an item scores together
+#define MAX_GROUP_ROWS 8  // rows of one sequence an item scores together (16: their sums spilled out of L1)
 // One (segment, query) partial: o [D] in load_block's lanes, then m and l; 64-byte aligned.
 #define PARTIAL(D) ((D) + 16)
 
