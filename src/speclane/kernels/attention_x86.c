@@ -472,12 +472,12 @@ typedef struct {
     const row_group *groups;
     int count;
     float *partials;  // NULL: each item takes all of its rows' segments
-    int segments;     // of the longest row (with partials)
+    int segments;     // of the row with the most keys
 } row_plan;
 
 static row_plan plan_rows(const int32_t *tables, int table_width, const int32_t *row_seq, const int32_t *row_len,
                           tree_rows tree, int T, int H, int KVH, int D, int window) {
-    row_plan plan = {NULL, 0, NULL, 0};  // segments: set only with partials
+    row_plan plan = {NULL, 0, NULL, 0};
     if (T <= 0) return plan;
     row_group *groups = grow(&caller_groups, sizeof(row_group) * (size_t)T);
     const int alone = tree.pos != NULL || tree.extra_start != NULL;
