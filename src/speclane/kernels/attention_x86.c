@@ -172,24 +172,6 @@ typedef struct {
     int num_extra;
 } key_runs;
 
-typedef struct { int r, p; } run_cursor;  // r: -1 in [first, len), else the extra being read; p: next position
-
-// The next run [*p, *p + *n) of the row's positions that lies in one block; 0 at the end.
-INLINE int next_run(key_runs k, paging pg, run_cursor *c, int *p, int *n) {
-    for (;;) {
-        const int end = c->r < 0 ? k.len : k.extra[c->r] + 1;
-        if (c->p < end) {
-            const int offset = c->p % pg.block_size;
-            *p = c->p;
-            *n = end - c->p < pg.block_size - offset ? end - c->p : pg.block_size - offset;
-            c->p += *n;
-            return 1;
-        }
-        if (++c->r >= k.num_extra) return 0;
-        c->p = k.extra[c->r];
-    }
-}
-
 // Position p's D values of a head's keys or values (head: the cache plus the head's offset).
 INLINE const uint16_t *at_position(const uint16_t *head, paging pg, int p, int D) {
     return head + (size_t)pg.table[p / pg.block_size] * pg.block_stride + (size_t)(p % pg.block_size) * D;
@@ -247,8 +229,6 @@ static void score_keys(const query *qs, int count, int D, const uint16_t *const 
                        float softcap, float *scores, wide *work) {
     const int blocks = D / BLOCK;
     wide *qv = work, *acc = work + (size_t)count * 2 * blocks;  // [count][blocks][lo, hi], [count][KEY_GROUP]
-    for (int i = 0; i < count; i++)
-        for (int b = 0; b < blocks; b++) load_block(qs[i].q + BLOCK * b, &qv[(i * blocks + b) * 2], &qv[(i * blocks + b) * 2 + 1]);
     if (count == 1) {  // one query: its halves in registers (key_products)
         wide qlo[MAX_HEAD_DIM / BLOCK], qhi[MAX_HEAD_DIM / BLOCK];
         for (int b = 0; b < blocks; b++) load_block(qs[0].q + BLOCK * b, &qlo[b], &qhi[b]);
@@ -258,6 +238,8 @@ static void score_keys(const query *qs, int count, int D, const uint16_t *const 
         }
         return;
     }
+    for (int i = 0; i < count; i++)
+        for (int b = 0; b < blocks; b++) load_block(qs[i].q + BLOCK * b, &qv[(i * blocks + b) * 2], &qv[(i * blocks + b) * 2 + 1]);
     for (int g = 0; g < n; g += KEY_GROUP) {
         for (int k = 0; k < KEY_GROUP; k++) {
             const uint16_t *keyk = key[g + k < n ? g + k : 0];
@@ -446,7 +428,8 @@ INLINE int segments_of(int keys) { return (keys + SEGMENT - 1) / SEGMENT; }
 // first key): a verify round's rows, a prompt's chunk. An item scores them together.
 typedef struct {
     int row, rows;  // rows [row, row + rows)
-    int segments;   // of its row with the most keys
+    int longest;    // its row with the most keys: its positions cover every row's
+    int segments;   // of that row
 } row_group;
 
 // Scratch kept between calls, one per thread (the kernel runs at every layer of every step).
@@ -483,15 +466,18 @@ static row_plan plan_rows(const int32_t *tables, int table_width, const int32_t 
     const int alone = tree.pos != NULL || tree.extra_start != NULL;
     for (int t = 0; t < T; t++) {
         const key_runs runs = row_runs(tree, row_len, t, window);
-        const int segments = segments_of(row_keys(runs));
+        const int keys = row_keys(runs);
         row_group *last = plan.count ? &groups[plan.count - 1] : NULL;
         if (last && !alone && last->rows < MAX_GROUP_ROWS &&
             row_table(tables, table_width, row_seq, t) == row_table(tables, table_width, row_seq, last->row) &&
             runs.first == row_runs(tree, row_len, last->row, window).first) {
             last->rows++;
-            last->segments = segments > last->segments ? segments : last->segments;
+            if (keys > row_keys(row_runs(tree, row_len, last->longest, window))) {
+                last->longest = t;
+                last->segments = segments_of(keys);
+            }
         } else {
-            groups[plan.count++] = (row_group){t, 1, segments};
+            groups[plan.count++] = (row_group){t, 1, t, segments_of(keys)};
         }
     }
     plan.groups = groups;
@@ -594,11 +580,8 @@ static void attend_rows(const uint16_t *q, const uint16_t *k_cache, const uint16
         const row_group rg = plan.groups[whole ? item : rest / subs];
         if (s >= rg.segments) continue;
         const int first_sub = whole ? 0 : rest % subs, last_sub = whole ? subs : first_sub + 1;
-        int longest = rg.row;  // the group's row with the most keys: its positions cover every row's
-        for (int t = rg.row; t < rg.row + rg.rows; t++)
-            longest = row_keys(row_runs(tree, row_len, t, window)) > row_keys(row_runs(tree, row_len, longest, window)) ? t : longest;
-        const key_runs runs = row_runs(tree, row_len, longest, window);
-        const paging pg = {row_table(tables, table_width, row_seq, longest), block_size, (size_t)KVH * head_stride};
+        const key_runs runs = row_runs(tree, row_len, rg.longest, window);
+        const paging pg = {row_table(tables, table_width, row_seq, rg.longest), block_size, (size_t)KVH * head_stride};
         // Without the plan's partials, the item's own: [piece][row][head][segment].
         const size_t own_piece = (size_t)rg.rows * per * rg.segments * partial;
         float *own = few ? NULL : grow(&thread_partials, sizeof(float) * own_piece * (size_t)(last_sub - first_sub));

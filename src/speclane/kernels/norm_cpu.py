@@ -103,28 +103,27 @@ class LayerOps:
             if delta is not None:
                 x.add_(delta)
             return F.rms_norm(x, (x.shape[-1],), weight, eps).to(self._dtype)
-        if x.dtype != torch.float32 or not x.is_contiguous() or weight.dtype != torch.float32:
-            raise ValueError("add_rms_norm: a contiguous float32 residual stream and float32 norm weights only")
-        rows, hidden = x.shape
-        if delta is not None:
-            delta = delta.to(torch.bfloat16).contiguous()
-        out = torch.empty(rows, hidden, dtype=torch.bfloat16)
-        self.lib.add_rms_norm(x.data_ptr(), delta.data_ptr() if delta is not None else None, weight.data_ptr(),
-                               out.data_ptr(), rows, hidden, eps)
-        return out
+        return self._add_rms_norm("add_rms_norm", x, delta, weight, eps, torch.bfloat16)
 
     def final_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """The model's last norm: float32 [T, H] of x + delta (x float32 [T, H], changed in
         place by ours; delta [T, H] or None) with ``weight``."""
         if self.lib is None:
             return F.rms_norm(x if delta is None else x + delta, (x.shape[-1],), weight, eps)
+        return self._add_rms_norm("add_rms_norm_f32", x, delta, weight, eps, torch.float32)
+
+    def _add_rms_norm(self, name: str, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                      dtype: torch.dtype) -> torch.Tensor:
+        """Our C ``name`` (add_rms_norm, or add_rms_norm_f32): x += delta in place, its norm
+        into a fresh [T, H] tensor of ``dtype``."""
         if x.dtype != torch.float32 or not x.is_contiguous() or weight.dtype != torch.float32:
-            raise ValueError("final_norm: a contiguous float32 residual stream and float32 norm weights only")
+            raise ValueError(f"{name}: a contiguous float32 residual stream and float32 norm weights only")
+        rows, hidden = x.shape
         if delta is not None:
             delta = delta.to(torch.bfloat16).contiguous()
-        out = torch.empty(x.shape, dtype=torch.float32)
-        self.lib.add_rms_norm_f32(x.data_ptr(), delta.data_ptr() if delta is not None else None, weight.data_ptr(),
-                                  out.data_ptr(), x.shape[0], x.shape[1], eps)
+        out = torch.empty(rows, hidden, dtype=dtype)
+        getattr(self.lib, name)(x.data_ptr(), delta.data_ptr() if delta is not None else None, weight.data_ptr(),
+                                out.data_ptr(), rows, hidden, eps)
         return out
 
     def gated_activation(self, gate_up: torch.Tensor, intermediate: int, activation: str) -> torch.Tensor:
