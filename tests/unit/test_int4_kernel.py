@@ -90,8 +90,8 @@ def test_every_build_gives_the_same_bits(out_features):
     """Each output column is one vector lane doing the same operations in every build (the
     bfloat16 dot product's pair step is two FMAs elsewhere; the AVX2 and VNNI builds' few
     rows are integer dot products on the grid). The direct path takes up to 12 rows in the
-    AVX-512 builds (up to 48 in blocks of 6-12 of them) and 4 in AVX2's (its integer path
-    48); 1-18, 21, 25, 37, 47-54 and 140 rows cover every path of each, every block height
+    AVX-512 builds (up to 48 in blocks of 6-12 of them) and 4 in AVX2's (whose integer path
+    takes every call on the grid); 1-18, 21, 25, 37, 47-54 and 140 rows cover every path of each, every block height
     (21: 10 + 11) and every register tile height of the buffered path (49-54 rows) among them."""
     q, scale, minimum, _ = random_int4_weight(out_features, 576)
     x = torch.randn(140, 576).bfloat16()
@@ -161,8 +161,10 @@ def test_every_layout_reads_back_its_weights_rows(layout):
 @needs_kernel
 def test_the_avx2_build_reads_planes_on_both_its_paths():
     """The AVX2 build's weights are packed in planes (one column's 8 inputs a 32-bit lane);
-    its integer path (up to 48 rows) and its float path (past them) both read them: a
-    row's bits are the same in a call of 1, 6, 48 or 70 rows, and near the float64 product."""
+    its integer path (every call whose inputs lie on the grid) and its float path (a call
+    with a group above the grid's range) both read them: a row's bits are the same alone, in
+    a call of 6, 13, 48 or 70 rows, and in a call that also holds a row of 2^120s (which
+    sends the whole call down the float path), and near the float64 product."""
     kernels = Kernels.load("native", isa="avx2", tiles=False)
     q, scale, minimum, dense = random_int4_weight(80, 576)
     weight = int4_weight(q, scale, minimum, kernels)
@@ -171,6 +173,10 @@ def test_the_avx2_build_reads_planes_on_both_its_paths():
     alone = torch.cat([weight.matmul(x[i : i + 1]) for i in range(70)])
     for rows in (6, 13, 48, 70):
         assert torch.equal(weight.matmul(x[:rows]), alone[:rows]), rows
+    off_grid = torch.cat([x, torch.full((1, 576), 2.0**120).bfloat16()])
+    for rows in (3, 13, 70):  # the float path's direct loop (up to 4 rows) and its buffered one
+        mixed = torch.cat([x[: rows - 1], off_grid[-1:]])
+        assert torch.equal(weight.matmul(mixed)[:-1], alone[: rows - 1]), rows
     expected = grid_round(x).double() @ dense.double().T
     assert torch.allclose(alone.double(), expected, rtol=2**-7, atol=1e-3 * float(expected.abs().max()))
 

@@ -38,6 +38,7 @@
 #include "q8_inputs.h"  // quantize_call
 #include "op.h"
 #include "split.h"  // iterations_per_chunk
+#include "sums.h"  // KEEP_IN_REGISTER
 
 #define LANES 16          // output columns per packed tile
 #define GROUP Q4_GROUP    // input columns per (scale, minimum) pair
@@ -156,6 +157,8 @@ INLINE void rows_over_tiles(const int R, const int TT, const q4_weight *w, const
                     const __m256i x = _mm256_set1_epi32(quad);
                     d[t][r][0] = _mm256_add_epi16(d[t][r][0], _mm256_maddubs_epi16(a, x));
                     d[t][r][1] = _mm256_add_epi16(d[t][r][1], _mm256_maddubs_epi16(b, x));
+                    KEEP_IN_REGISTER(d[t][r][0]);
+                    KEEP_IN_REGISTER(d[t][r][1]);
                 }
             }
         }

@@ -42,6 +42,7 @@
 // group is zeroed so no sum is subnormal, where vdpbf16ps and the tile unit flush and the
 // FMAs do not) — far outside any activation a model produces.
 #include <immintrin.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -52,6 +53,7 @@
 #include "q4.h"
 #include "op.h"
 #include "split.h"  // iterations_per_chunk
+#include "sums.h"  // KEEP_IN_REGISTER
 
 #define LANES 16   // output columns per packed tile
 #define GROUP Q4_GROUP  // input columns per (scale, minimum) pair
@@ -181,7 +183,7 @@ INLINE void store_row(const vec *acc, uint16_t *y) {  // one row's 16 columns ->
 }
 
 // Few rows: unpack into registers and use each pair at once, one 16-column tile at a time.
-// (The AVX2 build runs up to INT_MAX_ROWS rows in integers instead: see direct_int.)
+// (The AVX2 build runs every call whose inputs lie on the grid in integers: see direct_int.)
 // One tile a call, also for one or two rows, whose single chain of dependent steps per
 // column is the shortest: two tiles interleaved per call hid that latency, but made two
 // weight streams a thread, and with each thread on a contiguous run of tiles (split.h) one
@@ -274,10 +276,11 @@ typedef struct {
 // order, 8 a vector, from one shift and one mask per pair.
 // Rows the integer path runs over a tile's weights at a time (the weights are unpacked again
 // for each block of rows, from L1; on Zen 3 the default model's 120 layer matmuls took at 5
-// and 16 rows 0.89x and 0.93x the time of 4-row blocks, 8-row blocks no faster), and the
-// most rows a call takes that path with (beyond, the buffered float path).
+// and 16 rows 0.89x and 0.93x the time of 4-row blocks, 8-row blocks no faster). Every call
+// whose inputs lie on the grid takes this path, however many rows: on Zen 3 the 120 layer
+// matmuls took 0.74x the buffered float path's time at 64, 96, 128 and 256 rows.
 #define INT_ROWS 6
-#define INT_MAX_ROWS 48  // at 24-32 rows 0.94-0.95x the float path's time; at 64, 1.01x
+#define INT_MAX_ROWS INT_MAX
 // The integer path reads the weight stream with a software prefetch this many bytes ahead,
 // as the AVX-512 direct path does: the default model's 120 layer matmuls at one row, their
 // ~66 MB from memory, took 0.92-0.95x the time with it on Zen 3 (1024 as good, 4096 worse).
@@ -307,6 +310,8 @@ INLINE void direct_int(const int R, const q4_weight *w, const q4_int_input *in, 
                     const __m256i xp = _mm256_set1_epi32(pair);
                     d[r][0] = _mm256_add_epi32(d[r][0], _mm256_madd_epi16(a, xp));
                     d[r][1] = _mm256_add_epi32(d[r][1], _mm256_madd_epi16(c, xp));
+                    KEEP_IN_REGISTER(d[r][0]);
+                    KEEP_IN_REGISTER(d[r][1]);
                 }
             }
         }

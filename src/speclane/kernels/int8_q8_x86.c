@@ -29,6 +29,7 @@
 #include "int8_entry.h"  // int8_rows_of, INT8_ENTRY_POINTS
 #include "op.h"
 #include "split.h"  // iterations_per_chunk
+#include "sums.h"  // KEEP_IN_REGISTER
 
 #define LANES 16  // output columns per packed tile
 #define UNROLL _Pragma("GCC unroll 16")
@@ -123,6 +124,8 @@ INLINE void rows_over_tiles(const int R, const int TT, const int HALF, const q8_
                     const __m256i x = _mm256_set1_epi32(four);
                     d[t][r][0] = _mm256_add_epi32(d[t][r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(ua, _mm256_sign_epi8(x, wa)), ones));
                     d[t][r][1] = _mm256_add_epi32(d[t][r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(ub, _mm256_sign_epi8(x, wb)), ones));
+                    KEEP_IN_REGISTER(d[t][r][0]);
+                    KEEP_IN_REGISTER(d[t][r][1]);
                 }
             }
         }

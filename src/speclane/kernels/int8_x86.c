@@ -42,6 +42,7 @@
 #include "int8_entry.h"  // int8_rows_of, INT8_ENTRY_POINTS
 #include "op.h"
 #include "split.h"  // iterations_per_chunk
+#include "sums.h"  // KEEP_IN_REGISTER
 
 #define LANES 16  // output columns per packed tile
 #define UNROLL _Pragma("GCC unroll 16")
@@ -178,7 +179,11 @@ INLINE ivec i_bcast(int32_t two) { return _mm512_set1_epi32(two); }
 #ifdef __AVX512VNNI__
 INLINE ivec i_madd(ivec d, ivec q, ivec x) { return _mm512_dpwssd_epi32(d, q, x); }
 #else
-INLINE ivec i_madd(ivec d, ivec q, ivec x) { return _mm512_add_epi32(d, _mm512_madd_epi16(q, x)); }
+INLINE ivec i_madd(ivec d, ivec q, ivec x) {
+    d = _mm512_add_epi32(d, _mm512_madd_epi16(q, x));
+    KEEP_IN_REGISTER(d);
+    return d;
+}
 #endif
 INLINE vec i_float(ivec d) { return _mm512_cvtepi32_ps(d); }
 #else
@@ -194,7 +199,11 @@ INLINE void load_pairs(const uint8_t *tile, int format, int k, const ivec_table 
 }
 INLINE ivec i_zero(void) { return _mm256_setzero_si256(); }
 INLINE ivec i_bcast(int32_t two) { return _mm256_set1_epi32(two); }
-INLINE ivec i_madd(ivec d, ivec q, ivec x) { return _mm256_add_epi32(d, _mm256_madd_epi16(q, x)); }
+INLINE ivec i_madd(ivec d, ivec q, ivec x) {
+    d = _mm256_add_epi32(d, _mm256_madd_epi16(q, x));
+    KEEP_IN_REGISTER(d);
+    return d;
+}
 INLINE vec i_float(ivec d) { return _mm256_cvtepi32_ps(d); }
 #endif
 
