@@ -16,6 +16,7 @@ import pytest
 import torch
 from slot_pool import SlotPool
 
+from speclane.models import forward_plan
 from speclane.models.kv_cache import KVCache
 from speclane.models.llama import LlamaModel, RaggedBatch
 from speclane.models.loader import resolve_model
@@ -328,3 +329,17 @@ def test_forward_plan_gives_the_python_loops_bits(our_kernels, llm_default):
         model.plans = plans
     with pytest.raises(ValueError, match="a plan of 4 rows given 1"):
         plans.get(4).run(torch.zeros(1, c.hidden_size), None, cache, model.rope)
+
+
+def test_forward_plans_keep_a_batchs_widths_and_drop_the_least_recently_used(our_kernels, llm_default):
+    """A batch of 16 streams ending one by one, drafts beside them, passes through more than
+    16 widths: each width's plan is built once and reused while the model keeps
+    forward_plan.KEPT_PLANS of them, the least recently used dropped first."""
+    plans = llm_default.engine.model.plans
+    widths = list(range(1, 21))
+    first = {rows: plans.get(rows) for rows in widths}
+    assert all(plans.get(rows) is first[rows] for rows in widths)  # 20 widths: all kept
+    for rows in range(21, 21 + forward_plan.KEPT_PLANS - len(widths)):
+        plans.get(rows)
+    assert plans.get(21 + forward_plan.KEPT_PLANS) is not None  # one width more: width 1, the oldest, goes
+    assert plans.get(2) is first[2] and plans.get(1) is not first[1]

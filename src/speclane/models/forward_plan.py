@@ -38,7 +38,10 @@ if TYPE_CHECKING:
 
 STRIDE = 23  # a step's function and up to 22 arguments (the attention step's)
 MAX_ROWS = 64  # larger forwards (prefill chunks) run the Python loop: its overhead is small beside them
-KEPT_PLANS = 8  # row counts whose plans a model keeps (decode, verify rounds, batch widths)
+# Row counts whose plans a model keeps (decode, verify rounds, batch widths). 16 streams
+# ending one by one, with their drafts beside them, passed through more than 8 widths a batch
+# and rebuilt plans in every batch; a plan's buffers are ~18 KB a row (the default model).
+KEPT_PLANS = 24
 COLUMNS = attention_cpu.ROPE_ATTENTION_COLUMNS
 
 
@@ -101,10 +104,13 @@ class ForwardPlan:
         self._final_step = len(steps)  # its column 4: the output's address, a fresh tensor each run
         steps.append(norm_cpu.add_rms_norm_f32_row(norm_library, ptr["x"], ptr["branch"], final_norm.data_ptr(), 0, rows,
                                                    hidden, cfg.rms_norm_eps))
-        self.table = torch.zeros(len(steps), STRIDE, dtype=torch.int64)
+        # Filled in numpy (a torch tensor per step and torch's indexing made a plan ~4 ms to
+        # build, which a batch whose widths come and go pays again at every eviction).
+        cells = np.zeros((len(steps), STRIDE), dtype=np.int64)
         for i, step in enumerate(steps):
-            self.table[i, : len(step)] = torch.tensor(step, dtype=torch.int64)
-        self._cells = self.table.numpy()  # the same memory: the per-forward columns are written here
+            cells[i, : len(step)] = step
+        self.table = torch.from_numpy(cells)
+        self._cells = cells  # the same memory: the per-forward columns are written here
         self._attention_steps = np.array(attention_steps)
         self._rope_of_layer = [layer.rope for layer in layers]
         # The cache and rope tables whose addresses the attention steps hold: written when
