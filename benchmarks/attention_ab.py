@@ -21,30 +21,21 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
-from speclane.config import EngineConfig
-from speclane.engine.calibration import forward_ms
-from speclane.kernels import attention_cpu, build, plan_cpu
-from speclane.llm import LLM
+sys.path.insert(0, str(Path(__file__).parent))
+from revision_build import build_at  # noqa: E402
 
-SOURCES = ("attention_x86.c", "bf16.h", "op.h")  # the kernel and the headers it includes
+from speclane.config import EngineConfig  # noqa: E402
+from speclane.engine.calibration import forward_ms  # noqa: E402
+from speclane.kernels import attention_cpu, plan_cpu  # noqa: E402
+from speclane.llm import LLM  # noqa: E402
+
 STEP = "paged_rope_write_attention_op"
-
-
-def build_at(revision: str, isa: str, where: Path) -> int:
-    """The address of ``STEP`` in the kernel's ``isa`` build at git ``revision``."""
-    root = Path(__file__).resolve().parents[1]
-    for name in SOURCES:
-        text = subprocess.run(["git", "show", f"{revision}:src/speclane/kernels/{name}"], cwd=root, check=True,
-                              capture_output=True, text=True).stdout
-        (where / name).write_text(text)
-    kernel = build.load_build(where / SOURCES[0], isa, attention_cpu.declare)
-    return plan_cpu.address(kernel.library, STEP)
 
 
 def main() -> None:
@@ -61,7 +52,8 @@ def main() -> None:
     current = plan_cpu.address(model.kernels.attention.library, STEP)
     skip = plan_cpu.address(model.kernels.plan.library, "skip_op")
     with tempfile.TemporaryDirectory() as where:
-        other = build_at(args.against, model.kernels.attention_name, Path(where))
+        kernel = build_at(args.against, "attention_x86.c", model.kernels.attention_name, attention_cpu.declare, Path(where))
+        other = plan_cpu.address(kernel.library, STEP)
     arms = {args.against: other, "this tree": current, "skipped": skip}
     print(f"| shape (kv:sequences x new tokens) | forward ms, {args.against} | forward ms, this tree "
           f"| attention ms, {args.against} | attention ms, this tree | attention, this tree / {args.against} "
