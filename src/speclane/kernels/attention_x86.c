@@ -226,6 +226,8 @@ INLINE void finish_scores(const wide *acc, int count, float scale, float softcap
 // prefetches at its start left the loads waiting behind them. Against that burst
 // (benchmarks/attention_ab.py, 80 shuffled rounds, Zen 3): the attention's time at 200
 // cached keys x 16 / 8 sequences 0.87x / 0.83x, at 800 keys x 8 sequences 0.73x.
+// There is a next segment only after a full one (its row with the most keys sees all
+// SEGMENT of this one's), so scoring this segment's keys fetches every one of the next's.
 typedef struct {
     const uint16_t *const *key, *const *val;
     int n;  // 0: nothing ahead
@@ -257,7 +259,6 @@ static void score_keys(const query *qs, int count, int D, const uint16_t *const 
             }
             finish_scores(acc, n - g < KEY_GROUP ? n - g : KEY_GROUP, scale, softcap, scores + g);
         }
-        for (int i = (n + KEY_GROUP - 1) / KEY_GROUP * KEY_GROUP; i < next.n; i++) fetch_ahead(next, i, D);
         return;
     }
     for (int i = 0; i < count; i++)
@@ -282,7 +283,6 @@ static void score_keys(const query *qs, int count, int D, const uint16_t *const 
             finish_scores(&acc[i * KEY_GROUP], n - g < KEY_GROUP ? n - g : KEY_GROUP, scale, softcap,
                           scores + (size_t)i * SEGMENT + g);
     }
-    for (int i = (n + KEY_GROUP - 1) / KEY_GROUP * KEY_GROUP; i < next.n; i++) fetch_ahead(next, i, D);
 }
 
 // The largest of scores[0 .. n) (a NaN is passed over; -inf where all are NaN).
