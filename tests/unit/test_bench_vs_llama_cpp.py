@@ -46,7 +46,7 @@ def test_speculation_table_gives_median_and_range_of_paired_ratios():
     table = vs._spec_table(spec, alone, tokens=64, runs=3)
     # The HTTP path has no A/A arm; engines alone do: a second off engine against the first.
     assert table.rows == [[8, "HTTP, openai client", 100.0, "1.00x (1.00-1.20)", "1.10x (0.90-1.30)", "1.00x (1.00-1.00)", "-"],
-                          [16, "engines alone", 50.0, "1.00x (0.90-1.10)", "1.00x (1.00-1.10)", "1.00x (0.90-1.10)",
+                          [16, "engines alone, ticks interleaved", 50.0, "1.00x (0.90-1.10)", "1.00x (1.00-1.10)", "1.00x (0.90-1.10)",
                            "1.00x (0.98-1.05)"]]
 
 
@@ -54,9 +54,9 @@ def test_sustained_clients_get_rows_of_their_own_and_a_note():
     alone = {8: {"off": [100.0], "auto": [100.0], "ngram": [100.0], "mtp": [100.0]}}
     sustained = {8: {"off": [100.0, 90.0], "auto": [105.0, 99.0], "ngram": [100.0, 81.0], "mtp": [95.0, 90.0]}}
     table = vs._spec_table({}, alone, tokens=64, runs=2, sustained=sustained, sustain_s=2.0)
-    assert table.rows[-1] == [8, "engines alone, sustained clients", 95.0, "1.08x (1.05-1.10)", "0.95x (0.90-1.00)",
+    assert table.rows[-1] == [8, "engines alone, ticks interleaved, sustained clients", 95.0, "1.08x (1.05-1.10)", "0.95x (0.90-1.00)",
                               "0.97x (0.95-1.00)", "-"]
-    assert any(note.startswith("Sustained clients:") and "clients for 2 s each run" in note for note in table.notes)
+    assert any(note.startswith("Sustained clients:") and "its ticks have taken 2 s each run" in note for note in table.notes)
     assert not any("sustained" in row[1] for row in vs._spec_table({}, alone, tokens=64, runs=1).rows)
 
 
@@ -74,7 +74,7 @@ def test_lane_work_counts_the_rows_drafts_add_from_the_engine_counters():
     assert work.summary(off) == "+0.5% rows, 10/20 accepted, ticks 1.03x"
     alone = {16: dict.fromkeys(("off", "auto", "ngram", "mtp"), [50.0])}
     table = vs._spec_table({}, alone, tokens=64, runs=1, work={16: {"off": off, "auto": work, "ngram": off, "mtp": work}})
-    assert table.rows[-1] == [16, "engines alone: the work (all runs, warm-up included)", "-", "+0.5% rows, 10/20 accepted, ticks 1.03x",
+    assert table.rows[-1] == [16, "engines alone: the work (all batch runs, warm-up included)", "-", "+0.5% rows, 10/20 accepted, ticks 1.03x",
                               "+0.0% rows, 0/0 accepted, ticks 1.00x", "+0.5% rows, 10/20 accepted, ticks 1.03x", "-"]
 
 

@@ -8,6 +8,7 @@ scenarios turn into latency percentiles, throughput and lane shares.
 from __future__ import annotations
 
 import itertools
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -156,6 +157,88 @@ def drive_clients(engine: LLMEngine, prompts: list[list[int]], sampling: Samplin
         engine.abort_request(rid)
     engine.run_until_done()
     return tokens, window
+
+
+@dataclass
+class Busy:
+    """An engine's part of an interleaved run: the tokens its ticks gave and the seconds
+    those ticks took (its own ticks only, not the other engines' between them)."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else float("nan")
+
+
+def _tick(engine: LLMEngine, busy: Busy) -> list[Any]:
+    start = time.perf_counter()
+    outputs = engine.step()
+    busy.seconds += time.perf_counter() - start
+    busy.tokens += sum(len(out.token_ids) for out in outputs)
+    return outputs
+
+
+def _turns(names: list[str], order: random.Random) -> list[str]:
+    """The engines' order in one round, shuffled: a rotation would keep each engine right
+    after the same other one every round (a fixed neighbour's leftovers in the caches)."""
+    turns = list(names)
+    order.shuffle(turns)
+    return turns
+
+
+def drive_interleaved(engines: dict[str, LLMEngine], jobs: dict[str, list[Job]]) -> dict[str, Busy]:
+    """Each engine's ``jobs`` (all sent at once, one tenant of their own per engine) run to
+    completion with the engines' ticks interleaved: one tick of each engine in turn, each
+    tick timed on its own. A machine whose speed drifts within seconds (other tenants of
+    its host, its clock) then slows every engine alike, where runs one after another each
+    meet their own stretch of it; each engine's rate is its tokens over its own ticks'
+    seconds, so the engines' ratios compare the work each did, tick for tick."""
+    for name, engine in engines.items():
+        tenant = run_tenant()
+        for job in jobs[name]:
+            engine.add_request(job.request_id, job.prompt_token_ids, job.sampling, **{"tenant": tenant, **job.options})
+    busy = {name: Busy() for name in engines}
+    order = random.Random(0)
+    while running := [name for name in _turns(list(engines), order) if engines[name].has_unfinished()]:
+        for name in running:
+            _tick(engines[name], busy[name])
+    return busy
+
+
+def drive_clients_interleaved(engines: dict[str, LLMEngine], prompts: list[list[int]], sampling: SamplingParams,
+                              seconds: float) -> dict[str, Busy]:
+    """``drive_clients`` on every engine at once, their ticks interleaved as in
+    ``drive_interleaved``: per engine, ``len(prompts)`` closed-loop clients, each sending
+    its prompt again (a new tenant) as soon as its answer has finished, until the engine's
+    own ticks have taken ``seconds``; then what is still running is aborted. Per engine,
+    the tokens its clients received and its ticks' seconds."""
+    run = next(_runs)
+    client_of: dict[str, dict[str, int]] = {name: {} for name in engines}
+    sent = {name: [0] * len(prompts) for name in engines}
+
+    def send(name: str, client: int) -> None:
+        rid = f"c{client}-{sent[name][client]}-{run}"
+        sent[name][client] += 1
+        client_of[name][rid] = client
+        engines[name].add_request(rid, prompts[client], sampling, tenant=f"{name}-{rid}")
+
+    for name in engines:
+        for client in range(len(prompts)):
+            send(name, client)
+    busy = {name: Busy() for name in engines}
+    order = random.Random(0)
+    while running := [name for name in _turns(list(engines), order) if busy[name].seconds < seconds]:
+        for name in running:
+            for out in _tick(engines[name], busy[name]):
+                if out.finished:
+                    send(name, client_of[name].pop(out.request_id))
+    for name, engine in engines.items():
+        for rid in client_of[name]:
+            engine.abort_request(rid)
+        engine.run_until_done()
+    return busy
 
 
 def progress(message: str) -> None:

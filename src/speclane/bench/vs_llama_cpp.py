@@ -18,11 +18,14 @@ the default GGUF file, the same threads and the same client.
   (``auto``; the default server, ``speculative`` per request), the n-gram drafter and the
   MTP drafter (servers with ``--drafter ngram`` / ``--drafter mtp``): each drafter's
   aggregate over off, median and range of the runs; then the same streams through engines
-  in this process (``speclane.LLM``, no HTTP and no client on the cores): the lane's
-  decisions alone, without the clients' share of the noise; and sustained: n closed-loop
-  clients on those engines for a fixed window, each sending its next request as soon as
-  its answer ends, so tokens that speculation saves free a slot for the next request (a
-  closed batch ends with its longest stream whatever the others saved).
+  in this process (``speclane.LLM``, no HTTP and no client on the cores), every arm's
+  engine at once with their ticks interleaved (``driver.drive_interleaved``: a tick of
+  each in turn, each arm's rate its tokens over its own ticks' time, so the machine's
+  drift slows every arm alike): the lane's decisions alone, without the clients' share of
+  the noise; and sustained: n closed-loop clients on those engines for a fixed window of
+  each engine's ticks, each sending its next request as soon as its answer ends, so tokens
+  that speculation saves free a slot for the next request (a closed batch ends with its
+  longest stream whatever the others saved).
 - **A noisy neighbour.** Single-stream decode with one busy process beside it (a Python
   loop, one core's worth), as a fraction of the quiet rate measured just before, for
   speclane's engine and for ``llama-bench``.
@@ -50,10 +53,8 @@ from speclane.bench.common import Table, alternate, median
 from speclane.bench.decode import PROMPT, engine_decode_arms
 from speclane.bench.driver import (
     Job,
-    batch_rate,
-    batch_tokens,
-    drive,
-    drive_clients,
+    drive_clients_interleaved,
+    drive_interleaved,
     progress,
     run_tenant,
 )
@@ -252,14 +253,9 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
                               "ngram": StreamArm(ngram, model, n, tokens), "mtp": StreamArm(mtp, model, n, tokens)},
                              spec_runs, warmup=False)
                 for n in STREAM_LEVELS}
-    progress("vs-llama-cpp: speculation under load, engines alone")
+    progress("vs-llama-cpp: speculation under load, engines alone (ticks interleaved)")
     sustain_s = SUSTAIN_SECONDS / 4 if quick else SUSTAIN_SECONDS
-    spec_engines, spec_clients, spec_work = _engine_spec_arms(config, tokens, sustain_s)
-    spec_alone = {n: alternate({name: lambda arm=arm, n=n: arm(n) for name, arm in spec_engines.items()}, spec_runs)
-                  for n in STREAM_LEVELS}
-    progress("vs-llama-cpp: speculation under sustained load, engines alone")
-    spec_sustained = {n: alternate({name: lambda arm=arm, n=n: arm(n) for name, arm in spec_clients.items()}, spec_runs)
-                      for n in STREAM_LEVELS}
+    spec_alone, spec_sustained, spec_work = _engine_spec_runs(config, tokens, sustain_s, spec_runs)
     load = load_note(load_before, os.getloadavg()[0], len(os.sched_getaffinity(0)), threads, others)
     tables = [_single_table(engine, single, single_arms, tokens, threads, repeats, single_runs), _streams_table(loads, rates, tokens, repeats),
               _spec_table(spec, spec_alone, tokens, spec_runs, spec_work, spec_sustained, sustain_s), _noisy_table(noisy, tokens, repeats)]
@@ -394,43 +390,47 @@ class LaneWork:
         return f"+{extra:.1%} rows, {self.accepted}/{self.drafted} accepted, ticks {self.ticks / max(1, off.ticks):.2f}x"
 
 
-def _engine_spec_arms(config: EngineConfig, tokens: int, seconds: float
-                      ) -> tuple[dict[str, Callable[[int], float]], dict[str, Callable[[int], float]], dict[int, dict[str, LaneWork]]]:
-    """Per drafter (and off, twice: ``OFF_AGAIN``), an engine in this process, warmed up, as two arms: the
-    aggregate tok/s of n concurrent greedy requests of ``prompts(n)`` (chat, up to ``tokens``
-    each), and of n closed-loop clients sending those prompts for ``seconds``
-    (``drive_clients``); and, per n and arm, the ``LaneWork`` of its batch runs (the
-    warm-up's included)."""
+def _engine_spec_runs(config: EngineConfig, tokens: int, seconds: float, runs: int
+                      ) -> tuple[dict[int, dict[str, list[float]]], dict[int, dict[str, list[float]]], dict[int, dict[str, LaneWork]]]:
+    """Per drafter (and off, twice: ``OFF_AGAIN``), an engine in this process; per stream
+    count n, ``runs`` runs of n concurrent greedy requests of ``prompts(n)`` (chat, up to
+    ``tokens`` each) on every engine at once, their ticks interleaved
+    (``driver.drive_interleaved``), after a warm-up run; then ``runs`` runs of n
+    closed-loop clients for ``seconds`` of each engine's ticks (``drive_clients_interleaved``).
+    Returns per n and arm the batch runs' and the sustained runs' tok/s, and the
+    ``LaneWork`` of the batch runs (the warm-up's included)."""
     engines = {"off": LLM(config=config.replace(spec_mode="off")), "auto": LLM(config=config),
                "ngram": LLM(config=config.replace(drafter="ngram")), "mtp": LLM(config=config.replace(drafter="mtp")),
                OFF_AGAIN: LLM(config=config.replace(spec_mode="off"))}
+    inner = {name: llm.engine for name, llm in engines.items()}
     encoded = [next(iter(engines.values())).encode_prompt(p, chat=True) for p in prompts(max(STREAM_LEVELS))]
-    runs = [0]
+    batches: dict[int, dict[str, list[float]]] = {}
+    sustained: dict[int, dict[str, list[float]]] = {}
     work: dict[int, dict[str, LaneWork]] = {}
-
-    def batch(name: str, llm: LLM) -> Callable[[int], float]:
-        def run(n: int) -> float:
-            runs[0] += 1
-            jobs = [Job(f"load-{runs[0]}-{i}", ids, SamplingParams(max_tokens=tokens)) for i, ids in enumerate(encoded[:n])]
-            before = LaneWork.reading(llm.engine.counters)
-            timelines, wall = drive(llm.engine, jobs)
-            work.setdefault(n, {}).setdefault(name, LaneWork()).add(llm.engine.counters, before, batch_tokens(timelines))
-            return batch_rate(timelines, wall)
-        return run
-
-    def clients(llm: LLM) -> Callable[[int], float]:
-        def run(n: int) -> float:
-            received, window = drive_clients(llm.engine, encoded[:n], SamplingParams(max_tokens=tokens), seconds)
-            return received / window
-        return run
-
-    return ({name: batch(name, llm) for name, llm in engines.items()}, {name: clients(llm) for name, llm in engines.items()},
-            work)
+    for n in STREAM_LEVELS:
+        batches[n] = {name: [] for name in engines}
+        sustained[n] = {name: [] for name in engines}
+        work[n] = {name: LaneWork() for name in engines}
+        for run in range(runs + 1):  # the first: a warm-up
+            jobs = {name: [Job(f"load-{n}-{run}-{i}", ids, SamplingParams(max_tokens=tokens)) for i, ids in enumerate(encoded[:n])]
+                    for name in engines}
+            before = {name: LaneWork.reading(engine.counters) for name, engine in inner.items()}
+            busy = drive_interleaved(inner, jobs)
+            for name, engine in inner.items():
+                work[n][name].add(engine.counters, before[name], busy[name].tokens)
+                if run:
+                    batches[n][name].append(busy[name].rate)
+        for _ in range(runs):
+            busy = drive_clients_interleaved(inner, encoded[:n], SamplingParams(max_tokens=tokens), seconds)
+            for name in engines:
+                sustained[n][name].append(busy[name].rate)
+    return batches, sustained, work
 
 
 # A second speculation-off engine beside the first (an A/A arm): how far two engines that do
 # the same work read apart in this process, the noise the drafters' ratios are read against.
 OFF_AGAIN = "off again"
+ENGINES_ALONE = "engines alone, ticks interleaved"  # the in-process arms' rows
 SPEC_ARMS = ("auto", "ngram", "mtp", OFF_AGAIN)
 
 
@@ -440,9 +440,9 @@ def _spec_table(spec: dict[int, dict[str, list[float]]], alone: dict[int, dict[s
     table = Table("Speculation under load: aggregate tok/s with each drafter over speculation off",
                   ["streams", "path", "off tok/s", "auto (default) / off (median, range)", "ngram / off (median, range)",
                    "mtp / off (median, range)", "off again / off (A/A, median, range)"])
-    paths = [("HTTP, openai client", spec), ("engines alone", alone)]
+    paths = [("HTTP, openai client", spec), (ENGINES_ALONE, alone)]
     if sustained:
-        paths.append(("engines alone, sustained clients", sustained))
+        paths.append((ENGINES_ALONE + ", sustained clients", sustained))
     for path, measured in paths:
         for n, arms in measured.items():
             row: list[Any] = [n, path, median(arms["off"])]
@@ -454,22 +454,26 @@ def _spec_table(spec: dict[int, dict[str, list[float]]], alone: dict[int, dict[s
                 row.append(f"{median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
             table.add(*row)
     for n, arms_work in (work or {}).items():
-        table.add(n, "engines alone: the work (all runs, warm-up included)", "-",
+        table.add(n, "engines alone: the work (all batch runs, warm-up included)", "-",
                   *(arms_work[drafter].summary(arms_work["off"]) if drafter in arms_work else "-" for drafter in SPEC_ARMS))
-    table.notes.append(f"{runs} alternated runs per arm, each run's ratio against the off run beside it; {tokens} max "
-                       "tokens per stream, greedy. Target: at least 1.0x for each drafter at 8 and 16 streams. Off again: "
-                       "a second speculation-off engine (engines alone), the noise between two engines doing the same work.")
+    table.notes.append(f"{runs} runs per arm, each run's ratio against the off run beside it; {tokens} max tokens per "
+                       "stream, greedy. Target: at least 1.0x for each drafter at 8 and 16 streams. Off again: a second "
+                       "speculation-off engine (engines alone), the noise between two engines doing the same work.")
     table.notes.append("HTTP: speclane serve (the default server, a request's speculation off per request for the off arm; "
-                       "servers with --drafter ngram / mtp), the streams' clients on the same cores. Engines alone: the "
-                       "same prompts through one speclane.LLM per arm in the benchmark's process (a warm-up run each), "
-                       "so what moves the ratio is the lane's decisions and the machine, not the clients. Their work, "
-                       "from the engines' counters: the rows the drafts added to the decode rows, the drafts accepted, "
-                       "and the ticks over the off arm's (a closed batch ends with its longest stream).")
+                       "servers with --drafter ngram / mtp), the streams' clients on the same cores, the arms alternated. "
+                       "Engines alone: the same prompts through one speclane.LLM per arm in the benchmark's process, every "
+                       "arm's batch at once with the engines' ticks interleaved (one tick of each, in a shuffled order each "
+                       "round; bench/driver.py drive_interleaved), after a warm-up run: an arm's tok/s is its tokens over its "
+                       "own ticks' time, so a stretch of this machine's drift slows every arm alike and what moves the ratio "
+                       "is the lane's decisions. Their work, from the engines' counters: the rows the drafts added to the "
+                       "decode rows, the drafts accepted, and the ticks over the off arm's (a closed batch ends with its "
+                       "longest stream).")
     if sustained:
-        table.notes.append(f"Sustained clients: on the same engines, n closed-loop clients for {sustain_s:g} s each "
-                           "run, each sending its prompt again (a new tenant) as soon as its answer ends; tok/s is the tokens "
-                           "received within the window over its length. Here what speculation saves frees a slot for the "
-                           "next request, as in a server that always has work.")
+        table.notes.append(f"Sustained clients: on the same engines, ticks interleaved as above, n closed-loop clients per "
+                           f"engine until its ticks have taken {sustain_s:g} s each run, each client sending its prompt again "
+                           "(a new tenant) as soon as its answer ends; tok/s is the tokens its clients received over its ticks' "
+                           "time. Here what speculation saves frees a slot for the next request, as in a server that always "
+                           "has work.")
     return table
 
 
