@@ -221,6 +221,17 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     lane: LaneConfig = field(default_factory=LaneConfig)
 
+    def start_up_warnings(self) -> list[str]:
+        """Settings that are valid but work against each other (the engine logs them when it starts)."""
+        scheduler, lane = self.scheduler, self.lane
+        drafts = lane.spec_slots * lane.num_draft_tokens if lane.speculation_enabled else 0
+        if scheduler.max_num_batched_tokens >= scheduler.max_num_seqs + drafts:
+            return []
+        beside = f" plus the lane's drafts ({lane.spec_slots} x {lane.num_draft_tokens})" if drafts else ""
+        return [f"--max-num-batched-tokens {scheduler.max_num_batched_tokens} is below --max-num-seqs "
+                f"{scheduler.max_num_seqs}{beside}: with every slot decoding, the decode and verify rows fill "
+                "each tick and a new prompt's prefill waits for a stream to finish"]
+
     def replace(self, **changes: Any) -> EngineConfig:
         """Copy with flat field changes, e.g. ``cfg.replace(spec_mode="off", dtype="float32")``."""
         parts = {f.name: getattr(self, f.name) for f in fields(self)}

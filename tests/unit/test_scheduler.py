@@ -737,3 +737,16 @@ def test_a_request_that_ends_at_its_first_token_leaves_its_prompt_in_the_cache()
     story.add(chat("b", 48, []))
     plan, _ = story.tick()
     assert rows(plan)["b"].request.num_cached_tokens == 47  # all but its last token, which is computed
+
+
+def test_a_token_budget_below_the_slots_and_the_lanes_drafts_is_warned_about_at_start_up():
+    from speclane.config import EngineConfig
+
+    assert EngineConfig().start_up_warnings() == [], "the defaults: 64 tokens for 16 slots and 4 drafts"
+    assert EngineConfig().replace(max_num_seqs=60, spec_mode="off").start_up_warnings() == []
+    crowded = EngineConfig().replace(max_num_seqs=62)  # 62 decode rows and a round of 4 drafts: 66 > 64
+    [warning] = crowded.start_up_warnings()
+    assert "--max-num-batched-tokens 64 is below --max-num-seqs 62 plus the lane's drafts (1 x 4)" in warning
+    [warning] = EngineConfig().replace(max_num_seqs=80, spec_mode="off").start_up_warnings()
+    assert "below --max-num-seqs 80:" in warning and "drafts" not in warning.split(":")[0]
+    assert EngineConfig().replace(max_num_seqs=62, max_num_batched_tokens=66).start_up_warnings() == []

@@ -152,6 +152,8 @@ class LLMEngine:
                observer: EngineObserver | None, drafter: Drafter | None) -> None:
         self.config = config
         self.clock = clock
+        for warning in config.start_up_warnings():
+            log.warning("%s", warning)
         threads = torch.get_num_threads()
         self.thread_governor = ThreadGovernor(threads) if config.model.adapt_threads and threads > 1 else None
         self.tokenizer = tokenizer
