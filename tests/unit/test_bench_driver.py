@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from speclane.bench import vs_llama_cpp as vs
-from speclane.bench.driver import Job, drive, drive_clients
+from speclane.bench.driver import Job, drive
 from speclane.bench.http_streams import new_tenant
 from speclane.engine.engine import RequestOutput
 from speclane.request import SamplingParams
@@ -53,13 +53,6 @@ def test_each_drive_is_a_tenant_of_its_own_and_a_named_tenant_is_kept():
     tenants = {rid: options["tenant"] for rid, options in engine.options.items()}
     assert tenants["a0"] == tenants["b0"] != tenants["a1"] == tenants["b1"]  # one run's jobs together
     assert tenants["named0"] == tenants["named1"] == "A"
-
-
-def test_a_closed_loop_client_never_shares_a_tenant_with_its_earlier_requests():
-    engine = RecordingEngine()
-    drive_clients(engine, [[1], [2]], SamplingParams(max_tokens=1), seconds=0.05)
-    tenants = [options["tenant"] for options in engine.options.values()]
-    assert len(tenants) > 2 and len(set(tenants)) == len(tenants)
 
 
 def test_http_runs_of_speclane_carry_a_new_user_and_llama_cpps_none():

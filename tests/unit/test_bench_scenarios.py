@@ -204,21 +204,44 @@ def test_hol_scenario_end_to_end_on_a_toy_model(tmp_path, monkeypatch, capsys):
 
 
 def test_clients_resend_as_soon_as_an_answer_is_done_and_nothing_is_left_running():
-    """``drive_clients`` (the sustained-throughput table): a closed loop of clients over a window."""
-    from speclane.bench.driver import drive_clients
+    """``drive_clients_interleaved`` (the sustained-throughput table) on a real engine: a closed
+    loop of clients over a window of the engine's ticks."""
+    from speclane.bench.driver import drive_clients_interleaved
 
     engine = ToyFactory(EngineConfig()).engine(spec_mode="off")
     sent = []
     add = engine.add_request
     engine.add_request = lambda rid, *a, **k: (sent.append(rid), add(rid, *a, **k))[1]
     prompts = [[1, 2, 3], [4, 5, 6, 7]]
-    tokens, window = drive_clients(engine, prompts, SamplingParams(max_tokens=3, ignore_eos=True), seconds=2.0)
-    assert window >= 2.0
+    busy = drive_clients_interleaved({"only": engine}, prompts, SamplingParams(max_tokens=3, ignore_eos=True), seconds=2.0)["only"]
+    assert busy.seconds >= 2.0
     per_client = Counter(rid.split("-")[0] for rid in sent)
     assert set(per_client) == {"c0", "c1"} and min(per_client.values()) >= 3  # each resent after every answer
     finished = len(sent) - len(prompts)  # one request per client is still open at the window's end (aborted)
-    assert tokens >= 3 * finished
+    assert busy.tokens >= 3 * finished
     assert not engine.has_unfinished() and engine.scheduler.kv.num_holders == 0
+
+
+def test_throughput_runs_every_arm_at_once_with_their_ticks_interleaved_beside_an_a_a_arm(monkeypatch):
+    """Every arm's engine gets its batch (then its clients) in the same interleaved run, so
+    each ratio to speculation off is paired with the off engine's run beside it, and a second
+    off engine shows the noise those ratios are read against."""
+    from speclane.bench import engine_scenarios as es
+
+    calls = []
+    for name in ("drive_interleaved", "drive_clients_interleaved"):
+        real = getattr(es, name)
+        monkeypatch.setattr(es, name, lambda engines, *a, _real=real, _name=name, **k: (calls.append((_name, set(engines))), _real(engines, *a, **k))[1])
+    closed, sustained = es.throughput(ToyFactory(EngineConfig()), quick=True, sustain_s=0.3)
+    arms = {"lane on, adaptive K", "lane on, fixed K", "speculation off", es.OFF_AGAIN}
+    assert calls == [("drive_interleaved", arms)] * 2 + [("drive_clients_interleaved", arms)]  # a warm-up, a run, clients
+    for table in (closed, sustained):
+        rows = {row[0]: row for row in table.rows}
+        assert set(rows) == arms
+        assert rows["speculation off"][4] == "1.00x" and all(row[1] > 0 for row in rows.values())
+        assert "interleaved" in table.notes[0]
+    closed_rows = {row[0]: row for row in closed.rows}
+    assert closed_rows["lane on, fixed K"][5] > 0 and closed_rows[es.OFF_AGAIN][5] == 0  # the lane drafted; off did not
 
 
 def test_priority_scenario_measures_a_preemption_against_waiting_out_the_grant():

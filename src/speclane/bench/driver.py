@@ -130,35 +130,6 @@ def batch_rate(timelines: dict[str, Timeline], wall_s: float) -> float:
     return batch_tokens(timelines) / wall_s
 
 
-def drive_clients(engine: LLMEngine, prompts: list[list[int]], sampling: SamplingParams, seconds: float) -> tuple[int, float]:
-    """A closed loop of ``len(prompts)`` clients: each sends its prompt, and again as soon as
-    its last answer has finished, for ``seconds``. Returns the tokens every client received
-    within the window and the window's length (what is still running then is aborted)."""
-    start = time.perf_counter()
-    client_of: dict[str, int] = {}
-    sent = [0] * len(prompts)
-
-    def send(client: int) -> None:
-        rid = f"c{client}-{sent[client]}-{start}"
-        sent[client] += 1
-        client_of[rid] = client
-        engine.add_request(rid, prompts[client], sampling, tenant=rid)  # a client's answers never draft its next one
-
-    for client in range(len(prompts)):
-        send(client)
-    tokens = 0
-    while time.perf_counter() - start < seconds:
-        for out in engine.step():
-            tokens += len(out.token_ids)
-            if out.finished:
-                send(client_of.pop(out.request_id))
-    window = time.perf_counter() - start
-    for rid in client_of:
-        engine.abort_request(rid)
-    engine.run_until_done()
-    return tokens, window
-
-
 @dataclass
 class Busy:
     """An engine's part of an interleaved run: the tokens its ticks gave and the seconds
@@ -209,8 +180,8 @@ def drive_interleaved(engines: dict[str, LLMEngine], jobs: dict[str, list[Job]])
 
 def drive_clients_interleaved(engines: dict[str, LLMEngine], prompts: list[list[int]], sampling: SamplingParams,
                               seconds: float) -> dict[str, Busy]:
-    """``drive_clients`` on every engine at once, their ticks interleaved as in
-    ``drive_interleaved``: per engine, ``len(prompts)`` closed-loop clients, each sending
+    """Closed-loop clients on every engine at once, their ticks interleaved as in
+    ``drive_interleaved``: per engine, ``len(prompts)`` clients, each sending
     its prompt again (a new tenant) as soon as its answer has finished, until the engine's
     own ticks have taken ``seconds``; then what is still running is aborted. Per engine,
     the tokens its clients received and its ticks' seconds."""

@@ -8,7 +8,13 @@ import torch
 
 from speclane.bench.common import Table, alternate, median, percentile
 from speclane.bench.decode import load_transformers
-from speclane.bench.driver import Job, batch_rate, drive, drive_clients, progress
+from speclane.bench.driver import (
+    Job,
+    drive,
+    drive_clients_interleaved,
+    drive_interleaved,
+    progress,
+)
 from speclane.bench.factory import EngineFactory
 from speclane.bench.prompts import CHAT_PROMPTS, LONG_DOCUMENT, SPEEDUP_TASKS
 from speclane.request import SamplingParams
@@ -210,8 +216,10 @@ def _raw_gaps(times: list[float]) -> list[float]:
     return [b - a for a, b in zip(times, times[1:], strict=False) if b > a]
 
 
-def throughput(factory: EngineFactory, quick: bool = False, repeats: int = 5) -> list[Table]:
-    """8 streams, one holding the lane, against the same 8 with speculation off."""
+def throughput(factory: EngineFactory, quick: bool = False, repeats: int = 5, sustain_s: float | None = None) -> list[Table]:
+    """8 streams, one holding the lane, against the same 8 with speculation off: every arm's
+    engine runs its batch (then its clients) at once, their ticks interleaved, so the
+    machine's drift falls on every arm alike (``driver.drive_interleaved``)."""
     from speclane.bench.prompts import PARAGRAPH
 
     prompts = [factory.chat_ids(p) for p in CHAT_PROMPTS[:7]] + [factory.chat_ids(f"Repeat the following paragraph exactly:\n\n{PARAGRAPH}")]
@@ -220,59 +228,60 @@ def throughput(factory: EngineFactory, quick: bool = False, repeats: int = 5) ->
         "lane on, adaptive K": factory.engine(spec_mode="slice"),
         "lane on, fixed K": factory.engine(spec_mode="slice", spec_adaptive_k=False),
         "speculation off": factory.engine(spec_mode="off"),
+        OFF_AGAIN: factory.engine(spec_mode="off"),
     }
-    counters = {}
-
-    def arm(name):
-        def run() -> float:
-            engine = engines[name]
-            jobs = [Job(f"t{i}-{time.perf_counter()}", prompts[i], SamplingParams(max_tokens=n, ignore_eos=True)) for i in range(8)]
-            timelines, wall = drive(engine, jobs)
-            counters[name] = engine.counters.slice_rounds
-            return batch_rate(timelines, wall)
-        return run
-
-    runs = alternate({k: arm(k) for k in engines}, 1 if quick else repeats)
+    sampling = SamplingParams(max_tokens=n, ignore_eos=True)
+    runs: dict[str, list[float]] = {name: [] for name in engines}
+    for run in range(1 + (1 if quick else repeats)):  # the first: a warm-up
+        jobs = {name: [Job(f"t{i}-{run}", prompts[i], sampling) for i in range(8)] for name in engines}
+        busy = drive_interleaved(engines, jobs)
+        for name in engines:
+            if run:
+                runs[name].append(busy[name].rate)
     table = Table(f"Aggregate throughput, 8 greedy streams x {n} tokens",
                   ["mode", "tok/s (median)", "runs", "vs off (medians)", "vs off (median of paired runs)", "slice rounds (cumulative)"])
-    for name in engines:
-        table.add(name, *_against_off(runs, name), counters.get(name, 0))
-    table.notes.append("Arms alternate A B C after a warm-up; one engine per arm; 7 chat streams + 1 copy stream, all may hold the lane. "
-                       "A closed batch: the seven chat streams set the run's length in every arm (the copy stream's early finish "
-                       "frees its row for the rest of the run), so drafts can at best break even here.")
-    return [table, _sustained_throughput(engines, prompts, n, quick)]
+    for name, engine in engines.items():
+        table.add(name, *_against_off(runs, name), engine.counters.slice_rounds)
+    table.notes.append(f"{INTERLEAVED} The first run of each engine is a warm-up, left out. 7 chat streams + 1 copy "
+                       "stream, all may hold the lane. A closed batch: the seven chat streams set the run's length in "
+                       "every arm (the copy stream's early finish frees its row for the rest of the run), so drafts can at "
+                       f"best break even here. '{OFF_AGAIN}': a second speculation-off engine, how far two engines doing "
+                       "the same work read apart (the noise the ratios are read against).")
+    seconds = sustain_s if sustain_s is not None else 3.0 if quick else 12.0
+    return [table, _sustained_throughput(engines, prompts, n, seconds, 1 if quick else repeats)]
+
+
+OFF_AGAIN = "off again (A/A)"
+INTERLEAVED = ("One engine per arm, every arm's engine running its streams at once with their ticks interleaved (one "
+               "tick of each engine in turn, in a shuffled order each round); an arm's tok/s is its tokens over its own "
+               "ticks' time, so a slow stretch of the machine slows every arm alike.")
 
 
 def _against_off(runs: dict[str, list[float]], name: str) -> list:
-    """An arm's median tok/s, its runs, and its ratio to speculation off by medians and paired.
-
-    Paired: each run against the off run of the same A B C pass, so a slow minute of the
-    machine (±15% here) cancels instead of landing on one arm's median."""
+    """An arm's median tok/s, its runs, and its ratio to speculation off by medians and paired:
+    each run against the off engine's run beside it (the same interleaved run)."""
     mine, off = runs[name], runs["speculation off"]
     paired = median([a / b for a, b in zip(mine, off, strict=True)])
     return [median(mine), ", ".join(f"{x:.1f}" for x in mine), f"{median(mine) / median(off):.2f}x", f"{paired:.2f}x"]
 
 
-def _sustained_throughput(engines: dict, prompts: list[list[int]], n: int, quick: bool) -> Table:
+def _sustained_throughput(engines: dict, prompts: list[list[int]], n: int, seconds: float, repeats: int) -> Table:
     """The same 8 streams as clients that keep sending: each resends its prompt as soon as its
-    answer is done, for a fixed window. Aggregate tok/s while all 8 are busy, as a server sees it."""
-    seconds = 3.0 if quick else 12.0
+    answer is done, until its engine's ticks have taken the window. Aggregate tok/s while
+    all 8 are busy, as a server sees it."""
     sampling = SamplingParams(max_tokens=n, ignore_eos=True)
-
-    def arm(name):
-        def run() -> float:
-            tokens, window = drive_clients(engines[name], prompts, sampling, seconds)
-            return tokens / window  # the window ends after the tick that crossed ``seconds``
-        return run
-
-    runs = alternate({k: arm(k) for k in engines}, 1 if quick else 5)
-    table = Table(f"Sustained throughput, 8 clients sending back to back ({n} tokens per answer) for {seconds:.0f} s",
+    runs: dict[str, list[float]] = {name: [] for name in engines}
+    for _ in range(repeats):
+        busy = drive_clients_interleaved(engines, prompts, sampling, seconds)
+        for name in engines:
+            runs[name].append(busy[name].rate)
+    table = Table(f"Sustained throughput, 8 clients sending back to back ({n} tokens per answer) for {seconds:g} s of ticks",
                   ["mode", "tok/s (median)", "runs", "vs off (medians)", "vs off (median of paired runs)"])
     for name in engines:
         table.add(name, *_against_off(runs, name))
-    table.notes.append("Arms alternate A B C after a warm-up; the same engines and prompts as the closed batch above (7 chat "
-                       "clients + 1 copy client, all may hold the lane). Tokens counted as they reach the clients within the "
-                       "window; what runs at its end is aborted.")
+    table.notes.append(f"{INTERLEAVED} The same engines and prompts as the closed batch above (7 chat clients + 1 copy "
+                       "client, all may hold the lane; each request a tenant of its own). Tokens counted as they reach "
+                       "the clients within each engine's window; what runs at its end is aborted.")
     return table
 
 
