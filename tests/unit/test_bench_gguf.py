@@ -47,6 +47,15 @@ def test_generation_rate_is_the_tg_test_of_the_asked_length():
         generation_rate(report, 256)
 
 
+def test_generation_rate_at_a_depth_is_the_tg_test_with_that_much_context():
+    report = json.dumps([{**_test(0, 128, 140.0), "n_depth": 0}, {**_test(0, 128, 60.0), "n_depth": 1024},
+                         {**_test(0, 128, 25.0), "n_depth": 4096}])
+    assert generation_rate(report, 128) == 140.0
+    assert generation_rate(report, 128, depth=1024) == 60.0 and generation_rate(report, 128, depth=4096) == 25.0
+    with pytest.raises(ValueError, match="at depth 2048"):
+        generation_rate(report, 128, depth=2048)
+
+
 def test_aggregate_rate_is_all_tokens_over_the_streams_wall_time():
     streams = [StreamResult(10.0, 12.0, 100), StreamResult(10.5, 14.0, 128), StreamResult(11.0, 13.0, 28)]
     assert aggregate_rate(streams) == pytest.approx(256 / 4.0)  # 10.0 -> 14.0, not the sum of the durations

@@ -189,3 +189,35 @@ def test_histogram_totals_reads_a_histograms_sum_and_count(monkeypatch):
     monkeypatch.setattr(httpx, "get", lambda url: httpx.Response(200, text=text))
     assert histogram_totals("http://x", [vs.TTFT_METRIC]) == {vs.TTFT_METRIC: (0.25, 4)}
     assert histogram_totals("http://x", ["speclane_other_seconds"]) == {}
+
+
+def test_depth_runs_alternate_the_engine_and_llama_bench_at_each_depth_of_context(monkeypatch, tmp_path):
+    from speclane.config import EngineConfig
+
+    class FakeLLM:
+        def __init__(self, config):
+            self.config = config
+
+        def encode_prompt(self, text, chat):
+            assert not chat, "a plain-text context, as llama-bench's"
+            return list(range(len(text.split())))
+
+        def generate(self, prompts, sampling):
+            return []
+
+    engine_calls, bench_calls = [], []
+    monkeypatch.setattr(vs, "LLM", FakeLLM)
+    monkeypatch.setattr(vs, "engine_decode_rate", lambda llm, ids, tokens: (engine_calls.append((llm.config, len(ids), tokens)), 100.0)[1])
+    monkeypatch.setattr(vs, "decode_rate", lambda binary, gguf, threads, tokens, repeats, depth, flash_attention:
+                        (bench_calls.append((depth, tokens, flash_attention)), 40.0)[1])
+    runs = vs._depth_runs(EngineConfig(), tmp_path / "llama-bench", tmp_path / "m.gguf", 2, 64, 2, (1024, 4096))
+    assert [(n, tokens) for _, n, tokens in engine_calls] == [(1024, 64)] * 2 + [(4096, 64)] * 2  # the context: n tokens
+    config = engine_calls[0][0]
+    assert config.model.max_model_len >= 4096 + 64 and config.lane.spec_mode == "off"
+    assert bench_calls == [(1024, 64, True)] * 2 + [(4096, 64, True)] * 2
+    assert runs == {1024: {"speclane": [100.0, 100.0], "llama.cpp": [40.0, 40.0]},
+                    4096: {"speclane": [100.0, 100.0], "llama.cpp": [40.0, 40.0]}}
+    table = vs._depth_table(runs, tokens=64, threads=2, repeats=2)
+    assert table.rows == [[1024, 100.0, 40.0, "2.50x"], [4096, 100.0, 40.0, "2.50x"]]
+    without = vs._depth_table({1024: {"speclane": [90.0]}}, tokens=64, threads=2, repeats=1)
+    assert without.rows[0][2] == "not run"

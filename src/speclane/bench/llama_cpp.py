@@ -43,22 +43,28 @@ def llama_server(binary: Path, gguf: Path, threads: int, slots: int = 1, context
         yield server
 
 
-def decode_rate(binary: Path, gguf: Path, threads: int, tokens: int, repeats: int) -> float:
+def decode_rate(binary: Path, gguf: Path, threads: int, tokens: int, repeats: int, depth: int = 0,
+                flash_attention: bool = False) -> float:
     """``llama-bench``'s mean tok/s generating ``tokens`` tokens after an empty prompt
-    (its ``tg`` test: ``-p 0 -n tokens``), over ``repeats`` runs after its own warm-up."""
+    (its ``tg`` test: ``-p 0 -n tokens``), over ``repeats`` runs after its own warm-up;
+    ``depth``: that many tokens already in the context (``-d``, processed before the
+    test and not timed); ``flash_attention``: ``-fa 1`` (else the build's default)."""
     command = [str(binary), "-m", str(gguf), "-p", "0", "-n", str(tokens), "-t", str(threads), "-r", str(repeats),
-               "-o", "json"]
+               *(["-d", str(depth)] if depth else []),
+               *(["-fa", "1"] if flash_attention else []), "-o", "json"]
     result = subprocess.run(command, capture_output=True, text=True, check=True)
-    return generation_rate(result.stdout, tokens)
+    return generation_rate(result.stdout, tokens, depth)
 
 
-def generation_rate(report: str, tokens: int) -> float:
-    """The ``avg_ts`` of the test generating ``tokens`` tokens after an empty prompt in
-    ``llama-bench -o json``'s output (a list of tests)."""
+def generation_rate(report: str, tokens: int, depth: int = 0) -> float:
+    """The ``avg_ts`` of the test generating ``tokens`` tokens after an empty prompt, with
+    ``depth`` tokens in the context before it, in ``llama-bench -o json``'s output (a list
+    of tests; a build without ``-d`` reports no ``n_depth``: 0)."""
     for test in json.loads(report):
-        if test.get("n_prompt") == 0 and test.get("n_gen") == tokens:
+        if test.get("n_prompt") == 0 and test.get("n_gen") == tokens and test.get("n_depth", 0) == depth:
             return float(test["avg_ts"])
-    raise ValueError(f"llama-bench's report holds no test of {tokens} generated tokens after an empty prompt")
+    raise ValueError(f"llama-bench's report holds no test of {tokens} generated tokens after an empty prompt "
+                     f"at depth {depth}")
 
 
 def requantize(binary: Path, source: Path, out: Path, type_name: str, *, pure: bool = False) -> Path:

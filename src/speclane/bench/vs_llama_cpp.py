@@ -9,6 +9,10 @@ the default GGUF file, the same threads and the same client.
   HTTP decode rate as a fraction of its engine's, per client and pacing. The engine
   also with ``--matmul-inputs int8`` (the inputs of the quantized matmuls rounded to 8 bits,
   llama.cpp's arithmetic), here and in the noisy-neighbour runs.
+- **One stream at depth.** The engine alone decoding after a context of 1,024 and 4,096
+  tokens (a plain-text prompt of that many tokens, its prefill left out) against
+  ``llama-bench``'s ``tg`` test at the same depth (``-d``): the attention's share of a
+  step grows with the context, and each side's attention kernel with it.
 - **Streams.** 8 and 16 concurrent streamed chat completions: aggregate tok/s and mean
   time to first token, ``speclane serve`` (speculation off per request, and the lane; and a
   server with ``--matmul-inputs int8``, speculation off) against ``llama-server -np 16``;
@@ -47,10 +51,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from speclane.bench.common import Table, alternate, median
-from speclane.bench.decode import PROMPT, engine_decode_arms
+from speclane.bench.decode import PROMPT, engine_decode_arms, engine_decode_rate
 from speclane.bench.driver import (
     Job,
     drive_clients_interleaved,
@@ -70,6 +75,7 @@ from speclane.bench.http_streams import (
 )
 from speclane.bench.http_streams import decode_rate as stream_decode_rate
 from speclane.bench.llama_cpp import decode_rate, find_llama_cpp_tool, llama_server
+from speclane.bench.prompts import LONG_DOCUMENT
 from speclane.bench.servers import speclane_server
 from speclane.config import DEFAULT_STREAM_INTERVAL_MS, EngineConfig
 from speclane.engine.stats import EngineCounters
@@ -81,6 +87,7 @@ NEW_TOKENS = 128
 STREAM_LEVELS = (8, 16)
 SUSTAIN_SECONDS = 8.0  # the sustained arms' window: several answers per client at 8-16 clients
 CONTEXT_PER_SLOT = 1024
+DEPTHS = (1024, 4096)  # tokens in the context before the one-stream-at-depth decode
 OFF = {"speculative": False}
 SETTLE_S = 1.2  # a busy neighbour's head start before the noisy measurement
 
@@ -205,6 +212,8 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
     engine = alternate(engine_arms, repeats, warmup=False)
     progress("vs-llama-cpp: a noisy neighbour")
     noisy = _noisy(engine_arms, repeats)
+    progress("vs-llama-cpp: one stream at depth")
+    depth = _depth_runs(config, tools["llama-bench"], gguf, threads, tokens, repeats, DEPTHS[:1] if quick else DEPTHS)
 
     with contextlib.ExitStack() as stack:
         ours = stack.enter_context(speclane_server(config)).url
@@ -257,7 +266,8 @@ def vs_llama_cpp(config: EngineConfig, quick: bool = False) -> list[Table]:
     sustain_s = SUSTAIN_SECONDS / 4 if quick else SUSTAIN_SECONDS
     spec_alone, spec_sustained, spec_work = _engine_spec_runs(config, tokens, sustain_s, spec_runs)
     load = load_note(load_before, os.getloadavg()[0], len(os.sched_getaffinity(0)), threads, others)
-    tables = [_single_table(engine, single, single_arms, tokens, threads, repeats, single_runs), _streams_table(loads, rates, tokens, repeats),
+    tables = [_single_table(engine, single, single_arms, tokens, threads, repeats, single_runs),
+              _depth_table(depth, tokens, threads, repeats), _streams_table(loads, rates, tokens, repeats),
               _spec_table(spec, spec_alone, tokens, spec_runs, spec_work, spec_sustained, sustain_s), _noisy_table(noisy, tokens, repeats)]
     for table in tables:
         if tools["llama-server"] is None or tools["llama-bench"] is None:
@@ -327,6 +337,39 @@ def _single_table(engine: dict[str, list[float]], single: dict[str, list[float]]
                        f"llama-bench: -p 0 -n {tokens} -t {threads}. --matmul-inputs int8: each group of 32 inputs "
                        "rounded to 8 bits before the quantized matmuls, as llama.cpp computes (the default multiplies "
                        "bfloat16 inputs exactly; docs/design.md has both arms' accuracy).")
+    return table
+
+
+def _depth_runs(config: EngineConfig, bench: Path | None, gguf: Path, threads: int, tokens: int, repeats: int,
+                depths: tuple[int, ...]) -> dict[int, dict[str, list[float]]]:
+    """Per depth, the engine alone (speculation off) and ``llama-bench`` decoding ``tokens``
+    tokens after that many tokens of context, alternated, ``repeats`` runs each."""
+    llm = LLM(config=config.replace(spec_mode="off", max_model_len=max(depths) + tokens + 2))
+    document = llm.encode_prompt(LONG_DOCUMENT * (1 + max(depths) // 1000), chat=False)
+    llm.generate([document[:64]], SamplingParams(max_tokens=8))  # warm-up
+    runs: dict[int, dict[str, list[float]]] = {}
+    for depth in depths:
+        arms: dict[str, Callable[[], float]] = {"speclane": lambda depth=depth: engine_decode_rate(llm, document[:depth], tokens)}
+        if bench is not None:
+            arms["llama.cpp"] = lambda depth=depth: decode_rate(bench, gguf, threads, tokens, repeats=1, depth=depth,
+                                                                flash_attention=True)
+        runs[depth] = alternate(arms, repeats, warmup=False)
+    return runs
+
+
+def _depth_table(runs: dict[int, dict[str, list[float]]], tokens: int, threads: int, repeats: int) -> Table:
+    table = Table(f"One stream at depth: {tokens} new tokens after a context of n tokens, greedy, {threads} threads, "
+                  "engine alone vs llama-bench", ["context (tokens)", "speclane tok/s", "llama.cpp tok/s", "speclane / llama.cpp"])
+    for depth, arms in runs.items():
+        ours = median(arms["speclane"])
+        theirs = median(arms["llama.cpp"]) if "llama.cpp" in arms else None
+        table.add(depth, ours, theirs or "not run", ratio(ours, theirs))
+    table.notes.append(f"speclane.LLM with speculation off decoding {tokens} tokens after the first one, its prompt the "
+                       "first n tokens of a plain-text document (its prefill and first token left out); llama-bench: "
+                       f"-p 0 -n {tokens} -t {threads} -d n -fa 1 (its tg test after n tokens of context, which it "
+                       "processes untimed; with flash attention, which decoded 1.07-1.12x faster than without at these "
+                       "depths here). Arms alternate, {repeats} runs each; medians. Both keep the context's keys and values "
+                       "in 16-bit floats (speclane bfloat16, llama.cpp float16 by default).")
     return table
 
 
