@@ -368,7 +368,7 @@ def _depth_table(runs: dict[int, dict[str, list[float]]], tokens: int, threads: 
                        "first n tokens of a plain-text document (its prefill and first token left out); llama-bench: "
                        f"-p 0 -n {tokens} -t {threads} -d n -fa 1 (its tg test after n tokens of context, which it "
                        "processes untimed; with flash attention, which decoded 1.07-1.12x faster than without at these "
-                       "depths here). Arms alternate, {repeats} runs each; medians. Both keep the context's keys and values "
+                       f"depths here). Arms alternate, {repeats} runs each; medians. Both keep the context's keys and values "
                        "in 16-bit floats (speclane bfloat16, llama.cpp float16 by default).")
     return table
 
