@@ -228,17 +228,31 @@ INLINE void finish_scores(const wide *acc, int count, float scale, float softcap
 // cached keys x 16 / 8 sequences 0.87x / 0.83x, at 800 keys x 8 sequences 0.73x.
 // There is a next segment only after a full one (its row with the most keys sees all
 // SEGMENT of this one's), so scoring this segment's keys fetches every one of the next's.
+// Where nothing fetched a segment ahead (the first of an item, or each segment that is an
+// item of its own, as in a one-token step), its own keys and values are fetched to L1
+// while it is scored: the keys KEYS_AHEAD ahead of the one being scored, and each value
+// beside its key (the values are read once the scores are done).
+#define KEYS_AHEAD 4
 typedef struct {
     const uint16_t *const *key, *const *val;
     int n;  // 0: nothing ahead
+    const uint16_t *const *now_key, *const *now_val;  // this segment's
+    int now_n;
 } ahead;
 
-INLINE void fetch_ahead(ahead next, int i, int D) {
-    if (i >= next.n) return;
+INLINE void fetch_lines(const uint16_t *p, int D, int hint) {
     for (int line = 0; line < 2 * D; line += 64) {
-        _mm_prefetch((const char *)next.key[i] + line, _MM_HINT_T1);
-        _mm_prefetch((const char *)next.val[i] + line, _MM_HINT_T1);
+        if (hint == _MM_HINT_T0) _mm_prefetch((const char *)p + line, _MM_HINT_T0);
+        else _mm_prefetch((const char *)p + line, _MM_HINT_T1);
     }
+}
+
+INLINE void fetch_ahead(ahead next, int i, int D) {
+    if (i + KEYS_AHEAD < next.now_n) fetch_lines(next.now_key[i + KEYS_AHEAD], D, _MM_HINT_T0);
+    if (i < next.now_n) fetch_lines(next.now_val[i], D, _MM_HINT_T0);
+    if (i >= next.n) return;
+    fetch_lines(next.key[i], D, _MM_HINT_T1);
+    fetch_lines(next.val[i], D, _MM_HINT_T1);
 }
 
 // The scores of the first `n` keys (key[i]: its bfloat16 values) for each of `count` queries,
@@ -602,8 +616,11 @@ static void attend_piece(const uint16_t *q, int H, row_group rg, int h0, int hea
                                       (size_t)r * PARTIAL(D)};
     }
     const uint16_t *key[SEGMENT], *val[SEGMENT], *next_key[SEGMENT], *next_val[SEGMENT];
-    segment_addresses(runs, pg, r, D, k_head, v_head, key, val);
-    ahead next = {next_key, next_val, 0};
+    const int n = segment_addresses(runs, pg, r, D, k_head, v_head, key, val);
+    // This segment's own reads to L1 where no earlier segment fetched them to L2: the
+    // first segment, or every segment of an item of its own (without prefetch).
+    const int own = !prefetch || r == 0;
+    ahead next = {next_key, next_val, 0, key, val, own ? n : 0};
     if (prefetch && r + 1 < rg.segments) next.n = segment_addresses(runs, pg, r + 1, D, k_head, v_head, next_key, next_val);
     attend_segment(qs, count, key, val, D, scale, softcap, scores, work, next);
 }
