@@ -219,5 +219,6 @@ def test_depth_runs_alternate_the_engine_and_llama_bench_at_each_depth_of_contex
                     4096: {"speclane": [100.0, 100.0], "llama.cpp": [40.0, 40.0]}}
     table = vs._depth_table(runs, tokens=64, threads=2, repeats=2)
     assert table.rows == [[1024, 100.0, 40.0, "2.50x"], [4096, 100.0, 40.0, "2.50x"]]
+    assert "-p 0 -n 64 -t 2 -d n -fa 1" in table.notes[0] and "2 runs each" in table.notes[0]
     without = vs._depth_table({1024: {"speclane": [90.0]}}, tokens=64, threads=2, repeats=1)
     assert without.rows[0][2] == "not run"
