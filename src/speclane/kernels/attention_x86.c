@@ -240,6 +240,8 @@ typedef struct {
     int now_n;
 } ahead;
 
+// A position's 2 * D bytes (keys or values) to L1 (T0) or L2 (T1); the branch keeps
+// _mm_prefetch's hint a constant.
 INLINE void fetch_lines(const uint16_t *p, int D, int hint) {
     for (int line = 0; line < 2 * D; line += 64) {
         if (hint == _MM_HINT_T0) _mm_prefetch((const char *)p + line, _MM_HINT_T0);
