@@ -235,8 +235,8 @@ def throughput(factory: EngineFactory, quick: bool = False, repeats: int = 5, su
     for run in range(1 + (1 if quick else repeats)):  # the first: a warm-up
         jobs = {name: [Job(f"t{i}-{run}", prompts[i], sampling) for i in range(8)] for name in engines}
         busy = drive_interleaved(engines, jobs)
-        for name in engines:
-            if run:
+        if run:
+            for name in engines:
                 runs[name].append(busy[name].rate)
     table = Table(f"Aggregate throughput, 8 greedy streams x {n} tokens",
                   ["mode", "tok/s (median)", "runs", "vs off (medians)", "vs off (median of paired runs)", "slice rounds (cumulative)"])

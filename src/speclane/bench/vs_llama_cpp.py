@@ -345,7 +345,8 @@ def _depth_runs(config: EngineConfig, bench: Path | None, gguf: Path, threads: i
     """Per depth, the engine alone (speculation off) and ``llama-bench`` decoding ``tokens``
     tokens after that many tokens of context, alternated, ``repeats`` runs each."""
     llm = LLM(config=config.replace(spec_mode="off", max_model_len=max(depths) + tokens + 2))
-    document = llm.encode_prompt(LONG_DOCUMENT * (1 + max(depths) // 1000), chat=False)
+    copies = -(-max(depths) // len(llm.encode_prompt(LONG_DOCUMENT, chat=False)))  # enough for the deepest context
+    document = llm.encode_prompt(LONG_DOCUMENT * copies, chat=False)
     llm.generate([document[:64]], SamplingParams(max_tokens=8))  # warm-up
     runs: dict[int, dict[str, list[float]]] = {}
     for depth in depths:
