@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import hf_gguf
 from speclane.request import SamplingParams
 
 pytestmark = pytest.mark.slow
@@ -46,12 +47,7 @@ def gemma_file() -> Path:
 @pytest.fixture(scope="module")
 def hf_model(gemma_file: Path):
     """transformers' model and tokenizer on the same GGUF, dequantized to float32."""
-    import transformers
-
-    tokenizer = transformers.AutoTokenizer.from_pretrained(gemma_file.parent, gguf_file=gemma_file.name)
-    model = transformers.AutoModelForCausalLM.from_pretrained(gemma_file.parent, gguf_file=gemma_file.name,
-                                                              dtype=torch.float32)
-    return model, tokenizer
+    return hf_gguf.model_and_tokenizer(gemma_file)
 
 
 @pytest.fixture(scope="module")

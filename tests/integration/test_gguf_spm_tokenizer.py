@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+import hf_gguf
 from speclane.models import tokenizer as tokenizer_module
 from speclane.models.tokenizer import Tokenizer, merges_from_scores, read_gguf_metadata
 
@@ -89,10 +90,7 @@ def ours(metadata: dict[str, Any]) -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def theirs(gguf_path: Path) -> Any:
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(
-        str(gguf_path.parent), gguf_file=gguf_path.name
-    )
+    return hf_gguf.tokenizer(gguf_path)
 
 
 def test_file_is_sentencepiece_gemma(metadata: dict[str, Any]) -> None:

@@ -9,13 +9,13 @@ only by accumulation order (measured: max abs 4.8e-5 on logits of magnitude ~30)
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import pytest
 import torch
 from slot_pool import SlotPool
 
+import hf_gguf
 from speclane.models import forward_plan
 from speclane.models.kv_cache import KVCache
 from speclane.models.llama import LlamaModel, RaggedBatch
@@ -47,19 +47,9 @@ GREEDY_PROMPTS = [
 @pytest.fixture(scope="module")
 def hf_model():
     """transformers' LlamaForCausalLM from the same GGUF, float32."""
-    transformers = pytest.importorskip("transformers")
-    gguf = pytest.importorskip("gguf")
-    path = resolve_model("smollm2-135m-instruct")
-    with pytest.MonkeyPatch.context() as mp:
-        # transformers rebuilds the same tensor-name map ~400 times and parses the file
-        # twice (~30 s here); both are pure functions of their arguments, so cache them.
-        mp.setattr(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map))
-        mp.setattr(gguf, "GGUFReader", functools.lru_cache(maxsize=None)(gguf.GGUFReader))
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=path.name, dtype=torch.float32
-        )
+    model = hf_gguf.model(resolve_model("smollm2-135m-instruct"))
     assert type(model).__name__ == "LlamaForCausalLM"
-    return model.eval()
+    return model
 
 
 @pytest.fixture(scope="module")

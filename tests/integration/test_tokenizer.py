@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import tokenizers
 
+import hf_gguf
 from speclane.engine.detokenizer import IncrementalDetokenizer
 from speclane.models.tokenizer import (
     Tokenizer,
@@ -71,8 +72,7 @@ def ours(metadata: dict[str, Any]) -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def theirs(gguf_path: Path) -> Any:
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    return hf_gguf.tokenizer(gguf_path)
 
 
 # ---- fast: no model file ---------------------------------------------------------------

@@ -126,6 +126,26 @@ def test_a_calibration_cut_short_is_not_saved(tmp_path, monkeypatch):
     assert not list(tmp_path.glob("step-cost-*.json")), "a table from a busy machine is measured again next time"
 
 
+@pytest.mark.parametrize("sweeps", [calibration.MIN_SAVED_SWEEPS - 1, calibration.MIN_SAVED_SWEEPS])
+def test_a_quiet_machines_table_cut_by_the_budget_is_saved_from_enough_sweeps(tmp_path, monkeypatch, caplog, sweeps):
+    """A model whose forwards are slow (Gemma 3's head in float32: 4 of 7 sweeps in the
+    budget) measured again at every start, under a warning that the machine was busy."""
+    monkeypatch.setenv("SPECLANE_CALIBRATION_DIR", str(tmp_path))
+    monkeypatch.setattr(threads, "read_sample", lambda: None)  # a quiet machine
+    table = calibration.StepCost((5.0, 6.0, 7.0))
+    monkeypatch.setattr(calibration, "measure", lambda *args, **kwargs: calibration.Calibration(table, sweeps))
+    cfg = toy_config()
+    model = toy_model(cfg)
+    cache = KVCache(cfg.num_layers, 4, 200, cfg.num_kv_heads, cfg.head_dim, torch.float32)
+    assert calibration.step_cost(model, cache, max_rows=3) == table
+    saved = list(tmp_path.glob("step-cost-*.json"))
+    if sweeps >= calibration.MIN_SAVED_SWEEPS:
+        assert len(saved) == 1 and json.loads(saved[0].read_text())["ms_by_rows"] == [5.0, 6.0, 7.0]
+    else:
+        assert not saved
+        assert "ran past the" in caplog.text and "busy" not in caplog.text
+
+
 def test_a_calibration_beside_a_busy_process_is_not_saved(tmp_path, monkeypatch):
     """Another process kept a core busy through the sweeps: its table read about twice the
     quiet cost per row, and saved it would steer adaptive K on every later start."""

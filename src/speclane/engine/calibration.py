@@ -12,10 +12,11 @@ after.
 Each start checks a cached table on a few widths (``stale_widths``) and measures it again
 where this machine's speed now is off it by more than ``SPOT_TOLERANCE``. Start-up never
 waits long for it: the sweeps stop at ``BUDGET_S`` (a machine busy with another process
-made the sweeps take minutes). A table cut short, or measured while other
-processes kept a core busy (``threads.cores_taken``: such a table read twice the quiet
-cost per row), is used for this run only (widths past the last measured one extend its
-slope, ``StepCost.ms``) and is not saved, so a quieter start measures it again.
+made the sweeps take minutes). A table of fewer than ``MIN_SAVED_SWEEPS`` complete sweeps,
+or measured while other processes kept a core busy (``threads.cores_taken``: such a table
+read twice the quiet cost per row), is used for this run only (widths past the last
+measured one extend its slope, ``StepCost.ms``) and is not saved, so a quieter start
+measures it again.
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ def forward_ms(model: LlamaModel, cache: KVCache, *, batch: int = 1, positions: 
 
 SWEEPS = 7  # sweeps of 1..max_rows rows; the table takes each width's median ratio to one row
 BUDGET_S = 20.0  # the most start-up time the sweeps take (a busy machine: fewer sweeps)
+# A quiet machine's table of this many complete sweeps is saved though the budget cut the
+# rest: a model whose forwards are slow (Gemma 3's 262,144-token head in float32, 4 sweeps
+# in 21 s here) would otherwise measure again at every start. The spot check of the next
+# start measures a table again where it is off.
+MIN_SAVED_SWEEPS = 3
 # A cached table is checked at every start on a few widths (the median of a few forwards,
 # the table's own statistic: a fastest forward sits below it by about this tolerance at one
 # row; ~0.3 s for the default model) and measured again where it is off by more than this: a
@@ -82,6 +88,12 @@ class Calibration:
 
     def complete(self, repeats: int = SWEEPS) -> bool:
         return self.sweeps >= repeats
+
+    def worth_saving(self, cores_taken: int) -> bool:
+        """Whether a later start may read this table back: measured while no other process
+        kept a core busy (such a table read about twice the quiet cost per row), from at
+        least ``MIN_SAVED_SWEEPS`` complete sweeps."""
+        return cores_taken == 0 and self.complete(MIN_SAVED_SWEEPS)
 
 
 def measure(model: LlamaModel, cache: KVCache, max_rows: int, repeats: int = SWEEPS, budget_s: float | None = None,
@@ -193,12 +205,15 @@ def step_cost(model: LlamaModel, cache: KVCache, max_rows: int, directory: Path 
     cost = calibration.cost
     elapsed = time.perf_counter() - started
     taken = threads.cores_taken(before, threads.read_sample(), elapsed, len(os.sched_getaffinity(0)))
-    if not calibration.complete() or taken:
-        log.warning("the machine is busy (other processes kept %d core(s) busy): the step cost came from %d of %d "
-                    "sweeps (%d of %d widths) in %.1f s; used for this run, not saved, measured again at the next "
-                    "start", taken, calibration.sweeps, SWEEPS, len(cost.ms_by_rows), max_rows, elapsed)
+    if not calibration.worth_saving(taken):
+        reason = (f"the machine is busy (other processes kept {taken} core(s) busy)" if taken else
+                  f"the sweeps ran past the {BUDGET_S:.0f} s budget")
+        log.warning("%s: the step cost came from %d of %d sweeps (%d of %d widths) in %.1f s; used for this run, not "
+                    "saved, measured again at the next start", reason, calibration.sweeps, SWEEPS,
+                    len(cost.ms_by_rows), max_rows, elapsed)
         return cost
-    log.info("step cost calibrated for 1..%d rows in %.1f s", max_rows, time.perf_counter() - started)
+    log.info("step cost calibrated for 1..%d rows in %.1f s (%d of %d sweeps)", max_rows, elapsed,
+             calibration.sweeps, SWEEPS)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
