@@ -32,7 +32,7 @@ def parsed_once() -> Iterator[None]:
 
 @functools.cache
 def tokenizer(path: Path) -> Any:
-    """transformers' tokenizer of the GGUF at ``path`` (built once a test session)."""
+    """transformers' tokenizer of the GGUF at ``path`` (built once, then shared by every test module that reads it)."""
     transformers = pytest.importorskip("transformers")
     with parsed_once():
         return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)

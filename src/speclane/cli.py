@@ -78,7 +78,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     return serve(cfg.from_namespace(args), host=args.host, port=args.port, api_keys=args.api_keys,
                  cluster=cfg.section_from_namespace(cfg.ClusterConfig, args), stream_interval_ms=args.stream_interval_ms,
-                 reasoning_parser=args.reasoning_parser)
+                 stream_pace_streams=args.stream_pace_streams, reasoning_parser=args.reasoning_parser)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -123,6 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a stream sends at most one chunk per this many ms (tokens that come meanwhile share it); "
                         "its first and last chunks are never held back; 0: a chunk per tick, or per several ticks "
                         "while the server is still writing the last one (default: %(default)s)")
+    p.add_argument("--stream-pace-streams", type=int, default=cfg.DEFAULT_STREAM_PACE_STREAMS,
+                   help="with more streams open than this, each stream's interval grows to --stream-interval-ms "
+                        "x streams / this, so the server's chunks per second stay those of this many streams "
+                        "(each chunk is CPU taken from decoding); 0: the interval never grows (default: %(default)s)")
     p.add_argument("--reasoning-parser", choices=("auto", "think", "none"), default="auto",
                    help="a chat reply's <think>...</think> block goes to message.reasoning_content, the rest to "
                         "content: auto, for models whose chat template writes <think> (Qwen3, QwQ, DeepSeek-R1 "

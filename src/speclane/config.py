@@ -41,6 +41,15 @@ DRAFTERS = ("none", "ngram", "suffix", "mtp", "auto")
 # 0.89x / 0.95x / 0.97x / 0.97x with 128 / 64 / 37 / 22 chunks for 128 tokens; 20 is the
 # shortest interval at the plateau. `bench vs-llama-cpp` reports it on another prompt.
 DEFAULT_STREAM_INTERVAL_MS = 20.0
+# `speclane serve --stream-pace-streams`: with more streams open than this, each stream's
+# interval grows with their number (engine/stream_mailbox.paced_interval_s), so the server's
+# chunks a second stay about what this many streams at --stream-interval-ms send. At 16
+# streams a chunk a tick each was 16 wake-ups of the server's loop and of its clients per
+# ~35 ms tick, on the two cores the engine decodes on. The default model, openai-SDK
+# streams of 128 tokens, paced at 4 against never: the client's CPU 0.74x / 0.65x at 8 / 16
+# streams (3 runs each), aggregate tok/s 1.07x at 8 (7 alternated runs, 0.98-1.19x) and
+# 1.01x / 1.16x at 16 in two sets of runs (0.87-1.77x: this machine's drift).
+DEFAULT_STREAM_PACE_STREAMS = 4
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

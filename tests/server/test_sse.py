@@ -124,3 +124,35 @@ def test_paced_stream_sends_the_same_answer_in_fewer_chunks(client: httpx.Client
         idle_after.stream_interval_s = 0.0
     assert (paced_text, paced_tokens) == (text, tokens)
     assert paced_chunks == 2, "the first token at once, the rest with the final chunk (never held back)"
+
+
+def test_with_many_streams_open_each_streams_interval_grows_with_their_number(idle_after: AsyncEngine) -> None:
+    """``--stream-pace-streams``: past that many open streams, each one's interval is
+    ``--stream-interval-ms`` x streams / that many (the server's chunks a second stay
+    bounded); 0 leaves it as it is."""
+    import asyncio
+
+    from speclane.request import SamplingParams
+
+    prompt = idle_after.engine.tokenizer.encode("Count from one to a hundred.")
+
+    async def intervals() -> list[float]:
+        streams = [await idle_after.generate(prompt, SamplingParams(max_tokens=200, ignore_eos=True), speculative=False)
+                   for _ in range(4)]
+        try:
+            for stream in streams:
+                await anext(stream)  # each is open and reading
+            seen = [idle_after._stream_interval_s()]
+            idle_after.stream_pace_streams = 0
+            return [*seen, idle_after._stream_interval_s()]
+        finally:
+            for stream in streams:
+                await stream.aclose()  # left early: each request is aborted
+
+    idle_after.stream_interval_s, idle_after.stream_pace_streams = 0.02, 2
+    try:
+        paced, unpaced = asyncio.run(intervals())
+    finally:
+        idle_after.stream_interval_s, idle_after.stream_pace_streams = 0.0, 0
+    assert paced == pytest.approx(0.04), "4 streams open, paced at 2: twice the interval"
+    assert unpaced == pytest.approx(0.02)

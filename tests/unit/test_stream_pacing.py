@@ -229,3 +229,40 @@ def test_an_early_output_left_alone_is_taken_by_the_stall_timer() -> None:
     got, _ = asyncio.run(read_timed(0.05, schedule))
     assert [out.token_ids for _, out in got] == [[0], [1], [2]]
     assert 0.05 + stream_mailbox.STALL_S - 0.01 <= got[1][0] < 0.45
+
+
+def test_the_interval_grows_past_the_streams_it_paces() -> None:
+    assert stream_mailbox.paced_interval_s(0.02, 1, 4) == 0.02
+    assert stream_mailbox.paced_interval_s(0.02, 4, 4) == 0.02
+    assert stream_mailbox.paced_interval_s(0.02, 16, 4) == pytest.approx(0.08), "16 streams send what 4 would"
+    assert stream_mailbox.paced_interval_s(0.02, 16, 0) == 0.02, "0: never grows"
+    assert stream_mailbox.paced_interval_s(0.0, 16, 4) == 0.0, "unpaced stays unpaced"
+
+
+def test_an_interval_function_is_read_after_each_chunk() -> None:
+    """The server passes its pacing as a function of the streams open now: a stream paced
+    while many are open sends fewer chunks, and speeds up again when they leave."""
+    readings: list[float] = []
+
+    def interval() -> float:
+        readings.append(0.15 if len(readings) < 3 else 0.0)  # many streams open, then few
+        return readings[-1]
+
+    async def read() -> list[RequestOutput]:
+        mailbox = StreamMailbox(asyncio.get_running_loop())
+
+        async def feed() -> None:
+            for i in range(150):
+                await asyncio.sleep(0.005)
+                mailbox.put(output(i, finished=i == 149))
+
+        feeder = asyncio.ensure_future(feed())
+        got = [out async for out in read_stream(mailbox, lambda finished: None, interval)]
+        await feeder
+        return got
+
+    got = asyncio.run(read())
+    assert [t for out in got for t in out.token_ids] == list(range(150))
+    paced = [len(out.token_ids) for out in got[1:4]]
+    assert all(n >= 10 for n in paced), f"~0.15 s of 5 ms outputs per chunk while paced: {paced}"
+    assert len(got) > 4 + 8, "a chunk per output the reader waits for once the interval drops to 0"

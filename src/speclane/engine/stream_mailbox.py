@@ -10,7 +10,9 @@ takes, however many outputs the engine thread puts meanwhile. A paced reader
 then waits for the first put after it (the engine's next tick, or the stream's end, which
 is never held back) and goes with it, so pacing costs no timer wake-ups of its own. Only an
 output left early with nothing after it (a stream that stalls) is taken by a timer,
-``STALL_S`` after the reader was due.
+``STALL_S`` after the reader was due. With many streams open the interval grows with their
+number (``paced_interval_s``): the server's chunks a second, not each stream's, are what
+the engine's cores pay for.
 """
 
 from __future__ import annotations
@@ -29,6 +31,15 @@ Item = RequestOutput | BaseException  # an output, or the error that ends the st
 # this long after the reader was due (a stream whose tick stalled: a preempted request, a
 # long prefill beside it). A stream that keeps ticking never waits for this timer.
 STALL_S = 0.1
+
+
+def paced_interval_s(interval_s: float, open_streams: int, pace_streams: int) -> float:
+    """A stream's interval between chunks: ``interval_s``, or with more than ``pace_streams``
+    streams open (0: never) ``interval_s * open_streams / pace_streams``, so the chunks of
+    all of them together come about as often as ``pace_streams`` streams' at ``interval_s``."""
+    if pace_streams <= 0 or open_streams <= pace_streams:
+        return interval_s
+    return interval_s * open_streams / pace_streams
 
 
 def _settle(waiter: asyncio.Future[None]) -> None:
@@ -87,18 +98,20 @@ class StreamMailbox:
 
 
 async def read_stream(mailbox: StreamMailbox, closed: Callable[[bool], None],
-                      interval_s: float = 0.0) -> AsyncIterator[RequestOutput]:
+                      interval_s: float | Callable[[], float] = 0.0) -> AsyncIterator[RequestOutput]:
     """A request's outputs until its final one (an error in the mailbox is raised, after the
     outputs put before it); ``closed(finished)`` runs when the reader stops, ``finished``
     False if it left early.
 
     The outputs put while the reader was busy come as one (``RequestOutput.then``): a chunk
-    per tick while the reader keeps up, fewer when it falls behind. ``interval_s`` paces the
-    stream: an output that comes sooner than that after the previous chunk waits, and goes
-    with the first output put after the interval (``StreamMailbox``). The first output (time
+    per tick while the reader keeps up, fewer when it falls behind. ``interval_s`` (seconds,
+    or a function read after each chunk: ``paced_interval_s`` of the streams open then)
+    paces the stream: an output that comes sooner than that after the previous chunk waits,
+    and goes with the first output put after the interval (``StreamMailbox``). The first output (time
     to first token) and the final one are never held back. Each output a server streams
     costs it a chunk to frame and write and its client one to parse, on the cores the
     engine's threads decode on."""
+    interval = interval_s if callable(interval_s) else (lambda: interval_s)
     finished = False
     due = 0.0  # the first output is taken as soon as it comes
     try:
@@ -114,6 +127,6 @@ async def read_stream(mailbox: StreamMailbox, closed: Callable[[bool], None],
                     return
             if error is not None:
                 raise items[error]  # type: ignore[misc]
-            due = time.monotonic() + interval_s
+            due = time.monotonic() + interval()
     finally:
         closed(finished)
