@@ -77,8 +77,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from speclane.server.app import serve
 
     return serve(cfg.from_namespace(args), host=args.host, port=args.port, api_keys=args.api_keys,
-                 cluster=cfg.section_from_namespace(cfg.ClusterConfig, args), stream_interval_ms=args.stream_interval_ms,
-                 stream_pace_streams=args.stream_pace_streams, reasoning_parser=args.reasoning_parser)
+                 cluster=cfg.section_from_namespace(cfg.ClusterConfig, args),
+                 stream_pacing=cfg.StreamPacing(args.stream_interval_ms, args.stream_pace_streams),
+                 reasoning_parser=args.reasoning_parser)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

@@ -62,6 +62,23 @@ def _at_least(name: str, value: float, low: float) -> None:
         raise ValueError(f"{name} must be >= {low}; got {value}")
 
 
+@dataclass(frozen=True)
+class StreamPacing:
+    """How often a streamed response sends a chunk (`speclane serve --stream-interval-ms`,
+    `--stream-pace-streams`; ``engine/stream_mailbox.paced_interval_s``). The default
+    instance paces nothing: an engine outside ``serve`` sends a chunk per tick."""
+
+    interval_ms: float = 0.0
+    pace_streams: int = 0  # 0: the interval never grows with the streams open
+
+    def __post_init__(self) -> None:
+        _at_least("--stream-interval-ms", self.interval_ms, 0)
+        _at_least("--stream-pace-streams", self.pace_streams, 0)
+
+
+SERVE_PACING = StreamPacing(DEFAULT_STREAM_INTERVAL_MS, DEFAULT_STREAM_PACE_STREAMS)  # `speclane serve`'s
+
+
 def _check_types(section: object) -> None:
     """``ValueError`` for a field whose value is not of its declared type (from the Python
     API: flags and the environment are parsed by type): a bool is only a bool, an int only

@@ -10,7 +10,9 @@ import httpx
 import pytest
 from server_helpers import MODEL, LiveServer
 
+from speclane.config import StreamPacing
 from speclane.engine.async_engine import AsyncEngine
+from speclane.engine.stream_mailbox import paced_interval_s
 
 pytestmark = pytest.mark.slow
 
@@ -117,11 +119,11 @@ def test_paced_stream_sends_the_same_answer_in_fewer_chunks(client: httpx.Client
 
     text, chunks, tokens = answer()
     assert tokens > 4 and 2 < chunks <= tokens, "unpaced: a chunk per tick (fewer only while the loop lags)"
-    idle_after.stream_interval_s = 10.0  # longer than the answer takes: the first chunk, then the rest at the end
+    idle_after.stream_pacing = StreamPacing(interval_ms=10_000)  # longer than the answer: the first chunk, then the rest at the end
     try:
         paced_text, paced_chunks, paced_tokens = answer()
     finally:
-        idle_after.stream_interval_s = 0.0
+        idle_after.stream_pacing = StreamPacing()
     assert (paced_text, paced_tokens) == (text, tokens)
     assert paced_chunks == 2, "the first token at once, the rest with the final chunk (never held back)"
 
@@ -142,17 +144,17 @@ def test_with_many_streams_open_each_streams_interval_grows_with_their_number(id
         try:
             for stream in streams:
                 await anext(stream)  # each is open and reading
-            seen = [idle_after._stream_interval_s()]
-            idle_after.stream_pace_streams = 0
-            return [*seen, idle_after._stream_interval_s()]
+            seen = [paced_interval_s(idle_after.stream_pacing, idle_after.num_streams)]
+            idle_after.stream_pacing = StreamPacing(interval_ms=20)
+            return [*seen, paced_interval_s(idle_after.stream_pacing, idle_after.num_streams)]
         finally:
             for stream in streams:
                 await stream.aclose()  # left early: each request is aborted
 
-    idle_after.stream_interval_s, idle_after.stream_pace_streams = 0.02, 2
+    idle_after.stream_pacing = StreamPacing(interval_ms=20, pace_streams=2)
     try:
         paced, unpaced = asyncio.run(intervals())
     finally:
-        idle_after.stream_interval_s, idle_after.stream_pace_streams = 0.0, 0
+        idle_after.stream_pacing = StreamPacing()
     assert paced == pytest.approx(0.04), "4 streams open, paced at 2: twice the interval"
     assert unpaced == pytest.approx(0.02)

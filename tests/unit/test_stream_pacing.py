@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from speclane.config import StreamPacing
 from speclane.engine import stream_mailbox
 from speclane.engine.engine import RequestOutput
 from speclane.engine.stream_mailbox import StreamMailbox, read_stream
@@ -232,11 +233,14 @@ def test_an_early_output_left_alone_is_taken_by_the_stall_timer() -> None:
 
 
 def test_the_interval_grows_past_the_streams_it_paces() -> None:
-    assert stream_mailbox.paced_interval_s(0.02, 1, 4) == 0.02
-    assert stream_mailbox.paced_interval_s(0.02, 4, 4) == 0.02
-    assert stream_mailbox.paced_interval_s(0.02, 16, 4) == pytest.approx(0.08), "16 streams send what 4 would"
-    assert stream_mailbox.paced_interval_s(0.02, 16, 0) == 0.02, "0: never grows"
-    assert stream_mailbox.paced_interval_s(0.0, 16, 4) == 0.0, "unpaced stays unpaced"
+    paced = StreamPacing(interval_ms=20, pace_streams=4)
+    assert stream_mailbox.paced_interval_s(paced, 1) == 0.02
+    assert stream_mailbox.paced_interval_s(paced, 4) == 0.02
+    assert stream_mailbox.paced_interval_s(paced, 16) == pytest.approx(0.08), "16 streams send what 4 would"
+    assert stream_mailbox.paced_interval_s(StreamPacing(interval_ms=20), 16) == 0.02, "0: never grows"
+    assert stream_mailbox.paced_interval_s(StreamPacing(pace_streams=4), 16) == 0.0, "unpaced stays unpaced"
+    with pytest.raises(ValueError, match="--stream-pace-streams must be >= 0"):
+        StreamPacing(pace_streams=-1)
 
 
 def test_an_interval_function_is_read_after_each_chunk() -> None:

@@ -37,7 +37,7 @@ from speclane.cluster.client import ReplicaClient, ReplicaUnavailable
 from speclane.cluster.replica import PollReply
 from speclane.cluster.router import Pending, Router, prefix_hashes
 from speclane.cluster.shared_service import SharedService
-from speclane.config import ClusterConfig, EngineConfig
+from speclane.config import ClusterConfig, EngineConfig, StreamPacing
 from speclane.engine.engine import RequestOutput, check_token_ids
 from speclane.engine.stats import EngineObserver, sum_snapshots, totals_only
 from speclane.engine.stream_mailbox import StreamMailbox, paced_interval_s, read_stream
@@ -125,8 +125,7 @@ class ClusterEngine:
         self.clients = list(clients)
         self.cluster = cluster
         self.error: BaseException | None = None
-        self.stream_interval_s = 0.0  # read_stream's pacing (serve sets both)
-        self.stream_pace_streams = 0
+        self.stream_pacing = StreamPacing()  # read_stream's (serve sets it)
         self.metrics: ClusterMetricsSink | None = None  # the app's histograms (create_app sets it)
         self._on_shutdown = on_shutdown
         self._ready_timeout_s = ready_timeout_s
@@ -174,11 +173,7 @@ class ClusterEngine:
             if not finished:  # the consumer left early: cancel the work
                 self.abort(live.request_id)
 
-        return read_stream(live.mailbox, closed, self._stream_interval_s)
-
-    def _stream_interval_s(self) -> float:
-        """A stream's pacing now: ``stream_interval_s``, longer with many streams open."""
-        return paced_interval_s(self.stream_interval_s, self.num_streams, self.stream_pace_streams)
+        return read_stream(live.mailbox, closed, lambda: paced_interval_s(self.stream_pacing, self.num_streams))
 
     def abort(self, request_id: str) -> None:
         with contextlib.suppress(RuntimeError):  # the front's loop is closed

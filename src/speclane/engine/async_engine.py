@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+from speclane.config import StreamPacing
 from speclane.engine.engine import LLMEngine, RequestOutput
 from speclane.engine.stream_mailbox import StreamMailbox, paced_interval_s, read_stream
 from speclane.kernels.build import release_thread_pool
@@ -24,8 +25,7 @@ from speclane.request import SamplingParams
 class AsyncEngine:
     def __init__(self, engine: LLMEngine):
         self.engine = engine
-        self.stream_interval_s = 0.0  # read_stream's pacing (serve sets both)
-        self.stream_pace_streams = 0
+        self.stream_pacing = StreamPacing()  # read_stream's (serve sets it)
         self._streams: dict[str, StreamMailbox] = {}
         self._streams_lock = threading.Lock()
         self._wake = threading.Event()
@@ -69,11 +69,7 @@ class AsyncEngine:
             if not finished:  # the consumer left early: cancel the work
                 self.abort(rid)
 
-        return read_stream(mailbox, closed, self._stream_interval_s)
-
-    def _stream_interval_s(self) -> float:
-        """A stream's pacing now: ``stream_interval_s``, longer with many streams open."""
-        return paced_interval_s(self.stream_interval_s, self.num_streams, self.stream_pace_streams)
+        return read_stream(mailbox, closed, lambda: paced_interval_s(self.stream_pacing, self.num_streams))
 
     def abort(self, request_id: str) -> None:
         self.engine.abort_request(request_id)

@@ -24,6 +24,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from functools import reduce
 
+from speclane.config import StreamPacing
 from speclane.engine.engine import RequestOutput
 
 Item = RequestOutput | BaseException  # an output, or the error that ends the stream
@@ -33,13 +34,15 @@ Item = RequestOutput | BaseException  # an output, or the error that ends the st
 STALL_S = 0.1
 
 
-def paced_interval_s(interval_s: float, open_streams: int, pace_streams: int) -> float:
-    """A stream's interval between chunks: ``interval_s``, or with more than ``pace_streams``
-    streams open (0: never) ``interval_s * open_streams / pace_streams``, so the chunks of
-    all of them together come about as often as ``pace_streams`` streams' at ``interval_s``."""
-    if pace_streams <= 0 or open_streams <= pace_streams:
+def paced_interval_s(pacing: StreamPacing, open_streams: int) -> float:
+    """A stream's interval between chunks, in seconds: ``pacing.interval_ms``, or with more
+    than ``pacing.pace_streams`` streams open (0: never) that times ``open_streams /
+    pace_streams``, so the chunks of all of them together come about as often as
+    ``pace_streams`` streams' at the interval."""
+    interval_s = pacing.interval_ms / 1000.0
+    if pacing.pace_streams <= 0 or open_streams <= pacing.pace_streams:
         return interval_s
-    return interval_s * open_streams / pace_streams
+    return interval_s * open_streams / pacing.pace_streams
 
 
 def _settle(waiter: asyncio.Future[None]) -> None:

@@ -29,11 +29,11 @@ from fastapi.responses import JSONResponse, Response
 
 from speclane.cluster.front import ClusterEngine
 from speclane.config import (
-    DEFAULT_STREAM_INTERVAL_MS,
-    DEFAULT_STREAM_PACE_STREAMS,
+    SERVE_PACING,
     ClusterConfig,
     EngineConfig,
     RuntimeEnv,
+    StreamPacing,
     runtime_env,
 )
 from speclane.engine.async_engine import AsyncEngine
@@ -351,15 +351,10 @@ def check_listening(host: str, port: int) -> None:
 def serve(engine_config: EngineConfig, *, host: str = "127.0.0.1", port: int = 8000,
           api_keys: str | Path | None = None, grace_s: float | None = None, log_level: str = "info",
           env: RuntimeEnv | None = None, cluster: ClusterConfig | None = None,
-          stream_interval_ms: float = DEFAULT_STREAM_INTERVAL_MS, stream_pace_streams: int = DEFAULT_STREAM_PACE_STREAMS,
-          reasoning_parser: str = "auto") -> int:
+          stream_pacing: StreamPacing = SERVE_PACING, reasoning_parser: str = "auto") -> int:
     """Load the engine (or, with ``cluster.replicas`` > 1 or a Ray address, start the
     replicas), serve until SIGTERM/SIGINT, drain (``grace_s``, default
     ``env.shutdown_grace_s``: ``SPECLANE_SHUTDOWN_GRACE_S`` or 30 s), and return 0."""
-    if not stream_interval_ms >= 0:
-        raise ValueError(f"--stream-interval-ms must be >= 0; got {stream_interval_ms}")
-    if stream_pace_streams < 0:
-        raise ValueError(f"--stream-pace-streams must be >= 0; got {stream_pace_streams}")
     reads_reasoning(reasoning_parser, None)  # a bad choice fails before the model loads
     grace = grace_s if grace_s is not None else (env or runtime_env()).shutdown_grace_s(DEFAULT_GRACE_S)
     _configure_logging(log_level)
@@ -376,8 +371,7 @@ def serve(engine_config: EngineConfig, *, host: str = "127.0.0.1", port: int = 8
         from speclane.engine.engine import LLMEngine
 
         async_engine = AsyncEngine(LLMEngine(engine_config))
-    async_engine.stream_interval_s = stream_interval_ms / 1000.0
-    async_engine.stream_pace_streams = stream_pace_streams
+    async_engine.stream_pacing = stream_pacing
     try:
         app = create_app(async_engine, api_keys=keys, reasoning_parser=reasoning_parser)
         config = uvicorn_config(app, host=host, port=port, grace_s=grace, log_level=log_level)
